@@ -1,0 +1,25 @@
+"""Errors a user can cause, each mapped to one documented exit code.
+
+The CLI prints `stallscope: <message>` for these and never a traceback; anything else is a bug.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_FINDINGS = 3
+
+
+class StallscopeError(Exception):
+    """A problem with the user's input or environment, reported in one line."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(StallscopeError):
+    """The trace path is missing, unreadable or not a Kineto trace."""
+
+
+class OutputError(StallscopeError):
+    """The output folder exists already or cannot be written."""

@@ -1,0 +1,329 @@
+"""From a columnar trace to the quantities the rules reason about.
+
+Steps come from `ProfilerStep#N` ranges; without them the whole trace is one window. Each step's
+wall time is split, without overlap, into host categories (see docs/metrics.md), and each GPU's
+busy time is split into kernel / memcpy / memset / idle over the same window. Host copy calls are
+joined to their GPU copies by correlation id so that a long `cudaMemcpyAsync` can be told apart:
+time spent waiting for queued GPU work (sync) versus time the transfer itself took (copy).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from stallscope.intervals import Timeline, exclusive
+from stallscope.load import GpuArgs, Trace
+
+HOST_CATEGORIES = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
+GPU_CATEGORIES = ("kernel", "memcpy", "memset", "idle")
+
+STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+LOADER_NAME = re.compile(r"^enumerate\((?:DataLoader|DataPipe)\)#.*__next__$")
+MEMCPY_CALL = re.compile(r"^(?:cuda|hip|cu)Memcpy")
+MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")
+SYNC_CALLS = frozenset(
+    {
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cudaEventSynchronize",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuEventSynchronize",
+        "hipStreamSynchronize",
+        "hipDeviceSynchronize",
+        "hipEventSynchronize",
+    }
+)
+NOT_AN_OP = re.compile(r"^(?:ProfilerStep#|enumerate\()")
+RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+HOST_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+
+# Runtime calls shorter than this (us) are not attributed to CPU ops: they cannot matter.
+MIN_NAMED_CALL_US = 20.0
+# A host copy call that ends this close (us) to the start of its GPU copy, or later, waited for it.
+CLOCK_TOLERANCE_US = 2.0
+
+
+@dataclass
+class Step:
+    name: str
+    start_us: float
+    end_us: float
+    breakdown_us: dict[str, float]
+    loader_us: float
+    loader_wait_us: float
+    gpu_us: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
+class TraceModel:
+    """Everything the rules need to know about one trace (one rank or one profiling span)."""
+
+    trace: Trace
+    steps: list[Step]
+    steps_source: str  # "ProfilerStep" or "whole-trace"
+    has_gpu: bool
+    gpu_devices: list[str]
+    loader_kind: str | None  # "single-process", "multi-process", "datapipe" or None
+    copies: pd.DataFrame  # one row per host copy call joined to its GPU copy
+    syncs: pd.DataFrame  # one row per explicit synchronisation call
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_step_us(self) -> float:
+        return float(sum(s.duration_us for s in self.steps))
+
+
+def build_model(trace: Trace) -> TraceModel:
+    ev = trace.events
+    notes: list[str] = []
+    windows, step_names, main_pid, main_tid = _step_windows(ev)
+    source = "ProfilerStep" if step_names else "whole-trace"
+    if source == "whole-trace":
+        notes.append(
+            "No ProfilerStep#N markers (prof.step() was not called): the whole trace is "
+            "analysed as one window, so per-step figures are for that window."
+        )
+    host = ev[ev["pid"] == main_pid] if main_pid is not None else ev.iloc[0:0]
+    loader = host[(host["tid"] == main_tid) & name_matches(host["name"], LOADER_NAME)]
+    loader_kind = _loader_kind(loader["name"])
+
+    runtime = host[host["cat"].isin(RUNTIME_CATS)]
+    gpu = ev[ev["cat"].isin(list(GPU_CATS))]
+    has_gpu = len(gpu) > 0
+    need = runtime.index.union(gpu.index)
+    args = trace.args(need, GpuArgs)
+    args["external_id"] = args["external_id"].fillna(args["external_id_legacy"])
+
+    gpu = gpu.assign(
+        kind=gpu["cat"].astype(str).map(GPU_CATS),
+        device=_device_column(gpu, args),
+        correlation=args.loc[gpu.index, "correlation"],
+        bytes=args.loc[gpu.index, "bytes"],
+    )
+    gpu_devices = sorted(gpu["device"].unique().tolist(), key=_natural)
+    copies = _copies(runtime, gpu, args)
+    syncs = _syncs(runtime, args)
+    ops = host[(host["cat"] == "cpu_op") & ~name_matches(host["name"], NOT_AN_OP)]
+    for table in (copies, syncs):
+        table["op"], table["top_op"] = _enclosing_ops(ops, table)
+
+    # One timeline for everything, cut at every boundary that matters.
+    sync_iv = (
+        np.concatenate([syncs["ts"].to_numpy(), copies["ts"].to_numpy()]),
+        np.concatenate([syncs["end"].to_numpy(), (copies["ts"] + copies["wait_us"]).to_numpy()]),
+    )
+    is_h2d = copies["direction"] == "HtoD"
+    copy_start = (copies["ts"] + copies["wait_us"]).to_numpy()
+    copy_end = (copies["ts"] + copies["wait_us"] + copies["copy_us"]).to_numpy()
+    h2d_iv = (copy_start[is_h2d.to_numpy()], copy_end[is_h2d.to_numpy()])
+    other_iv = (copy_start[~is_h2d.to_numpy()], copy_end[~is_h2d.to_numpy()])
+    loader_iv = (loader["ts"].to_numpy(), loader["end"].to_numpy())
+    gpu_ivs = {
+        (dev, kind): (g["ts"].to_numpy(), g["end"].to_numpy())
+        for (dev, kind), g in gpu.groupby(["device", "kind"], observed=True)
+    }
+    win = (windows[:, 0], windows[:, 1])
+    tl = Timeline.from_intervals(win, loader_iv, sync_iv, h2d_iv, other_iv, *gpu_ivs.values())
+    bucket = tl.bucket(*win)
+    n = len(windows)
+
+    def per_step(mask: np.ndarray) -> np.ndarray:
+        return tl.sum_by(mask, bucket, n)
+
+    loader_m, sync_m, h2d_m, other_m = (
+        tl.cover(*iv) for iv in (loader_iv, sync_iv, h2d_iv, other_iv)
+    )
+    host_parts = exclusive([loader_m, sync_m, h2d_m, other_m])
+    host_us = [per_step(m) for m in host_parts]
+    gpu_any = np.zeros_like(loader_m)
+    gpu_steps: dict[str, list[np.ndarray]] = {}
+    for dev in gpu_devices:
+        masks = [
+            tl.cover(*gpu_ivs.get((dev, k), (np.empty(0), np.empty(0))))
+            for k in ("kernel", "memcpy", "memset")
+        ]
+        for m in masks:
+            gpu_any |= m
+        gpu_steps[dev] = [per_step(m) for m in exclusive(masks)]
+    loader_total = per_step(loader_m)
+    loader_wait = per_step(loader_m & ~gpu_any) if has_gpu else loader_total
+
+    steps = []
+    for i, (start, end) in enumerate(windows):
+        wall = end - start
+        parts = {c: float(host_us[j][i]) for j, c in enumerate(HOST_CATEGORIES[:-1])}
+        parts["host_compute"] = max(wall - sum(parts.values()), 0.0)
+        gpu_parts = {}
+        for dev, arrays in gpu_steps.items():
+            busy = {k: float(a[i]) for k, a in zip(("kernel", "memcpy", "memset"), arrays)}
+            busy["idle"] = max(wall - sum(busy.values()), 0.0)
+            gpu_parts[dev] = busy
+        steps.append(
+            Step(
+                name=step_names[i] if step_names else "whole trace",
+                start_us=float(start),
+                end_us=float(end),
+                breakdown_us=parts,
+                loader_us=float(loader_total[i]),
+                loader_wait_us=float(loader_wait[i]),
+                gpu_us=gpu_parts,
+            )
+        )
+    copies["step"] = _step_of(copies["ts"].to_numpy(), windows)
+    syncs["step"] = _step_of(syncs["ts"].to_numpy(), windows)
+    return TraceModel(
+        trace=trace,
+        steps=steps,
+        steps_source=source,
+        has_gpu=has_gpu,
+        gpu_devices=gpu_devices,
+        loader_kind=loader_kind,
+        copies=copies,
+        syncs=syncs,
+        notes=notes,
+    )
+
+
+def _step_windows(ev: pd.DataFrame) -> tuple[np.ndarray, list[str], str | None, str | None]:
+    """Step windows [start, end) in trace time, their names ([] for the whole-trace window),
+    and the (pid, tid) of the thread that steps."""
+    is_step = name_matches(ev["name"], STEP_NAME) & ev["cat"].isin(["user_annotation", "cpu_op"])
+    steps = ev[is_step].sort_values("ts")
+    if len(steps):
+        numbers = steps["name"].astype(str).str.extract(STEP_NAME.pattern)[0].astype(int)
+        steps = steps.assign(number=numbers.to_numpy()).drop_duplicates("number", keep="first")
+        starts = steps["ts"].to_numpy()
+        ends = steps["end"].to_numpy()
+        # A step cannot outlast the start of the next one.
+        ends = np.minimum(ends, np.append(starts[1:], np.inf))
+        keep = ends > starts
+        steps = steps[keep]
+        names_out = [f"ProfilerStep#{n}" for n in steps["number"]]
+        main = steps[["pid", "tid"]].astype(str).value_counts().idxmax()
+        return np.column_stack([starts[keep], ends[keep]]), names_out, main[0], main[1]
+    host = ev[ev["cat"].isin(HOST_CATS)]
+    body = ev[ev["cat"] != "Trace"]
+    if len(body) == 0:
+        return np.empty((0, 2)), [], None, None
+    window = np.array([[body["ts"].min(), body["end"].max()]])
+    if len(host) == 0:
+        return window, [], None, None
+    busiest = host.groupby(["pid", "tid"], observed=True)["dur"].sum().idxmax()
+    return window, [], str(busiest[0]), str(busiest[1])
+
+
+def name_matches(names: pd.Series, pattern: re.Pattern[str]) -> pd.Series:
+    """Regex match on a categorical column, evaluated once per distinct name."""
+    cats = names.cat.categories
+    hits = np.fromiter((bool(pattern.match(str(c))) for c in cats), dtype=bool, count=len(cats))
+    codes = names.cat.codes.to_numpy()
+    return pd.Series(np.where(codes >= 0, hits[codes], False), index=names.index)
+
+
+def _loader_kind(names: pd.Series) -> str | None:
+    text = " ".join(names.astype(str).unique())
+    if "_MultiProcessingDataLoaderIter" in text:
+        return "multi-process"
+    if "_SingleProcessDataLoaderIter" in text:
+        return "single-process"
+    if "DataPipe" in text:
+        return "datapipe"
+    return "other" if len(names) else None
+
+
+def _device_column(gpu: pd.DataFrame, args: pd.DataFrame) -> pd.Series:
+    dev = args.loc[gpu.index, "device"]
+    fallback = gpu["pid"].astype(str)
+    out = dev.map(lambda d: f"{int(d)}" if pd.notna(d) else None)
+    return out.fillna(fallback).astype(str)
+
+
+def _natural(s: str) -> tuple[int, str]:
+    return (int(s), "") if s.isdigit() else (1 << 30, s)
+
+
+def _copies(runtime: pd.DataFrame, gpu: pd.DataFrame, args: pd.DataFrame) -> pd.DataFrame:
+    """Host copy calls joined to their GPU copies, with the host time split into wait and copy."""
+    calls = runtime[name_matches(runtime["name"], MEMCPY_CALL)]
+    calls = calls.assign(correlation=args.loc[calls.index, "correlation"],
+                         external_id=args.loc[calls.index, "external_id"])
+    dev_copies = gpu[gpu["kind"] == "memcpy"]
+    joined = calls[["name", "tid", "ts", "dur", "end", "correlation", "external_id"]].merge(
+        dev_copies[["name", "ts", "dur", "end", "correlation", "bytes", "device"]].dropna(
+            subset=["correlation"]
+        ),
+        on="correlation",
+        how="inner",
+        suffixes=("", "_gpu"),
+    )
+    parsed = joined["name_gpu"].astype(str).str.extract(MEMCPY_NAME.pattern)
+    joined["direction"] = parsed[0].fillna("unknown")
+    joined["src"] = parsed[1].fillna("unknown")
+    joined["dst"] = parsed[2].fillna("unknown")
+    blocking = joined["end"] >= joined["ts_gpu"] - CLOCK_TOLERANCE_US
+    wait = (joined["ts_gpu"] - joined["ts"]).clip(lower=0.0)
+    wait = np.minimum(wait, joined["dur"])
+    joined["blocking"] = blocking
+    joined["wait_us"] = wait.where(blocking, 0.0)
+    joined["copy_us"] = (joined["dur"] - joined["wait_us"]).where(blocking, 0.0)
+    return joined.reset_index(drop=True)
+
+
+def _syncs(runtime: pd.DataFrame, args: pd.DataFrame) -> pd.DataFrame:
+    """Explicit synchronisation calls."""
+    calls = runtime[runtime["name"].isin(list(SYNC_CALLS))]
+    out = calls[["name", "tid", "ts", "dur", "end"]].copy()
+    out["name"] = out["name"].astype(str)
+    out["external_id"] = args.loc[calls.index, "external_id"]
+    return out.reset_index(drop=True)
+
+
+def _enclosing_ops(ops: pd.DataFrame, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Innermost and outermost CPU op (same thread) around each runtime call, or ''.
+
+    Done by time containment rather than External id, whose meaning on runtime events varies
+    between Kineto versions. Vectorised over chunks of calls; calls are few next to ops.
+    """
+    inner = np.full(len(calls), "", dtype=object)
+    outer = np.full(len(calls), "", dtype=object)
+    if len(calls) == 0 or len(ops) == 0:
+        return inner, outer
+    names = ops["name"].astype(str).to_numpy()
+    # Only calls that held the host up are worth naming.
+    held = calls[calls["dur"] >= MIN_NAMED_CALL_US]
+    for tid, positions in held.groupby(held["tid"].astype(str), observed=True).indices.items():
+        positions = held.index.to_numpy()[positions]  # calls has a 0..n-1 index
+        mine = (ops["tid"].astype(str) == tid).to_numpy()
+        if not mine.any():
+            continue
+        o_ts, o_end, o_names = ops["ts"].to_numpy()[mine], ops["end"].to_numpy()[mine], names[mine]
+        for chunk in np.array_split(positions, max(1, len(positions) // 256)):
+            c_ts = calls["ts"].to_numpy()[chunk][:, None]
+            c_end = calls["end"].to_numpy()[chunk][:, None]
+            around = (o_ts[None, :] <= c_ts) & (o_end[None, :] >= c_end)
+            found = around.any(axis=1)
+            starts = np.where(around, o_ts[None, :], np.nan)
+            with np.errstate(invalid="ignore"):
+                inner_i = np.nanargmax(np.where(found[:, None], starts, 0.0), axis=1)
+                outer_i = np.nanargmin(np.where(found[:, None], starts, 0.0), axis=1)
+            inner[chunk[found]] = o_names[inner_i[found]]
+            outer[chunk[found]] = o_names[outer_i[found]]
+    return inner, outer
+
+
+def _step_of(ts: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    if len(windows) == 0:
+        return np.full(len(ts), -1)
+    idx = np.searchsorted(windows[:, 0], ts, side="right") - 1
+    ok = (idx >= 0) & (ts < windows[np.clip(idx, 0, None), 1])
+    return np.where(ok, idx, -1)
