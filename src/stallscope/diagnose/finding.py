@@ -1,0 +1,50 @@
+"""What a rule returns: a finding with its evidence, or why the rule found nothing or could not
+look. Keeping the 'clear' and 'not assessed' outcomes lets the report say what was checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("high", "medium", "low", "info")
+
+# Severity follows impact: the upper-bound share of step time a fix can save.
+SEVERITY_FLOOR_PCT = {"high": 15.0, "medium": 5.0, "low": 1.0}
+
+
+def severity_for(saving_pct: float) -> str:
+    for level in ("high", "medium", "low"):
+        if saving_pct >= SEVERITY_FLOOR_PCT[level]:
+            return level
+    return "info"
+
+
+def severity_rank(severity: str) -> int:
+    """0 for high ... 3 for info: lower is worse."""
+    return SEVERITIES.index(severity)
+
+
+@dataclass
+class Finding:
+    id: str
+    severity: str
+    title: str
+    evidence: dict[str, Any]
+    recommendation: str
+    snippet: str
+    precondition: str
+    estimated_saving_pct: float
+    saving_basis: str
+    docs: str = ""
+    trace: str = ""
+
+
+@dataclass
+class Assessment:
+    """One rule applied to one trace."""
+
+    rule: str
+    status: str  # "finding", "clear" or "not_assessed"
+    detail: str
+    trace: str = ""
+    finding: Finding | None = field(default=None)

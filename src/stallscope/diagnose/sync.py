@@ -1,0 +1,141 @@
+"""`host-device-sync`: the host stops inside the step until queued GPU work finishes."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
+from stallscope.diagnose.finding import Assessment, Finding, severity_for
+from stallscope.model import TraceModel
+
+RULE_ID = "host-device-sync"
+# Share of step wall time the host is blocked waiting on the GPU.
+SYNC_THRESHOLD_PCT = 5.0
+MAX_SOURCES = 5
+DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution"
+
+# What a user wrote, given the op that synchronised.
+_CAUSES = {
+    "aten::item": ".item()",
+    "aten::_local_scalar_dense": ".item() (or float()/int()/bool() of a GPU tensor)",
+    "aten::is_nonzero": "a Python `if`/`bool()` on a GPU tensor",
+    "aten::nonzero": "nonzero()/boolean-mask indexing (output size needs the device)",
+    "aten::masked_select": "boolean-mask indexing",
+    "aten::to": ".to('cpu') / .cpu() / .tolist() / print(tensor)",
+    "aten::_to_copy": ".to('cpu') / .cpu() / .tolist() / print(tensor)",
+    "aten::copy_": "a device-to-host copy (.cpu(), .numpy(), .tolist())",
+}
+
+
+def host_device_sync(model: TraceModel) -> Assessment:
+    if not model.has_gpu:
+        return Assessment(RULE_ID, "not_assessed", "No GPU activity: nothing to wait on.")
+    total = model.total_step_us
+    blocked = host_total(model, "sync")
+    share = pct(blocked, total)
+    if share < SYNC_THRESHOLD_PCT:
+        return Assessment(
+            RULE_ID,
+            "clear",
+            f"The host is blocked on the GPU {share:.1f}% of step time "
+            f"(threshold {SYNC_THRESHOLD_PCT:.0f}%).",
+        )
+    sources = _sources(model)
+    # Letting the host run ahead cannot make the step shorter than the busiest GPU's work.
+    saving = pct(min(blocked, max(total - busiest_gpu_us(model), 0.0)), total)
+    n = len(model.steps)
+    evidence = {
+        "sync_share_pct": share,
+        "blocked_ms_per_step": ms(blocked / n),
+        "sources": sources,
+    }
+    causes = [_cause(s) for s in sources if _cause(s)]
+    explicit = any(s["call"].endswith("Synchronize") and not s["op"] for s in sources)
+    said = "; ".join(dict.fromkeys(causes)) or "an explicit synchronisation"
+    if explicit:
+        said += "; torch.cuda.synchronize()"
+    title = f"The host waits for the GPU {share:.1f}% of each step"
+    copies_waiting = [s for s in sources if s["kind"] == "copy-wait"]
+    why = ""
+    if copies_waiting:
+        top = copies_waiting[0]
+        why = (
+            f" The longest waits are {top['call']} calls: the GPU copy itself takes "
+            f"{top['gpu_copy_us_max']:.0f} us for {top['bytes_max']:.0f} bytes, yet the host "
+            f"call lasts up to {top['max_ms']:.1f} ms, because it waits for the GPU work "
+            "queued before it. This is a synchronisation, not a slow transfer: pinning memory "
+            "would not help."
+        )
+    finding = Finding(
+        id=RULE_ID,
+        severity=severity_for(saving),
+        title=title,
+        evidence=evidence,
+        recommendation=(
+            f"Something in the step waits for a GPU result on the host ({said}), so the host "
+            "stops launching work until the GPU queue drains." + why + " Keep metrics on the "
+            "GPU and read them every N steps, outside the hot loop."
+        ),
+        snippet=(
+            "running_loss = torch.zeros((), device=device)\n"
+            "for step, (x, y) in enumerate(loader):\n"
+            "    loss = criterion(model(x), y)\n"
+            "    ...\n"
+            "    running_loss += loss.detach()      # stays on the GPU, no sync\n"
+            "    if step % 100 == 0:\n"
+            "        print(running_loss.item() / 100)  # one sync per 100 steps\n"
+            "        running_loss.zero_()"
+        ),
+        precondition=(
+            "Helps when the host then has work to launch (the GPU idles while the host waits "
+            "and re-fills the queue); a sync the algorithm needs (data-dependent shapes, "
+            "early stopping) can only be moved, not removed."
+        ),
+        estimated_saving_pct=saving,
+        saving_basis=(
+            "upper bound: the host's blocked time, capped so the step is never shorter than "
+            "the busiest GPU's busy time"
+        ),
+        docs=DOCS,
+    )
+    return Assessment(RULE_ID, "finding", title, finding=finding)
+
+
+def _cause(source: dict) -> str:
+    if source["kind"] == "copy-wait" and source["call"].endswith("HtoD"):
+        return (
+            "an input copy .to(device) from pageable memory, which waits for all queued GPU "
+            "work; pin_memory=True with non_blocking=True removes the wait"
+        )
+    return _CAUSES.get(source["top_op"]) or _CAUSES.get(source["op"], "")
+
+
+def _sources(model: TraceModel) -> list[dict]:
+    """The calls the host waited in, grouped by call and op, longest total first."""
+    s = model.syncs[model.syncs["step"] >= 0]
+    c = model.copies[(model.copies["step"] >= 0) & (model.copies["wait_us"] > 0)]
+    rows = [
+        pd.DataFrame({"kind": "sync", "call": s["name"], "op": s["op"], "top_op": s["top_op"],
+                      "us": s["dur"], "bytes": float("nan"), "gpu_us": float("nan")}),
+        pd.DataFrame({"kind": "copy-wait", "call": c["name"].astype(str) + " " + c["direction"],
+                      "op": c["op"], "top_op": c["top_op"], "us": c["wait_us"],
+                      "bytes": c["bytes"], "gpu_us": c["dur_gpu"]}),
+    ]
+    both = pd.concat([r for r in rows if not r.empty], ignore_index=True) if any(
+        not r.empty for r in rows) else None
+    if both is None:
+        return []
+    grouped = both.groupby(["kind", "call", "op", "top_op"], dropna=False).agg(
+        count=("us", "size"), total=("us", "sum"), max=("us", "max"),
+        bytes_max=("bytes", "max"), gpu_max=("gpu_us", "max"))
+    grouped = grouped.sort_values("total", ascending=False).head(MAX_SOURCES)
+    out = []
+    for (kind, call, op, top_op), row in grouped.iterrows():
+        item = {"kind": kind, "call": call, "op": op, "top_op": top_op,
+                "count": int(row["count"]), "total_ms": ms(row["total"]),
+                "max_ms": ms(row["max"])}
+        if kind == "copy-wait":
+            item["bytes_max"] = float(row["bytes_max"])
+            item["gpu_copy_us_max"] = float(row["gpu_max"])
+        out.append(item)
+    return out
