@@ -55,7 +55,9 @@ def host_device_sync(model: TraceModel) -> Assessment:
     if explicit:
         said += "; torch.cuda.synchronize()"
     title = f"The host waits for the GPU {share:.1f}% of each step"
-    copies_waiting = [s for s in sources if s["kind"] == "copy-wait"]
+    copies_waiting = [
+        s for s in sources if s["kind"] == "copy-wait" and not s["call"].endswith("HtoD")
+    ]
     why = ""
     if copies_waiting:
         top = copies_waiting[0]

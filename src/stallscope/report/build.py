@@ -1,0 +1,156 @@
+"""The single Report object every writer renders: plain data, no trace access after this."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stallscope import __version__
+from stallscope.diagnose import Assessment, Finding, ranked_findings
+from stallscope.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Report:
+    schema_version: int
+    stallscope_version: str
+    source: dict[str, Any]
+    environment: dict[str, Any]
+    steps: list[dict[str, Any]]
+    summary: dict[str, Any]
+    findings: list[Finding]
+    assessments: list[dict[str, Any]]
+    traces: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def verdict(self) -> str:
+        """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
+        if not self.findings:
+            return "No bottleneck found by the rules that could be assessed."
+        top = self.findings[0]
+        return (
+            f"{top.title}; fixing it can save up to {top.estimated_saving_pct:.1f}% "
+            "of step time (upper bound)."
+        )
+
+
+def build_report(
+    models: list[TraceModel], assessments: list[list[Assessment]], paths: list[str]
+) -> Report:
+    all_steps: list[dict[str, Any]] = []
+    traces = []
+    notes: list[str] = []
+    multi = len(models) > 1
+    for model, verdicts in zip(models, assessments):
+        steps = [_step_dict(model, s, multi) for s in model.steps]
+        all_steps.extend(steps)
+        traces.append(
+            {
+                "label": model.trace.label,
+                "path": str(model.trace.path),
+                "rank": model.trace.rank,
+                "world_size": model.trace.world_size,
+                "schema": model.trace.schema,
+                "steps_source": model.steps_source,
+                "gpu_devices": model.gpu_devices,
+                "dataloader": model.loader_kind,
+                "skipped_events": model.trace.skipped_events,
+                "summary": _summary(steps),
+                "notes": model.notes,
+            }
+        )
+        prefix = f"{model.trace.label}: " if multi else ""
+        notes.extend(prefix + n for n in model.notes)
+    flat = [a for group in assessments for a in group]
+    return Report(
+        schema_version=SCHEMA_VERSION,
+        stallscope_version=__version__,
+        source={"paths": paths, "files": [str(m.trace.path) for m in models]},
+        environment=_environment(models),
+        steps=all_steps,
+        summary=_summary(all_steps),
+        findings=ranked_findings(flat),
+        assessments=[
+            {"rule": a.rule, "trace": a.trace, "status": a.status, "detail": a.detail}
+            for a in flat
+        ],
+        traces=traces,
+        notes=notes,
+    )
+
+
+def _step_dict(model: TraceModel, step: Any, multi: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "name": step.name,
+        "duration_us": round(step.duration_us, 3),
+        "breakdown_us": {k: round(v, 3) for k, v in step.breakdown_us.items()},
+        "dataloader_us": round(step.loader_us, 3),
+        "gpu_us": {
+            dev: {k: round(v, 3) for k, v in parts.items()} for dev, parts in step.gpu_us.items()
+        },
+    }
+    if multi:
+        out["trace"] = model.trace.label
+    return out
+
+
+def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    if not steps:
+        return {"steps": 0, "step_time_us": None, "breakdown_pct": {}, "gpu_pct": {}}
+    durations = [s["duration_us"] for s in steps]
+    total = sum(durations)
+    breakdown = {
+        c: round(100.0 * sum(s["breakdown_us"][c] for s in steps) / total, 2)
+        for c in HOST_CATEGORIES
+    }
+    gpu: dict[str, dict[str, float]] = {}
+    for s in steps:
+        for dev, parts in s["gpu_us"].items():
+            acc = gpu.setdefault(dev, dict.fromkeys(GPU_CATEGORIES, 0.0))
+            for k in GPU_CATEGORIES:
+                acc[k] += parts[k]
+    gpu_window = {
+        dev: sum(s["duration_us"] for s in steps if dev in s["gpu_us"]) for dev in gpu
+    }
+    return {
+        "steps": len(steps),
+        "step_time_us": {
+            "median": round(statistics.median(durations), 3),
+            "mean": round(statistics.fmean(durations), 3),
+            "p90": round(float(np.percentile(durations, 90)), 3),
+            "min": round(min(durations), 3),
+            "max": round(max(durations), 3),
+        },
+        "breakdown_pct": breakdown,
+        "gpu_pct": {
+            dev: {k: round(100.0 * v / gpu_window[dev], 2) for k, v in parts.items()}
+            for dev, parts in gpu.items()
+        },
+    }
+
+
+def _environment(models: list[TraceModel]) -> dict[str, Any]:
+    devices = []
+    for m in models:
+        for d in m.trace.devices:
+            entry = {k: d.get(k) for k in ("name", "computeMajor", "computeMinor", "totalGlobalMem",
+                                           "numSms") if k in d}
+            if entry and entry not in devices:
+                devices.append(entry)
+    dist = next((m.trace.distributed for m in models if m.trace.distributed), {})
+    return {
+        "devices": devices,
+        "distributed": {k: dist.get(k) for k in ("backend", "world_size") if k in dist},
+        "trace_schemas": sorted({m.trace.schema for m in models}),
+        "analyzed_with": {"python": platform.python_version()},
+    }

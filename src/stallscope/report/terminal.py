@@ -1,0 +1,41 @@
+"""The one-screen summary printed after a run."""
+
+from __future__ import annotations
+
+from stallscope.report.build import Report
+from stallscope.report.text import plain
+
+MAX_FINDINGS = 6
+
+
+def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> str:
+    s = report.summary
+    out = [f"stallscope: {plain(report.verdict)}"]
+    if s["step_time_us"]:
+        t = s["step_time_us"]
+        shares = ", ".join(f"{k} {v:.0f}%" for k, v in s["breakdown_pct"].items() if v >= 0.5)
+        out.append(
+            f"  steps: {s['steps']}, median {t['median'] / 1000:.1f} ms "
+            f"(p90 {t['p90'] / 1000:.1f} ms); host time: {shares}"
+        )
+        for dev, parts in s["gpu_pct"].items():
+            out.append(
+                f"  GPU {plain(dev)}: kernels {parts['kernel']:.0f}%, memcpy {parts['memcpy']:.0f}%, "
+                f"idle {parts['idle']:.0f}%"
+            )
+    for f in report.findings[:MAX_FINDINGS]:
+        where = f" [{plain(f.trace)}]" if len(report.traces) > 1 else ""
+        out.append(
+            f"  {f.severity.upper():<6} {f.id}{where}: {plain(f.title)} "
+            f"(can save up to {f.estimated_saving_pct:.1f}%)"
+        )
+    if len(report.findings) > MAX_FINDINGS:
+        out.append(f"  ... and {len(report.findings) - MAX_FINDINGS} more in the report")
+    skipped = sum(1 for a in report.assessments if a["status"] == "not_assessed")
+    if skipped:
+        out.append(f"  {skipped} check(s) could not be assessed on this trace: see the report")
+    for n in report.notes[:3]:
+        out.append(f"  note: {plain(n)}")
+    if outputs:
+        out.append("  wrote: " + ", ".join(outputs.values()))
+    return "\n".join(out) + "\n"
