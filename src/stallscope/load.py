@@ -225,7 +225,7 @@ def _build(path: Path, events: list[_Event], meta: _Metadata, skipped: int) -> T
     usable = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
     if not usable.all():
         skipped += int((~usable).sum())
-        complete = [e for e, ok in zip(complete, usable) if ok]
+        complete = [e for e, ok in zip(complete, usable, strict=True) if ok]
         ts, dur = ts[usable], dur[usable]
     t0 = float(ts.min()) if len(ts) else 0.0
     cats = pd.Categorical([e.cat for e in complete])

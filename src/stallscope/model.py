@@ -165,7 +165,7 @@ def build_model(trace: Trace) -> TraceModel:
         parts["host_compute"] = max(wall - sum(parts.values()), 0.0)
         gpu_parts = {}
         for dev, arrays in gpu_steps.items():
-            busy = {k: float(a[i]) for k, a in zip(("kernel", "memcpy", "memset"), arrays)}
+            busy = {k: float(a[i]) for k, a in zip(GPU_CATEGORIES[:3], arrays, strict=True)}
             busy["idle"] = max(wall - sum(busy.values()), 0.0)
             gpu_parts[dev] = busy
         steps.append(

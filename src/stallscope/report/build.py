@@ -51,7 +51,7 @@ def build_report(
     traces = []
     notes: list[str] = []
     multi = len(models) > 1
-    for model, verdicts in zip(models, assessments):
+    for model in models:
         steps = [_step_dict(model, s, multi) for s in model.steps]
         all_steps.extend(steps)
         traces.append(

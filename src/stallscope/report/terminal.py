@@ -20,8 +20,8 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
         )
         for dev, parts in s["gpu_pct"].items():
             out.append(
-                f"  GPU {plain(dev)}: kernels {parts['kernel']:.0f}%, memcpy {parts['memcpy']:.0f}%, "
-                f"idle {parts['idle']:.0f}%"
+                f"  GPU {plain(dev)}: kernels {parts['kernel']:.0f}%, "
+                f"memcpy {parts['memcpy']:.0f}%, idle {parts['idle']:.0f}%"
             )
     for f in report.findings[:MAX_FINDINGS]:
         where = f" [{plain(f.trace)}]" if len(report.traces) > 1 else ""
