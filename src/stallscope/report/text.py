@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
 
 
 def plain(text: object) -> str:
@@ -19,7 +19,10 @@ def plain(text: object) -> str:
 
 def md(text: object) -> str:
     """Literal in Markdown, table cells included."""
-    return _MD_SPECIAL.sub(r"\\\1", plain(text)).replace("\n", " ")
+    escaped = _MD_SPECIAL.sub(r"\\\1", plain(text)).replace("\n", " ")
+    # Entities, not backslashes, for angle brackets: renderers that allow inline HTML differ on
+    # whether a backslash stops a tag.
+    return escaped.replace("<", "&lt;").replace(">", "&gt;")
 
 
 def md_code(text: object) -> str:

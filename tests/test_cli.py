@@ -1,0 +1,124 @@
+"""The command line as a user meets it: outputs, exit codes, one-line errors, no tracebacks."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SAMPLES, run_cli, write_trace
+
+SAMPLE = SAMPLES / "cpu-loader-bound.pt.trace.json.gz"
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int) -> None:
+    assert result.returncode == code
+    lines = [line for line in result.stderr.splitlines() if line.startswith("stallscope:")]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_analyze_writes_json_html_markdown_and_a_summary(tmp_path: Path):
+    result = run_cli("analyze", str(SAMPLE), "-o", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "dataloader-bound" in result.stdout
+    assert len(result.stdout.splitlines()) <= 25  # one screen
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    for key in ("schema_version", "stallscope_version", "source", "environment", "steps",
+                "summary", "findings"):
+        assert key in data
+    assert set(data["summary"]["step_time_us"]) >= {"median", "mean", "p90"}
+    f = data["findings"][0]
+    for key in ("id", "severity", "title", "evidence", "recommendation", "snippet",
+                "precondition", "estimated_saving_pct"):
+        assert key in f
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "dataloader-bound" in html and "<svg" in html
+    assert "http://" not in html.split("PyTorch docs")[0]  # no external resources before links
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.startswith("# stallscope report") and "| severity |" in md
+
+
+def test_console_script_and_module_give_the_same_report(tmp_path: Path):
+    exe = Path(sys.executable).with_name("stallscope")
+    if not exe.exists():
+        pytest.skip("console script not installed next to this interpreter")
+    a = subprocess.run([str(exe), "analyze", str(SAMPLE), "-o", str(tmp_path / "a"), "-q"],
+                       capture_output=True, text=True)
+    b = run_cli("analyze", str(SAMPLE), "-o", str(tmp_path / "b"), "-q")
+    assert a.returncode == b.returncode == 0
+    assert a.stdout == b.stdout == ""
+    assert (tmp_path / "a/report.json").read_text() == (tmp_path / "b/report.json").read_text()
+
+
+def test_default_output_folder_is_derived_from_the_input(tmp_path: Path):
+    result = run_cli("analyze", str(SAMPLE), "-q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "stallscope-cpu-loader-bound" / "report.json").exists()
+
+
+def test_refuses_to_overwrite_without_force(tmp_path: Path):
+    out = tmp_path / "out"
+    assert run_cli("analyze", str(SAMPLE), "-o", str(out), "-q").returncode == 0
+    (out / "report.md").write_text("my edits")
+    result = run_cli("analyze", str(SAMPLE), "-o", str(out), "-q")
+    assert_one_line_error(result, 2)
+    assert "--force" in result.stderr
+    assert (out / "report.md").read_text() == "my edits"
+    assert run_cli("analyze", str(SAMPLE), "-o", str(out), "-q", "--force").returncode == 0
+    assert (out / "report.md").read_text() != "my edits"
+
+
+def test_fail_on_returns_3_when_a_finding_reaches_the_level(tmp_path: Path):
+    result = run_cli("analyze", str(SAMPLE), "-o", str(tmp_path / "o"), "-q", "--fail-on", "high")
+    assert result.returncode == 3
+    assert (tmp_path / "o" / "report.json").exists()  # the gate still leaves the report
+
+
+def test_fail_on_passes_when_nothing_reaches_the_level(tmp_path: Path):
+    # A trace with steps and no data loading: nothing can be flagged.
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1, "tid": 1,
+         "ts": i * 1000, "dur": 900}
+        for i in range(3)
+    ]
+    trace = write_trace(tmp_path / "quiet.pt.trace.json", events)
+    result = run_cli("analyze", str(trace), "-o", str(tmp_path / "o"), "-q", "--fail-on", "low")
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("empty.pt.trace.json", b""),
+        ("truncated.pt.trace.json", b'{"traceEvents": [{"ph": "X", "name": "a"'),
+        ("list.pt.trace.json", b"[1, 2, 3]"),
+        ("object.pt.trace.json", b'{"hello": 1}'),
+        ("truncated.pt.trace.json.gz", gzip.compress(b'{"traceEvents": []}' * 50)[:40]),
+        ("binary.pt.trace.json", b"\xff\xfe\x00garbage"),
+    ],
+)
+def test_unreadable_input_is_one_line_and_exit_2(tmp_path: Path, name: str, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = run_cli("analyze", str(path), "-o", str(tmp_path / "o"))
+    assert_one_line_error(result, 2)
+    assert name in result.stderr
+
+
+def test_missing_path_and_empty_folder(tmp_path: Path):
+    assert_one_line_error(run_cli("analyze", str(tmp_path / "nope.json")), 2)
+    (tmp_path / "empty").mkdir()
+    result = run_cli("analyze", str(tmp_path / "empty"), "-o", str(tmp_path / "o"))
+    assert_one_line_error(result, 2)
+    assert "pt.trace.json" in result.stderr
+
+
+def test_usage_errors_exit_2():
+    assert run_cli().returncode == 2
+    assert_one_line_error(run_cli("analyze"), 2)
+    assert_one_line_error(run_cli("analyze", "x", "--fail-on", "bogus"), 2)
