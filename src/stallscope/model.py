@@ -117,7 +117,33 @@ def build_model(trace: Trace) -> TraceModel:
     for table in (copies, syncs):
         table["op"], table["top_op"] = _enclosing_ops(ops, table)
 
-    # One timeline for everything, cut at every boundary that matters.
+    steps = _steps(windows, step_names, loader, copies, syncs, gpu, gpu_devices)
+    copies["step"] = _step_of(copies["ts"].to_numpy(), windows)
+    syncs["step"] = _step_of(syncs["ts"].to_numpy(), windows)
+    return TraceModel(
+        trace=trace,
+        steps=steps,
+        steps_source=source,
+        has_gpu=has_gpu,
+        gpu_devices=gpu_devices,
+        loader_kind=loader_kind,
+        copies=copies,
+        syncs=syncs,
+        notes=notes,
+    )
+
+
+def _steps(
+    windows: np.ndarray,
+    step_names: list[str],
+    loader: pd.DataFrame,
+    copies: pd.DataFrame,
+    syncs: pd.DataFrame,
+    gpu: pd.DataFrame,
+    gpu_devices: list[str],
+) -> list[Step]:
+    """Per-step host and GPU breakdowns, from one timeline cut at every boundary that matters."""
+    has_gpu = len(gpu) > 0
     sync_iv = (
         np.concatenate([syncs["ts"].to_numpy(), copies["ts"].to_numpy()]),
         np.concatenate([syncs["end"].to_numpy(), (copies["ts"] + copies["wait_us"]).to_numpy()]),
@@ -179,19 +205,7 @@ def build_model(trace: Trace) -> TraceModel:
                 gpu_us=gpu_parts,
             )
         )
-    copies["step"] = _step_of(copies["ts"].to_numpy(), windows)
-    syncs["step"] = _step_of(syncs["ts"].to_numpy(), windows)
-    return TraceModel(
-        trace=trace,
-        steps=steps,
-        steps_source=source,
-        has_gpu=has_gpu,
-        gpu_devices=gpu_devices,
-        loader_kind=loader_kind,
-        copies=copies,
-        syncs=syncs,
-        notes=notes,
-    )
+    return steps
 
 
 def _step_windows(ev: pd.DataFrame) -> tuple[np.ndarray, list[str], str | None, str | None]:

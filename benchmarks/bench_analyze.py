@@ -1,0 +1,98 @@
+"""Time `stallscope analyze` end to end on the largest real trace (run by hand, not in CI).
+
+    python benchmarks/bench_analyze.py [TRACE] [--repeat N]
+
+Default TRACE: the largest file in ../shared/real_traces. Prints, as medians over N runs, the
+wall time of the whole CLI in a fresh process (start-up included), of the in-process pipeline
+stages, and of a plain `json.loads` of the same (decompressed) file for scale, plus the CLI's
+peak resident memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL = ROOT.parent / "shared" / "real_traces"
+
+
+def largest_real_trace() -> Path:
+    files = [p for p in REAL.rglob("*") if p.is_file() and ".json" in p.name]
+    if not files:
+        sys.exit(f"no traces under {REAL}; pass a trace path")
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("trace", nargs="?", type=Path)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    trace = args.trace or largest_real_trace()
+
+    from stallscope.analyze import analyze_paths
+    from stallscope.diagnose import diagnose
+    from stallscope.load import load_trace, read_bytes
+    from stallscope.model import build_model
+    from stallscope.report.html import render_html
+
+    raw = read_bytes(trace)
+    events = len(json.loads(raw)["traceEvents"])
+    print(f"trace: {trace} ({trace.stat().st_size:,} bytes on disk, {len(raw):,} bytes JSON, "
+          f"{events:,} events)")
+
+    t_read = median_time(lambda: read_bytes(trace), args.repeat)
+    t_json = median_time(lambda: json.loads(gzip.decompress(trace.read_bytes())
+                                            if trace.suffix == ".gz" else trace.read_bytes()),
+                         args.repeat)
+    t_load = median_time(lambda: load_trace(trace), args.repeat)
+    loaded = load_trace(trace)
+    t_model = median_time(lambda: build_model(loaded), args.repeat)
+    model = build_model(loaded)
+    t_diag = median_time(lambda: diagnose(model), args.repeat)
+    report = analyze_paths([trace])
+    t_html = median_time(lambda: render_html(report), args.repeat)
+
+    cli_times, peaks = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeat):
+            cmd = [sys.executable, "-m", "stallscope", "analyze", str(trace), "-q",
+                   "-o", f"{tmp}/o{i}"]
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            cli_times.append(time.perf_counter() - t)
+            peaks.append(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
+    t_cli = statistics.median(cli_times)
+
+    print(f"median of {args.repeat} runs:")
+    print(f"  stallscope analyze (CLI, fresh process) {t_cli:7.3f} s   peak RSS {max(peaks):.0f} MB")
+    print(f"    read + gunzip                         {t_read:7.3f} s")
+    print(f"    load (decode -> columns)              {t_load:7.3f} s")
+    print(f"    model (steps, breakdowns, copies)     {t_model:7.3f} s")
+    print(f"    diagnose (rules)                      {t_diag:7.3f} s")
+    print(f"    render HTML                           {t_html:7.3f} s")
+    print(f"  json.loads of the same file (gunzip+parse) {t_json:7.3f} s")
+    print(f"  ratio analyze(in-process load+model+diagnose) / json.loads: "
+          f"{(t_load + t_model + t_diag) / t_json:.2f}")
+
+
+if __name__ == "__main__":
+    main()
