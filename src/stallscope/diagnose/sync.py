@@ -49,11 +49,8 @@ def host_device_sync(model: TraceModel) -> Assessment:
         "blocked_ms_per_step": ms(blocked / n),
         "sources": sources,
     }
-    causes = [_cause(s) for s in sources if _cause(s)]
-    explicit = any(s["call"].endswith("Synchronize") and not s["op"] for s in sources)
-    said = "; ".join(dict.fromkeys(causes)) or "an explicit synchronisation"
-    if explicit:
-        said += "; torch.cuda.synchronize()"
+    causes = list(dict.fromkeys(c for c in (_cause(s) for s in sources) if c))
+    said = "; ".join(causes) or "explicit synchronisation calls"
     title = f"The host waits for the GPU {share:.1f}% of each step"
     copies_waiting = [
         s for s in sources if s["kind"] == "copy-wait" and not s["call"].endswith("HtoD")
@@ -74,9 +71,9 @@ def host_device_sync(model: TraceModel) -> Assessment:
         title=title,
         evidence=evidence,
         recommendation=(
-            f"Something in the step waits for a GPU result on the host ({said}), so the host "
-            "stops launching work until the GPU queue drains." + why + " Keep metrics on the "
-            "GPU and read them every N steps, outside the hot loop."
+            "The host stops launching work inside the step until the GPU queue drains. Where "
+            f"it waits, largest first: {said}." + why + " Keep metrics on the GPU and read "
+            "them every N steps, outside the hot loop."
         ),
         snippet=(
             "running_loss = torch.zeros((), device=device)\n"
@@ -106,9 +103,11 @@ def host_device_sync(model: TraceModel) -> Assessment:
 def _cause(source: dict) -> str:
     if source["kind"] == "copy-wait" and source["call"].endswith("HtoD"):
         return (
-            "an input copy .to(device) from pageable memory, which waits for all queued GPU "
-            "work; pin_memory=True with non_blocking=True removes the wait"
+            "input copies .to(device) from pageable memory, which wait for all queued GPU "
+            "work (pin_memory=True with non_blocking=True removes the wait)"
         )
+    if source["call"].endswith("DeviceSynchronize") and not source["op"]:
+        return "torch.cuda.synchronize()"
     return _CAUSES.get(source["top_op"]) or _CAUSES.get(source["op"], "")
 
 

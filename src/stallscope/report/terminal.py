@@ -33,7 +33,7 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
         out.append(f"  ... and {len(report.findings) - MAX_FINDINGS} more in the report")
     skipped = sum(1 for a in report.assessments if a["status"] == "not_assessed")
     if skipped:
-        out.append(f"  {skipped} check(s) could not be assessed on this trace: see the report")
+        out.append(f"  {skipped} check(s) could not be assessed: see the report")
     for n in report.notes[:3]:
         out.append(f"  note: {plain(n)}")
     if outputs:
