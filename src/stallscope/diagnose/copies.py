@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stallscope.diagnose.common import ms, pct
-from stallscope.diagnose.finding import Assessment, Finding, severity_for
+from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import TraceModel
 
 RULE_ID = "pageable-h2d-copy"
@@ -60,7 +60,6 @@ def pageable_h2d_copy(model: TraceModel) -> Assessment:
     )
     finding = Finding(
         id=RULE_ID,
-        severity=severity_for(saving),
         title=title,
         evidence=evidence,
         recommendation=(
@@ -88,4 +87,4 @@ def pageable_h2d_copy(model: TraceModel) -> Assessment:
         ),
         docs=DOCS,
     )
-    return Assessment(RULE_ID, "finding", title, finding=finding)
+    return Assessment.found(finding)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
-from stallscope.diagnose.finding import Assessment, Finding, severity_for
+from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import TraceModel
 
 RULE_ID = "dataloader-bound"
@@ -94,7 +94,6 @@ def dataloader_bound(model: TraceModel) -> Assessment:
     title = f"Training waits on the DataLoader for {wait_pct:.1f}% of each step"
     finding = Finding(
         id=RULE_ID,
-        severity=severity_for(saving),
         title=title,
         evidence=evidence,
         recommendation=recommendation,
@@ -107,4 +106,4 @@ def dataloader_bound(model: TraceModel) -> Assessment:
         ),
         docs=DOCS,
     )
-    return Assessment(RULE_ID, "finding", title, finding=finding)
+    return Assessment.found(finding)

@@ -27,7 +27,6 @@ def severity_rank(severity: str) -> int:
 @dataclass
 class Finding:
     id: str
-    severity: str
     title: str
     evidence: dict[str, Any]
     recommendation: str
@@ -37,6 +36,11 @@ class Finding:
     saving_basis: str
     docs: str = ""
     trace: str = ""
+    severity: str = ""  # derived from estimated_saving_pct unless given
+
+    def __post_init__(self) -> None:
+        if not self.severity:
+            self.severity = severity_for(self.estimated_saving_pct)
 
 
 @dataclass
@@ -48,3 +52,7 @@ class Assessment:
     detail: str
     trace: str = ""
     finding: Finding | None = field(default=None)
+
+    @classmethod
+    def found(cls, finding: Finding) -> Assessment:
+        return cls(finding.id, "finding", finding.title, finding=finding)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
-from stallscope.diagnose.finding import Assessment, Finding, severity_for
+from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import TraceModel
 
 RULE_ID = "host-device-sync"
@@ -67,7 +67,6 @@ def host_device_sync(model: TraceModel) -> Assessment:
         )
     finding = Finding(
         id=RULE_ID,
-        severity=severity_for(saving),
         title=title,
         evidence=evidence,
         recommendation=(
@@ -97,7 +96,7 @@ def host_device_sync(model: TraceModel) -> Assessment:
         ),
         docs=DOCS,
     )
-    return Assessment(RULE_ID, "finding", title, finding=finding)
+    return Assessment.found(finding)
 
 
 def _cause(source: dict) -> str:
