@@ -129,10 +129,6 @@ class GpuArgs(msgspec.Struct):
     device: int | float | str | None = None
     stream: int | float | str | None = None
     bytes: int | float | str | None = None
-    external_id: int | float | str | None = msgspec.field(default=None, name="External id")
-    external_id_legacy: int | float | str | None = msgspec.field(
-        default=None, name="external id"
-    )
 
 
 def discover(path: Path) -> list[Path]:

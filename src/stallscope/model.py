@@ -102,7 +102,6 @@ def build_model(trace: Trace) -> TraceModel:
     has_gpu = len(gpu) > 0
     need = runtime.index.union(gpu.index)
     args = trace.args(need, GpuArgs)
-    args["external_id"] = args["external_id"].fillna(args["external_id_legacy"])
 
     gpu = gpu.assign(
         kind=gpu["cat"].astype(str).map(GPU_CATS),
@@ -112,7 +111,7 @@ def build_model(trace: Trace) -> TraceModel:
     )
     gpu_devices = sorted(gpu["device"].unique().tolist(), key=_natural)
     copies = _copies(runtime, gpu, args)
-    syncs = _syncs(runtime, args)
+    syncs = _syncs(runtime)
     ops = host[(host["cat"] == "cpu_op") & ~name_matches(host["name"], NOT_AN_OP)]
     for table in (copies, syncs):
         table["op"], table["top_op"] = _enclosing_ops(ops, table)
@@ -256,10 +255,9 @@ def _loader_kind(names: pd.Series) -> str | None:
 
 
 def _device_column(gpu: pd.DataFrame, args: pd.DataFrame) -> pd.Series:
-    dev = args.loc[gpu.index, "device"]
-    fallback = gpu["pid"].astype(str)
-    out = dev.map(lambda d: f"{int(d)}" if pd.notna(d) else None)
-    return out.fillna(fallback).astype(str)
+    """`args.device` as a string, else the GPU row's pid (vectorised: one value per event)."""
+    dev = args.loc[gpu.index, "device"].astype("Int64").astype("string")
+    return dev.fillna(gpu["pid"].astype("string")).astype(str)
 
 
 def _natural(s: str) -> tuple[int, str]:
@@ -269,10 +267,9 @@ def _natural(s: str) -> tuple[int, str]:
 def _copies(runtime: pd.DataFrame, gpu: pd.DataFrame, args: pd.DataFrame) -> pd.DataFrame:
     """Host copy calls joined to their GPU copies, with the host time split into wait and copy."""
     calls = runtime[name_matches(runtime["name"], MEMCPY_CALL)]
-    calls = calls.assign(correlation=args.loc[calls.index, "correlation"],
-                         external_id=args.loc[calls.index, "external_id"])
+    calls = calls.assign(correlation=args.loc[calls.index, "correlation"])
     dev_copies = gpu[gpu["kind"] == "memcpy"]
-    joined = calls[["name", "tid", "ts", "dur", "end", "correlation", "external_id"]].merge(
+    joined = calls[["name", "tid", "ts", "dur", "end", "correlation"]].merge(
         dev_copies[["name", "ts", "dur", "end", "correlation", "bytes", "device"]].dropna(
             subset=["correlation"]
         ),
@@ -293,12 +290,11 @@ def _copies(runtime: pd.DataFrame, gpu: pd.DataFrame, args: pd.DataFrame) -> pd.
     return joined.reset_index(drop=True)
 
 
-def _syncs(runtime: pd.DataFrame, args: pd.DataFrame) -> pd.DataFrame:
+def _syncs(runtime: pd.DataFrame) -> pd.DataFrame:
     """Explicit synchronisation calls."""
     calls = runtime[runtime["name"].isin(list(SYNC_CALLS))]
     out = calls[["name", "tid", "ts", "dur", "end"]].copy()
     out["name"] = out["name"].astype(str)
-    out["external_id"] = args.loc[calls.index, "external_id"]
     return out.reset_index(drop=True)
 
 
