@@ -1,7 +1,8 @@
 """Command-line front door. Each command composes the pipeline; errors end in one line.
 
 Exit codes: 0 analysed; 1 internal error (a stallscope bug); 2 usage error or unreadable input
-or output; 3 `--fail-on` threshold met; 130 interrupted.
+or output; 3 `--fail-on` threshold met; 4 `run` recorded no step; 130 interrupted. Under `run`,
+a script that ends with a non-zero status passes that status through (1 for an exception).
 """
 
 from __future__ import annotations
@@ -10,19 +11,23 @@ import argparse
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from stallscope import __version__
 from stallscope.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, StallscopeError
 
 
 class _Parser(argparse.ArgumentParser):
+    run_parser: argparse.ArgumentParser | None = None  # set on the top-level parser
+
     def error(self, message: str) -> None:  # one line, exit 2, like every other user error
         self.print_usage(sys.stderr)
         raise SystemExit(_fail(f"{message}", EXIT_USAGE))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="stallscope",
         description="Find why a PyTorch training step stalls, from its torch.profiler trace.",
@@ -45,16 +50,98 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 3 when a finding at or above this severity exists (CI gate)",
     )
     an.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    parser.run_parser = _add_run_parser(sub)
     return parser
 
 
+def _add_run_parser(sub: Any) -> _Parser:
+    run = sub.add_parser(
+        "run",
+        help="profile a training script for a few steps and diagnose it",
+        usage="stallscope run [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
+        description="Run an unmodified training script (as `python SCRIPT ARGS` or `python -m "
+        "MODULE ARGS` would) under torch.profiler, record a few training steps, stop the "
+        "script, and diagnose the trace. Everything after SCRIPT or MODULE goes to the script.",
+    )
+    run.add_argument("-m", dest="module", action="store_true",
+                     help="run a library module as a script, like python -m")
+    run.add_argument("target", metavar="SCRIPT", help="the script (or module, with -m)")
+    run.add_argument("-o", "--out", type=Path,
+                     help="output folder (default: ./stallscope-<script name>)")
+    run.add_argument("--force", action="store_true", help="overwrite an existing report")
+    run.add_argument("--skip", type=_count(0), default=2, metavar="N",
+                     help="steps to let pass first, for one-off start-up costs (default 2)")
+    run.add_argument("--warmup", type=_count(0), default=1, metavar="N",
+                     help="steps the profiler warms up on, not recorded (default 1)")
+    run.add_argument("--steps", type=_count(1), default=5, metavar="N",
+                     help="steps to record (default 5)")
+    run.add_argument(
+        "--step-on",
+        choices=("auto", "optimizer", "dataloader"),
+        default="auto",
+        help="what ends a training step: optimizer.step(), or each DataLoader batch; auto uses "
+        "the optimizer, and batches when no optimizer steps (default auto)",
+    )
+    run.add_argument("--run-to-end", action="store_true",
+                     help="let the script finish after recording instead of stopping it")
+    run.add_argument("--fail-on", choices=("high", "medium", "low"),
+                     help="exit 3 when a finding at or above this severity exists")
+    run.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    return run
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def split_run_argv(argv: list[str], run: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """Split `run` arguments into stallscope's own (ending with the target) and the script's.
+
+    Everything after SCRIPT, or after `-m MODULE`, belongs to the script verbatim, `--` included,
+    exactly as python passes them; a `--` before the target only ends stallscope's options.
+    """
+    takes_value = {o for a in run._actions for o in a.option_strings if a.nargs != 0}
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            return argv[:i] + argv[i + 1 : i + 2], argv[i + 2 :]
+        if tok == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if tok.startswith("-m") and not tok.startswith("--"):
+            return [*argv[:i], "-m", tok[2:]], argv[i + 1 :]
+        if tok.startswith("-") and tok != "-":
+            i += 2 if tok in takes_value else 1
+            continue
+        return argv[: i + 1], argv[i + 1 :]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    script_args: list[str] = []
+    if argv[:1] == ["run"]:
+        assert parser.run_parser is not None
+        own, script_args = split_run_argv(argv[1:], parser.run_parser)
+        args = parser.parse_args(["run", *own])
+    else:
+        args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
+        if args.command == "run":
+            return _run(args, script_args, ["stallscope", *argv])
         return _analyze(args)
     except StallscopeError as exc:
         return _fail(str(exc), exc.exit_code)
@@ -78,16 +165,75 @@ def _fail(message: str, code: int) -> int:
 
 def _analyze(args: argparse.Namespace) -> int:
     from stallscope.analyze import analyze_paths
-    from stallscope.diagnose.finding import severity_rank
-    from stallscope.outputs import default_out_dir, prepare_out_dir, write_atomic
+    from stallscope.outputs import default_out_dir, prepare_out_dir
+
+    out = args.out or default_out_dir(args.paths)
+    prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
+    report = analyze_paths(args.paths)
+    _write_report(report, out, args.quiet)
+    return _gate(report, args.fail_on)
+
+
+def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
+    from stallscope.capture.target import Target, check_target
+    from stallscope.outputs import default_run_out_dir, prepare_out_dir
+    from stallscope.run import Launch, RunPlan, clear_previous
+
+    target = Target(args.target, tuple(script_args), args.module)
+    check_target(target)
+    # Absolute now: the script may change the working folder.
+    out = (args.out or default_run_out_dir(target.stem)).resolve()
+    prepare_out_dir(out, args.force)
+    launch = Launch.from_env()
+    plan = RunPlan(target, out, command, args.force)
+    clear_previous(plan, launch)
+
+    from stallscope.capture.runner import CaptureOptions, capture
+    from stallscope.capture.session import Schedule
+    from stallscope.context import RunContext
+    from stallscope.errors import NoStepsError
+    from stallscope.run import analyze_run, gather, save_context, trace_dir
+
+    ctx = RunContext(
+        command=command,
+        target=target.name,
+        rank=launch.rank if launch.distributed else None,
+        world_size=launch.world_size if launch.distributed else None,
+    )
+    options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps), args.step_on,
+                             args.run_to_end)
+    ctx = capture(target, options, trace_dir(plan), launch.worker, ctx)
+    if launch.distributed:
+        save_context(plan, launch, ctx)
+    if launch.rank != 0:
+        return ctx.exit_status
+    contexts, missing = gather(plan, launch, ctx)
+    try:
+        report = analyze_run(contexts, missing, plan)
+    except NoStepsError as exc:
+        if ctx.exit_status:
+            _fail(f"{exc} (the script exited with status {ctx.exit_status})", ctx.exit_status)
+            return ctx.exit_status
+        raise
+    _write_report(report, out, args.quiet)
+    assert report.run is not None
+    if not args.quiet:
+        print(f"  trace: {report.run['trace_dir']}\n  open it: {report.run['tensorboard_command']}")
+    if report.run["exit_status"]:
+        status = report.run["exit_status"]
+        _fail(f"the script ended with status {status}; the report covers the steps recorded "
+              f"before that ({out / 'report.html'})", status)
+        return status
+    return _gate(report, args.fail_on)
+
+
+def _write_report(report: Any, out: Path, quiet: bool) -> None:
+    from stallscope.outputs import write_atomic
     from stallscope.report.html import render_html
     from stallscope.report.json_writer import render_json
     from stallscope.report.markdown import render_markdown
     from stallscope.report.terminal import render_terminal
 
-    out = args.out or default_out_dir(args.paths)
-    prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
-    report = analyze_paths(args.paths)
     rendered = {
         "report.json": render_json(report),
         "report.html": render_html(report),
@@ -95,10 +241,15 @@ def _analyze(args: argparse.Namespace) -> int:
     }
     for name, text in rendered.items():
         write_atomic(out / name, text)
-    if not args.quiet:
+    if not quiet:
         sys.stdout.write(render_terminal(report, {k: str(out / k) for k in rendered}))
-    if args.fail_on:
-        limit = severity_rank(args.fail_on)
+
+
+def _gate(report: Any, fail_on: str | None) -> int:
+    from stallscope.diagnose.finding import severity_rank
+
+    if fail_on:
+        limit = severity_rank(fail_on)
         if any(severity_rank(f.severity) <= limit for f in report.findings):
             return EXIT_FINDINGS
     return EXIT_OK

@@ -9,6 +9,7 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_FINDINGS = 3
+EXIT_NO_STEPS = 4
 
 
 class StallscopeError(Exception):
@@ -23,3 +24,9 @@ class InputError(StallscopeError):
 
 class OutputError(StallscopeError):
     """The output folder exists already or cannot be written."""
+
+
+class NoStepsError(StallscopeError):
+    """`stallscope run` saw no training step to record; the message says why and what to try."""
+
+    exit_code = EXIT_NO_STEPS

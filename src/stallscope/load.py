@@ -51,6 +51,7 @@ class _TraceFile(msgspec.Struct, gc=False):
     deviceProperties: list[dict[str, Any]] = []  # noqa: N815
     distributedInfo: dict[str, Any] | None = None  # noqa: N815
     traceName: str | None = None  # noqa: N815
+    stallscope: Any = None  # written by `stallscope run` (tool, step source, incomplete step)
 
 
 class _Metadata(msgspec.Struct):
@@ -58,6 +59,7 @@ class _Metadata(msgspec.Struct):
     deviceProperties: Any = None  # noqa: N815
     distributedInfo: Any = None  # noqa: N815
     traceName: Any = None  # noqa: N815
+    stallscope: Any = None
 
 
 @dataclass
@@ -70,6 +72,7 @@ class Trace:
     schema: str  # "modern" or "legacy"
     devices: list[dict[str, Any]] = field(default_factory=list)
     distributed: dict[str, Any] = field(default_factory=dict)
+    capture: dict[str, Any] = field(default_factory=dict)  # stallscope's own metadata, if any
     skipped_events: int = 0
     _raw_args: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object), repr=False)
 
@@ -173,7 +176,11 @@ def load_trace(path: Path) -> Trace:
         parsed = msgspec.json.decode(data, type=_TraceFile)
         events = parsed.traceEvents
         meta = _Metadata(
-            parsed.schemaVersion, parsed.deviceProperties, parsed.distributedInfo, parsed.traceName
+            parsed.schemaVersion,
+            parsed.deviceProperties,
+            parsed.distributedInfo,
+            parsed.traceName,
+            parsed.stallscope,
         )
     except msgspec.ValidationError:
         events, meta, skipped = _lenient_decode(path, data)
@@ -210,6 +217,7 @@ def _lenient_decode(path: Path, data: bytes) -> tuple[list[_Event] | None, _Meta
         devices if isinstance(devices, list) else [],
         dist if isinstance(dist, dict) else None,
         obj.get("traceName"),
+        obj.get("stallscope"),
     )
     return events, meta, skipped
 
@@ -250,6 +258,7 @@ def _build(path: Path, events: list[_Event], meta: _Metadata, skipped: int) -> T
         schema="legacy" if legacy else "modern",
         devices=devices,
         distributed=dist,
+        capture=meta.stallscope if isinstance(meta.stallscope, dict) else {},
         skipped_events=skipped,
         _raw_args=raw_args,
     )

@@ -87,6 +87,13 @@ def build_model(trace: Trace) -> TraceModel:
     ev = trace.events
     notes: list[str] = []
     windows, step_names, main_pid, main_tid = _step_windows(ev)
+    cut = trace.capture.get("incomplete_step")
+    if cut in step_names and len(step_names) > 1:
+        keep = [n != cut for n in step_names]
+        windows, step_names = windows[keep], [n for n in step_names if n != cut]
+        notes.append(f"{cut} was cut short when the script ended, so it is left out.")
+    elif cut in step_names:
+        notes.append(f"The only recorded step, {cut}, was cut short when the script ended.")
     source = "ProfilerStep" if step_names else "whole-trace"
     if source == "whole-trace":
         notes.append(

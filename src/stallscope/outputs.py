@@ -19,6 +19,11 @@ def default_out_dir(inputs: list[Path]) -> Path:
     return Path.cwd() / f"stallscope-{name}"
 
 
+def default_run_out_dir(stem: str) -> Path:
+    """`./stallscope-<script stem>` for `stallscope run`."""
+    return Path.cwd() / f"stallscope-{stem}"
+
+
 def prepare_out_dir(out: Path, force: bool) -> None:
     existing = [f for f in REPORT_FILES if (out / f).exists()]
     if existing and not force:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from stallscope.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import TraceModel
@@ -12,7 +13,7 @@ MIN_BYTES_PER_STEP = 1 << 20
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"
 
 
-def pageable_h2d_copy(model: TraceModel) -> Assessment:
+def pageable_h2d_copy(model: TraceModel, _context: RunContext | None = None) -> Assessment:
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
     copies = model.copies

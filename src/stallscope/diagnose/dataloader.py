@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from stallscope.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import TraceModel
@@ -15,7 +17,7 @@ WAIT_THRESHOLD_PCT = 5.0
 DOCS = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
 
 
-def dataloader_bound(model: TraceModel) -> Assessment:
+def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
     if model.loader_kind is None:
         return Assessment(
             RULE_ID,
@@ -46,64 +48,147 @@ def dataloader_bound(model: TraceModel) -> Assessment:
         )
     # Hiding the wait cannot make the step shorter than the GPU's own busy time.
     bound = wait if not model.has_gpu else min(wait, max(total - busiest_gpu_us(model), 0.0))
-    saving = pct(bound, total)
-    compute_per_step = max(total - wait, 1.0) / n
-    load_per_batch = loader / n
-    if model.loader_kind == "single-process":
-        workers = math.ceil(load_per_batch / compute_per_step) + 1
-        evidence["suggested_num_workers"] = workers
-        recommendation = (
-            f"Loading runs in the training process: each batch takes {ms(load_per_batch):.1f} ms "
-            f"to load against {ms(compute_per_step):.1f} ms of other step work, so "
-            f"{workers} worker processes (load/compute ratio rounded up, plus one spare) can "
-            "prepare batches ahead of the step. Keep the workers alive across epochs."
-        )
-        snippet = (
-            "loader = torch.utils.data.DataLoader(\n"
-            "    dataset, batch_size=..., shuffle=...,\n"
-            f"    num_workers={workers},\n"
-            "    persistent_workers=True,\n"
-            "    prefetch_factor=2,\n"
-            f"    pin_memory={model.has_gpu},\n"
-            ")"
-        )
-        precondition = (
-            f"{workers} spare CPU cores for this training process (cores per process, after "
-            "the other ranks on the host); a picklable dataset; transforms that do not touch "
-            "the GPU."
-        )
-    else:
-        recommendation = (
-            "The DataLoader already uses worker processes, yet the step still waits for batches: "
-            "the workers cannot keep up. Add workers only if CPU cores are idle; otherwise make "
-            "each sample cheaper (lighter or GPU-side transforms and decoding, caching decoded "
-            "samples) or read from faster storage (local NVMe, /dev/shm)."
-        )
-        snippet = (
-            "loader = torch.utils.data.DataLoader(\n"
-            "    dataset, batch_size=...,\n"
-            "    num_workers=<more, if cores are idle>,\n"
-            "    persistent_workers=True,\n"
-            "    prefetch_factor=4,\n"
-            ")"
-        )
-        precondition = (
-            "More workers help only while CPU cores are free; if the cores are saturated, make "
-            "loading cheaper instead."
-        )
+    loader_info = context.training_loader() if context else None
+    cores = context.cores_per_process if context else None
+    advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n)
+    evidence.update(advice.evidence)
+    saving = pct(min(bound / n, advice.saving_us), total / n)
     title = f"Training waits on the DataLoader for {wait_pct:.1f}% of each step"
     finding = Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
-        recommendation=recommendation,
-        snippet=snippet,
-        precondition=precondition,
+        recommendation=advice.recommendation,
+        snippet=advice.snippet,
+        precondition=advice.precondition,
         estimated_saving_pct=saving,
-        saving_basis=(
-            "upper bound: the loader wait with no GPU work running, if fully overlapped; "
-            "never below the busiest GPU's busy time"
-        ),
+        saving_basis=advice.basis,
         docs=DOCS,
     )
     return Assessment.found(finding)
+
+
+@dataclass
+class _Advice:
+    recommendation: str
+    snippet: str
+    precondition: str
+    saving_us: float  # per step
+    basis: str
+    evidence: dict
+
+
+def _advice(
+    model: TraceModel, info: LoaderInfo | None, cores: int | None, step: float, wait: float,
+    load: float,
+) -> _Advice:
+    """How many workers, from the measured load/compute ratio and the cores this process has."""
+    compute = max(step - wait, 1.0)
+    single = model.loader_kind == "single-process"
+    workers_now = info.num_workers if info else (0 if single else None)
+    upper_basis = (
+        "upper bound: the loader wait with no GPU work running, if fully overlapped; "
+        "never below the busiest GPU's busy time"
+    )
+    if workers_now is None:  # workers in use, count unknown: no number can be derived
+        return _Advice(
+            "The DataLoader already uses worker processes, yet the step still waits for batches: "
+            "the workers cannot keep up. Add workers only if CPU cores are idle; otherwise make "
+            "each sample cheaper (lighter or GPU-side transforms and decoding, caching decoded "
+            "samples) or read from faster storage (local NVMe, /dev/shm).",
+            "loader = torch.utils.data.DataLoader(\n"
+            "    dataset, batch_size=...,\n"
+            "    num_workers=<more, if cores are idle>,\n"
+            "    persistent_workers=True,\n"
+            "    prefetch_factor=4,\n"
+            ")",
+            "More workers help only while CPU cores are free; if the cores are saturated, make "
+            "loading cheaper instead.",
+            wait,
+            upper_basis,
+            {},
+        )
+    # One worker's time per batch: measured in-process for a single-process loader; with W
+    # workers that cannot keep up, each delivers one batch every W steps.
+    per_batch = load if workers_now == 0 else workers_now * step
+    ideal = math.ceil(per_batch / compute) + (1 if workers_now == 0 else 0)
+    workers = ideal if cores is None else max(1, min(ideal, cores))
+    evidence: dict = {"suggested_num_workers": workers, "ideal_num_workers": ideal}
+    if cores is not None:
+        evidence["cores_per_process"] = cores
+    if workers <= workers_now:  # every core already has a worker: more would only contend
+        return _Advice(
+            f"{_where(info)}The DataLoader has {workers_now} workers for the {cores} core(s) "
+            "this process may use, and the step still waits for batches: more workers would "
+            "only compete for the same cores. Make each sample cheaper (lighter or GPU-side "
+            "transforms and decoding, caching decoded samples) or read from faster storage.",
+            _snippet(info, {"num_workers": workers_now, "persistent_workers": True}),
+            "Loading is CPU-bound on cores that are all in use.",
+            wait,
+            upper_basis,
+            evidence,
+        )
+    projected = max(compute, per_batch / workers)
+    if cores is not None and not model.has_gpu:
+        # CPU training: the step's own compute and the workers share the same cores.
+        projected = max(projected, (compute + per_batch) / cores)
+    evidence["projected_step_ms"] = ms(projected)
+    change = {"num_workers": workers, "persistent_workers": True}
+    if model.has_gpu and not (info and info.pin_memory):
+        change["pin_memory"] = True
+    why = (
+        f"each batch takes {ms(per_batch):.1f} ms of loading against {ms(compute):.1f} ms of "
+        f"other step work, so {ideal} worker process(es) (load/compute rounded up"
+        f"{', plus one spare' if workers_now == 0 else ''}) can prepare batches ahead of the step"
+    )
+    if cores is not None and workers < ideal:
+        why += f"; capped at the {cores} core(s) this process may use"
+    basis = upper_basis
+    if cores is not None:
+        basis = (
+            f"estimate: with {workers} worker(s) on {cores} core(s) a step takes about "
+            f"{ms(projected):.1f} ms (the largest of the other step work, loading spread over the "
+            f"workers{', and all CPU work spread over the cores' if not model.has_gpu else ''}); "
+            "never more than the loader wait"
+        )
+    where = "Loading runs in the training process" if workers_now == 0 else "The workers lag"
+    return _Advice(
+        f"{_where(info, change)}{where}: {why}. Keep the workers alive across epochs.",
+        _snippet(info, change),
+        f"{workers} CPU core(s) free for loading in this process (cores per process, after the "
+        "other ranks on the host); a picklable dataset; transforms that do not touch the GPU."
+        + (" pin_memory helps only with .to(device, non_blocking=True)." if "pin_memory" in change
+           else ""),
+        max(step - projected, 0.0),
+        basis,
+        evidence,
+    )
+
+
+def _where(info: LoaderInfo | None, change: dict | None = None) -> str:
+    """`train.py:42 DataLoader(num_workers=0, ...) -> DataLoader(..., num_workers=2)`."""
+    if info is None:
+        return ""
+    now = (
+        f"{info.call_site} DataLoader(num_workers={info.num_workers}, "
+        f"pin_memory={info.pin_memory})"
+    )
+    if change is None:
+        return f"{now}: "
+    return f"{now} -> DataLoader(..., {', '.join(f'{k}={v}' for k, v in change.items())}). "
+
+
+def _snippet(info: LoaderInfo | None, change: dict) -> str:
+    after = ", ".join(f"{k}={v}" for k, v in change.items())
+    if info is None:
+        args = "".join(f"    {k}={v},\n" for k, v in change.items())
+        return f"loader = torch.utils.data.DataLoader(\n    dataset, batch_size=...,\n{args})"
+    before = (
+        f"num_workers={info.num_workers}, pin_memory={info.pin_memory}, "
+        f"persistent_workers={info.persistent_workers}"
+    )
+    return (
+        f"# {info.call_site}  ({info.dataset}, batch_size={info.batch_size})\n"
+        f"-DataLoader(..., {before})\n"
+        f"+DataLoader(..., {after})"
+    )

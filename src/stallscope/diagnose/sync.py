@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from stallscope.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import TraceModel
@@ -27,7 +28,7 @@ _CAUSES = {
 }
 
 
-def host_device_sync(model: TraceModel) -> Assessment:
+def host_device_sync(model: TraceModel, _context: RunContext | None = None) -> Assessment:
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity: nothing to wait on.")
     total = model.total_step_us

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import platform
+import shlex
 import statistics
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stallscope import __version__
+from stallscope.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 
@@ -28,6 +31,8 @@ class Report:
     assessments: list[dict[str, Any]]
     traces: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    run: dict[str, Any] | None = None  # `stallscope run` only: how the script was run and ended
+    dataloaders: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +92,61 @@ def build_report(
         traces=traces,
         notes=notes,
     )
+
+
+def attach_run(
+    report: Report, contexts: list[RunContext], trace_dir: Path, logdir: Path
+) -> None:
+    """Add what `stallscope run` captured in-process: the run, its DataLoaders, its machine."""
+    first = contexts[0]
+    failed = [c for c in contexts if c.exit_status != 0]
+    status = failed[0].exit_status if failed else 0
+    report.run = {
+        "command": shlex.join(first.command),
+        "target": first.target,
+        "exit_status": status,
+        "ended": first.ended if not failed else failed[0].ended,
+        "partial": any(c.partial for c in contexts),
+        "step_source": first.step_source,
+        "steps_requested": first.steps_requested,
+        "steps_recorded": min(c.steps_recorded for c in contexts),
+        "world_size": first.world_size,
+        "trace_dir": str(trace_dir),
+        "tensorboard_command": f"tensorboard --logdir {shlex.quote(str(logdir))}",
+        "ranks": [
+            {
+                "rank": c.rank,
+                "ended": c.ended,
+                "exit_status": c.exit_status,
+                "steps_recorded": c.steps_recorded,
+                "partial": c.partial,
+            }
+            for c in contexts
+        ],
+    }
+    report.dataloaders = [
+        {"rank": c.rank, **asdict(d)} for c in contexts for d in c.dataloaders
+    ]
+    env = {k: v for k, v in first.environment.items() if k != "run_id"}
+    report.environment = {**report.environment, "captured": env}
+    for c in contexts:
+        report.notes.extend(c.notes)
+    if report.run["partial"]:
+        report.notes.insert(
+            0,
+            f"Partial: the script {_ended_phrase(report.run)} after "
+            f"{report.run['steps_recorded']} of {first.steps_requested} recorded step(s).",
+        )
+
+
+def _ended_phrase(run: dict[str, Any]) -> str:
+    return {
+        "finished": "finished",
+        "exit": f"exited with status {run['exit_status']}",
+        "exception": "raised an exception",
+        "interrupted": "was interrupted",
+        "terminated": "was terminated",
+    }.get(run["ended"], run["ended"])
 
 
 def _step_dict(model: TraceModel, step: Any, multi: bool) -> dict[str, Any]:

@@ -1,0 +1,148 @@
+"""The profiler around one run: schedule, trace files, and stopping once the steps are recorded.
+
+The profiler is created up front and started at the first step boundary, so start-up (imports,
+model build) never counts as a step. Steps are numbered from there: `skip` steps pass, `warmup`
+steps warm the profiler up, `steps` steps are recorded, and the trace is written by
+`tensorboard_trace_handler` the moment the last one ends. Then, unless asked to run to the end,
+the script is stopped by raising `StopScript` from the step hook: a BaseException, so the
+script's `finally` blocks and context managers still run while `except Exception` ignores it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+from stallscope import __version__
+from stallscope.capture.loaders import LoaderWatcher
+from stallscope.capture.steps import StepDriver
+
+
+class StopScript(BaseException):
+    """Raised in the training loop once the requested steps are recorded (see --run-to-end)."""
+
+    def __init__(self) -> None:
+        super().__init__("stallscope recorded the requested steps and stopped the script")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    skip: int = 2
+    warmup: int = 1
+    steps: int = 5
+
+    @property
+    def total(self) -> int:
+        return self.skip + self.warmup + self.steps
+
+    def is_recording(self, step: int) -> bool:
+        return self.skip + self.warmup <= step < self.total
+
+
+class CaptureSession:
+    """Hooks, profiler and bookkeeping for one process; `finish()` must follow `start()`."""
+
+    def __init__(
+        self,
+        sched: Schedule,
+        step_on: str,
+        trace_dir: Path,
+        worker: str,
+        run_to_end: bool,
+    ) -> None:
+        self.sched = sched
+        self.trace_dir = trace_dir
+        self.worker = worker
+        self.run_to_end = run_to_end
+        self.traces: list[Path] = []
+        self.boundaries = 0
+        self.recorded = 0
+        self.incomplete_step: str | None = None
+        self.done = False
+        self.stop_requested = False
+        self.driver = StepDriver(step_on, self._boundary)
+        self.watcher = LoaderWatcher(lambda info, _it: self.driver.on_batch(info))
+        self._pid = os.getpid()
+        self._started = False
+        self._meta_added = False
+        self._hook: Any = None
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.activities = [a.name for a in activities]
+        self._handler = tensorboard_trace_handler(str(trace_dir), worker_name=worker, use_gzip=True)
+        self.prof = profile(
+            activities=activities,
+            schedule=schedule(
+                skip_first=sched.skip, wait=0, warmup=sched.warmup, active=sched.steps, repeat=1
+            ),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=True,
+        )
+
+    def start(self) -> None:
+        self.watcher.install()
+        self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+
+    def finish(self) -> None:
+        """Remove the hooks and, if the script ended mid-recording, write what was recorded."""
+        self.watcher.uninstall()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self._started and not self.done:
+            step = self.prof.step_num
+            if self.sched.is_recording(step):
+                self.recorded = step - self.sched.skip - self.sched.warmup
+                self.incomplete_step = f"ProfilerStep#{step}"
+                self._add_metadata()
+            self.done = True
+            self.prof.stop()  # writes the trace when recording had begun
+
+    def _on_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        if os.getpid() == self._pid:
+            self.driver.on_optimizer_step(optimizer)
+
+    def _boundary(self) -> None:
+        if self.done:
+            return
+        self.boundaries += 1
+        if not self._started:
+            self._started = True
+            self.prof.start()
+        else:
+            self.prof.step()
+        self.watcher.recording = self.sched.is_recording(self.prof.step_num)
+        if self.watcher.recording and not self._meta_added:
+            self._add_metadata()  # only kept while Kineto records
+        if self.prof.step_num >= self.sched.total:  # the trace was written by this step()
+            self.recorded = self.sched.steps
+            self.done = True
+            self.watcher.recording = False
+            self.prof.stop()
+            self.watcher.uninstall()
+            if not self.run_to_end and threading.current_thread() is threading.main_thread():
+                self.stop_requested = True
+                raise StopScript()
+
+    def _add_metadata(self) -> None:
+        self._meta_added = True
+        meta = {
+            "tool": f"stallscope {__version__}",
+            "step_source": self.driver.source,
+            "incomplete_step": self.incomplete_step,
+        }
+        self.prof.add_metadata_json("stallscope", json.dumps(meta))
+
+    def _on_trace_ready(self, prof: Any) -> None:
+        before = set(self.trace_dir.glob("*.pt.trace.json*")) if self.trace_dir.is_dir() else set()
+        self._handler(prof)
+        self.traces.extend(sorted(set(self.trace_dir.glob("*.pt.trace.json*")) - before))

@@ -1,0 +1,91 @@
+"""What a trace cannot show, captured in the training process by `stallscope run`.
+
+Plain data (no torch): the capture fills it in, writes it beside the trace (one file per rank),
+and the rules and writers read it back. A trace analysed on its own has no context, and every
+consumer must work without one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class LoaderInfo:
+    """One DataLoader the script constructed, as it was configured, and how much it was used."""
+
+    call_site: str  # "train.py:42", relative to the working folder when inside it
+    num_workers: int
+    pin_memory: bool
+    batch_size: int | None
+    prefetch_factor: int | None
+    persistent_workers: bool
+    dataset: str  # class name, with its length when it has one: "ImageFolder (50000 items)"
+    dataset_len: int | None = None
+    batches: int = 0  # batches drawn over the whole run
+    batches_recorded: int = 0  # batches drawn while the profiler recorded
+
+
+@dataclass
+class RunContext:
+    """One process's run: how it was invoked, how it ended, and the facts around it."""
+
+    command: list[str]  # the stallscope command line, as typed
+    target: str  # the script path or module name
+    rank: int | None = None
+    world_size: int | None = None
+    step_source: str | None = None  # "optimizer" or "dataloader"; None when no step was seen
+    steps_requested: int = 0
+    steps_recorded: int = 0  # complete steps in the trace
+    boundaries_seen: int = 0  # step boundaries seen over the whole run
+    ended: str = "finished"  # finished | stopped | exception | exit | interrupted | terminated
+    exit_status: int = 0
+    traces: list[str] = field(default_factory=list)
+    dataloaders: list[LoaderInfo] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Fewer steps recorded than asked for: the report describes only part of a window."""
+        return self.steps_recorded < self.steps_requested
+
+    @property
+    def cores_per_process(self) -> int | None:
+        value = self.environment.get("cpu", {}).get("cores_per_process")
+        return value if isinstance(value, int) else None
+
+    def training_loader(self) -> LoaderInfo | None:
+        """The loader the recorded steps drew from (the busiest one while recording)."""
+        used = [d for d in self.dataloaders if d.batches_recorded > 0]
+        if not used:
+            return None
+        return max(used, key=lambda d: d.batches_recorded)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["partial"] = self.partial
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunContext:
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        loader_names = {f.name for f in fields(LoaderInfo)}
+        kwargs["dataloaders"] = [
+            LoaderInfo(**{k: v for k, v in d.items() if k in loader_names})
+            for d in data.get("dataloaders", [])
+        ]
+        return cls(**kwargs)
+
+    def save(self, path: Path) -> None:
+        from stallscope.outputs import write_atomic
+
+        write_atomic(path, json.dumps(self.to_dict(), indent=1, sort_keys=True))
+
+    @classmethod
+    def load(cls, path: Path) -> RunContext:
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))

@@ -1,0 +1,144 @@
+"""`stallscope run` as one call: capture the script, gather the ranks, analyse into a Report.
+
+Every process (one, or each rank under torchrun) captures its own trace into
+`OUT/tensorboard/<run>/` and its context into `OUT/capture/rank-N.json`. Ranks other than 0 stop
+there; rank 0 waits for the others' contexts and analyses every rank's trace into one report.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from stallscope.capture.target import Target
+from stallscope.context import RunContext
+from stallscope.errors import NoStepsError
+from stallscope.report import Report
+from stallscope.report.build import attach_run
+
+# How long rank 0 waits, after its own script ended, for the other ranks to report.
+RANK_WAIT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Where this process sits in a torchrun job (rank 0 of 1 when run alone)."""
+
+    rank: int
+    world_size: int
+    run_id: str
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls) -> Launch:
+        try:
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            rank = int(os.environ.get("RANK", "0"))
+        except ValueError:
+            world, rank = 1, 0
+        return cls(rank, max(world, 1), os.environ.get("TORCHELASTIC_RUN_ID", ""))
+
+    @property
+    def worker(self) -> str:
+        """Trace file prefix: the host, plus the rank in a job (the loader reads it back)."""
+        host = socket.gethostname().split(".")[0] or "host"
+        return f"{host}_rank-{self.rank}" if self.distributed else host
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    target: Target
+    out: Path
+    command: list[str]
+    force: bool = False
+
+
+def trace_dir(plan: RunPlan) -> Path:
+    return plan.out / "tensorboard" / plan.target.stem
+
+
+def context_path(out: Path, rank: int) -> Path:
+    return out / "capture" / f"rank-{rank}.json"
+
+
+def clear_previous(plan: RunPlan, launch: Launch) -> None:
+    """With --force, remove this worker's traces and context from an earlier run in `out`."""
+    context_path(plan.out, launch.rank).unlink(missing_ok=True)
+    if plan.force and trace_dir(plan).is_dir():
+        for old in trace_dir(plan).glob(f"{launch.worker}.*.pt.trace.json*"):
+            old.unlink(missing_ok=True)
+
+
+def save_context(plan: RunPlan, launch: Launch, ctx: RunContext) -> None:
+    ctx.environment = {**ctx.environment, "run_id": launch.run_id}
+    path = context_path(plan.out, launch.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ctx.save(path)
+
+
+def gather(plan: RunPlan, launch: Launch, own: RunContext, wait_s: float = RANK_WAIT_S
+           ) -> tuple[list[RunContext], list[int]]:
+    """Rank 0's view of the job: every rank's context, and the ranks that never reported."""
+    if not launch.distributed:
+        return [own], []
+    deadline = time.monotonic() + wait_s
+    found: dict[int, RunContext] = {launch.rank: own}
+    while True:
+        for rank in range(launch.world_size):
+            path = context_path(plan.out, rank)
+            if rank in found or not path.is_file():
+                continue
+            try:
+                ctx = RunContext.load(path)
+            except (OSError, ValueError):
+                continue  # being written: try again
+            if ctx.environment.get("run_id", "") == launch.run_id:
+                found[rank] = ctx
+        if len(found) == launch.world_size or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    missing = [r for r in range(launch.world_size) if r not in found]
+    return [found[r] for r in sorted(found)], missing
+
+
+def analyze_run(contexts: list[RunContext], missing: list[int], plan: RunPlan) -> Report:
+    from stallscope.analyze import analyze_paths
+
+    paths = [Path(p) for c in contexts for p in c.traces]
+    if not paths:
+        raise NoStepsError(no_steps_reason(contexts[0]))
+    by_path = {str(Path(p).resolve()): c for c in contexts for p in c.traces}
+    report = analyze_paths(paths, contexts=by_path)
+    attach_run(report, contexts, trace_dir(plan), plan.out / "tensorboard")
+    for rank in missing:
+        report.notes.append(
+            f"rank {rank} did not report within {RANK_WAIT_S:.0f} s of rank 0 ending (another "
+            "host, or it failed first): its trace is not in this report."
+        )
+    return report
+
+
+def no_steps_reason(ctx: RunContext) -> str:
+    """Why nothing was recorded, and what to try."""
+    batches = sum(d.batches for d in ctx.dataloaders)
+    if ctx.step_source is None and batches:
+        return (
+            f"no step recorded: the script drew {batches} DataLoader batch(es) but never "
+            "called optimizer.step() on a torch.optim optimizer; try --step-on dataloader"
+        )
+    if ctx.step_source is None:
+        return (
+            "no step recorded: the script never called optimizer.step() on a torch.optim "
+            "optimizer nor drew a batch from a torch DataLoader; call "
+            "torch.profiler.profile(...).step() in your loop and use `stallscope analyze`"
+        )
+    return (
+        f"no step recorded: the script ended {ctx.boundaries_seen} step(s) after its first, "
+        "before recording began; lower --skip/--warmup or let the script run more steps"
+    )
