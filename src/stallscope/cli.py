@@ -185,6 +185,7 @@ def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     out = (args.out or default_run_out_dir(target.stem)).resolve()
     prepare_out_dir(out, args.force)
     launch = Launch.from_env()
+    command = launch.command_prefix() + command
     plan = RunPlan(target, out, command, args.force)
     clear_previous(plan, launch)
 

@@ -44,6 +44,17 @@ class Launch:
             world, rank = 1, 0
         return cls(rank, max(world, 1), os.environ.get("TORCHELASTIC_RUN_ID", ""))
 
+    def command_prefix(self) -> list[str]:
+        """The launcher part of the command that reproduces this run (torchrun, if any)."""
+        if not self.distributed:
+            return []
+        local = os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size))
+        nodes = self.world_size // max(int(local) if local.isdigit() else 1, 1)
+        prefix = ["torchrun", "--nproc-per-node", local]
+        if nodes > 1:
+            prefix += ["--nnodes", str(nodes)]
+        return [*prefix, "-m"]
+
     @property
     def worker(self) -> str:
         """Trace file prefix: the host, plus the rank in a job (the loader reads it back)."""
@@ -139,6 +150,6 @@ def no_steps_reason(ctx: RunContext) -> str:
             "torch.profiler.profile(...).step() in your loop and use `stallscope analyze`"
         )
     return (
-        f"no step recorded: the script ended {ctx.boundaries_seen} step(s) after its first, "
-        "before recording began; lower --skip/--warmup or let the script run more steps"
+        "no step recorded: the script ended before recording began (during the --skip and "
+        "--warmup steps); lower them or let the script run more steps"
     )

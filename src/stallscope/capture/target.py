@@ -6,11 +6,14 @@ python; all of it is restored afterwards so stallscope can go on to analyse in t
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import importlib.machinery
 import importlib.util
 import os
 import runpy
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +61,29 @@ def check_target(target: Target) -> None:
         raise InputError(f"no module named {target.name}")
 
 
+def _run_script(path: str) -> None:
+    """As python runs a script file: argv[0] as typed, an absolute `__file__`, no `__spec__`,
+    and the script's module installed as `__main__` so pickling its classes works."""
+    with open(path, "rb") as fh:
+        source = fh.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path,
+        __builtins__=builtins,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __cached__=None,
+    )
+    sys.path[0] = os.path.dirname(path)
+    saved_main = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+
+
 def run_target(target: Target) -> None:
     """Execute the target in this process; exceptions (SystemExit included) propagate."""
     saved_argv, saved_path0, saved_cwd = sys.argv[:], sys.path[0], os.getcwd()
@@ -66,11 +92,13 @@ def run_target(target: Target) -> None:
             sys.argv = [target.name, *target.args]  # runpy puts the module's file in argv[0]
             sys.path[0] = os.getcwd()
             runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-        else:
-            path = os.path.abspath(target.name)
+        elif os.path.isdir(target.name):
             sys.argv = [target.name, *target.args]
-            sys.path[0] = path if os.path.isdir(path) else os.path.dirname(path)
-            runpy.run_path(path, run_name="__main__")
+            sys.path[0] = os.path.abspath(target.name)
+            runpy.run_path(target.name, run_name="__main__")
+        else:
+            sys.argv = [target.name, *target.args]
+            _run_script(os.path.abspath(target.name))
     finally:
         sys.argv = saved_argv
         sys.path[0] = saved_path0

@@ -14,6 +14,8 @@ RULE_ID = "dataloader-bound"
 # Share of step wall time the host waits in DataLoader.__next__ with no GPU work running.
 # 5% is where the anchors (TensorBoard plugin, Nsight's rules) start flagging input stalls.
 WAIT_THRESHOLD_PCT = 5.0
+# Below this share of the step, a projected gain from more workers is within noise: no advice.
+MIN_GAIN = 0.02
 DOCS = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
 
 
@@ -116,22 +118,31 @@ def _advice(
     evidence: dict = {"suggested_num_workers": workers, "ideal_num_workers": ideal}
     if cores is not None:
         evidence["cores_per_process"] = cores
-    if workers <= workers_now:  # every core already has a worker: more would only contend
-        return _Advice(
-            f"{_where(info)}The DataLoader has {workers_now} workers for the {cores} core(s) "
-            "this process may use, and the step still waits for batches: more workers would "
-            "only compete for the same cores. Make each sample cheaper (lighter or GPU-side "
-            "transforms and decoding, caching decoded samples) or read from faster storage.",
-            _snippet(info, {"num_workers": workers_now, "persistent_workers": True}),
-            "Loading is CPU-bound on cores that are all in use.",
-            wait,
-            upper_basis,
-            evidence,
-        )
     projected = max(compute, per_batch / workers)
     if cores is not None and not model.has_gpu:
         # CPU training: the step's own compute and the workers share the same cores.
         projected = max(projected, (compute + per_batch) / cores)
+    if workers <= workers_now or step - projected < MIN_GAIN * step:
+        # Every core already has work: more workers would only contend for them.
+        busy = (
+            f"the DataLoader has {workers_now} worker(s)" if workers_now
+            else "the step's own compute already keeps them busy"
+        )
+        return _Advice(
+            f"{_where(info)}The step waits for batches, but this process may use {cores} "
+            f"core(s) and {busy}: more worker processes would compete for the same cores "
+            "rather than overlap. Make each sample cheaper (lighter or GPU-side transforms and "
+            "decoding, caching decoded samples), read from faster storage, or give the process "
+            "more cores (fewer processes per host).",
+            f"# {info.call_site if info else 'the DataLoader'}: loading competes with the step "
+            f"for {cores} core(s)\n"
+            "# - cache decoded samples, or move augmentation to the GPU\n"
+            "# - fewer processes per host, or a wider CPU affinity for this one",
+            "Loading is CPU-bound on cores that are all in use.",
+            wait,
+            upper_basis.replace("if fully overlapped", "if loading cost nothing"),
+            evidence,
+        )
     evidence["projected_step_ms"] = ms(projected)
     change = {"num_workers": workers, "persistent_workers": True}
     if model.has_gpu and not (info and info.pin_memory):

@@ -43,9 +43,14 @@ class Report:
         if not self.findings:
             return "No bottleneck found by the rules that could be assessed."
         top = self.findings[0]
+        if top.severity == "info":
+            return (
+                f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) can "
+                f"save at most {top.estimated_saving_pct:.1f}% of step time."
+            )
         return (
             f"{top.title}; fixing it can save up to {top.estimated_saving_pct:.1f}% "
-            "of step time (upper bound)."
+            "of step time."
         )
 
 
@@ -77,6 +82,8 @@ def build_report(
         prefix = f"{model.trace.label}: " if multi else ""
         notes.extend(prefix + n for n in model.notes)
     flat = [a for group in assessments for a in group]
+    for entry in traces:
+        entry["findings"] = [f.id for f in ranked_findings(flat) if f.trace == entry["label"]]
     return Report(
         schema_version=SCHEMA_VERSION,
         stallscope_version=__version__,

@@ -9,6 +9,14 @@ from stallscope.report.text import md, md_code
 def render_markdown(report: Report) -> str:
     s = report.summary
     lines = ["# stallscope report", "", f"**Verdict:** {md(report.verdict)}", ""]
+    run = report.run
+    if run and (run["partial"] or run["exit_status"]):
+        lines += [
+            f"> **Partial run:** the script ended ({md(run['ended'])}, exit status "
+            f"{run['exit_status']}) with {run['steps_recorded']} of {run['steps_requested']} "
+            "requested step(s) recorded.",
+            "",
+        ]
     if s["step_time_us"]:
         t = s["step_time_us"]
         lines += [
@@ -22,7 +30,7 @@ def render_markdown(report: Report) -> str:
         lines.append("")
     lines += ["## Findings", ""]
     if report.findings:
-        lines += ["| severity | finding | can save (upper bound) | trace |", "|---|---|---:|---|"]
+        lines += ["| severity | finding | can save | trace |", "|---|---|---:|---|"]
         for f in report.findings:
             lines.append(
                 f"| {f.severity} | `{f.id}` {md(f.title)} | {f.estimated_saving_pct:.1f}% | "
@@ -46,6 +54,33 @@ def render_markdown(report: Report) -> str:
         ]
     else:
         lines += ["No findings.", ""]
+    if len(report.traces) > 1:
+        lines += [
+            "## Per trace",
+            "",
+            "| trace | steps | median step | dataloader | sync | findings |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        for t in report.traces:
+            ts, share = t["summary"], t["summary"]["breakdown_pct"]
+            median = f"{ts['step_time_us']['median'] / 1000:.1f} ms" if ts["step_time_us"] else ""
+            lines.append(
+                f"| {md(t['label'])} | {ts['steps']} | {median} "
+                f"| {share.get('dataloader', 0):.1f}% | {share.get('sync', 0):.1f}% "
+                f"| {md(', '.join(t['findings']))} |"
+            )
+        lines.append("")
+    if run:
+        lines += [
+            "## How this was run",
+            "",
+            "```sh",
+            md_code(run["command"]),
+            "# open the trace (PyTorch profiler TensorBoard plugin):",
+            md_code(run["tensorboard_command"]),
+            "```",
+            "",
+        ]
     not_assessed = [a for a in report.assessments if a["status"] == "not_assessed"]
     if not_assessed or report.notes:
         lines += ["## What could not be assessed", ""]

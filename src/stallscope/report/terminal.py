@@ -13,9 +13,10 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
     out = [f"stallscope: {plain(report.verdict)}"]
     if s["step_time_us"]:
         t = s["step_time_us"]
+        across = f" across {len(report.traces)} traces" if len(report.traces) > 1 else ""
         shares = ", ".join(f"{k} {v:.0f}%" for k, v in s["breakdown_pct"].items() if v >= 0.5)
         out.append(
-            f"  steps: {s['steps']}, median {t['median'] / 1000:.1f} ms "
+            f"  steps: {s['steps']}{across}, median {t['median'] / 1000:.1f} ms "
             f"(p90 {t['p90'] / 1000:.1f} ms); host time: {shares}"
         )
         for dev, parts in s["gpu_pct"].items():
@@ -23,6 +24,15 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
                 f"  GPU {plain(dev)}: kernels {parts['kernel']:.0f}%, "
                 f"memcpy {parts['memcpy']:.0f}%, idle {parts['idle']:.0f}%"
             )
+    if len(report.traces) > 1:
+        for t in report.traces:
+            ts = t["summary"]
+            if ts["step_time_us"]:
+                out.append(
+                    f"  {plain(t['label'])}: median {ts['step_time_us']['median'] / 1000:.1f} ms, "
+                    f"dataloader {ts['breakdown_pct']['dataloader']:.0f}%, "
+                    f"sync {ts['breakdown_pct']['sync']:.0f}%"
+                )
     for f in report.findings[:MAX_FINDINGS]:
         where = f" [{plain(f.trace)}]" if len(report.traces) > 1 else ""
         out.append(

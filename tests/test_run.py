@@ -1,0 +1,323 @@
+"""`stallscope run` end to end, through real subprocesses, as a user would call it.
+
+Each test runs a small CPU training script. The script must see what plain python shows it,
+keep its exit status, and leave its trace and a (partial) report behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stallscope.cli import build_parser, split_run_argv
+
+from .conftest import ROOT
+
+EXAMPLES = ROOT / "examples"
+CONSOLE = Path(sys.executable).parent / "stallscope"
+ENTRY_POINTS = {
+    "console-script": [str(CONSOLE)],
+    "python -m": [sys.executable, "-m", "stallscope"],
+}
+
+# Prints what a script can see of how it was started, then trains a few steps so that
+# stallscope has something to record.
+PROBE = textwrap.dedent(
+    """
+    import json, os, sys
+    print("PROBE " + json.dumps({"argv": sys.argv, "name": __name__, "cwd": os.getcwd(),
+                                 "path0": sys.path[0], "file": __file__}), flush=True)
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randn(256, 1)), batch_size=8)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    """
+)
+
+# A training loop that fails on request at iteration `at`: raise, sys.exit(3), or never.
+FAILING = textwrap.dedent(
+    """
+    import sys, torch
+    from torch.utils.data import DataLoader, TensorDataset
+    mode, at = sys.argv[1], int(sys.argv[2])
+    loader = DataLoader(TensorDataset(torch.randn(4000, 8), torch.randn(4000, 1)), batch_size=8)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i, (x, y) in enumerate(loader):
+        if i == at and mode == "raise":
+            raise RuntimeError(f"boom at iteration {i}")
+        if i == at and mode == "exit":
+            sys.exit(3)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    print("SCRIPT FINISHED")
+    """
+)
+
+
+def stallscope(*args: str, cwd: Path, entry: str = "python -m", timeout: float = 300
+               ) -> subprocess.CompletedProcess[str]:
+    if entry == "console-script" and not CONSOLE.exists():
+        pytest.skip(f"console script not installed beside {sys.executable}")
+    return subprocess.run([*ENTRY_POINTS[entry], *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def probe_output(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if line.startswith("PROBE "))
+    return json.loads(line.removeprefix("PROBE "))
+
+
+def report_of(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("stallscope:")]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_script_sees_what_plain_python_shows(tmp_path: Path, entry: str) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "probe.py").write_text(PROBE)
+    script_args = ["a", "--flag", "--", "-o", "x y"]
+    plain = subprocess.run([sys.executable, "sub/probe.py", *script_args], cwd=tmp_path,
+                           capture_output=True, text=True, check=True)
+    # stallscope's own options come first; everything after the script belongs to the script,
+    # even tokens that look like stallscope options.
+    proc = stallscope("run", "-q", "--skip", "1", "--steps", "2", "sub/probe.py", *script_args,
+                      cwd=tmp_path, entry=entry)
+    assert proc.returncode == 0, proc.stderr
+    assert probe_output(proc.stdout) == probe_output(plain.stdout)
+    assert probe_output(proc.stdout)["name"] == "__main__"
+    assert (tmp_path / "stallscope-probe" / "report.json").is_file()
+
+
+def test_module_with_arguments_like_python_m(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(PROBE)
+    plain = subprocess.run([sys.executable, "-m", "pkg.train", "x", "--y", "3"], cwd=tmp_path,
+                           capture_output=True, text=True, check=True)
+    proc = stallscope("run", "--steps", "2", "-o", "out", "-m", "pkg.train", "x", "--y", "3",
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert probe_output(proc.stdout) == probe_output(plain.stdout)
+    run = report_of(tmp_path / "out")["run"]
+    assert run["command"].endswith("run --steps 2 -o out -m pkg.train x --y 3")
+    assert run["steps_recorded"] == 2 and run["ended"] == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nonexistent.py"], "no such script: nonexistent.py"),
+        (["-m", "no_such_module_xyz"], "no module named no_such_module_xyz"),
+        (["--steps", "0", "train.py"], "must be at least 1"),
+    ],
+)
+def test_bad_target_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str
+                                           ) -> None:
+    proc = stallscope("run", *args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in one_line_error(proc)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_exception_keeps_status_1_and_a_partial_report(tmp_path: Path, entry: str) -> None:
+    (tmp_path / "train.py").write_text(FAILING)
+    # skip 2 + warmup 1, then iteration 6 raises inside the third recorded step.
+    proc = stallscope("run", "train.py", "raise", "6", cwd=tmp_path, entry=entry)
+    assert proc.returncode == 1
+    assert "RuntimeError: boom at iteration 6" in proc.stderr  # the user's own traceback
+    assert 'File "' + str(tmp_path / "train.py") + '", line' in proc.stderr
+    assert "stallscope/capture" not in proc.stderr  # and not ours
+    out = tmp_path / "stallscope-train"
+    report = report_of(out)
+    assert report["run"]["exit_status"] == 1 and report["run"]["ended"] == "exception"
+    assert report["run"]["partial"] is True
+    assert report["run"]["steps_recorded"] == 2 == report["summary"]["steps"]
+    assert any("cut short" in n for n in report["notes"])
+    assert "Partial run" in (out / "report.html").read_text()
+    assert len(list((out / "tensorboard" / "train").glob("*.pt.trace.json.gz"))) == 1
+
+
+def test_sys_exit_3_keeps_status_3(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(FAILING)
+    proc = stallscope("run", "train.py", "exit", "7", cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "ended with status 3" in proc.stderr
+    run = report_of(tmp_path / "stallscope-train")["run"]
+    assert (run["exit_status"], run["ended"], run["partial"]) == (3, "exit", True)
+    assert run["steps_recorded"] == 3
+
+
+def test_stops_the_script_once_steps_are_recorded(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(FAILING)
+    proc = stallscope("run", "train.py", "never", "0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "SCRIPT FINISHED" not in proc.stdout  # 500 iterations were not all run
+    run = report_of(tmp_path / "stallscope-train")["run"]
+    assert (run["ended"], run["partial"], run["steps_recorded"]) == ("stopped", False, 5)
+    assert "tensorboard --logdir" in proc.stdout
+
+
+def test_run_to_end_lets_the_script_finish(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(FAILING.replace("4000", "400"))
+    proc = stallscope("run", "--run-to-end", "train.py", "never", "0", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "SCRIPT FINISHED" in proc.stdout
+    run = report_of(tmp_path / "stallscope-train")["run"]
+    assert (run["ended"], run["partial"], run["steps_recorded"]) == ("finished", False, 5)
+
+
+def test_no_step_seen_says_why_and_exits_4(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("import torch\nprint(torch.ones(3).sum().item())\n")
+    proc = stallscope("run", "train.py", cwd=tmp_path)
+    assert proc.returncode == 4
+    line = one_line_error(proc)
+    assert "no step recorded" in line and "optimizer.step()" in line
+    assert not (tmp_path / "stallscope-train" / "report.json").exists()
+
+
+def test_steps_from_dataloader_batches_without_torch_optim(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(textwrap.dedent(
+        """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        w = torch.zeros(8, 1, requires_grad=True)
+        loader = DataLoader(TensorDataset(torch.randn(800, 8), torch.randn(800, 1)), batch_size=4)
+        for x, y in loader:  # hand-written SGD: no torch.optim
+            loss = ((x @ w - y) ** 2).mean()
+            loss.backward()
+            with torch.no_grad():
+                w -= 0.01 * w.grad
+                w.grad.zero_()
+        """
+    ))
+    for mode in ("auto", "dataloader"):
+        out = tmp_path / mode
+        proc = stallscope("run", "-q", "--step-on", mode, "-o", str(out), "train.py",
+                          cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        run = report_of(out)["run"]
+        assert (run["step_source"], run["steps_recorded"]) == ("dataloader", 5)
+    proc = stallscope("run", "--step-on", "optimizer", "-o", "opt", "train.py", cwd=tmp_path)
+    assert proc.returncode == 4
+    assert "--step-on dataloader" in one_line_error(proc)
+
+
+def _call_site(script: Path) -> str:
+    lines = script.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "DataLoader(" in text and "=" in text)
+    return f"examples/{script.name}:{line}"
+
+
+def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
+    proc = stallscope("run", "-o", str(tmp_path / "out"), "examples/loader_bound.py", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    report = report_of(tmp_path / "out")
+    top = report["findings"][0]
+    assert top["id"] == "dataloader-bound" and top["severity"] == "high"
+    site = _call_site(EXAMPLES / "loader_bound.py")
+    assert top["recommendation"].startswith(f"{site} DataLoader(num_workers=0, pin_memory=False)")
+    cores = report["environment"]["captured"]["cpu"]["cores_per_process"]
+    workers = top["evidence"]["suggested_num_workers"]
+    assert 1 <= workers <= cores  # from the measured ratio, capped at this process's cores
+    assert f"num_workers={workers}, persistent_workers=True" in top["snippet"]
+    [loader] = report["dataloaders"]
+    assert loader["call_site"] == site
+    assert (loader["num_workers"], loader["pin_memory"], loader["batch_size"]) == (0, False, 32)
+    assert loader["dataset"] == "SyntheticImages (1024 items)"
+    assert loader["batches_recorded"] == 5
+
+
+def test_balanced_example_is_not_dataloader_bound(tmp_path: Path) -> None:
+    proc = stallscope("run", "-o", str(tmp_path / "out"), "examples/balanced.py", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    report = report_of(tmp_path / "out")
+    assert "dataloader-bound" not in [f["id"] for f in report["findings"]]
+    [check] = [a for a in report["assessments"] if a["rule"] == "dataloader-bound"]
+    assert check["status"] == "clear"
+
+
+def test_worker_processes_write_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = stallscope("run", "-o", str(out), "examples/loader_bound.py", "--num-workers", "2",
+                      "--samples", "512", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert files[:3] == ["report.html", "report.json", "report.md"]
+    assert len(files) == 4 and files[3].startswith("tensorboard/loader_bound/")
+    assert report_of(out)["dataloaders"][0]["num_workers"] == 2
+
+
+def test_refuses_to_overwrite_a_report_without_force(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(FAILING)
+    assert stallscope("run", "-q", "train.py", "never", "0", cwd=tmp_path).returncode == 0
+    again = stallscope("run", "train.py", "never", "0", cwd=tmp_path)
+    assert again.returncode == 2 and "--force" in one_line_error(again)
+    forced = stallscope("run", "-q", "--force", "train.py", "never", "0", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    # The earlier run's trace is replaced, not analysed alongside the new one.
+    assert len(list((tmp_path / "stallscope-train/tensorboard/train").iterdir())) == 1
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
+                    reason="torchrun not installed beside this python")
+def test_torchrun_two_gloo_ranks_give_two_traces_and_one_report(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
+         "-m", "stallscope", "run", "-o", str(out), str(EXAMPLES / "ddp_gloo.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    traces = sorted((out / "tensorboard" / "ddp_gloo").glob("*.pt.trace.json.gz"))
+    assert [t.name.split(".")[0].rsplit("_", 1)[1] for t in traces] == ["rank-0", "rank-1"]
+    reports = list(out.rglob("report.json"))
+    assert reports == [out / "report.json"]
+    report = report_of(out)
+    assert [t["rank"] for t in report["traces"]] == [0, 1]
+    assert all(t["summary"]["steps"] == 5 for t in report["traces"])
+    assert [r["rank"] for r in report["run"]["ranks"]] == [0, 1]
+    assert report["run"]["command"].startswith("torchrun --nproc-per-node 2 -m stallscope run")
+    assert "Per trace" in (out / "report.html").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "own", "script"),
+    [
+        (["train.py", "--epochs", "3"], ["train.py"], ["--epochs", "3"]),
+        (["-o", "x", "--steps", "3", "train.py", "-o", "y"], ["-o", "x", "--steps", "3",
+                                                             "train.py"], ["-o", "y"]),
+        (["--out=x", "train.py", "--", "a"], ["--out=x", "train.py"], ["--", "a"]),
+        (["-q", "--", "train.py", "--"], ["-q", "train.py"], ["--"]),
+        (["-m", "pkg.train", "--lr", "1"], ["-m", "pkg.train"], ["--lr", "1"]),
+        (["-mpkg.train", "a"], ["-m", "pkg.train"], ["a"]),
+    ],
+)
+def test_run_arguments_after_the_target_belong_to_the_script(
+    argv: list[str], own: list[str], script: list[str]
+) -> None:
+    parser = build_parser()
+    assert parser.run_parser is not None
+    assert split_run_argv(argv, parser.run_parser) == (own, script)
