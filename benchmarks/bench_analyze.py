@@ -83,7 +83,8 @@ def main() -> None:
     t_cli = statistics.median(cli_times)
 
     print(f"median of {args.repeat} runs:")
-    print(f"  stallscope analyze (CLI, fresh process) {t_cli:7.3f} s   peak RSS {max(peaks):.0f} MB")
+    print(f"  stallscope analyze (CLI, fresh process) {t_cli:7.3f} s   "
+          f"peak RSS {max(peaks):.0f} MB")
     print(f"    read + gunzip                         {t_read:7.3f} s")
     print(f"    load (decode -> columns)              {t_load:7.3f} s")
     print(f"    model (steps, breakdowns, copies)     {t_model:7.3f} s")

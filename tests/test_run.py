@@ -46,10 +46,11 @@ PROBE = textwrap.dedent(
     """
 )
 
-# A training loop that fails on request at iteration `at`: raise, sys.exit(3), or never.
+# A training loop that fails on request at iteration `at`: raise, sys.exit(3), a Ctrl-C, or
+# never.
 FAILING = textwrap.dedent(
     """
-    import sys, torch
+    import os, signal, sys, torch
     from torch.utils.data import DataLoader, TensorDataset
     mode, at = sys.argv[1], int(sys.argv[2])
     loader = DataLoader(TensorDataset(torch.randn(4000, 8), torch.randn(4000, 1)), batch_size=8)
@@ -60,6 +61,8 @@ FAILING = textwrap.dedent(
             raise RuntimeError(f"boom at iteration {i}")
         if i == at and mode == "exit":
             sys.exit(3)
+        if i == at and mode == "interrupt":
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C delivers
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
@@ -167,6 +170,14 @@ def test_sys_exit_3_keeps_status_3(tmp_path: Path) -> None:
     run = report_of(tmp_path / "stallscope-train")["run"]
     assert (run["exit_status"], run["ended"], run["partial"]) == (3, "exit", True)
     assert run["steps_recorded"] == 3
+
+
+def test_ctrl_c_keeps_status_130_and_a_partial_report(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(FAILING)
+    proc = stallscope("run", "train.py", "interrupt", "6", cwd=tmp_path)
+    assert proc.returncode == 130
+    run = report_of(tmp_path / "stallscope-train")["run"]
+    assert (run["exit_status"], run["ended"], run["partial"]) == (130, "interrupted", True)
 
 
 def test_stops_the_script_once_steps_are_recorded(tmp_path: Path) -> None:

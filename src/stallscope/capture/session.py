@@ -1,9 +1,10 @@
 """The profiler around one run: schedule, trace files, and stopping once the steps are recorded.
 
-The profiler is created up front and started at the first step boundary, so start-up (imports,
-model build) never counts as a step. Steps are numbered from there: `skip` steps pass, `warmup`
-steps warm the profiler up, `steps` steps are recorded, and the trace is written by
-`tensorboard_trace_handler` the moment the last one ends. Then, unless asked to run to the end,
+The profiler is created up front but started only when `skip` step boundaries have passed, so
+start-up (imports, model build) never counts as a step and a skipped step costs a counter
+increment. Then `warmup` steps warm the profiler up, `steps` steps are recorded, and the trace
+is written by `tensorboard_trace_handler` the moment the last one ends. Then, unless asked to
+run to the end,
 the script is stopped by raising `StopScript` from the step hook: a BaseException, so the
 script's `finally` blocks and context managers still run while `except Exception` ignores it.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +42,12 @@ class Schedule:
     steps: int = 5
 
     @property
-    def total(self) -> int:
-        return self.skip + self.warmup + self.steps
+    def profiled(self) -> int:
+        """Steps the profiler sees: it is started only once the skipped steps are over."""
+        return self.warmup + self.steps
 
-    def is_recording(self, step: int) -> bool:
-        return self.skip + self.warmup <= step < self.total
+    def is_recording(self, profiler_step: int) -> bool:
+        return self.warmup <= profiler_step < self.profiled
 
 
 class CaptureSession:
@@ -79,11 +82,12 @@ class CaptureSession:
             activities.append(ProfilerActivity.CUDA)
         self.activities = [a.name for a in activities]
         self._handler = tensorboard_trace_handler(str(trace_dir), worker_name=worker, use_gzip=True)
+        with warnings.catch_warnings():  # warmup 0 is the user's explicit choice
+            warnings.simplefilter("ignore", UserWarning)
+            plan = schedule(wait=0, warmup=sched.warmup, active=sched.steps, repeat=1)
         self.prof = profile(
             activities=activities,
-            schedule=schedule(
-                skip_first=sched.skip, wait=0, warmup=sched.warmup, active=sched.steps, repeat=1
-            ),
+            schedule=plan,
             on_trace_ready=self._on_trace_ready,
             record_shapes=True,
         )
@@ -101,7 +105,7 @@ class CaptureSession:
         if self._started and not self.done:
             step = self.prof.step_num
             if self.sched.is_recording(step):
-                self.recorded = step - self.sched.skip - self.sched.warmup
+                self.recorded = step - self.sched.warmup
                 self.incomplete_step = f"ProfilerStep#{step}"
                 self._add_metadata()
             self.done = True
@@ -115,6 +119,8 @@ class CaptureSession:
         if self.done:
             return
         self.boundaries += 1
+        if self.boundaries <= self.sched.skip:
+            return  # the profiler is not touched at all while steps are skipped
         if not self._started:
             self._started = True
             self.prof.start()
@@ -123,7 +129,7 @@ class CaptureSession:
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
         if self.watcher.recording and not self._meta_added:
             self._add_metadata()  # only kept while Kineto records
-        if self.prof.step_num >= self.sched.total:  # the trace was written by this step()
+        if self.prof.step_num >= self.sched.profiled:  # the trace was written by this step()
             self.recorded = self.sched.steps
             self.done = True
             self.watcher.recording = False
