@@ -79,7 +79,8 @@ def context_path(out: Path, rank: int) -> Path:
 
 
 def clear_previous(plan: RunPlan, launch: Launch) -> None:
-    """With --force, remove this worker's traces and context from an earlier run in `out`."""
+    """Remove this rank's context left by an earlier run in `out` (it would pass for this run's)
+    and, with --force, this worker's earlier traces."""
     context_path(plan.out, launch.rank).unlink(missing_ok=True)
     if plan.force and trace_dir(plan).is_dir():
         for old in trace_dir(plan).glob(f"{launch.worker}.*.pt.trace.json*"):

@@ -4,9 +4,9 @@ The profiler is created up front but started only when `skip` step boundaries ha
 start-up (imports, model build) never counts as a step and a skipped step costs a counter
 increment. Then `warmup` steps warm the profiler up, `steps` steps are recorded, and the trace
 is written by `tensorboard_trace_handler` the moment the last one ends. Then, unless asked to
-run to the end,
-the script is stopped by raising `StopScript` from the step hook: a BaseException, so the
-script's `finally` blocks and context managers still run while `except Exception` ignores it.
+run to the end, the script is stopped by raising `StopScript` from the step hook: a
+BaseException, so the script's `finally` blocks and context managers still run while
+`except Exception` ignores it.
 """
 
 from __future__ import annotations
@@ -98,10 +98,7 @@ class CaptureSession:
 
     def finish(self) -> None:
         """Remove the hooks and, if the script ended mid-recording, write what was recorded."""
-        self.watcher.uninstall()
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        self._remove_hooks()
         if self._started and not self.done:
             step = self.prof.step_num
             if self.sched.is_recording(step):
@@ -110,6 +107,12 @@ class CaptureSession:
                 self._add_metadata()
             self.done = True
             self.prof.stop()  # writes the trace when recording had begun
+
+    def _remove_hooks(self) -> None:
+        self.watcher.uninstall()
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     def _on_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if os.getpid() == self._pid:
@@ -134,7 +137,7 @@ class CaptureSession:
             self.done = True
             self.watcher.recording = False
             self.prof.stop()
-            self.watcher.uninstall()
+            self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
             if not self.run_to_end and threading.current_thread() is threading.main_thread():
                 self.stop_requested = True
                 raise StopScript()
@@ -149,6 +152,8 @@ class CaptureSession:
         self.prof.add_metadata_json("stallscope", json.dumps(meta))
 
     def _on_trace_ready(self, prof: Any) -> None:
-        before = set(self.trace_dir.glob("*.pt.trace.json*")) if self.trace_dir.is_dir() else set()
+        # Other ranks write into the same folder at the same moment: only this worker's files.
+        pattern = f"{self.worker}.*.pt.trace.json*"
+        before = set(self.trace_dir.glob(pattern)) if self.trace_dir.is_dir() else set()
         self._handler(prof)
-        self.traces.extend(sorted(set(self.trace_dir.glob("*.pt.trace.json*")) - before))
+        self.traces.extend(sorted(set(self.trace_dir.glob(pattern)) - before))
