@@ -77,6 +77,33 @@ class TraceModel:
     copies: pd.DataFrame  # one row per host copy call joined to its GPU copy
     syncs: pd.DataFrame  # one row per explicit synchronisation call
     notes: list[str] = field(default_factory=list)
+    # Event tables for rules (columns below; `step` is the index into `steps`, -1 outside).
+    # gpu: kind (kernel|memcpy|memset), device, stream, name, ts, dur, end, correlation, bytes,
+    #      launch_ts (start of the runtime call that launched it, NaN when unknown), step
+    gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # runtime: cuda_runtime / cuda_driver calls of the stepping process: name, tid, ts, dur,
+    #          end, correlation, step
+    runtime: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # ops: cpu_op and user_annotation events of the stepping process (all its threads): cat,
+    #      name (categorical), tid, ts, dur, end, step; ProfilerStep and DataLoader ranges
+    #      excluded
+    ops: pd.DataFrame = field(default_factory=pd.DataFrame)
+    main_tid: str | None = None  # the thread that steps
+
+    @property
+    def windows(self) -> np.ndarray:
+        """Step windows as an (n, 2) array of [start, end) in trace microseconds."""
+        return np.array([[s.start_us, s.end_us] for s in self.steps]).reshape(-1, 2)
+
+    @property
+    def compute_major(self) -> dict[str, int]:
+        """Device id -> CUDA compute capability major, from deviceProperties."""
+        out = {}
+        for i, d in enumerate(self.trace.devices):
+            major = d.get("computeMajor")
+            if isinstance(major, int):
+                out[str(d.get("id", i))] = major
+        return out
 
     @property
     def total_step_us(self) -> float:
@@ -126,6 +153,19 @@ def build_model(trace: Trace) -> TraceModel:
     steps = _steps(windows, step_names, loader, copies, syncs, gpu, gpu_devices)
     copies["step"] = _step_of(copies["ts"].to_numpy(), windows)
     syncs["step"] = _step_of(syncs["ts"].to_numpy(), windows)
+    runtime_table = runtime[["name", "tid", "ts", "dur", "end"]].assign(
+        name=runtime["name"].astype(str),
+        correlation=args.loc[runtime.index, "correlation"],
+        step=_step_of(runtime["ts"].to_numpy(), windows),
+    ).reset_index(drop=True)
+    gpu_table = _gpu_table(gpu, runtime_table, args, windows)
+    is_op = host["cat"].isin(["cpu_op", "user_annotation"]) & ~name_matches(
+        host["name"], NOT_AN_OP
+    ) & ~name_matches(host["name"], LOADER_NAME)
+    op_table = host.loc[is_op, ["cat", "name", "tid", "ts", "dur", "end"]]
+    # Names stay categorical: tens of thousands of ops, a few hundred distinct names.
+    op_table = op_table.assign(step=_step_of(op_table["ts"].to_numpy(), windows))
+    op_table = op_table.reset_index(drop=True)
     return TraceModel(
         trace=trace,
         steps=steps,
@@ -136,7 +176,26 @@ def build_model(trace: Trace) -> TraceModel:
         copies=copies,
         syncs=syncs,
         notes=notes,
+        gpu=gpu_table,
+        runtime=runtime_table,
+        ops=op_table,
+        main_tid=main_tid,
     )
+
+
+def _gpu_table(
+    gpu: pd.DataFrame, runtime: pd.DataFrame, args: pd.DataFrame, windows: np.ndarray
+) -> pd.DataFrame:
+    """GPU events with the host time of the call that launched each (joined by correlation)."""
+    table = gpu[["kind", "device", "name", "ts", "dur", "end", "correlation", "bytes"]].assign(
+        name=gpu["name"].astype(str),
+        stream=args.loc[gpu.index, "stream"],
+    )
+    launches = runtime.dropna(subset=["correlation"]).drop_duplicates("correlation")
+    launch_ts = launches.set_index("correlation")["ts"]
+    table["launch_ts"] = table["correlation"].map(launch_ts)
+    table["step"] = _step_of(table["ts"].to_numpy(), windows)
+    return table.sort_values("ts").reset_index(drop=True)
 
 
 def _steps(
