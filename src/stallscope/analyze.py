@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stallscope.context import RunContext
-from stallscope.diagnose import diagnose
+from stallscope.diagnose import diagnose, diagnose_job
 from stallscope.load import load_paths
 from stallscope.model import build_model
 from stallscope.report import Report, build_report
@@ -17,4 +17,5 @@ def analyze_paths(paths: list[Path], contexts: dict[str, RunContext] | None = No
     contexts = contexts or {}
     models = [build_model(t) for t in traces]
     verdicts = [diagnose(m, contexts.get(str(m.trace.path.resolve()))) for m in models]
+    verdicts.append(diagnose_job(models))
     return build_report(models, verdicts, [str(p) for p in paths])

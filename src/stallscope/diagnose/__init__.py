@@ -8,6 +8,7 @@ from stallscope.context import RunContext
 from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.ranks import rank_imbalance
 from stallscope.diagnose.sync import host_device_sync
 from stallscope.model import TraceModel
 
@@ -20,6 +21,19 @@ RULES: list[Rule] = [
 ]
 
 
+# Rules over all the traces of one job (several ranks) at once.
+JOB_RULES: list[Callable[[list[TraceModel]], Assessment]] = [rank_imbalance]
+
+# (effect, evidence key, cause): when the effect's evidence says that at least CAUSE_SHARE_PCT
+# of its lost time coincides with the cause's, and the cause was found on the same trace, the
+# effect is reported as caused by it (one lost millisecond, one owner).
+CAUSES = [
+    ("gpu-idle", "idle_during_dataloader_pct", "dataloader-bound"),
+    ("gpu-idle", "idle_during_sync_pct", "host-device-sync"),
+]
+CAUSE_SHARE_PCT = 50.0
+
+
 def diagnose(model: TraceModel, context: RunContext | None = None) -> list[Assessment]:
     """Every rule's verdict on one trace, each tagged with the trace's label."""
     out = []
@@ -29,7 +43,31 @@ def diagnose(model: TraceModel, context: RunContext | None = None) -> list[Asses
         if a.finding is not None:
             a.finding.trace = model.trace.label
         out.append(a)
+    _attribute_causes([a.finding for a in out if a.finding is not None])
     return out
+
+
+def diagnose_job(models: list[TraceModel]) -> list[Assessment]:
+    """The job-level rules; their assessments carry the trace label `job`."""
+    out = []
+    for rule in JOB_RULES:
+        a = rule(models)
+        a.trace = "job"
+        out.append(a)
+    return out
+
+
+def _attribute_causes(findings: list[Finding]) -> None:
+    by_id = {f.id: f for f in findings}
+    for effect, key, cause in CAUSES:
+        f = by_id.get(effect)
+        share = f.evidence.get(key) if f else None
+        if f and cause in by_id and isinstance(share, int | float) and share >= CAUSE_SHARE_PCT:
+            f.caused_by = cause
+            f.recommendation = (
+                f"{share:.0f}% of this lost time is `{cause}`: fix that first, then "
+                f"re-measure. {f.recommendation}"
+            )
 
 
 def ranked_findings(assessments: list[Assessment]) -> list[Finding]:
@@ -38,4 +76,5 @@ def ranked_findings(assessments: list[Assessment]) -> list[Finding]:
     return sorted(found, key=lambda f: (-f.estimated_saving_pct, f.id, f.trace))
 
 
-__all__ = ["Assessment", "Finding", "RULES", "diagnose", "ranked_findings"]
+__all__ = ["Assessment", "Finding", "JOB_RULES", "RULES", "diagnose", "diagnose_job",
+           "ranked_findings"]

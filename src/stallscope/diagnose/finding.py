@@ -37,6 +37,8 @@ class Finding:
     docs: str = ""
     trace: str = ""
     severity: str = ""  # derived from estimated_saving_pct unless given
+    # Another finding's id when that one is the cause of the time lost here (fix it first).
+    caused_by: str = ""
 
     def __post_init__(self) -> None:
         if not self.severity:

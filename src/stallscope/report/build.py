@@ -32,6 +32,7 @@ class Report:
     traces: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
     run: dict[str, Any] | None = None  # `stallscope run` only: how the script was run and ended
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # one row per rank, when known
     dataloaders: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -42,7 +43,8 @@ class Report:
         """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
         if not self.findings:
             return "No bottleneck found by the rules that could be assessed."
-        top = self.findings[0]
+        # A finding caused by another is not the headline: its cause is.
+        top = next((f for f in self.findings if not f.caused_by), self.findings[0])
         if top.severity == "info":
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) can "
@@ -84,6 +86,19 @@ def build_report(
     flat = [a for group in assessments for a in group]
     for entry in traces:
         entry["findings"] = [f.id for f in ranked_findings(flat) if f.trace == entry["label"]]
+    ranks = [
+        {
+            "rank": t["rank"],
+            "label": t["label"],
+            "steps": t["summary"]["steps"],
+            "step_time_us": t["summary"]["step_time_us"],
+            "breakdown_pct": t["summary"]["breakdown_pct"],
+            "gpu_pct": t["summary"]["gpu_pct"],
+            "findings": t["findings"],
+        }
+        for t in traces
+        if t["rank"] is not None
+    ]
     return Report(
         schema_version=SCHEMA_VERSION,
         stallscope_version=__version__,
@@ -98,6 +113,7 @@ def build_report(
         ],
         traces=traces,
         notes=notes,
+        ranks=ranks,
     )
 
 

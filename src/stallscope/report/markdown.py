@@ -33,7 +33,9 @@ def render_markdown(report: Report) -> str:
         lines += ["| severity | finding | can save | trace |", "|---|---|---:|---|"]
         for f in report.findings:
             lines.append(
-                f"| {f.severity} | `{f.id}` {md(f.title)} | {f.estimated_saving_pct:.1f}% | "
+                f"| {f.severity} | `{f.id}` {md(f.title)}"
+                f"{f' (caused by `{f.caused_by}`)' if f.caused_by else ''} "
+                f"| {f.estimated_saving_pct:.1f}% | "
                 f"{md(f.trace)} |"
             )
         top = report.findings[0]

@@ -1,0 +1,133 @@
+"""`rank-imbalance`: one rank does more work per step than the others, and all of them wait.
+
+In synchronous data-parallel training every rank finishes a step together (the gradient
+all-reduce is a barrier), so a straggler does not show as a longer step on itself: it shows as
+more work per step on the straggler and more time waiting in collectives on the rest. The rule
+therefore compares the work each rank does per step, not only step times: the DataLoader wait
+and the GPU compute (kernels other than collectives). Host compute is shown but not compared: on
+CPU (gloo) it includes the time a fast rank blocks in the all-reduce waiting for the slow one.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+import numpy as np
+
+from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.model import TraceModel, name_matches
+
+RULE_ID = "rank-imbalance"
+JOB_LABEL = "job"
+# A rank whose per-step work exceeds the median rank's by this share of the step holds the
+# others back by about that much; below it, run-to-run jitter (a few %) dominates.
+SPREAD_THRESHOLD_PCT = 5.0
+DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
+
+
+def rank_imbalance(models: list[TraceModel]) -> Assessment:
+    ranked = [m for m in models if m.trace.rank is not None and m.steps]
+    ranks = {m.trace.rank for m in ranked}
+    if len(ranks) < 2:
+        return Assessment(RULE_ID, "not_assessed", "Needs traces of two or more ranks of one job.")
+    sizes = {m.trace.world_size for m in ranked}
+    if len(sizes) > 1:
+        return Assessment(
+            RULE_ID,
+            "not_assessed",
+            f"The traces come from jobs of different world sizes ({sorted(map(str, sizes))}): "
+            "ranks of different jobs cannot be compared.",
+        )
+    rows = [_work(m) for m in ranked]
+    step = statistics.median(r["step_ms"] for r in rows)
+    spreads = {
+        key: max(r[key] for r in rows) - statistics.median(r[key] for r in rows)
+        for key in ("loader_wait_ms", "gpu_compute_ms", "step_ms")
+    }
+    worst_key = max(spreads, key=lambda k: spreads[k])
+    excess = spreads[worst_key]
+    excess_pct = pct(excess, step)
+    evidence = {
+        "ranks": len(rows),
+        "median_step_ms": round(step, 3),
+        "per_rank": rows,
+        "excess_ms_over_median": {k: round(v, 3) for k, v in spreads.items()},
+    }
+    if excess_pct < SPREAD_THRESHOLD_PCT:
+        return Assessment(
+            RULE_ID,
+            "clear",
+            f"Across {len(rows)} ranks no rank's per-step work exceeds the median rank's by "
+            f"more than {excess_pct:.1f}% of the step (threshold {SPREAD_THRESHOLD_PCT:.0f}%).",
+        )
+    slowest = max(rows, key=lambda r: r[worst_key])
+    what = {
+        "loader_wait_ms": "waits longer on its DataLoader",
+        "gpu_compute_ms": "runs more GPU compute",
+        "step_ms": "takes longer per step",
+    }[worst_key]
+    evidence["straggler_rank"] = slowest["rank"]
+    evidence["straggler_cause"] = worst_key
+    recommendation = (
+        f"Rank {slowest['rank']} {what} than the median rank by {excess:.1f} ms per step "
+        f"({excess_pct:.1f}% of the step); in synchronous training every other rank waits for "
+        "it in the next collective. "
+        + (
+            "Give each rank an equal data shard and equal loading resources (DistributedSampler "
+            "with drop_last, the same num_workers and storage per rank, no rank-0-only work such "
+            "as logging or checkpointing inside the step)."
+            if worst_key == "loader_wait_ms"
+            else "Check that every rank gets equally sized batches (variable-length samples need "
+            "bucketing or padding to a common length) and that its GPU is not throttled or "
+            "shared."
+        )
+    )
+    snippet = (
+        "sampler = torch.utils.data.distributed.DistributedSampler(dataset, drop_last=True)\n"
+        "loader = torch.utils.data.DataLoader(dataset, sampler=sampler, num_workers=N)\n"
+        "if rank == 0 and step % log_every == 0:  # rank-0-only work outside the hot path\n"
+        "    log(metrics)"
+    )
+    return Assessment.found(
+        Finding(
+            id=RULE_ID,
+            title=f"Rank {slowest['rank']} straggles: {excess:.1f} ms more work per step",
+            evidence=evidence,
+            recommendation=recommendation,
+            snippet=snippet,
+            precondition="The ranks synchronise every step (DDP, FSDP or other collectives).",
+            estimated_saving_pct=excess_pct,
+            saving_basis=(
+                "upper bound: the straggler's excess work over the median rank, which every "
+                "rank waits for when the steps are synchronous"
+            ),
+            docs=DOCS,
+            trace=JOB_LABEL,
+        )
+    )
+
+
+_COLLECTIVE = re.compile(r"(?i).*(nccl|rccl)")
+
+
+def _work(model: TraceModel) -> dict:
+    n = len(model.steps)
+    gpu = model.gpu
+    compute_ms = 0.0
+    if len(gpu):
+        kernels = gpu[(gpu["kind"] == "kernel") & (gpu["step"] >= 0)]
+        if len(kernels):
+            names = kernels["name"].astype("category")
+            comm = name_matches(names, _COLLECTIVE).to_numpy()
+            per_dev = kernels[~comm].groupby("device")["dur"].sum()
+            compute_ms = float(per_dev.max()) / 1000 / n if len(per_dev) else 0.0
+    durations = np.array([s.duration_us for s in model.steps])
+    return {
+        "rank": model.trace.rank,
+        "step_ms": ms(float(np.median(durations))),
+        "loader_wait_ms": ms(sum(s.loader_wait_us for s in model.steps) / n),
+        "host_compute_ms": ms(sum(s.breakdown_us["host_compute"] for s in model.steps) / n),
+        "gpu_compute_ms": round(compute_ms, 3),
+    }
