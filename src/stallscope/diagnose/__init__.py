@@ -8,6 +8,7 @@ from stallscope.context import RunContext
 from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.gpu import comm_bound, gpu_idle
 from stallscope.diagnose.ranks import rank_imbalance
 from stallscope.diagnose.sync import host_device_sync
 from stallscope.model import TraceModel
@@ -18,6 +19,8 @@ RULES: list[Rule] = [
     dataloader_bound,
     pageable_h2d_copy,
     host_device_sync,
+    gpu_idle,
+    comm_bound,
 ]
 
 

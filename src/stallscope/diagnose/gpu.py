@@ -1,0 +1,508 @@
+"""`gpu-idle` and `comm-bound`: where the GPU's time inside the step goes when it is not computing.
+
+`gpu-idle` measures, per device, the time inside step windows when no kernel, memcpy or memset
+runs, and splits every idle gap the way HolisticTraceAnalysis's idle-time breakdown does: a
+*host-wait* gap is one the host caused (the runtime call that launched the next GPU work started
+only after the GPU had gone idle: the host was late, busy loading data, blocked, or simply too
+slow at launching small kernels); any other gap had its next work already queued (it waited on a
+stream/event dependency or another device) or is the tail of the step. The part of the idle time
+during which the host was waiting on the DataLoader is reported separately, because that cause
+and its fix belong to `dataloader-bound`.
+
+`comm-bound` measures collective kernels (NCCL/RCCL) that run while no compute kernel runs on the
+same device: that *exposed* communication lengthens the step one-for-one, whereas collectives
+that overlap compute are free. Exposed collectives also absorb waiting for the slowest rank.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from stallscope.context import RunContext
+from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.intervals import Timeline
+from stallscope.model import LOADER_NAME, TraceModel, name_matches
+
+GPU_IDLE_ID = "gpu-idle"
+COMM_BOUND_ID = "comm-bound"
+
+# Share of step time the busiest GPU is idle before the rule flags it. Back-to-back kernels
+# always leave a few percent of launch latency between them that no user change removes (HTA
+# calls it "kernel wait"); at 10% the GPU loses one step in ten, enough to be worth acting on.
+IDLE_THRESHOLD_PCT = 10.0
+# Share of step time a collective may run with no compute beside it before it is flagged. Even
+# well-bucketed DDP leaves the last bucket's all-reduce exposed after backward (a few percent);
+# 5% is where the anchors (HTA's communication/computation overlap analysis) call it material.
+EXPOSED_THRESHOLD_PCT = 5.0
+# Among the idle time not explained by the DataLoader, the share one cause needs to be named
+# as the dominant one; below this the advice covers both.
+DOMINANT_SHARE = 0.6
+# How many of the largest idle gaps / collectives to list as evidence.
+TOP_GAPS = 5
+TOP_COLLECTIVES = 5
+
+# Idle gap causes: the next GPU work was launched after the GPU went idle (the host was late);
+# it had been launched before (it waited on a dependency, or the step ended); its launch is not
+# in the trace (no runtime call with its correlation id), so no cause can be given.
+GAP_KINDS = ("host-wait", "other", "launch-unknown")
+COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)
+COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+IDLE_DOCS = "https://hta.readthedocs.io/en/latest/source/features/idle_time_breakdown.html"
+COMM_DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
+
+
+# --------------------------------------------------------------------------- gpu-idle
+
+
+def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment:
+    if not model.has_gpu:
+        return Assessment(GPU_IDLE_ID, "not_assessed", "No GPU activity in the trace.")
+    if not model.steps or model.total_step_us <= 0:
+        return Assessment(GPU_IDLE_ID, "not_assessed", "No step windows to measure idle time in.")
+    windows = _idle_windows(model)
+    total = float((windows[:, 1] - windows[:, 0]).sum())
+    if total <= 0:
+        return Assessment(GPU_IDLE_ID, "not_assessed", "No GPU work inside the analysed window.")
+    n = len(model.steps)
+    by_device = {dev: idle_gaps(model, dev, windows) for dev in model.gpu_devices}
+    idle_by_device = {dev: float(g["us"].sum()) for dev, g in by_device.items()}
+    # The busiest device bounds the step: idle there is what the step could actually lose.
+    dev = min(idle_by_device, key=lambda d: idle_by_device[d])
+    idle = idle_by_device[dev]
+    idle_pct = pct(idle, total)
+    if idle_pct < IDLE_THRESHOLD_PCT:
+        return Assessment(
+            GPU_IDLE_ID,
+            "clear",
+            f"The busiest GPU (device {dev}) is idle {idle_pct:.1f}% of step time "
+            f"(threshold {IDLE_THRESHOLD_PCT:.0f}%).",
+        )
+    gaps = by_device[dev]
+    kind = gaps["kind"]
+    by_kind = gaps.groupby("kind")["us"].sum()
+    host_us, other_us, unknown_us = (float(by_kind.get(k, 0.0)) for k in GAP_KINDS)
+    loader_us = float(gaps["loader_us"].sum())
+    sync_us = float(gaps["sync_us"].sum())
+    # Idle time not explained by the DataLoader wait, split by cause.
+    not_loader = (gaps["us"] - gaps["loader_us"]).groupby(kind).sum()
+    rest_host, rest_other, rest_unknown = (float(not_loader.get(k, 0.0)) for k in GAP_KINDS)
+    rest = rest_host + rest_other + rest_unknown
+    top = (
+        gaps.groupby("gap", sort=False)
+        .agg(us=("us", "sum"), step=("step", "first"), offset=("offset_us", "first"),
+             kind=("kind", "first"), next_name=("next_name", "first"),
+             loader_us=("loader_us", "sum"))
+        .nlargest(TOP_GAPS, "us")
+    )
+    kernels = model.gpu[(model.gpu["device"] == dev) & (model.gpu["kind"] == "kernel")
+                       & (model.gpu["step"] >= 0)]
+    host_gaps = gaps[kind == "host-wait"].groupby("gap")["us"].sum()
+    evidence = {
+        "device": dev,
+        "idle_share_pct": idle_pct,
+        "idle_ms_per_step": ms(idle / n),
+        "host_wait_share_pct": pct(host_us, total),
+        "other_share_pct": pct(other_us, total),
+        "launch_unknown_share_pct": pct(unknown_us, total),
+        "host_wait_pct_of_idle": pct(host_us, idle),
+        "idle_during_dataloader_pct": pct(loader_us, idle),
+        "idle_during_sync_pct": pct(sync_us, idle),
+        "unexplained_idle_share_pct": pct(rest, total),
+        "gaps_per_step": round(gaps["gap"].nunique() / n, 1),
+        "median_host_wait_gap_us": round(float(host_gaps.median()), 1) if len(host_gaps) else 0.0,
+        "kernels_per_step": round(len(kernels) / n, 1),
+        "median_kernel_us": round(float(kernels["dur"].median()), 1) if len(kernels) else 0.0,
+        "largest_gaps": [
+            {"step": model.steps[int(r.step)].name, "at_ms_into_step": ms(r.offset),
+             "ms": ms(r.us), "kind": r.kind,
+             "during_dataloader_ms": ms(r.loader_us), "next_gpu_work": str(r.next_name)[:80]}
+            for r in top.itertuples()
+        ],
+        "steps": n,
+    }
+    if len(idle_by_device) > 1:
+        evidence["idle_share_pct_by_device"] = {
+            d: pct(u, total) for d, u in idle_by_device.items()
+        }
+    if model.steps_source != "ProfilerStep":
+        evidence["window"] = (
+            "no ProfilerStep markers: the span from the first to the last GPU activity"
+        )
+    cause = _idle_cause(loader_us, idle, rest_host, rest_other, rest_unknown)
+    evidence["dominant_cause"] = cause
+    rec, snippet, precondition = _idle_advice(cause, evidence, rest_host, rest_other)
+    title = f"The GPU is idle {idle_pct:.1f}% of each step" + {
+        "dataloader": ", mostly while the host waits for the DataLoader",
+        "host-wait": ", waiting for the host to launch work",
+        "other": ", with work queued behind dependencies or after the step's last kernel",
+        "launch-unknown": "",
+        "mixed": "",
+    }[cause]
+    finding = Finding(
+        id=GPU_IDLE_ID,
+        title=title,
+        evidence=evidence,
+        recommendation=rec,
+        snippet=snippet,
+        precondition=precondition,
+        estimated_saving_pct=pct(rest, total),
+        saving_basis=(
+            f"upper bound: the idle time of the busiest GPU (device {dev}) inside the steps, "
+            "less the part during which the host waited on the DataLoader (that is "
+            "dataloader-bound's saving, not counted twice), if the GPU were kept busy through "
+            "every remaining gap; the step can never get shorter than that GPU's busy time"
+        ),
+        docs=IDLE_DOCS,
+    )
+    return Assessment.found(finding)
+
+
+def _idle_windows(model: TraceModel) -> np.ndarray:
+    """The step windows; without ProfilerStep markers, the span of GPU activity instead of the
+    whole trace (whose setup and teardown would otherwise count as idle GPU time)."""
+    windows = model.windows
+    if model.steps_source == "ProfilerStep" or model.gpu.empty:
+        return windows
+    lo, hi = float(model.gpu["ts"].min()), float(model.gpu["end"].max())
+    clipped = np.column_stack([np.maximum(windows[:, 0], lo), np.minimum(windows[:, 1], hi)])
+    clipped[:, 1] = np.maximum(clipped[:, 1], clipped[:, 0])
+    return clipped
+
+
+def idle_gaps(model: TraceModel, dev: str, windows: np.ndarray | None = None) -> pd.DataFrame:
+    """Idle pieces of one device inside the windows (default: the steps), one row per
+    (gap, step) piece.
+
+    Columns: gap (gap index), step, us (idle length inside the step), offset_us (piece start
+    from the step start), kind (one of GAP_KINDS), next_name (the GPU work that ended the gap),
+    loader_us / sync_us (part of the piece during which the stepping thread waited in
+    DataLoader.__next__ / a synchronising call).
+    """
+    windows = model.windows if windows is None else windows
+    g = model.gpu[model.gpu["device"] == dev].sort_values("ts", kind="stable")
+    ts, end = g["ts"].to_numpy(), g["end"].to_numpy()
+    lo, hi = float(windows[:, 0].min()), float(windows[:, 1].max())
+    # Merge overlapping work with a running max of `end`; a gap opens wherever the next event
+    # starts after everything before it has finished.
+    covered = np.maximum.accumulate(end) if len(end) else end
+    before = np.concatenate([[lo], np.maximum(covered[:-1], lo)]) if len(end) else np.array([])
+    is_gap = ts > before
+    gap_start = np.concatenate([before[is_gap], [max(covered[-1], lo) if len(end) else lo]])
+    gap_end = np.concatenate([ts[is_gap], [hi]])
+    launch = np.concatenate([g["launch_ts"].to_numpy()[is_gap], [np.nan]])
+    names = np.concatenate([g["name"].to_numpy()[is_gap], ["(none: end of the step)"]])
+    tail = np.zeros(len(gap_start), dtype=bool)
+    tail[-1] = True
+    keep = gap_end > gap_start
+    gap_start, gap_end, launch, names = gap_start[keep], gap_end[keep], launch[keep], names[keep]
+    tail = tail[keep]
+    kinds = np.array(GAP_KINDS, dtype=object)
+    kind_code = np.where(np.isnan(launch), 2, np.where(launch >= gap_start, 0, 1))
+    kind_code[tail] = 1  # after the last GPU work: nothing left to launch in the window
+
+    syncs = model.syncs[model.syncs["step"] >= 0]
+    copies = model.copies[(model.copies["step"] >= 0) & (model.copies["wait_us"] > 0)]
+    sync_iv = (
+        np.concatenate([syncs["ts"].to_numpy(), copies["ts"].to_numpy()]),
+        np.concatenate([syncs["end"].to_numpy(), (copies["ts"] + copies["wait_us"]).to_numpy()]),
+    )
+    loader_iv = _loader_intervals(model)
+    tl = Timeline.from_intervals((windows[:, 0], windows[:, 1]), (gap_start, gap_end),
+                                 sync_iv, loader_iv)
+    bucket = tl.bucket(windows[:, 0], windows[:, 1])
+    in_gap = tl.cover(gap_start, gap_end) & (bucket >= 0)
+    seg_gap = np.searchsorted(gap_start, tl.starts, side="right") - 1
+    loader_m, sync_m = tl.cover(*loader_iv), tl.cover(*sync_iv)
+    seg = pd.DataFrame({
+        "gap": seg_gap[in_gap],
+        "step": bucket[in_gap],
+        "us": tl.lengths[in_gap],
+        "start": tl.starts[in_gap],
+        "loader_us": np.where(loader_m[in_gap], tl.lengths[in_gap], 0.0),
+        "sync_us": np.where(sync_m[in_gap] & ~loader_m[in_gap], tl.lengths[in_gap], 0.0),
+    })
+    out = seg.groupby(["gap", "step"], sort=True).agg(
+        us=("us", "sum"), start=("start", "min"), loader_us=("loader_us", "sum"),
+        sync_us=("sync_us", "sum"),
+    ).reset_index()
+    gi = out["gap"].to_numpy()
+    out["offset_us"] = out["start"].to_numpy() - windows[out["step"].to_numpy(), 0]
+    out["kind"] = kinds[kind_code[gi]]
+    out["next_name"] = names[gi]
+    return out.drop(columns="start")
+
+
+def _loader_intervals(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
+    """DataLoader `__next__` ranges of the stepping thread (the model keeps only their sums)."""
+    ev = model.trace.events
+    if model.loader_kind is None or model.main_tid is None or len(ev) == 0:
+        return np.empty(0), np.empty(0)
+    mine = ev[ev["tid"].astype(str) == str(model.main_tid)]
+    loader = mine[name_matches(mine["name"], LOADER_NAME)]
+    return loader["ts"].to_numpy(dtype=float), loader["end"].to_numpy(dtype=float)
+
+
+def _idle_cause(
+    loader_us: float, idle: float, rest_host: float, rest_other: float, rest_unknown: float
+) -> str:
+    """The cause that explains most of the idle time: the DataLoader wait when it covers half
+    of it, else host-wait or other when one dominates the gaps whose launch is known."""
+    if idle > 0 and loader_us >= 0.5 * idle:
+        return "dataloader"
+    known = rest_host + rest_other
+    if rest_unknown > known:
+        return "launch-unknown"
+    if known <= 0:
+        return "mixed"
+    if rest_host >= DOMINANT_SHARE * known:
+        return "host-wait"
+    if rest_other >= DOMINANT_SHARE * known:
+        return "other"
+    return "mixed"
+
+
+_LAUNCH_SNIPPET = (
+    "# Fewer, larger launches: fuse small ops and replay the step as a CUDA graph\n"
+    "model = torch.compile(model, mode=\"reduce-overhead\")  # CUDA graphs + fusion\n"
+    "# and/or a larger batch per step, so each kernel does more work per launch:\n"
+    "loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, ...)"
+)
+_DEPENDENCY_SNIPPET = (
+    "# Find what the queued work waits on: cross-stream waits, events, other devices\n"
+    "# e.g. do not make the compute stream wait on a side stream before it must:\n"
+    "with torch.cuda.stream(side):\n"
+    "    batch = batch.to(device, non_blocking=True)\n"
+    "...  # independent compute here\n"
+    "torch.cuda.current_stream().wait_stream(side)  # wait as late as possible\n"
+    "batch.record_stream(torch.cuda.current_stream())"
+)
+
+
+def _idle_advice(
+    cause: str, ev: dict, rest_host: float, rest_other: float
+) -> tuple[str, str, str]:
+    steps = ev["steps"]
+    host_part = (
+        f"host-wait gaps ({ms(rest_host / steps)} ms per step: the next kernel was launched only "
+        f"after the GPU ran dry; {ev['kernels_per_step']} kernels per step, median "
+        f"{ev['median_kernel_us']} us)"
+    )
+    other_part = (
+        f"gaps with work already queued ({ms(rest_other / steps)} ms per step: it waited on a "
+        "stream/event dependency or another device, or the step ended before the next launch)"
+    )
+    launch = (
+        "Keep the GPU fed: launch fewer, larger kernels (torch.compile fuses elementwise ops; "
+        "mode=\"reduce-overhead\" also replays the step as a CUDA graph, removing per-kernel "
+        "launch cost), raise the batch size so each kernel does more work, and remove host work "
+        "between launches (Python-side bookkeeping, .item()/.cpu() calls)."
+    )
+    dependency = (
+        "Look for what the queued work waited on: cudaStreamWaitEvent/wait_stream between "
+        "streams, a synchronising call before the next launch, or a peer device; move waits as "
+        "late as possible and keep independent work launched ahead of them."
+    )
+    if cause == "dataloader":
+        rec = (
+            f"{ev['idle_during_dataloader_pct']:.0f}% of the GPU's idle time is the host waiting "
+            "for the next batch: that cause and its fix are reported by `dataloader-bound`. "
+            f"The rest ({ev['unexplained_idle_share_pct']:.1f}% of step time) is "
+            + (f"mostly {host_part}. {launch}" if rest_host >= rest_other
+               else f"mostly {other_part}. {dependency}")
+        )
+        snippet = _LAUNCH_SNIPPET if rest_host >= rest_other else _DEPENDENCY_SNIPPET
+    elif cause == "host-wait":
+        rec = f"The idle time is mostly {host_part}. {launch}"
+        snippet = _LAUNCH_SNIPPET
+    elif cause == "other":
+        rec = f"The idle time is mostly {other_part}. {dependency}"
+        snippet = _DEPENDENCY_SNIPPET
+    elif cause == "launch-unknown":
+        rec = (
+            f"{ev['launch_unknown_share_pct']:.1f}% of step time is idle before GPU work whose "
+            "launching runtime call is not in the trace, so host-wait cannot be told from a "
+            "dependency wait; of the gaps whose launch is known, "
+            + (f"most are {host_part}. {launch}" if rest_host >= rest_other
+               else f"most are {other_part}. {dependency}")
+        )
+        snippet = _LAUNCH_SNIPPET if rest_host >= rest_other else _DEPENDENCY_SNIPPET
+    else:
+        rec = f"The idle time splits between {host_part} and {other_part}. {launch} {dependency}"
+        snippet = _LAUNCH_SNIPPET
+    if ev["idle_during_sync_pct"] >= 25.0:
+        rec += (
+            f" During {ev['idle_during_sync_pct']:.0f}% of the idle time the host was blocked "
+            "waiting on the GPU while the GPU had nothing running: the queued work waited on "
+            "something outside this process's GPU timeline (another rank, another stream's "
+            "event): see host-device-sync and rank-imbalance."
+        )
+    precondition = (
+        "Launch-overhead fixes help when the host cannot issue work as fast as the GPU runs it "
+        "(many short kernels, host-wait gaps); CUDA graphs need static shapes and no host "
+        "synchronisation inside the captured region. Dependency gaps are fixed by reordering "
+        "or removing the waits, not by faster launching."
+    )
+    return rec, snippet, precondition
+
+
+# --------------------------------------------------------------------------- comm-bound
+
+
+def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
+    if not model.has_gpu:
+        return Assessment(COMM_BOUND_ID, "not_assessed",
+                          "No GPU activity in the trace: no collective kernels to measure.")
+    world = model.trace.world_size
+    kernels = model.gpu[model.gpu["kind"] == "kernel"]
+    is_comm = name_matches(kernels["name"].astype("category"), COMM_NAME).to_numpy()
+    comm_all = kernels[is_comm]
+    if not model.steps or model.total_step_us <= 0:
+        return Assessment(COMM_BOUND_ID, "not_assessed", "No step windows to measure in.")
+    if comm_all.empty:
+        if world is not None and world > 1:
+            return Assessment(
+                COMM_BOUND_ID, "clear",
+                f"No collective (NCCL/RCCL) kernels in the profiled steps of this rank "
+                f"(world size {world}): no GPU communication to expose.",
+            )
+        return Assessment(COMM_BOUND_ID, "not_assessed",
+                          "No collective communication in the trace (single-process GPU run).")
+    total = model.total_step_us
+    n = len(model.steps)
+    results = {dev: _exposed_comm(model, kernels[kernels["device"] == dev],
+                                  is_comm[(kernels["device"] == dev).to_numpy()])
+               for dev in sorted(set(comm_all["device"]))}
+    dev = max(results, key=lambda d: results[d]["exposed"])
+    r = results[dev]
+    comm, exposed = r["comm"], r["exposed"]
+    if comm <= 0:
+        return Assessment(COMM_BOUND_ID, "clear",
+                          "Collective kernels run only outside the profiled steps.")
+    share = pct(exposed, total)
+    evidence = {
+        "device": dev,
+        "world_size": world,
+        "comm_ms_per_step": ms(comm / n),
+        "comm_share_pct": pct(comm, total),
+        "exposed_ms_per_step": ms(exposed / n),
+        "exposed_share_pct": share,
+        "overlap_pct": pct(comm - exposed, comm),
+        "exposed_ms_by_step": [ms(x) for x in r["per_step"]],
+        "top_collectives": r["top"],
+        "steps": n,
+    }
+    if share < EXPOSED_THRESHOLD_PCT:
+        return Assessment(
+            COMM_BOUND_ID, "clear",
+            f"Collectives take {evidence['comm_share_pct']:.1f}% of step time on device {dev}, "
+            f"{evidence['overlap_pct']:.0f}% of it overlapped with compute; exposed "
+            f"{share:.1f}% (threshold {EXPOSED_THRESHOLD_PCT:.0f}%).",
+        )
+    kinds = [c["collective"] for c in r["top"]]
+    sharded = any(k in ("AllGather", "ReduceScatter") for k in kinds[:2])
+    p2p = bool(kinds) and kinds[0] in ("SendRecv", "Send", "Recv")
+    rec = (
+        f"Collectives run with no compute beside them for {share:.1f}% of each step "
+        f"({ms(exposed / n)} ms; largest, exposed ms summed over the {n} steps: "
+        + ", ".join(f"{c['collective']} {c['exposed_ms']} ms" for c in r["top"][:3])
+        + "). Overlap them with compute: for DDP let gradient buckets start all-reducing "
+        "during backward (bucket_cap_mb sized so the first buckets fire early, "
+        "gradient_as_bucket_view=True), and with gradient accumulation skip the all-reduce on "
+        "all but the last micro-step with no_sync()."
+    )
+    if sharded:
+        rec += (" AllGather/ReduceScatter dominate (FSDP/ZeRO): enable forward and backward "
+                "prefetch so the next shard's all-gather runs under the current compute.")
+    if p2p:
+        rec += (" Point-to-point SendRecv dominates (pipeline parallelism or all-to-all): more "
+                "micro-batches shrink the pipeline bubble the transfers sit in.")
+    rec += (" An exposed collective also spins while it waits for the slowest rank: compare "
+            "step and loader times across ranks (rank-imbalance) before tuning buckets.")
+    snippet = (
+        "model = torch.nn.parallel.DistributedDataParallel(\n"
+        "    model, device_ids=[local_rank],\n"
+        "    bucket_cap_mb=25,                  # try 10-50: smaller starts overlap sooner\n"
+        "    gradient_as_bucket_view=True,\n"
+        ")\n"
+        "for i, batch in enumerate(loader):\n"
+        "    sync_now = (i + 1) % accum_steps == 0\n"
+        "    ctx = contextlib.nullcontext() if sync_now else model.no_sync()\n"
+        "    with ctx:\n"
+        "        loss = model(batch).loss / accum_steps\n"
+        "        loss.backward()\n"
+        "    if sync_now:\n"
+        "        optimizer.step(); optimizer.zero_grad(set_to_none=True)"
+    )
+    if sharded:
+        snippet = (
+            "from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel\n"
+            "model = FullyShardedDataParallel(\n"
+            "    model,\n"
+            "    forward_prefetch=True,\n"
+            "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
+            "    limit_all_gathers=True,\n"
+            ")"
+        )
+    finding = Finding(
+        id=COMM_BOUND_ID,
+        title=f"Collective communication is exposed for {share:.1f}% of each step",
+        evidence=evidence,
+        recommendation=rec,
+        snippet=snippet,
+        precondition=(
+            "Overlap helps only when there is compute left to hide the collective under (a "
+            "collective at the very end of backward, or one the next op needs at once, stays "
+            "exposed), and only for the transfer itself: time a collective spends waiting for a "
+            "slower rank moves elsewhere unless the straggler is fixed. no_sync() applies only "
+            "with gradient accumulation."
+        ),
+        estimated_saving_pct=share,
+        saving_basis=(
+            f"upper bound: the collective time on device {dev} during which no compute kernel "
+            "ran, if all of it were hidden under compute; part of it may be waiting for slower "
+            "ranks, which overlap does not remove"
+        ),
+        docs=COMM_DOCS,
+    )
+    return Assessment.found(finding)
+
+
+def _exposed_comm(model: TraceModel, kernels: pd.DataFrame, is_comm: np.ndarray) -> dict:
+    """Collective time, and the part of it with no compute kernel running, inside the steps."""
+    windows = model.windows
+    comm = kernels[is_comm]
+    compute = kernels[~is_comm]
+    c_iv = (comm["ts"].to_numpy(), comm["end"].to_numpy())
+    k_iv = (compute["ts"].to_numpy(), compute["end"].to_numpy())
+    tl = Timeline.from_intervals((windows[:, 0], windows[:, 1]), c_iv, k_iv)
+    bucket = tl.bucket(windows[:, 0], windows[:, 1])
+    comm_m = tl.cover(*c_iv) & (bucket >= 0)
+    exposed_m = comm_m & ~tl.cover(*k_iv)
+    n = len(windows)
+    per_step = tl.sum_by(exposed_m, bucket, n)
+    # Exposed time inside each collective kernel, by prefix sums over the segments.
+    prefix = np.concatenate([[0.0], np.cumsum(np.where(exposed_m, tl.lengths, 0.0))])
+    inside = np.concatenate([[0.0], np.cumsum(np.where(comm_m, tl.lengths, 0.0))])
+    lo = np.searchsorted(tl.edges, c_iv[0], side="left")
+    hi = np.searchsorted(tl.edges, c_iv[1], side="left")
+    kind = comm["name"].str.extract(COLLECTIVE.pattern, flags=re.IGNORECASE)[0]
+    table = pd.DataFrame({
+        "collective": kind.fillna(comm["name"].str.slice(0, 40)).to_numpy(),
+        "exposed": prefix[hi] - prefix[lo],
+        "us": inside[hi] - inside[lo],
+    })
+    table = table[table["us"] > 0]
+    top = (table.groupby("collective")
+           .agg(count=("us", "size"), us=("us", "sum"), exposed=("exposed", "sum"))
+           .sort_values(["exposed", "us"], ascending=False).head(TOP_COLLECTIVES))
+    return {
+        "comm": float(tl.sum_by(comm_m, bucket, n).sum()),
+        "exposed": float(per_step.sum()),
+        "per_step": per_step,
+        "top": [{"collective": str(k), "count": int(row["count"]), "comm_ms": ms(row["us"]),
+                 "exposed_ms": ms(row["exposed"])} for k, row in top.iterrows()],
+    }
