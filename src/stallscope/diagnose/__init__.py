@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stallscope.context import RunContext
+from stallscope.diagnose.allocator import allocator_churn
+from stallscope.diagnose.blocking import blocking_h2d_copy
 from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.gpu import comm_bound, gpu_idle
+from stallscope.diagnose.parallel import dataparallel
 from stallscope.diagnose.ranks import rank_imbalance
 from stallscope.diagnose.sync import host_device_sync
 from stallscope.model import TraceModel
@@ -19,8 +22,11 @@ RULES: list[Rule] = [
     dataloader_bound,
     pageable_h2d_copy,
     host_device_sync,
+    blocking_h2d_copy,
     gpu_idle,
     comm_bound,
+    dataparallel,
+    allocator_churn,
 ]
 
 
@@ -30,9 +36,12 @@ JOB_RULES: list[Callable[[list[TraceModel]], Assessment]] = [rank_imbalance]
 # (effect, evidence key, cause): when the effect's evidence says that at least CAUSE_SHARE_PCT
 # of its lost time coincides with the cause's, and the cause was found on the same trace, the
 # effect is reported as caused by it (one lost millisecond, one owner).
-CAUSES = [
+# A None key: the effect is always the cause's when both are found (DataParallel's broadcasts
+# and reductions are the exposed collectives).
+CAUSES: list[tuple[str, str | None, str]] = [
     ("gpu-idle", "idle_during_dataloader_pct", "dataloader-bound"),
     ("gpu-idle", "idle_during_sync_pct", "host-device-sync"),
+    ("comm-bound", None, "dataparallel"),
 ]
 CAUSE_SHARE_PCT = 50.0
 
@@ -64,8 +73,14 @@ def _attribute_causes(findings: list[Finding]) -> None:
     by_id = {f.id: f for f in findings}
     for effect, key, cause in CAUSES:
         f = by_id.get(effect)
-        share = f.evidence.get(key) if f else None
-        if f and cause in by_id and isinstance(share, int | float) and share >= CAUSE_SHARE_PCT:
+        if f is None or f.caused_by or cause not in by_id:
+            continue
+        if key is None:
+            f.caused_by = cause
+            f.recommendation = f"This comes from `{cause}`: fix that first. {f.recommendation}"
+            continue
+        share = f.evidence.get(key)
+        if isinstance(share, int | float) and share >= CAUSE_SHARE_PCT:
             f.caused_by = cause
             f.recommendation = (
                 f"{share:.0f}% of this lost time is `{cause}`: fix that first, then "
