@@ -11,7 +11,9 @@ from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.gpu import comm_bound, gpu_idle
+from stallscope.diagnose.optimizer import single_tensor_optimizer
 from stallscope.diagnose.parallel import dataparallel
+from stallscope.diagnose.precision import no_mixed_precision
 from stallscope.diagnose.ranks import rank_imbalance
 from stallscope.diagnose.sync import host_device_sync
 from stallscope.model import TraceModel
@@ -27,6 +29,8 @@ RULES: list[Rule] = [
     comm_bound,
     dataparallel,
     allocator_churn,
+    no_mixed_precision,
+    single_tensor_optimizer,
 ]
 
 

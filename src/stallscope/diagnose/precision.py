@@ -1,0 +1,274 @@
+"""`no-mixed-precision`: fp32 GEMM/convolution kernels do the work on a GPU with tensor cores.
+
+On Volta and later NVIDIA GPUs (compute capability >= 7) matrix multiplies and convolutions
+run several times faster on tensor cores, which need fp16/bf16 inputs (or TF32 on Ampere+).
+A model trained in plain fp32 keeps them on the ordinary CUDA cores: cuBLAS/cuDNN then launch
+SIMT kernels whose names say so (`volta_sgemm_*`, `implicit_convolve_sgemm`, `*_scudnn_*`,
+`wgrad_alg0_engine<float...>`). This rule classifies kernel names into tensor-core (or
+reduced-precision) GEMM/conv kernels and fp32 SIMT GEMM/conv kernels, and reports when the
+latter take a large share of the GPU's compute kernel time.
+
+Kernel names are the only precision signal in a Kineto trace, so classification is by name:
+- tensor core: `tensorop`, `wmma`, `hmma`, `imma`, `xmma`, `wgmma`, the MMA shape tags
+  `s884`/`h884`/`s1688`/`h1688`/`s16816`/..., `nvjet`, flash/fmha attention kernels; except
+  xmma kernels tagged `ffma` or `f32f32_f32f32` (cuBLAS's fp32 SIMT kernels built with xmma);
+- reduced precision: any GEMM/conv kernel whose name carries a half type (`half`, `fp16`,
+  `bf16`, `f16`, `tf32`);
+- fp32 SIMT: `sgemm` (cuBLAS, cuDNN `implicit_convolve_sgemm`, CUTLASS simt), `scudnn`,
+  `gcgemm`/`cgemm` (FFT convolution), and any GEMM/GEMV/convolution kernel templated on
+  `float` (`dgrad_engine<float`, `wgrad_alg0_engine<float`, `winograd...<float`,
+  `fft2d_r2c<float`, `gemmSN_*<float`, `gemv2N_kernel<..., float`).
+
+ROCm traces (AMD GPUs report computeMajor 9, but their matrix cores are not CUDA tensor cores
+and their kernels are Tensile `Cijk_*`) and CPU-only traces are not assessed; pre-Volta GPUs
+have no tensor cores and are not assessed either.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from stallscope.context import RunContext
+from stallscope.diagnose.common import busiest_gpu_us, ms, pct
+from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.model import TraceModel
+
+RULE_ID = "no-mixed-precision"
+# Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.
+MIN_COMPUTE_MAJOR = 7
+# fp32 GEMM/conv share of compute kernel time from which the rule reports. With a 2x speedup on
+# those kernels, 20% of kernel time is 10% of GPU work saved: below that, the numerics risk of
+# reduced precision is not worth taking on this evidence.
+MIN_FP32_SHARE_PCT = 20.0
+# Speedup assumed for the fp32 GEMM/conv kernels once on tensor cores. Deliberately
+# conservative: peak fp16/bf16 tensor-core throughput is ~8x (V100) to ~16x (A100) fp32 SIMT,
+# but convolutions carry layout transforms and memory-bound epilogues; ~2x end to end on these
+# kernels is what mixed precision commonly delivers on ResNet-class models.
+ASSUMED_SPEEDUP = 2.0
+MAX_TOP_KERNELS = 5
+DOCS = "https://pytorch.org/docs/stable/amp.html"
+
+_TENSOR_CORE = re.compile(
+    r"tensorop|wmma|hmma|imma|xmma|wgmma|nvjet|fmha|flash_(?:fwd|bwd)"
+    r"|(?<![a-z0-9])[hsi]?(?:884|1688|16816|8816|16832)(?:gemm|cudnn|fprop|dgrad|wgrad|conv|_)",
+    re.IGNORECASE,
+)
+# cuBLAS fp32 SIMT kernels built on xmma: `sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...`.
+_XMMA_FP32 = re.compile(r"ffma|_f32f32_f32f32_", re.IGNORECASE)
+_GEMM_OR_CONV = re.compile(
+    r"(?<!fb)gemm|gemv|conv(?!ert)|dgrad|wgrad|fprop|winograd|fft2d|scudnn",
+    re.IGNORECASE,
+)
+_HALF = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|tf32|__nv_bfloat", re.IGNORECASE)
+_FP32_NAMED = re.compile(r"sgemm|scudnn|gcgemm|(?<![a-z])cgemm", re.IGNORECASE)
+_FLOAT = re.compile(r"\bfloat\b")
+_COMM = re.compile(r"^nccl|^rccl|ncclDevKernel|ncclKernel", re.IGNORECASE)
+# ROCm: the device name, or Tensile (`Cijk_`) GEMM kernels, give it away.
+_AMD_DEVICE = re.compile(r"AMD|Radeon|Instinct|\bMI\d{2,3}", re.IGNORECASE)
+_AMD_KERNEL = re.compile(r"^Cijk_|^Custom_Cijk")
+# Architecture named in cuBLAS/cuDNN/CUTLASS kernel names, for traces without deviceProperties.
+_ARCH_HINTS = (
+    (re.compile(r"(?<![a-z0-9])sm_?(\d)\d(?!\d)", re.IGNORECASE), None),
+    (re.compile(r"hopper", re.IGNORECASE), 9),
+    (re.compile(r"ampere|cutlass_8\d_", re.IGNORECASE), 8),
+    (re.compile(r"volta|turing|cutlass_7\d_", re.IGNORECASE), 7),
+)
+
+
+def classify_kernels(names: pd.Series) -> pd.Series:
+    """'tensor_core', 'fp32' or 'other' per kernel name (evaluated once per distinct name)."""
+    uniq = pd.Series(names.astype(str).unique())
+    tc_named = uniq.str.contains(_TENSOR_CORE) & ~uniq.str.contains(_XMMA_FP32)
+    gemm_conv = uniq.str.contains(_GEMM_OR_CONV)
+    half = uniq.str.contains(_HALF)
+    tc = tc_named | (gemm_conv & half)
+    fp32 = ~tc & (
+        uniq.str.contains(_FP32_NAMED)
+        | (uniq.str.contains(_TENSOR_CORE) & uniq.str.contains(_XMMA_FP32))
+        | (gemm_conv & uniq.str.contains(_FLOAT))
+    )
+    kind = np.where(tc, "tensor_core", np.where(fp32, "fp32", "other"))
+    lookup = dict(zip(uniq, kind, strict=True))
+    return names.astype(str).map(lookup)
+
+
+def _is_rocm(model: TraceModel, kernel_names: pd.Series) -> bool:
+    if any(_AMD_DEVICE.search(str(d.get("name", ""))) for d in model.trace.devices):
+        return True
+    if len(model.runtime) and model.runtime["name"].str.startswith("hip").any():
+        return True
+    return bool(kernel_names.astype(str).str.contains(_AMD_KERNEL).any())
+
+
+def _compute_major(model: TraceModel, kernels: pd.DataFrame) -> tuple[int | None, str]:
+    """Compute capability major of the GPUs that ran kernels, and where it came from."""
+    majors = model.compute_major
+    used = [majors[d] for d in kernels["device"].unique() if d in majors]
+    if used:
+        return min(used), "deviceProperties"
+    if majors:
+        return min(majors.values()), "deviceProperties"
+    names = pd.Series(kernels["name"].astype(str).unique())
+    for pattern, major in _ARCH_HINTS:
+        found = [m for m in map(pattern.search, names) if m]
+        if found:  # the first pattern captures the major digit
+            return (major or min(int(m.group(1)) for m in found)), "kernel names"
+    return None, ""
+
+
+def _device_name(model: TraceModel) -> str:
+    names = sorted({str(d.get("name")) for d in model.trace.devices if d.get("name")})
+    return ", ".join(names) if names else "unknown (no deviceProperties)"
+
+
+def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> Assessment:
+    if not model.has_gpu:
+        return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
+    if not model.steps:
+        return Assessment(RULE_ID, "not_assessed", "No steps in the trace.")
+    gpu = model.gpu
+    kernels = gpu[(gpu["kind"] == "kernel") & (gpu["step"] >= 0)]
+    if kernels.empty:
+        return Assessment(RULE_ID, "not_assessed", "No GPU kernels inside the steps.")
+    if _is_rocm(model, kernels["name"]):
+        return Assessment(
+            RULE_ID,
+            "not_assessed",
+            "ROCm (AMD) trace: its matrix cores are not CUDA tensor cores and its kernel names "
+            "do not follow cuBLAS/cuDNN conventions, so precision is not judged.",
+        )
+    major, major_source = _compute_major(model, kernels)
+    if major is None:
+        return Assessment(
+            RULE_ID,
+            "not_assessed",
+            "The GPU's compute capability is unknown (no deviceProperties, no architecture in "
+            "the kernel names): whether it has tensor cores cannot be told.",
+        )
+    kind = classify_kernels(kernels["name"])
+    compute = kernels[~kernels["name"].str.contains(_COMM)]
+    compute_kind = kind.loc[compute.index]
+    compute_us = float(compute["dur"].sum())
+    fp32 = compute[compute_kind == "fp32"]
+    tc = compute[compute_kind == "tensor_core"]
+    fp32_us, tc_us = float(fp32["dur"].sum()), float(tc["dur"].sum())
+    fp32_share, tc_share = pct(fp32_us, compute_us), pct(tc_us, compute_us)
+    shares = (
+        f"fp32 GEMM/conv kernels take {fp32_share:.1f}% of compute kernel time, tensor-core "
+        f"kernels {tc_share:.1f}%"
+    )
+    if major < MIN_COMPUTE_MAJOR:
+        return Assessment(
+            RULE_ID,
+            "not_assessed",
+            f"Compute capability {major} ({_device_name(model)}) has no tensor cores: mixed "
+            f"precision would not move GEMM/conv onto them ({shares}).",
+        )
+    if fp32_share < MIN_FP32_SHARE_PCT:
+        return Assessment(
+            RULE_ID,
+            "clear",
+            f"Inside the steps, {shares} (threshold {MIN_FP32_SHARE_PCT:.0f}% fp32; device "
+            f"{_device_name(model)}, compute capability {major}).",
+        )
+    n = len(model.steps)
+    total = model.total_step_us
+    busiest = busiest_gpu_us(model)
+    saved = min(fp32_us * (1.0 - 1.0 / ASSUMED_SPEEDUP), busiest)
+    saving = pct(saved, total)
+    top = fp32.groupby("name")["dur"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+    top_kernels = [
+        {"name": str(name)[:120], "ms_per_step": ms(r["sum"] / n), "share_pct": pct(r["sum"],
+                                                                                     compute_us)}
+        for name, r in top.head(MAX_TOP_KERNELS).iterrows()
+    ]
+    evidence = {
+        "device": _device_name(model),
+        "compute_major": major,
+        "compute_major_source": major_source,
+        "fp32_gemm_conv_share_pct": fp32_share,
+        "tensor_core_share_pct": tc_share,
+        "fp32_gemm_conv_ms_per_step": ms(fp32_us / n),
+        "tensor_core_ms_per_step": ms(tc_us / n),
+        "compute_kernel_ms_per_step": ms(compute_us / n),
+        "gpu_busy_share_pct": pct(busiest, total),
+        "top_fp32_kernels": top_kernels,
+    }
+    ampere = major >= 8
+    if tc_us > 0:
+        title = (
+            f"{fp32_share:.0f}% of GPU compute time is fp32 GEMM/convolution on CUDA cores "
+            f"(tensor cores: {tc_share:.0f}%)"
+        )
+    else:
+        title = (
+            f"No tensor-core kernels: fp32 GEMM/convolution takes {fp32_share:.0f}% of GPU "
+            "compute time"
+        )
+    if ampere:
+        rec = (
+            f"This GPU (compute capability {major}) has tensor cores, but {fp32_share:.0f}% of "
+            "the compute kernel time is matrix multiplies and convolutions in fp32 on the CUDA "
+            "cores. Run the forward pass and loss under bf16 autocast (no loss scaling needed); "
+            "for a one-line change that keeps fp32 storage, let cuBLAS and cuDNN use TF32 "
+            "tensor cores instead."
+        )
+        snippet = (
+            "# bf16 mixed precision (Ampere and later):\n"
+            "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):\n"
+            "    loss = loss_fn(model(inputs), targets)\n"
+            "loss.backward()\n"
+            "optimizer.step()\n"
+            "\n"
+            "# or, keeping fp32 tensors, TF32 tensor cores for matmuls and convolutions:\n"
+            "torch.set_float32_matmul_precision(\"high\")  # cuda.matmul.allow_tf32 = True\n"
+            "torch.backends.cudnn.allow_tf32 = True"
+        )
+    else:
+        rec = (
+            f"This GPU (compute capability {major}) has fp16 tensor cores, but "
+            f"{fp32_share:.0f}% of the compute kernel time is matrix multiplies and "
+            "convolutions in fp32 on the CUDA cores. Run the forward pass and loss under fp16 "
+            "autocast with a gradient scaler (this GPU has no bf16 or TF32 tensor cores)."
+        )
+        snippet = (
+            "scaler = torch.amp.GradScaler(\"cuda\")\n"
+            "for inputs, targets in loader:\n"
+            "    optimizer.zero_grad(set_to_none=True)\n"
+            "    with torch.autocast(device_type=\"cuda\", dtype=torch.float16):\n"
+            "        loss = loss_fn(model(inputs), targets)\n"
+            "    scaler.scale(loss).backward()\n"
+            "    scaler.step(optimizer)\n"
+            "    scaler.update()"
+        )
+    snippet += (
+        "\n\n# convolutions: channels_last lets cuDNN pick tensor-core kernels without "
+        "transposes\nmodel = model.to(memory_format=torch.channels_last)"
+    )
+    finding = Finding(
+        id=RULE_ID,
+        title=title,
+        evidence=evidence,
+        recommendation=rec,
+        snippet=snippet,
+        precondition=(
+            "The model's numerics must tolerate reduced precision (validate the loss curve and "
+            "metrics against an fp32 run); the gain is on the GEMM/conv kernels only, so it "
+            "shows in step time only while the GPU is the bottleneck (here it is busy "
+            f"{pct(busiest, total):.0f}% of the step). Tensor cores want dimensions that are "
+            "multiples of 8; convolutions want channels_last."
+        ),
+        estimated_saving_pct=saving,
+        saving_basis=(
+            f"estimate: the fp32 GEMM/conv kernel time inside the steps times "
+            f"(1 - 1/{ASSUMED_SPEEDUP:g}), assuming a {ASSUMED_SPEEDUP:g}x speedup on those "
+            "kernels, bounded by the busiest GPU's busy time and taken as a share of step time; "
+            "an upper bound on the step-time gain, which is smaller when the GPU waits for the "
+            "host or the data"
+        ),
+        docs=DOCS,
+    )
+    return Assessment.found(finding)
