@@ -8,6 +8,7 @@ from stallscope.context import RunContext
 from stallscope.diagnose.allocator import allocator_churn
 from stallscope.diagnose.blocking import blocking_h2d_copy
 from stallscope.diagnose.copies import pageable_h2d_copy
+from stallscope.diagnose.cpu import cpu_oversubscription, worker_startup
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.gpu import comm_bound, gpu_idle
@@ -31,6 +32,8 @@ RULES: list[Rule] = [
     allocator_churn,
     no_mixed_precision,
     single_tensor_optimizer,
+    worker_startup,
+    cpu_oversubscription,
 ]
 
 
