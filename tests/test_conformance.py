@@ -135,3 +135,18 @@ def test_the_nccl_traces_are_assessed_for_comm_bound() -> None:
     for path in nccl:
         verdicts = _verdicts(path.relative_to(REAL).as_posix())
         assert verdicts["comm-bound"] != "not_assessed", path.name
+
+
+def test_docs_cover_every_rule_with_each_required_part() -> None:
+    from stallscope.diagnose import JOB_RULES
+
+    from .conftest import ROOT
+
+    doc = (ROOT / "docs" / "rules.md").read_text()
+    ids = {r.__name__.replace("_", "-") for r in [*RULES, *JOB_RULES]}
+    for rule in ids:
+        assert f'<a id="{rule}"></a>' in doc, rule
+        section = doc.split(f'<a id="{rule}"></a>', 1)[1].split("<a id=", 1)[0].lower()
+        for part in ("signal", "threshold", "evidence", "recommendation", "precondition",
+                     "saving", "real trace"):
+            assert part in section, (rule, part)
