@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.diagnose.gpu import comm_bound, gpu_idle, idle_gaps
+from stallscope.diagnose.comm import comm_bound
+from stallscope.diagnose.idle import gpu_idle, idle_gaps
 from stallscope.load import load_trace
 from stallscope.model import build_model
 from tests.conftest import real_trace, write_trace

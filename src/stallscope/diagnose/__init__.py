@@ -7,11 +7,12 @@ from collections.abc import Callable
 from stallscope.context import RunContext
 from stallscope.diagnose.allocator import allocator_churn
 from stallscope.diagnose.blocking import blocking_h2d_copy
+from stallscope.diagnose.comm import comm_bound
 from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.cpu import cpu_oversubscription, worker_startup
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.gpu import comm_bound, gpu_idle
+from stallscope.diagnose.idle import gpu_idle
 from stallscope.diagnose.optimizer import single_tensor_optimizer
 from stallscope.diagnose.parallel import dataparallel
 from stallscope.diagnose.precision import no_mixed_precision
