@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from stallscope.context import LoaderInfo, RunContext
-from stallscope.diagnose.cpu import cpu_oversubscription, worker_startup
+from stallscope.diagnose.threads import cpu_oversubscription
+from stallscope.diagnose.workers import worker_startup
 from stallscope.load import load_trace
 from stallscope.model import build_model
 from tests.conftest import SAMPLES, real_trace

@@ -9,7 +9,6 @@ from stallscope.diagnose.allocator import allocator_churn
 from stallscope.diagnose.blocking import blocking_h2d_copy
 from stallscope.diagnose.comm import comm_bound
 from stallscope.diagnose.copies import pageable_h2d_copy
-from stallscope.diagnose.cpu import cpu_oversubscription, worker_startup
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.idle import gpu_idle
@@ -18,6 +17,8 @@ from stallscope.diagnose.parallel import dataparallel
 from stallscope.diagnose.precision import no_mixed_precision
 from stallscope.diagnose.ranks import rank_imbalance
 from stallscope.diagnose.sync import host_device_sync
+from stallscope.diagnose.threads import cpu_oversubscription
+from stallscope.diagnose.workers import worker_startup
 from stallscope.model import TraceModel
 
 # A rule sees the trace's model and, under `stallscope run`, what was captured in-process.

@@ -1,6 +1,5 @@
-"""`worker-startup` and `cpu-oversubscription`: CPU-side costs of how loading is configured.
+"""`worker-startup`: DataLoader workers shut down and re-spawned at every epoch.
 
-`worker-startup`: a multi-process DataLoader with `persistent_workers=False` (the default) joins
 its workers when an epoch ends and forks new ones when the next epoch's iterator is created.
 Torch emits no event for either; what a torch 2.x trace really shows at such a boundary
 (recorded in `sample_traces/cpu-worker-startup.pt.trace.json.gz`) is: the `__next__` that ends
@@ -9,10 +8,6 @@ the epoch (it runs `_shutdown_workers`), then the new iterator's seed ops from
 iterator's `_reset` does not draw it), a stretch with no events while the workers are forked,
 and a first `__next__` that waits for the fresh workers. The rule finds those seeds on the
 stepping thread, prices each re-spawn from the three parts and amortises it over the epoch.
-
-`cpu-oversubscription`: CPU training whose intra-op threads plus loader workers (torch runs one
-thread in each worker) want more cores than the process has. The trace holds neither the core
-count nor the thread settings, so the rule needs the RunContext of `stallscope run`.
 """
 
 from __future__ import annotations
@@ -23,12 +18,11 @@ import numpy as np
 import pandas as pd
 
 from stallscope.context import LoaderInfo, RunContext
-from stallscope.diagnose.common import host_total, ms, pct
+from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import LOADER_NAME, TraceModel, name_matches
 
-STARTUP_ID = "worker-startup"
-OVERSUB_ID = "cpu-oversubscription"
+RULE_ID = "worker-startup"
 
 # Below this share of training time the per-epoch re-spawn is within step-to-step noise: the
 # rule reports clear (severity would be info anyway: 1% is the floor of "low").
@@ -46,37 +40,29 @@ BOOKKEEPING_OPS = frozenset(
 # room for noise on both sides.
 BOUNDARY_BUSY_FRACTION = 0.05
 MULTI = "_MultiProcessingDataLoaderIter"
-
-# Loader wait share (of step time) from which the trace shows the workers falling behind: the
-# same 5% where `dataloader-bound` flags input stalls.
-OVERSUB_WAIT_SYMPTOM_PCT = 5.0
 STARTUP_DOCS = "https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"
-OVERSUB_DOCS = "https://pytorch.org/docs/stable/notes/cpu_threading_torchscript_inference.html"
-
-
-# --------------------------------------------------------------------------- worker-startup
 
 
 def worker_startup(model: TraceModel, context: RunContext | None = None) -> Assessment:
     if not model.steps:
-        return Assessment(STARTUP_ID, "not_assessed", "No steps in the trace.")
+        return Assessment(RULE_ID, "not_assessed", "No steps in the trace.")
     if model.loader_kind is None:
         return Assessment(
-            STARTUP_ID, "not_assessed",
+            RULE_ID, "not_assessed",
             "No DataLoader __next__ events on the stepping thread: iterator creation cannot be "
             "seen.",
         )
     multi_loaders = [d for d in context.dataloaders if d.num_workers > 0] if context else []
     if context is not None and context.dataloaders and not multi_loaders:
         return Assessment(
-            STARTUP_ID, "clear",
+            RULE_ID, "clear",
             "Every DataLoader of the run loads in the training process (num_workers=0): no "
             "worker processes to start.",
         )
     bounds = _boundaries(model)
     if bounds is None or not bounds["multi"].any():
         return Assessment(
-            STARTUP_ID, "clear",
+            RULE_ID, "clear",
             f"The DataLoader is {model.loader_kind}: no worker processes are started per epoch.",
         )
     respawns = bounds[bounds["new_iter"] & bounds["counted"]]
@@ -84,13 +70,13 @@ def worker_startup(model: TraceModel, context: RunContext | None = None) -> Asse
     if respawns.empty:
         if n_boundaries:
             return Assessment(
-                STARTUP_ID, "clear",
+                RULE_ID, "clear",
                 f"{n_boundaries} epoch boundary(ies) in the recorded steps reuse the loader's "
                 "worker processes (no new iterator was created: persistent workers).",
             )
         initial = bool(bounds["new_iter"].any())
         return Assessment(
-            STARTUP_ID, "not_assessed",
+            RULE_ID, "not_assessed",
             "The recorded steps hold no epoch boundary"
             + (" (only the run's first iterator, which persistent workers start too)"
                if initial else "")
@@ -233,7 +219,7 @@ def _startup_finding(
         )
     if saving < STARTUP_MATERIAL_PCT:
         return Assessment(
-            STARTUP_ID, "clear",
+            RULE_ID, "clear",
             f"Workers are re-spawned each epoch ({ms(cost):.1f} ms), {saving:.2f}% of training "
             f"time (material from {STARTUP_MATERIAL_PCT:.0f}%).",
         )
@@ -264,7 +250,7 @@ def _startup_finding(
             f"+DataLoader(..., num_workers={nw}, persistent_workers=True)"
         )
     finding = Finding(
-        id=STARTUP_ID,
+        id=RULE_ID,
         title=f"DataLoader workers are re-spawned every epoch ({ms(cost):.1f} ms each time)",
         evidence=evidence,
         recommendation=recommendation,
@@ -299,93 +285,3 @@ def _non_persistent(
 
 
 # --------------------------------------------------------------------- cpu-oversubscription
-
-
-def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -> Assessment:
-    if model.has_gpu:
-        return Assessment(
-            OVERSUB_ID, "not_assessed",
-            "GPU training: this rule judges CPU training, where the step's compute runs on "
-            "the same cores as the loader workers.",
-        )
-    if not model.steps:
-        return Assessment(OVERSUB_ID, "not_assessed", "No steps in the trace.")
-    cpu = (context.environment.get("cpu", {}) if context else {}) or {}
-    cores = context.cores_per_process if context else None
-    threads = cpu.get("torch_threads")
-    if context is None or cores is None or not isinstance(threads, int):
-        return Assessment(
-            OVERSUB_ID, "not_assessed",
-            "The trace holds neither the cores this process may use nor its thread and worker "
-            "settings: needs `stallscope run`.",
-        )
-    loader = context.training_loader()
-    workers = loader.num_workers if loader else 0
-    # torch sets one intra-op thread in each DataLoader worker process.
-    demand = threads + workers
-    total = model.total_step_us
-    n = len(model.steps)
-    wait = sum(s.loader_wait_us for s in model.steps)
-    compute = host_total(model, "host_compute")
-    evidence = {
-        "cores_per_process": cores,
-        "torch_threads": threads,
-        "num_workers": workers,
-        "threads_wanted": demand,
-        "local_processes": cpu.get("local_processes"),
-        "loader_wait_share_pct": pct(wait, total),
-        "host_compute_ms_per_step": ms(compute / n),
-        "step_ms_mean": ms(total / n),
-    }
-    if demand <= cores:
-        return Assessment(
-            OVERSUB_ID, "clear",
-            f"{threads} intra-op thread(s) + {workers} loader worker(s) fit the {cores} core(s) "
-            "this process may use.",
-        )
-    excess = (demand - cores) / demand
-    symptom = evidence["loader_wait_share_pct"] >= OVERSUB_WAIT_SYMPTOM_PCT
-    fit = max(cores - workers, 1)
-    if symptom:
-        saving = pct(excess * compute / n, total / n)
-        basis = (
-            f"estimate, not a bound: under fair time-sharing {demand} runnable threads on "
-            f"{cores} core(s) leave the step's compute {100 * excess:.0f}% short of CPU while "
-            "the workers run, and the trace shows them running (the step waits "
-            f"{evidence['loader_wait_share_pct']:.1f}% on batches); OpenMP barriers can make "
-            "the real loss larger, idle workers smaller"
-        )
-    else:
-        saving = 0.0
-        basis = (
-            "not estimable from this trace: the step barely waits for batches, so the workers "
-            "may idle on a full prefetch queue much of the time; measure the step time with "
-            "the thread count below"
-        )
-    where = f"{loader.call_site}: " if loader else ""
-    finding = Finding(
-        id=OVERSUB_ID,
-        title=(
-            f"CPU oversubscribed: {threads} intra-op threads + {workers} loader workers on "
-            f"{cores} core(s)"
-        ),
-        evidence=evidence,
-        recommendation=(
-            f"{where}The step's intra-op threads and the DataLoader workers want {demand} cores "
-            f"but this process may use {cores}: they preempt each other, and a preempted "
-            f"OpenMP thread stalls the whole parallel region. Give the step {fit} thread(s) "
-            "and leave one core per worker, or use fewer workers."
-        ),
-        snippet=(
-            f"torch.set_num_threads({fit})  # cores ({cores}) - num_workers ({workers})\n"
-            f"# or, before Python starts: OMP_NUM_THREADS={fit} python train.py"
-        ),
-        precondition=(
-            "CPU training whose loader workers are busy while the step computes; with fewer "
-            "intra-op threads each op is less parallel, so check the step time after the change."
-        ),
-        estimated_saving_pct=saving,
-        saving_basis=basis,
-        docs=OVERSUB_DOCS,
-    )
-    return Assessment.found(finding)

@@ -1,0 +1,108 @@
+"""`cpu-oversubscription`: CPU training whose intra-op threads plus loader workers (torch runs
+one thread in each worker) want more cores than the process has. The trace holds neither the
+core count nor the thread settings, so the rule needs the RunContext of `stallscope run`.
+"""
+
+from __future__ import annotations
+
+from stallscope.context import RunContext
+from stallscope.diagnose.common import host_total, ms, pct
+from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.model import TraceModel
+
+RULE_ID = "cpu-oversubscription"
+
+# Loader wait share (of step time) from which the trace shows the workers falling behind: the
+# same 5% where `dataloader-bound` flags input stalls.
+OVERSUB_WAIT_SYMPTOM_PCT = 5.0
+OVERSUB_DOCS = "https://pytorch.org/docs/stable/notes/cpu_threading_torchscript_inference.html"
+
+
+def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -> Assessment:
+    if model.has_gpu:
+        return Assessment(
+            RULE_ID, "not_assessed",
+            "GPU training: this rule judges CPU training, where the step's compute runs on "
+            "the same cores as the loader workers.",
+        )
+    if not model.steps:
+        return Assessment(RULE_ID, "not_assessed", "No steps in the trace.")
+    cpu = (context.environment.get("cpu", {}) if context else {}) or {}
+    cores = context.cores_per_process if context else None
+    threads = cpu.get("torch_threads")
+    if context is None or cores is None or not isinstance(threads, int):
+        return Assessment(
+            RULE_ID, "not_assessed",
+            "The trace holds neither the cores this process may use nor its thread and worker "
+            "settings: needs `stallscope run`.",
+        )
+    loader = context.training_loader()
+    workers = loader.num_workers if loader else 0
+    # torch sets one intra-op thread in each DataLoader worker process.
+    demand = threads + workers
+    total = model.total_step_us
+    n = len(model.steps)
+    wait = sum(s.loader_wait_us for s in model.steps)
+    compute = host_total(model, "host_compute")
+    evidence = {
+        "cores_per_process": cores,
+        "torch_threads": threads,
+        "num_workers": workers,
+        "threads_wanted": demand,
+        "local_processes": cpu.get("local_processes"),
+        "loader_wait_share_pct": pct(wait, total),
+        "host_compute_ms_per_step": ms(compute / n),
+        "step_ms_mean": ms(total / n),
+    }
+    if demand <= cores:
+        return Assessment(
+            RULE_ID, "clear",
+            f"{threads} intra-op thread(s) + {workers} loader worker(s) fit the {cores} core(s) "
+            "this process may use.",
+        )
+    excess = (demand - cores) / demand
+    symptom = evidence["loader_wait_share_pct"] >= OVERSUB_WAIT_SYMPTOM_PCT
+    fit = max(cores - workers, 1)
+    if symptom:
+        saving = pct(excess * compute / n, total / n)
+        basis = (
+            f"estimate, not a bound: under fair time-sharing {demand} runnable threads on "
+            f"{cores} core(s) leave the step's compute {100 * excess:.0f}% short of CPU while "
+            "the workers run, and the trace shows them running (the step waits "
+            f"{evidence['loader_wait_share_pct']:.1f}% on batches); OpenMP barriers can make "
+            "the real loss larger, idle workers smaller"
+        )
+    else:
+        saving = 0.0
+        basis = (
+            "not estimable from this trace: the step barely waits for batches, so the workers "
+            "may idle on a full prefetch queue much of the time; measure the step time with "
+            "the thread count below"
+        )
+    where = f"{loader.call_site}: " if loader else ""
+    finding = Finding(
+        id=RULE_ID,
+        title=(
+            f"CPU oversubscribed: {threads} intra-op threads + {workers} loader workers on "
+            f"{cores} core(s)"
+        ),
+        evidence=evidence,
+        recommendation=(
+            f"{where}The step's intra-op threads and the DataLoader workers want {demand} cores "
+            f"but this process may use {cores}: they preempt each other, and a preempted "
+            f"OpenMP thread stalls the whole parallel region. Give the step {fit} thread(s) "
+            "and leave one core per worker, or use fewer workers."
+        ),
+        snippet=(
+            f"torch.set_num_threads({fit})  # cores ({cores}) - num_workers ({workers})\n"
+            f"# or, before Python starts: OMP_NUM_THREADS={fit} python train.py"
+        ),
+        precondition=(
+            "CPU training whose loader workers are busy while the step computes; with fewer "
+            "intra-op threads each op is less parallel, so check the step time after the change."
+        ),
+        estimated_saving_pct=saving,
+        saving_basis=basis,
+        docs=OVERSUB_DOCS,
+    )
+    return Assessment.found(finding)
