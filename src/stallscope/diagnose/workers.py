@@ -1,5 +1,6 @@
 """`worker-startup`: DataLoader workers shut down and re-spawned at every epoch.
 
+A multi-process DataLoader with `persistent_workers=False` (the default) joins
 its workers when an epoch ends and forks new ones when the next epoch's iterator is created.
 Torch emits no event for either; what a torch 2.x trace really shows at such a boundary
 (recorded in `sample_traces/cpu-worker-startup.pt.trace.json.gz`) is: the `__next__` that ends
