@@ -91,6 +91,8 @@ def _attribute_causes(findings: list[Finding]) -> None:
         share = f.evidence.get(key)
         if isinstance(share, int | float) and share >= CAUSE_SHARE_PCT:
             f.caused_by = cause
+            if f"`{cause}`" in f.recommendation:  # the rule already says so in its own words
+                continue
             f.recommendation = (
                 f"{share:.0f}% of this lost time is `{cause}`: fix that first, then "
                 f"re-measure. {f.recommendation}"
