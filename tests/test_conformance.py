@@ -33,12 +33,14 @@ EXPECT: dict[str, tuple[set[str], set[str]]] = {
     # 33.37% of the step; the old plugin found 68% of kernel time tensor-core eligible with none
     # on tensor cores; SGD from torch 1.8 launches 3 kernels per parameter (483 per step).
     # GPU idle is mostly the loader wait, so it is reported as caused by dataloader-bound.
+    # zero_grad() (torch 1.8, set_to_none=False) fills all 161 gradients: 3-5% of the step.
     # A single-process loader has no workers to start; GPU training is not CPU-oversubscribed.
-    **{t: ({"dataloader-bound", "no-mixed-precision", "single-tensor-optimizer", "gpu-idle"},
+    **{t: ({"dataloader-bound", "no-mixed-precision", "single-tensor-optimizer", "gpu-idle",
+            "zero-grad-kernels"},
            {"comm-bound", "dataparallel", "allocator-churn", "worker-startup",
             "cpu-oversubscription"}) for t in NW0},
     # The same job with 4 workers: the plugin measured DataLoader 0.84%; still fp32 on V100.
-    **{t: ({"no-mixed-precision", "single-tensor-optimizer"},
+    **{t: ({"no-mixed-precision", "single-tensor-optimizer", "zero-grad-kernels"},
            {"dataloader-bound", "comm-bound", "dataparallel"}) for t in NW4},
     # 147 ms cudaMemcpyAsync calls moving 704 B DtoH whose GPU copies take ~2 us: the host
     # waited for queued work (a sync), not a slow copy; its pageable copies are 1.3 KiB/step.
@@ -58,18 +60,22 @@ EXPECT: dict[str, tuple[set[str], set[str]]] = {
         {"comm-bound"}, {"no-mixed-precision", "single-tensor-optimizer", "dataparallel"},
     ),
     # Rank 3 of 8, A100, NCCL, FusedAdam, pinned input copies issued non_blocking (no host call
-    # outlasts its GPU copy). GatherBackward0 here is DDP's, not DataParallel.
+    # outlasts its GPU copy). GatherBackward0 here is DDP's, not DataParallel. zero_grad()
+    # launches nothing (set_to_none).
     "hta/a100_rank3of8_trace_diff_control.pt.trace.json.gz": (
         {"comm-bound"},
-        {"blocking-h2d-copy", "dataparallel", "no-mixed-precision", "single-tensor-optimizer"},
+        {"blocking-h2d-copy", "dataparallel", "no-mixed-precision", "single-tensor-optimizer",
+         "zero-grad-kernels"},
     ),
     # V100, world size 1, fp32 GEMMs (63% of kernel time, no tensor-core kernels), SGD foreach.
     "hta/v100_rank0_ns_resolution.pt.trace.json.gz": (
         {"no-mixed-precision"}, {"comm-bound", "single-tensor-optimizer", "dataparallel"},
     ),
-    # V100 rank 1 of 2: all-reduce never overlapped with compute; fp32; per-parameter SGD.
+    # V100 rank 1 of 2: all-reduce never overlapped with compute; fp32; per-parameter SGD
+    # whose zero_grad() launches 404 fills (11.5 ms per step).
     "hta/v100_rank1of2_df_index_resolver.pt.trace.json.gz": (
-        {"comm-bound", "no-mixed-precision", "single-tensor-optimizer"}, {"dataparallel"},
+        {"comm-bound", "no-mixed-precision", "single-tensor-optimizer", "zero-grad-kernels"},
+        {"dataparallel"},
     ),
     # V100 rank 1 of 2 with FusedAdam and pinned non_blocking copies.
     "hta/v100_rank1of2_trace_diff_test.pt.trace.json.gz": (

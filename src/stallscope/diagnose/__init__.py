@@ -19,6 +19,7 @@ from stallscope.diagnose.ranks import rank_imbalance
 from stallscope.diagnose.sync import host_device_sync
 from stallscope.diagnose.threads import cpu_oversubscription
 from stallscope.diagnose.workers import worker_startup
+from stallscope.diagnose.zero_grad import zero_grad_kernels
 from stallscope.model import TraceModel
 
 # A rule sees the trace's model and, under `stallscope run`, what was captured in-process.
@@ -34,6 +35,7 @@ RULES: list[Rule] = [
     allocator_churn,
     no_mixed_precision,
     single_tensor_optimizer,
+    zero_grad_kernels,
     worker_startup,
     cpu_oversubscription,
 ]
