@@ -15,6 +15,8 @@ from stallscope import __version__
 from stallscope.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
+from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
+from stallscope.report.timeline import step_timeline
 
 SCHEMA_VERSION = 1
 
@@ -34,17 +36,37 @@ class Report:
     run: dict[str, Any] | None = None  # `stallscope run` only: how the script was run and ended
     ranks: list[dict[str, Any]] = field(default_factory=list)  # one row per rank, when known
     dataloaders: list[dict[str, Any]] = field(default_factory=list)
+    # One typical step drawn lane by lane (see report/timeline.py); {} when there are no steps.
+    timeline: dict[str, Any] = field(default_factory=dict)
+    top_host_ops: list[dict[str, Any]] = field(default_factory=list)
+    top_gpu_kernels: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
+    def top_finding(self) -> Finding | None:
+        """The headline finding: a finding caused by another is not the headline, its cause is."""
+        if not self.findings:
+            return None
+        return next((f for f in self.findings if not f.caused_by), self.findings[0])
+
+    @property
+    def reproduce_command(self) -> str:
+        """The command that made this report: what `run` recorded, what the CLI recorded for
+        `analyze` (source["command"]), else an equivalent `stallscope analyze` line."""
+        if self.run and self.run.get("command"):
+            return str(self.run["command"])
+        if self.source.get("command"):
+            return str(self.source["command"])
+        return shlex.join(["stallscope", "analyze", *map(str, self.source.get("paths", []))])
+
+    @property
     def verdict(self) -> str:
         """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
-        if not self.findings:
+        top = self.top_finding
+        if top is None:
             return "No bottleneck found by the rules that could be assessed."
-        # A finding caused by another is not the headline: its cause is.
-        top = next((f for f in self.findings if not f.caused_by), self.findings[0])
         if top.severity == "info":
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) can "
@@ -114,6 +136,9 @@ def build_report(
         traces=traces,
         notes=notes,
         ranks=ranks,
+        timeline=step_timeline(models),
+        top_host_ops=top_host_ops(models),
+        top_gpu_kernels=top_gpu_kernels(models),
     )
 
 

@@ -6,7 +6,10 @@ which escapes `<`, `>` and `&` so a kernel name cannot close the script element.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
@@ -20,7 +23,28 @@ COLORS = {
     "h2d_copy": "#9467bd",
     "other_copy": "#8c564b",
     "host_compute": "#1f77b4",
+    "kernel": "#2ca02c",
+    "memcpy": "#17becf",
+    "memset": "#bcbd22",
 }
+LEGEND = {
+    "dataloader": "data loader",
+    "sync": "sync wait",
+    "h2d_copy": "HtoD copy",
+    "other_copy": "other copy",
+    "host_compute": "host compute",
+    "kernel": "GPU kernel",
+    "memcpy": "GPU memcpy",
+    "memset": "GPU memset",
+}
+# Chart geometry, in SVG user units (about a pixel each at the page's width).
+CHART_WIDTH = 1000
+CHAR_WIDTH = 6.6  # average width of a 12-unit system-ui glyph; sizes the label column
+MAX_LABEL_CHARS = 48
+LANE_HEIGHT = 22
+SHORT_NAME_CHARS = 90
+_TEMPLATE_ARGS = re.compile(r"<[^<>]*>")
+_PARAMS = re.compile(r"\([^()]*\)")
 
 
 def templates_dir() -> Path:
@@ -43,23 +67,152 @@ def render_html(report: Report) -> str:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["short_name"] = short_name
+    env.filters["ms"] = _ms
+    env.filters["diff_lines"] = diff_lines
+    env.filters["pretty_json"] = pretty_json
     template = env.get_template("report.html.j2")
-    steps = report.steps
-    longest = max((s["duration_us"] for s in steps), default=1.0) or 1.0
-    bars = []
-    for s in steps:
-        x = 0.0
-        parts = []
-        for c in HOST_CATEGORIES:
-            w = 100.0 * s["breakdown_us"][c] / longest
-            parts.append({"category": c, "x": x, "width": w, "us": s["breakdown_us"][c]})
-            x += w
-        bars.append({"name": s["name"], "trace": s.get("trace", ""), "parts": parts,
-                     "duration_us": s["duration_us"]})
     return template.render(
         report=report,
         data=report_data(report),
-        bars=bars,
+        chart=_steps_chart(report.steps),
+        timeline=_timeline_chart(report.timeline),
         colors=COLORS,
+        legend=LEGEND,
         categories=HOST_CATEGORIES,
+        headline=_headline(report),
+        reproduce=report.reproduce_command,
+        trace_files=[t["path"] for t in report.traces],
+        gpus=_gpu_lines(report.environment.get("devices", [])),
     )
+
+
+def pretty_json(value: Any) -> str:
+    """Nested evidence as readable JSON text: one list item per line, names kept as written
+    (the caller autoescapes it; `tojson` would show `<` as \\u003c)."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return "\n".join(json.dumps(v, ensure_ascii=False, default=str) for v in value)
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _gpu_lines(devices: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Identical GPUs counted once: "2 x Tesla V100 (sm 7.0, 32 GiB, 80 SMs)"."""
+    lines: dict[str, int] = {}
+    for d in devices:
+        facts = []
+        if d.get("computeMajor") is not None:
+            facts.append(f"sm {d['computeMajor']}.{d.get('computeMinor', 0)}")
+        if d.get("totalGlobalMem"):
+            facts.append(f"{d['totalGlobalMem'] / 2**30:.0f} GiB")
+        if d.get("numSms"):
+            facts.append(f"{d['numSms']} SMs")
+        text = f"{d.get('name', 'unknown GPU')}" + (f" ({', '.join(facts)})" if facts else "")
+        lines[text] = lines.get(text, 0) + 1
+    return [(count, text) for text, count in lines.items()]
+
+
+def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:
+    """A C++ kernel name a reader can scan: parameters, then template arguments, collapsed to
+    `(…)` / `<…>` only as far as needed, then cut. The full name stays in a title."""
+    text = name[5:] if name.startswith("void ") else name
+    for pattern, mark in ((_PARAMS, "(…)"), (_TEMPLATE_ARGS, "<…>")):
+        if len(text) <= limit:
+            break
+        previous = None
+        while previous != text:  # innermost first, until nested brackets are gone
+            previous, text = text, pattern.sub("\x00", text)
+        text = text.replace("\x00", mark)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def diff_lines(snippet: str) -> list[tuple[str, str]] | None:
+    """Lines tagged "del"/"add"/"ctx" when the snippet is written as a -/+ diff, else None."""
+    lines = snippet.split("\n")
+    if not any(line.startswith(("-", "+")) for line in lines):
+        return None
+    tag = {"-": "del", "+": "add"}
+    return [(tag.get(line[:1], "ctx"), line) for line in lines]
+
+
+def _ms(us: float | None) -> str:
+    if us is None:
+        return ""
+    ms = us / 1000.0
+    return f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
+
+
+def _headline(report: Report) -> dict[str, Any]:
+    """The figures of the summary strip: step time, main finding, what fixing it can save and
+    how busy the GPUs were."""
+    top = report.top_finding
+    gpu = report.summary.get("gpu_pct") or {}
+    busy = [100.0 - parts.get("idle", 0.0) for parts in gpu.values()]
+    return {
+        "step_ms": _ms(report.summary["step_time_us"]["median"])
+        if report.summary.get("step_time_us") else None,
+        "top": top,
+        "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
+    }
+
+
+def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bars in SVG units, with a label column as wide as the longest (capped) label."""
+    labels = []
+    for s in steps:
+        full = f"{s['name']} ({s['trace']})" if s.get("trace") else s["name"]
+        short = full if len(full) <= MAX_LABEL_CHARS else full[: MAX_LABEL_CHARS - 1] + "\u2026"
+        labels.append((full, short))
+    label_w = max((len(short) for _, short in labels), default=10) * CHAR_WIDTH + 12
+    value_w = 70  # room for the duration printed after each bar
+    plot_w = CHART_WIDTH - label_w - value_w
+    longest = max((s["duration_us"] for s in steps), default=1.0) or 1.0
+    bars = []
+    for (full, short), s in zip(labels, steps, strict=True):
+        x = label_w
+        parts = []
+        for c in HOST_CATEGORIES:
+            w = plot_w * s["breakdown_us"][c] / longest
+            if w > 0:
+                parts.append({"category": c, "x": x, "width": w, "us": s["breakdown_us"][c]})
+            x += w
+        bars.append({"label": short, "full": full, "parts": parts, "end": x,
+                     "duration_us": s["duration_us"]})
+    return {"bars": bars, "width": CHART_WIDTH, "label_w": label_w, "row": 20,
+            "height": len(bars) * 20 + 4}
+
+
+def _timeline_chart(timeline: dict[str, Any]) -> dict[str, Any] | None:
+    """The representative step's lanes in SVG units, with time ticks every fifth of the step."""
+    if not timeline or not timeline.get("lanes"):
+        return None
+    label_w = 120
+    plot_w = CHART_WIDTH - label_w - 10
+    dur = timeline["duration_us"] or 1.0
+    scale = plot_w / dur
+    lanes = []
+    for i, lane in enumerate(timeline["lanes"]):
+        y = 18 + i * LANE_HEIGHT
+        rects = [
+            {
+                "x": label_w + r["start_us"] * scale,
+                "w": max(r["dur_us"] * scale, 0.5),
+                "kind": r["kind"],
+                "name": r.get("name"),
+                "count": r.get("count", 1),
+                "ms": _ms(r["dur_us"]),
+            }
+            for r in lane["rects"]
+        ]
+        lanes.append({"label": lane["label"], "y": y, "rects": rects,
+                      "busy_pct": lane["busy_pct"]})
+    ticks = [{"x": label_w + plot_w * k / 5, "ms": _ms(dur * k / 5)} for k in range(6)]
+    kinds = [k for k in COLORS if any(r["kind"] == k for ln in lanes for r in ln["rects"])]
+    return {
+        "lanes": lanes,
+        "ticks": ticks,
+        "kinds": kinds,
+        "width": CHART_WIDTH,
+        "label_w": label_w,
+        "height": 18 + len(lanes) * LANE_HEIGHT + 6,
+        "lane_h": LANE_HEIGHT - 6,
+    }

@@ -6,6 +6,12 @@ from stallscope.report.build import Report
 from stallscope.report.text import md, md_code
 
 
+def _fence_language(snippet: str) -> str:
+    """`diff` for snippets written as -/+ lines, so ticket systems colour them; else python."""
+    lines = snippet.split("\n")
+    return "diff" if any(line.startswith(("-", "+")) for line in lines) else "python"
+
+
 def render_markdown(report: Report) -> str:
     s = report.summary
     lines = ["# stallscope report", "", f"**Verdict:** {md(report.verdict)}", ""]
@@ -38,27 +44,30 @@ def render_markdown(report: Report) -> str:
                 f"| {f.estimated_saving_pct:.1f}% | "
                 f"{md(f.trace)} |"
             )
-        top = report.findings[0]
+        top = report.top_finding or report.findings[0]
         lines += [
             "",
             f"### Top recommendation: {md(top.title)}",
             "",
             md(top.recommendation),
             "",
-            "```python",
+            f"```{_fence_language(top.snippet)}",
             md_code(top.snippet),
             "```",
             "",
             f"*Precondition:* {md(top.precondition)}",
             "",
-            f"*Estimate:* {md(top.saving_basis)}.",
+            f"*Estimate:* up to {top.estimated_saving_pct:.1f}% of step time "
+            f"({md(top.saving_basis)}).",
             "",
         ]
+        if top.docs.startswith("https://"):
+            lines += [f"*Docs:* <{top.docs}>", ""]
     else:
         lines += ["No findings.", ""]
     if len(report.traces) > 1:
         lines += [
-            "## Per trace",
+            "## Per rank" if report.ranks else "## Per trace",
             "",
             "| trace | steps | median step | dataloader | sync | findings |",
             "|---|---:|---:|---:|---:|---|",
@@ -72,17 +81,19 @@ def render_markdown(report: Report) -> str:
                 f"| {md(', '.join(t['findings']))} |"
             )
         lines.append("")
+    lines += ["## Reproduce", "", "```sh", md_code(report.reproduce_command)]
     if run:
         lines += [
-            "## How this was run",
-            "",
-            "```sh",
-            md_code(run["command"]),
             "# open the trace (PyTorch profiler TensorBoard plugin):",
             md_code(run["tensorboard_command"]),
-            "```",
-            "",
         ]
+    lines += [
+        "```",
+        "",
+        "Or drag a trace file into ui.perfetto.dev: "
+        + ", ".join(f"`{md_code(t['path']).replace('`', '')}`" for t in report.traces),
+        "",
+    ]
     not_assessed = [a for a in report.assessments if a["status"] == "not_assessed"]
     if not_assessed or report.notes:
         lines += ["## What could not be assessed", ""]
