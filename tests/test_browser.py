@@ -1,0 +1,200 @@
+"""report.html opened in a real headless Chromium: what a reviewer's browser actually shows.
+
+Static checks on the HTML text cannot see a Content-Security-Policy violation, a chart that
+renders at zero size, a request the browser makes for a resource, or a page that prints blank.
+So each report is produced through the real CLI and opened from disk (file://) in Chromium
+driven by selenium and Debian's chromedriver. Screenshots (and the printed PDF) land in
+`.artifacts/screenshots/`, kept out of git, so CI keeps a picture of what was checked.
+
+Skips, with the reason, where selenium, Chromium or chromedriver is not installed; `.ci/run`
+installs them.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, SAMPLES, real_trace, run_cli
+
+webdriver = pytest.importorskip(
+    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
+)
+from selenium.webdriver.common.by import By  # noqa: E402
+
+CHROMIUM = next(
+    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+)
+CHROMEDRIVER = shutil.which("chromedriver")
+if CHROMIUM is None or CHROMEDRIVER is None:
+    pytest.skip(
+        "browser test needs Chromium and chromedriver "
+        "(Debian: apt-get install chromium chromium-driver; .ci/run installs them)",
+        allow_module_level=True,
+    )
+
+SCREENSHOTS = ROOT / ".artifacts" / "screenshots"
+VIEWPORT = (1280, 900)  # a laptop screen: the verdict must be readable without scrolling
+SIZE_BUDGET = 1_000_000  # issue 5: a typical report well under 1 MB
+GPU_TRACE = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium for the module, with a fresh profile so no state leaks in."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+                f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(20)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def open_page(driver: Any, page: Path) -> tuple[list[dict], list[str]]:
+    """Load `page` from disk; return its console messages and every URL the browser requested.
+
+    Both logs are drained first so each page is judged on its own load only.
+    """
+    driver.get_log("browser")
+    driver.get_log("performance")
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+    driver.set_window_size(*VIEWPORT)
+    driver.get(page.as_uri())
+    assert driver.execute_script("return document.readyState") == "complete"
+    time.sleep(0.2)  # let late console messages (CSP reports are async) reach the log
+    console = driver.get_log("browser")
+    requests = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            requests.append(message["params"]["request"]["url"])
+    return console, requests
+
+
+def severe(console: list[dict]) -> list[str]:
+    return [m["message"] for m in console if m.get("level") == "SEVERE"]
+
+
+def external(requests: list[str], page: Path) -> list[str]:
+    """Requests other than the page itself and inline `data:` URLs."""
+    own = page.as_uri()
+    return [u for u in requests if u.split("#")[0] != own and not u.startswith("data:")]
+
+
+def rendered_size(driver: Any, element: Any) -> tuple[float, float]:
+    rect = driver.execute_script("return arguments[0].getBoundingClientRect().toJSON()", element)
+    return rect["width"], rect["height"]
+
+
+def assert_chart_visible(driver: Any, selector: str) -> None:
+    """The chart is on screen with a real size and at least one drawn mark inside."""
+    chart = driver.find_element(By.CSS_SELECTOR, selector)
+    assert chart.is_displayed(), f"{selector} is hidden"
+    width, height = rendered_size(driver, chart)
+    assert width > 100 and height > 10, f"{selector} renders at {width}x{height} px"
+    marks = chart.find_elements(By.CSS_SELECTOR, "rect")
+    assert any(rendered_size(driver, m)[0] > 0 for m in marks), f"{selector} draws nothing"
+
+
+def save_full_page(driver: Any, name: str) -> Path:
+    """Screenshot the whole page: grow the window until its viewport holds the document.
+
+    The window size includes the browser's own frame, so that difference is added back.
+    """
+    height, frame = driver.execute_script(
+        "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
+    )
+    driver.set_window_size(VIEWPORT[0], max(VIEWPORT[1], height + frame))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    assert driver.save_screenshot(str(path))
+    driver.set_window_size(*VIEWPORT)
+    return path
+
+
+def check_report(driver: Any, out: Path, name: str) -> None:
+    """Everything a reviewer opening this report.html must get, checked in the browser."""
+    page = out / "report.html"
+    assert page.stat().st_size < SIZE_BUDGET, f"report.html is {page.stat().st_size} bytes"
+    console, requests = open_page(driver, page)
+
+    assert not severe(console), severe(console)  # script errors and CSP violations land here
+    assert page.as_uri() in [u.split("#")[0] for u in requests], "performance log saw no load"
+    assert not external(requests, page), external(requests, page)
+
+    verdict = driver.find_element(By.ID, "verdict")
+    assert verdict.is_displayed() and verdict.text.strip(), "verdict missing or empty"
+    bottom, screen = driver.execute_script(
+        "return [arguments[0].getBoundingClientRect().bottom, window.innerHeight]", verdict
+    )
+    assert bottom <= screen, f"verdict ends {bottom:.0f} px down, below the first {screen} px"
+    assert_chart_visible(driver, "svg#steps-chart")
+    assert_chart_visible(driver, "svg#step-timeline")
+
+    shot = save_full_page(driver, name)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+    # Printed (the report travels as a ticket attachment and gets printed): the verdict and
+    # the step chart stay, and the print produces a real multi-kilobyte PDF.
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+    assert driver.execute_script("return matchMedia('print').matches")
+    assert driver.find_element(By.ID, "verdict").is_displayed()
+    assert driver.find_element(By.CSS_SELECTOR, "svg#steps-chart").is_displayed()
+    pdf = base64.b64decode(driver.execute_cdp_cmd("Page.printToPDF", {})["data"])
+    assert pdf.startswith(b"%PDF") and len(pdf) > 10_000
+    (SCREENSHOTS / f"{name}.pdf").write_bytes(pdf)
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+    assert not severe(driver.get_log("browser"))
+
+
+def analyze(trace: Path, out: Path) -> Path:
+    result = run_cli("analyze", str(trace), "-o", str(out), "-q")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_cpu_sample_report_renders_offline_and_prints(browser: Any, tmp_path: Path):
+    out = analyze(SAMPLES / "cpu-loader-bound.pt.trace.json.gz", tmp_path / "out")
+    check_report(browser, out, "cpu-loader-bound")
+
+
+def test_gpu_trace_report_renders_offline_and_prints(browser: Any, tmp_path: Path):
+    out = analyze(real_trace(GPU_TRACE), tmp_path / "out")
+    check_report(browser, out, "resnet50-gpu")
+
+
+def test_the_checks_catch_a_page_that_errs_and_phones_home(browser: Any, tmp_path: Path):
+    """Guard against a vacuous pass: script errors, CSP violations and remote loads are seen."""
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<!DOCTYPE html><p id='verdict'>x</p><img src='http://127.0.0.1:9/pixel.png'>"
+        "<script>undefinedFunction()</script>"
+    )
+    console, requests = open_page(browser, page)
+    assert any("undefinedFunction" in m for m in severe(console)), console
+    assert external(requests, page) == ["http://127.0.0.1:9/pixel.png"]
+
+    # The report's own policy: an inline script added without loosening it must be reported.
+    page = tmp_path / "csp.html"
+    page.write_text(
+        "<!DOCTYPE html><meta http-equiv='Content-Security-Policy' content=\"default-src 'none'\">"
+        "<p id='verdict'>x</p><script>document.title = 'ran'</script>"
+    )
+    console, _ = open_page(browser, page)
+    assert any("Content Security Policy" in m for m in severe(console)), console
+    assert browser.title != "ran"
