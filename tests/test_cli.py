@@ -47,12 +47,17 @@ def test_console_script_and_module_give_the_same_report(tmp_path: Path):
     exe = Path(sys.executable).with_name("stallscope")
     if not exe.exists():
         pytest.skip("console script not installed next to this interpreter")
-    a = subprocess.run([str(exe), "analyze", str(SAMPLE), "-o", str(tmp_path / "a"), "-q"],
-                       capture_output=True, text=True)
-    b = run_cli("analyze", str(SAMPLE), "-o", str(tmp_path / "b"), "-q")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    # The same command line in two folders: the reports (which record it) must be identical.
+    a = subprocess.run([str(exe), "analyze", str(SAMPLE), "-o", "out", "-q"],
+                       capture_output=True, text=True, cwd=tmp_path / "a")
+    b = run_cli("analyze", str(SAMPLE), "-o", "out", "-q", cwd=tmp_path / "b")
     assert a.returncode == b.returncode == 0
     assert a.stdout == b.stdout == ""
-    assert (tmp_path / "a/report.json").read_text() == (tmp_path / "b/report.json").read_text()
+    report = (tmp_path / "a/out/report.json").read_text()
+    assert report == (tmp_path / "b/out/report.json").read_text()
+    assert '"command": "stallscope analyze ' in report
 
 
 def test_default_output_folder_is_derived_from_the_input(tmp_path: Path):

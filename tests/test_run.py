@@ -276,7 +276,10 @@ def test_worker_processes_write_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert files[:3] == ["report.html", "report.json", "report.md"]
-    assert len(files) == 4 and files[3].startswith("tensorboard/loader_bound/")
+    # Beside the reports: the main process's trace and stallscope's TensorBoard views.
+    rest = [f.removeprefix("tensorboard/loader_bound/") for f in files[3:]]
+    assert len(rest) == 2 and all(f.startswith("tensorboard/loader_bound/") for f in files[3:])
+    assert rest[0].startswith("events.out.tfevents.") and rest[1].endswith(".pt.trace.json.gz")
     assert report_of(out)["dataloaders"][0]["num_workers"] == 2
 
 
@@ -288,7 +291,10 @@ def test_refuses_to_overwrite_a_report_without_force(tmp_path: Path) -> None:
     forced = stallscope("run", "-q", "--force", "train.py", "never", "0", cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr
     # The earlier run's trace is replaced, not analysed alongside the new one.
-    assert len(list((tmp_path / "stallscope-train/tensorboard/train").iterdir())) == 1
+    run_dir = tmp_path / "stallscope-train/tensorboard/train"
+    assert len(list(run_dir.glob("*.pt.trace.json*"))) == 1
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1  # views replaced too
+    assert len(list(run_dir.iterdir())) == 2
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,

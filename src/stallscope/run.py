@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from stallscope import progress
 from stallscope.capture.target import Target
 from stallscope.context import RunContext
 from stallscope.errors import NoStepsError
@@ -101,6 +102,7 @@ def gather(plan: RunPlan, launch: Launch, own: RunContext, wait_s: float = RANK_
         return [own], []
     deadline = time.monotonic() + wait_s
     found: dict[int, RunContext] = {launch.rank: own}
+    waiting_said = False
     while True:
         for rank in range(launch.world_size):
             path = context_path(plan.out, rank)
@@ -114,8 +116,19 @@ def gather(plan: RunPlan, launch: Launch, own: RunContext, wait_s: float = RANK_
                 found[rank] = ctx
         if len(found) == launch.world_size or time.monotonic() > deadline:
             break
+        if not waiting_said:
+            waiting_said = True
+            pending = [r for r in range(launch.world_size) if r not in found]
+            progress.say(
+                f"waiting for rank(s) {', '.join(map(str, pending))} to finish "
+                f"(up to {wait_s:.0f} s)"
+            )
         time.sleep(0.2)
     missing = [r for r in range(launch.world_size) if r not in found]
+    progress.say(
+        f"gathered {len(found)} of {launch.world_size} ranks"
+        + (f"; missing: {', '.join(map(str, missing))}" if missing else "")
+    )
     return [found[r] for r in sorted(found)], missing
 
 
@@ -126,6 +139,7 @@ def analyze_run(contexts: list[RunContext], missing: list[int], plan: RunPlan) -
     if not paths:
         raise NoStepsError(no_steps_reason(contexts[0]))
     by_path = {str(Path(p).resolve()): c for c in contexts for p in c.traces}
+    progress.say(f"analysing {len(paths)} trace(s)")
     report = analyze_paths(paths, contexts=by_path)
     attach_run(report, contexts, trace_dir(plan), plan.out / "tensorboard")
     for rank in missing:

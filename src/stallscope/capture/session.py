@@ -23,7 +23,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from stallscope import __version__
+from stallscope import __version__, progress
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.steps import StepDriver
 
@@ -126,9 +126,11 @@ class CaptureSession:
             return  # the profiler is not touched at all while steps are skipped
         if not self._started:
             self._started = True
+            self._report_progress(None)
             self.prof.start()
         else:
-            self.prof.step()
+            self._report_progress(self.prof.step_num)
+            self.prof.step()  # writes the trace after the last recorded step
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
         if self.watcher.recording and not self._meta_added:
             self._add_metadata()  # only kept while Kineto records
@@ -140,7 +142,26 @@ class CaptureSession:
             self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
             if not self.run_to_end and threading.current_thread() is threading.main_thread():
                 self.stop_requested = True
+                progress.say("recording done: stopping the script")
                 raise StopScript()
+            if self.run_to_end:
+                progress.say("recording done: the script runs on to its end (--run-to-end)")
+
+    def _report_progress(self, ended: int | None) -> None:
+        """Say when the profiler starts, when recording starts, and each step recorded, at the
+        boundary after profiler step `ended` (None: the profiler is about to start). A slow
+        script then shows it is moving: one step can take minutes."""
+        sched = self.sched
+        if ended is None:
+            progress.say(
+                f"{sched.skip} step(s) skipped: starting the profiler"
+                + (f", warming up for {sched.warmup} step(s)" if sched.warmup else "")
+            )
+        elif sched.is_recording(ended):
+            progress.say(f"recorded step {ended - sched.warmup + 1}/{sched.steps}")
+        now = 0 if ended is None else ended + 1
+        if sched.is_recording(now) and (ended is None or not sched.is_recording(ended)):
+            progress.say(f"recording {sched.steps} step(s)")
 
     def _add_metadata(self) -> None:
         self._meta_added = True
@@ -156,4 +177,7 @@ class CaptureSession:
         pattern = f"{self.worker}.*.pt.trace.json*"
         before = set(self.trace_dir.glob(pattern)) if self.trace_dir.is_dir() else set()
         self._handler(prof)
-        self.traces.extend(sorted(set(self.trace_dir.glob(pattern)) - before))
+        written = sorted(set(self.trace_dir.glob(pattern)) - before)
+        self.traces.extend(written)
+        for path in written:
+            progress.say(f"trace written: {path.name} ({progress.size_text(path.stat().st_size)})")

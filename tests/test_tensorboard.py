@@ -1,0 +1,148 @@
+"""TensorBoard views, read back with TensorBoard's own event reader after a real CLI run.
+
+What a user opens with `tensorboard --logdir OUT/tensorboard`: per-step scalars that agree with
+report.json, the findings as a Markdown table TensorBoard renders, in the same run folder as the
+trace, and one set of points per report (a rerun replaces them, never doubles them).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.report.text import md
+from tests.conftest import ROOT, SAMPLES, run_cli
+
+HOST = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
+FINDINGS_TEXT = "stallscope/findings/text_summary"  # add_text stores the tag with this suffix
+
+
+def read_events(run_dir: Path):
+    """Every scalar and text point in `run_dir`, as TensorBoard itself reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    kinds = ("compressedHistograms", "images", "audio", "scalars", "histograms", "tensors")
+    acc = EventAccumulator(str(run_dir), size_guidance=dict.fromkeys(kinds, 0))
+    acc.Reload()
+    return acc
+
+
+def findings_text(acc) -> str:
+    (event,) = acc.Tensors(FINDINGS_TEXT)
+    return event.tensor_proto.string_val[0].decode()
+
+
+def step_number(name: str, index: int) -> int:
+    return int(name.split("#")[1]) if name.startswith("ProfilerStep#") else index
+
+
+def assert_scalars_match(acc, steps: list[dict], prefix: str = "") -> None:
+    tags = set(acc.Tags()["scalars"])
+    times = acc.Scalars(f"{prefix}step_time_ms")
+    assert len(times) == len(steps)  # one point per recorded step
+    assert [e.step for e in times] == [step_number(s["name"], i) for i, s in enumerate(steps)]
+    for event, step in zip(times, steps, strict=True):
+        assert event.value == pytest.approx(step["duration_us"] / 1000, rel=1e-5)
+    for category in HOST:
+        assert f"{prefix}host_share_pct/{category}" in tags
+        assert len(acc.Scalars(f"{prefix}host_share_pct/{category}")) == len(steps)
+    for i, step in enumerate(steps):  # the shares split each step's wall time
+        total = sum(acc.Scalars(f"{prefix}host_share_pct/{c}")[i].value for c in HOST)
+        assert total == pytest.approx(100.0, abs=0.01)
+        expected = 100 * step["breakdown_us"]["dataloader"] / step["duration_us"]
+        got = acc.Scalars(f"{prefix}host_share_pct/dataloader")[i].value
+        assert got == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+def test_run_writes_scalars_and_findings_beside_the_trace(tmp_path: Path):
+    out = tmp_path / "out"
+    proc = run_cli("run", "-o", str(out), "--steps", "3",
+                   str(ROOT / "examples" / "balanced.py"), "--samples", "512", "--width", "8")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    run_dir = out / "tensorboard" / "balanced"
+    # One run folder: the profiler plugin's trace and stallscope's views open together.
+    assert len(list(run_dir.glob("*.pt.trace.json.gz"))) == 1
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+    acc = read_events(run_dir)
+    assert len(report["steps"]) == 3
+    assert_scalars_match(acc, report["steps"])
+    # The verdict the terminal summary leads with is the text's headline.
+    verdict = next(ln for ln in proc.stdout.splitlines() if ln.startswith("stallscope: "))
+    assert f"**Verdict:** {md(verdict.removeprefix('stallscope: '))}" in findings_text(acc)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # tensorboard's vendored bleach
+def test_analyze_tensorboard_on_the_cpu_sample(tmp_path: Path):
+    out = tmp_path / "out"
+    proc = run_cli("analyze", "--tensorboard", "-o", str(out),
+                   str(SAMPLES / "cpu-loader-bound.pt.trace.json.gz"))
+    assert proc.returncode == 0, proc.stderr
+    assert str(out / "tensorboard") in proc.stdout  # the summary says where they went
+    report = json.loads((out / "report.json").read_text())
+    acc = read_events(out / "tensorboard")
+    assert_scalars_match(acc, report["steps"])
+    text = findings_text(acc)
+    top = report["findings"][0]["id"]
+    assert top == "dataloader-bound"
+    assert f"`{top}`" in text and "| severity | id |" in text
+    # TensorBoard's text dashboard renders it as a table, not as pipes.
+    from tensorboard import plugin_util
+
+    html = plugin_util.markdown_to_safe_html(text)
+    assert "<table>" in html and "<code>dataloader-bound</code>" in html
+
+
+def test_analyze_without_the_option_writes_no_tensorboard_files(tmp_path: Path):
+    proc = run_cli("analyze", "-q", "-o", str(tmp_path / "out"),
+                   str(SAMPLES / "cpu-loader-bound.pt.trace.json.gz"))
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "out" / "tensorboard").exists()
+
+
+def test_several_traces_get_one_tag_prefix_each_and_force_replaces_the_points(tmp_path: Path):
+    out = tmp_path / "out"
+    files = [SAMPLES / "cpu-worker-startup.pt.trace.json.gz",
+             SAMPLES / "cpu-persistent-workers.pt.trace.json.gz"]
+    args = ["analyze", "-q", "--tensorboard", "-o", str(out), *map(str, files)]
+    assert run_cli(*args).returncode == 0
+    assert run_cli(*args, "--force").returncode == 0  # a rerun must not double the points
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    report = json.loads((out / "report.json").read_text())
+    acc = read_events(out / "tensorboard")
+    for f in files:
+        label = f.name
+        prefix = label.removesuffix(".pt.trace.json.gz") + "/"
+        steps = [s for s in report["steps"] if s["trace"] == label]
+        assert steps
+        assert_scalars_match(acc, steps, prefix)
+    assert "| trace |" in findings_text(acc)
+
+
+def test_pytorch_profiler_plugin_lists_the_run(tmp_path: Path):
+    if importlib.util.find_spec("torch_tb_profiler") is None:
+        pytest.skip("torch_tb_profiler (the PyTorch profiler TensorBoard plugin) is not "
+                    "installed; it is deprecated and not a stallscope dependency")
+    from tensorboard.plugins import base_plugin
+    from torch_tb_profiler.plugin import TorchProfilerPlugin
+    from werkzeug.test import Client
+
+    out = tmp_path / "out"
+    proc = run_cli("run", "-q", "-o", str(out), "--steps", "2",
+                   str(ROOT / "examples" / "balanced.py"), "--samples", "512", "--width", "8")
+    assert proc.returncode == 0, proc.stderr
+    plugin = TorchProfilerPlugin(base_plugin.TBContext(logdir=str(out / "tensorboard")))
+    client = Client(plugin.get_plugin_apps()["/runs"])
+    deadline = time.monotonic() + 60
+    runs: list[str] = []
+    while time.monotonic() < deadline:
+        runs = json.loads(client.get("/runs").get_data())["runs"]
+        if runs:
+            break
+        time.sleep(0.5)
+    assert "balanced" in runs, f"plugin runs: {runs} ({sys.version})"
