@@ -1,0 +1,310 @@
+"""`stallscope compare A B`: did a change help? Step time, breakdown and findings, before/after.
+
+Each side is a stallscope output folder (its report.json) or traces, analysed on the spot into
+the same report data, so both kinds compare the same way. The comparison itself is plain data
+(no torch): the writers in `report/compare_writers.py` render it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stallscope import __version__
+from stallscope.errors import EXIT_OK, InputError, OutputError
+
+SCHEMA_VERSION = 1
+COMPARE_FILES = ("compare.json", "compare.html", "compare.md")
+# A change within this fraction of the before value is reported as "no change": spans of the
+# same job differ by a few percent from step to step on their own.
+SAME_RATIO_BAND = 0.02
+
+
+@dataclass
+class Side:
+    """One input of the comparison: where it came from and its report data."""
+
+    path: str
+    kind: str  # "report" (an output folder's report.json) or "traces" (analysed now)
+    data: dict[str, Any]
+
+
+def load_side(path: Path) -> Side:
+    """A report folder (or its report.json) is read; anything else is analysed as traces."""
+    if not path.exists():
+        raise InputError(f"no such file or folder: {path}")
+    report_json = path / "report.json" if path.is_dir() else path
+    if report_json.name == "report.json" and report_json.is_file():
+        return Side(str(path), "report", _read_report(report_json))
+    from stallscope.analyze import analyze_paths
+    from stallscope.report.json_writer import report_data
+
+    return Side(str(path), "traces", report_data(analyze_paths([path])))
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict) or not all(k in data for k in ("steps", "summary", "findings")):
+        raise InputError(f"{path} is not a stallscope report.json (no steps/summary/findings)")
+    return data
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks, as numpy's default (and report.json's p90)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def step_stats(durations: list[float]) -> dict[str, float]:
+    """Centre and spread of one side's step times; p10-p90 ignores one odd step in ten."""
+    return {
+        "median": percentile(durations, 50),
+        "mean": sum(durations) / len(durations),
+        "p10": percentile(durations, 10),
+        "p90": percentile(durations, 90),
+        "min": min(durations),
+        "max": max(durations),
+    }
+
+
+def _durations(side: Side) -> list[float]:
+    durations = [float(s["duration_us"]) for s in side.data.get("steps", [])]
+    if not durations:
+        raise InputError(f"{side.path} has no recorded training step: nothing to compare")
+    return durations
+
+
+def _side_info(side: Side, durations: list[float]) -> dict[str, Any]:
+    data = side.data
+    return {
+        "path": side.path,
+        "kind": side.kind,
+        "traces": [t.get("label") for t in data.get("traces", [])],
+        "steps": len(durations),
+        "step_time_us": step_stats(durations),
+        "partial": bool((data.get("run") or {}).get("partial")),
+    }
+
+
+def _step_time(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Ratio after/before of the medians (and means), and the ratio's range when the two
+    p10-p90 spreads are set against each other at their most and least favourable."""
+    return {
+        "ratio": after["median"] / before["median"],
+        "speedup": before["median"] / after["median"],
+        "ratio_mean": after["mean"] / before["mean"],
+        "ratio_range": [after["p10"] / before["p90"], after["p90"] / before["p10"]],
+        "delta_us": after["median"] - before["median"],
+    }
+
+
+def _per_step_us(steps: list[dict[str, Any]], category: str) -> float:
+    return sum(float(s["breakdown_us"].get(category, 0.0)) for s in steps) / len(steps)
+
+
+def _breakdown(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each host category's share of the step and its time per step, before and after."""
+    pct_b = before["summary"].get("breakdown_pct") or {}
+    pct_a = after["summary"].get("breakdown_pct") or {}
+    rows = []
+    for cat in dict.fromkeys([*pct_b, *pct_a]):
+        b_us = _per_step_us(before["steps"], cat)
+        a_us = _per_step_us(after["steps"], cat)
+        b_pct, a_pct = float(pct_b.get(cat, 0.0)), float(pct_a.get(cat, 0.0))
+        rows.append({
+            "category": cat,
+            "before_pct": b_pct, "after_pct": a_pct, "delta_pct": a_pct - b_pct,
+            "before_us": b_us, "after_us": a_us, "delta_us": a_us - b_us,
+        })
+    return rows
+
+
+def _gpu(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """Busy/idle share per GPU; a device seen on one side only has None on the other."""
+    gpu_b = before["summary"].get("gpu_pct") or {}
+    gpu_a = after["summary"].get("gpu_pct") or {}
+    rows = []
+    for dev in sorted(dict.fromkeys([*gpu_b, *gpu_a])):
+        b_idle = gpu_b.get(dev, {}).get("idle")
+        a_idle = gpu_a.get(dev, {}).get("idle")
+        b_busy = None if b_idle is None else 100.0 - b_idle
+        a_busy = None if a_idle is None else 100.0 - a_idle
+        rows.append({
+            "device": dev,
+            "before_busy_pct": b_busy, "after_busy_pct": a_busy,
+            "before_idle_pct": b_idle, "after_idle_pct": a_idle,
+            "delta_busy_pct": None if b_busy is None or a_busy is None else a_busy - b_busy,
+        })
+    return rows
+
+
+def _trace_keys(data: dict[str, Any]) -> dict[str, str]:
+    """Trace label -> the key findings are matched on. One trace per side: the labels are file
+    names that differ between runs, so the single trace matches the other side's single trace.
+    Several: by rank when known, else by label. Job-level findings keep `job`."""
+    traces = data.get("traces", [])
+    keys = {"job": "job"}
+    for t in traces:
+        label = str(t.get("label"))
+        if len(traces) == 1:
+            keys[label] = "trace"
+        elif t.get("rank") is not None:
+            keys[label] = f"rank {t['rank']}"
+        else:
+            keys[label] = label
+    return keys
+
+
+def _indexed_findings(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    keys = _trace_keys(data)
+    return {
+        (f["id"], keys.get(str(f.get("trace")), str(f.get("trace")))): f
+        for f in data.get("findings", [])
+    }
+
+
+def _assessment_status(data: dict[str, Any], rule: str, key: str) -> str | None:
+    keys = _trace_keys(data)
+    for a in data.get("assessments", []):
+        if a.get("rule") == rule and keys.get(str(a.get("trace")), str(a.get("trace"))) == key:
+            return str(a.get("status"))
+    return None
+
+
+def _findings(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Resolved: found before, assessed clear after. New: found after only. Unchanged: both,
+    with the saving of each. A finding gone because the rule could not be assessed on the
+    other side is `not_assessed`, not resolved."""
+    fb, fa = _indexed_findings(before), _indexed_findings(after)
+    out: dict[str, list[dict[str, Any]]] = {
+        "resolved": [], "new": [], "unchanged": [], "not_assessed": []
+    }
+    for key in dict.fromkeys([*fb, *fa]):
+        b, a = fb.get(key), fa.get(key)
+        ref = b or a
+        assert ref is not None
+        row = {
+            "id": key[0],
+            "trace": key[1],
+            "trace_before": b.get("trace") if b else None,
+            "trace_after": a.get("trace") if a else None,
+            "title": ref.get("title"),
+            "severity_before": b.get("severity") if b else None,
+            "severity_after": a.get("severity") if a else None,
+            "saving_before_pct": b.get("estimated_saving_pct") if b else None,
+            "saving_after_pct": a.get("estimated_saving_pct") if a else None,
+        }
+        if b and a:
+            out["unchanged"].append(row)
+        elif b:
+            status = _assessment_status(after, key[0], key[1])
+            out["not_assessed" if status == "not_assessed" else "resolved"].append(row)
+        else:
+            status = _assessment_status(before, key[0], key[1])
+            out["not_assessed" if status == "not_assessed" else "new"].append(row)
+    return out
+
+
+def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]]) -> str:
+    """One sentence: faster, slower or the same, and what the findings did."""
+    ratio = step["ratio"]
+    if abs(ratio - 1.0) <= SAME_RATIO_BAND:
+        head = f"Step time unchanged (x{ratio:.2f} of before)"
+    elif ratio < 1.0:
+        head = f"Faster: {step['speedup']:.2f}x speedup (step time x{ratio:.2f} of before)"
+    else:
+        head = f"Slower: step time x{ratio:.2f} of before"
+    parts = [f"{len(findings[k])} {k}" for k in ("resolved", "new", "unchanged") if findings[k]]
+    tail = "; findings: " + ", ".join(parts) if parts else "; no findings on either side"
+    return head + tail + "."
+
+
+def compare_data(before: Side, after: Side) -> dict[str, Any]:
+    """The whole comparison as JSON-ready data: what compare.json holds."""
+    db, da = _durations(before), _durations(after)
+    info_b, info_a = _side_info(before, db), _side_info(after, da)
+    step = _step_time(info_b["step_time_us"], info_a["step_time_us"])
+    findings = _findings(before.data, after.data)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "stallscope_version": __version__,
+        "before": info_b,
+        "after": info_a,
+        "step_time": step,
+        "breakdown": _breakdown(before.data, after.data),
+        "gpu": _gpu(before.data, after.data),
+        "findings": findings,
+        "verdict": verdict(step, findings),
+    }
+
+
+def add_compare_parser(sub: Any) -> None:
+    """The `compare` subcommand, added to the CLI's subparsers."""
+    cmp = sub.add_parser(
+        "compare",
+        help="compare two reports or traces: step time, breakdown, findings",
+        description="Compare BEFORE and AFTER, each a stallscope output folder (holding "
+        "report.json) or traces (a trace file or a folder of traces, analysed now): step-time "
+        "ratio with its spread, where the step's time went, and which findings were resolved, "
+        "are new or remain. Writes compare.json, compare.html and compare.md.",
+    )
+    cmp.add_argument("before", type=Path, metavar="BEFORE", help="report folder or traces")
+    cmp.add_argument("after", type=Path, metavar="AFTER", help="report folder or traces")
+    cmp.add_argument("-o", "--out", type=Path, default=Path("stallscope-compare"),
+                     help="output folder (default: ./stallscope-compare)")
+    cmp.add_argument("--force", action="store_true", help="overwrite an existing comparison")
+    cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+
+
+def _prepare(out: Path, force: bool) -> None:
+    """Refuse to overwrite an earlier comparison; a report in the same folder is fine (the
+    comparison does not touch report.*), so prepare_out_dir only creates and checks the folder."""
+    from stallscope.outputs import prepare_out_dir
+
+    existing = [f for f in COMPARE_FILES if (out / f).exists()]
+    if existing and not force:
+        raise OutputError(
+            f"{out} already holds {', '.join(existing)}; use --force to overwrite or -o for "
+            "another folder"
+        )
+    prepare_out_dir(out, force=True)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """Load both sides, compare, write compare.json/html/md atomically, print a summary."""
+    from stallscope import progress
+    from stallscope.outputs import write_atomic
+    from stallscope.report.compare_writers import (
+        render_compare_html,
+        render_compare_markdown,
+        render_compare_terminal,
+    )
+
+    progress.configure(args.quiet, None)
+    for p in (args.before, args.after):  # both checked before any slow analysis
+        if not p.exists():
+            raise InputError(f"no such file or folder: {p}")
+    out: Path = args.out
+    _prepare(out, args.force)
+    data = compare_data(load_side(args.before), load_side(args.after))
+    rendered = {
+        "compare.json": json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n",
+        "compare.html": render_compare_html(data),
+        "compare.md": render_compare_markdown(data),
+    }
+    for name, text in rendered.items():
+        write_atomic(out / name, text)
+    if not args.quiet:
+        sys.stdout.write(render_compare_terminal(data, {k: str(out / k) for k in rendered}))
+    return EXIT_OK

@@ -1,0 +1,155 @@
+"""compare.html, compare.md and the terminal summary of `stallscope compare`.
+
+Input is the plain data of `stallscope.compare.compare_data`. Paths, trace labels and finding
+titles come from other people's files: HTML relies on jinja2 autoescaping, Markdown on `md`,
+the terminal on `plain`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jinja2
+
+from stallscope.report.html import LEGEND, templates_dir
+from stallscope.report.text import md, plain
+
+GROUPS = (
+    ("resolved", "Resolved", "found before, assessed clear after"),
+    ("new", "New", "found after only"),
+    ("unchanged", "Unchanged", "found on both sides"),
+    ("not_assessed", "Not comparable", "found on one side, not assessable on the other"),
+)
+
+
+def ms(us: float | None) -> str:
+    if us is None:
+        return "n/a"
+    value = us / 1000.0
+    return f"{value:.1f}" if abs(value) >= 1 else f"{value:.2f}"
+
+
+def signed_ms(us: float | None) -> str:
+    if us is None:
+        return "n/a"
+    return ("+" if us > 0 else "") + ms(us)
+
+
+def pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}%"
+
+
+def signed_pct(value: float | None) -> str:
+    """Percentage points, with a sign so a drop reads as one."""
+    if value is None:
+        return "n/a"
+    return f"{'+' if value > 0 else ''}{value:.1f} pt"
+
+
+def spread(stats: dict[str, float]) -> str:
+    return f"p10-p90 {ms(stats['p10'])}-{ms(stats['p90'])} ms, min-max {ms(stats['min'])}-" \
+        f"{ms(stats['max'])} ms"
+
+
+def category_name(category: str) -> str:
+    return LEGEND.get(category, category)
+
+
+def render_compare_html(data: dict[str, Any]) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(ms=ms, signed_ms=signed_ms, pct=pct, signed_pct=signed_pct,
+                       spread=spread, category=category_name)
+    return env.get_template("compare.html.j2").render(c=data, groups=GROUPS)
+
+
+def _finding_line(row: dict[str, Any]) -> str:
+    before = pct(row["saving_before_pct"])
+    after = pct(row["saving_after_pct"])
+    return (f"| `{md(row['id'])}` {md(row['title'])} | {md(row['trace'])} | "
+            f"{md(row['severity_before'] or '-')} / {md(row['severity_after'] or '-')} | "
+            f"{before} | {after} |")
+
+
+def _side_text(side: dict[str, Any]) -> str:
+    traces = ", ".join(md(t) for t in side["traces"])
+    text = f"{side['steps']} step(s), {md(side['kind'])}"
+    return text + (f"; traces: {traces}" if traces else "")
+
+
+def render_compare_markdown(data: dict[str, Any]) -> str:
+    b, a, st = data["before"], data["after"], data["step_time"]
+    tb, ta = b["step_time_us"], a["step_time_us"]
+    lines = [
+        "# stallscope comparison",
+        "",
+        f"**Verdict:** {md(data['verdict'])}",
+        "",
+        f"- **Before:** {md(b['path'])} ({_side_text(b)})",
+        f"- **After:** {md(a['path'])} ({_side_text(a)})",
+        "",
+        "## Step time",
+        "",
+        "| | before | after |",
+        "|---|---:|---:|",
+        f"| median | {ms(tb['median'])} ms | {ms(ta['median'])} ms |",
+        f"| mean | {ms(tb['mean'])} ms | {ms(ta['mean'])} ms |",
+        f"| p10-p90 | {ms(tb['p10'])}-{ms(tb['p90'])} ms | {ms(ta['p10'])}-{ms(ta['p90'])} ms |",
+        f"| min-max | {ms(tb['min'])}-{ms(tb['max'])} ms | {ms(ta['min'])}-{ms(ta['max'])} ms |",
+        "",
+        f"Ratio after/before (medians): **x{st['ratio']:.3f}**, speedup **{st['speedup']:.2f}x** "
+        f"(means: x{st['ratio_mean']:.3f}; spreads set against each other: "
+        f"x{st['ratio_range'][0]:.3f} to x{st['ratio_range'][1]:.3f}).",
+        "",
+        "## Where the step's time goes",
+        "",
+        "| host category | share before | share after | change | ms/step before | "
+        "ms/step after | change |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["breakdown"]:
+        lines.append(
+            f"| {md(category_name(r['category']))} | {pct(r['before_pct'])} | "
+            f"{pct(r['after_pct'])} | {signed_pct(r['delta_pct'])} | {ms(r['before_us'])} | "
+            f"{ms(r['after_us'])} | {signed_ms(r['delta_us'])} |"
+        )
+    if data["gpu"]:
+        lines += ["", "| GPU | busy before | busy after | change |", "|---|---:|---:|---:|"]
+        for g in data["gpu"]:
+            lines.append(f"| {md(g['device'])} | {pct(g['before_busy_pct'])} | "
+                         f"{pct(g['after_busy_pct'])} | {signed_pct(g['delta_busy_pct'])} |")
+    lines += ["", "## Findings", ""]
+    for key, title, meaning in GROUPS:
+        rows = data["findings"][key]
+        if not rows and key == "not_assessed":
+            continue
+        lines += [f"### {title} ({len(rows)})", "", f"*{meaning}*", ""]
+        if rows:
+            lines += ["| finding | trace | severity before / after | can save before | "
+                      "can save after |", "|---|---|---|---:|---:|"]
+            lines += [_finding_line(r) for r in rows]
+        else:
+            lines.append("None.")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def render_compare_terminal(data: dict[str, Any], outputs: dict[str, str]) -> str:
+    tb, ta = data["before"]["step_time_us"], data["after"]["step_time_us"]
+    f = data["findings"]
+    lines = [
+        plain(data["verdict"]),
+        f"  median step: {ms(tb['median'])} ms -> {ms(ta['median'])} ms "
+        f"(x{data['step_time']['ratio']:.3f}); mean {ms(tb['mean'])} -> {ms(ta['mean'])} ms",
+    ]
+    for key, title, _ in GROUPS:
+        if f[key]:
+            ids = ", ".join(plain(r["id"]) for r in f[key])
+            lines.append(f"  {title.lower()}: {ids}")
+    lines += [f"  {name}: {plain(path)}" for name, path in outputs.items()]
+    return "\n".join(lines) + "\n"
