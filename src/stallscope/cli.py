@@ -22,6 +22,7 @@ from stallscope.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE,
 
 class _Parser(argparse.ArgumentParser):
     run_parser: argparse.ArgumentParser | None = None  # set on the top-level parser
+    tune_parser: argparse.ArgumentParser | None = None
 
     def error(self, message: str) -> None:  # one line, exit 2, like every other user error
         self.print_usage(sys.stderr)
@@ -60,6 +61,12 @@ def build_parser() -> _Parser:
     an.add_argument("-q", "--quiet", action="store_true",
                     help="print nothing on success: no summary, no progress lines")
     parser.run_parser = _add_run_parser(sub)
+    from stallscope.compare import add_compare_parser
+
+    add_compare_parser(sub)
+    from stallscope.tune import add_tune_parser
+
+    parser.tune_parser = add_tune_parser(sub)
     return parser
 
 
@@ -91,6 +98,12 @@ def _add_run_parser(sub: Any) -> _Parser:
         help="what ends a training step: optimizer.step(), or each DataLoader batch; auto uses "
         "the optimizer, and batches when no optimizer steps (default auto)",
     )
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="pass KEY=VALUE to every DataLoader the script builds, instead of the script's own "
+        f"value, without editing it; repeatable; KEY is one of {', '.join(OVERRIDE_KEYS)}, "
+        "VALUE a whole number or true/false",
+    )
     run.add_argument("--run-to-end", action="store_true",
                      help="let the script finish after recording instead of stopping it")
     run.add_argument("--fail-on", choices=("high", "medium", "low"),
@@ -98,6 +111,61 @@ def _add_run_parser(sub: Any) -> _Parser:
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print nothing on success: no summary, no progress lines")
     return run
+
+
+# `run --set`: the DataLoader arguments that can be overridden, each with its value parser.
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def _bool_value(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise ValueError("true or false (also 1/0, yes/no)")
+
+
+def _int_value(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise ValueError(f"a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+OVERRIDE_KEYS: dict[str, Callable[[str], Any]] = {
+    "batch_size": _int_value(1),
+    "drop_last": _bool_value,
+    "num_workers": _int_value(0),
+    "persistent_workers": _bool_value,
+    "pin_memory": _bool_value,
+    "prefetch_factor": _int_value(1),
+}
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` options as typed values, checked before anything runs: a typo found
+    after a minute of training would waste that minute. The last of a repeated key wins."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key or not text:
+            raise StallscopeError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_workers=4")
+        parse = OVERRIDE_KEYS.get(key)
+        if parse is None:
+            raise StallscopeError(f"--set {item!r}: unknown DataLoader option {key!r}; one of "
+                                  f"{', '.join(OVERRIDE_KEYS)}")
+        try:
+            out[key] = parse(text)
+        except ValueError as exc:
+            raise StallscopeError(f"--set {item!r}: {key} takes {exc}") from None
+    return out
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -140,10 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     script_args: list[str] = []
-    if argv[:1] == ["run"]:
-        assert parser.run_parser is not None
-        own, script_args = split_run_argv(argv[1:], parser.run_parser)
-        args = parser.parse_args(["run", *own])
+    if argv[:1] in (["run"], ["tune"]):
+        sub_parser = parser.run_parser if argv[0] == "run" else parser.tune_parser
+        assert sub_parser is not None
+        own, script_args = split_run_argv(argv[1:], sub_parser)
+        args = parser.parse_args([argv[0], *own])
     else:
         args = parser.parse_args(argv)
     if args.command is None:
@@ -152,6 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args, script_args, ["stallscope", *argv])
+        if args.command == "tune":
+            from stallscope.tune import run_tune
+
+            return run_tune(args, script_args, ["stallscope", *argv])
+        if args.command == "compare":
+            from stallscope.compare import run_compare
+
+            return run_compare(args)
         return _analyze(args, ["stallscope", *argv])
     except StallscopeError as exc:
         return _fail(str(exc), exc.exit_code)
@@ -191,6 +268,7 @@ def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     from stallscope.outputs import default_run_out_dir, prepare_out_dir
     from stallscope.run import Launch, RunPlan, clear_previous
 
+    overrides = parse_overrides(args.overrides)
     target = Target(args.target, tuple(script_args), args.module)
     check_target(target)
     # Absolute now: the script may change the working folder.
@@ -217,11 +295,13 @@ def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -
         world_size=launch.world_size if launch.distributed else None,
     )
     options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps), args.step_on,
-                             args.run_to_end)
+                             args.run_to_end, overrides)
     progress.say(
         f"running {target.name} under the profiler: {args.skip} step(s) skipped, "
         f"{args.warmup} warm-up, {args.steps} recorded"
     )
+    if overrides:
+        progress.say("DataLoader overrides: " + _overrides_text(overrides))
     ctx = capture(target, options, trace_dir(plan), launch.worker, ctx)
     progress.say(_ended_text(ctx))
     if launch.distributed:
@@ -246,6 +326,11 @@ def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -
               f"before that ({out / 'report.html'})", status)
         return status
     return _gate(report, args.fail_on)
+
+
+def _overrides_text(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                     for k, v in overrides.items())
 
 
 def _ended_text(ctx: Any) -> str:

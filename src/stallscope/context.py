@@ -27,6 +27,11 @@ class LoaderInfo:
     dataset_len: int | None = None
     batches: int = 0  # batches drawn over the whole run
     batches_recorded: int = 0  # batches drawn while the profiler recorded
+    drop_last: bool = False
+    # `run --set`: what was passed to torch instead of the script's values (the fields above
+    # are the effective configuration), and the script's own values of those keys.
+    overrides: dict[str, Any] = field(default_factory=dict)
+    built_with: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -47,6 +52,8 @@ class RunContext:
     dataloaders: list[LoaderInfo] = field(default_factory=list)
     environment: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # `run --set KEY=VALUE`: DataLoader constructor overrides requested for every loader.
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def partial(self) -> bool:

@@ -4,13 +4,20 @@ The trace shows that the step waits in `DataLoader.__next__` but not which loade
 built, or with what settings; that is what makes a recommendation pasteable. The watcher wraps
 `DataLoader.__init__`, `DataLoader.__iter__` and the iterators' `__next__` for the length of the
 run and restores them after.
+
+With `stallscope run --set KEY=VALUE`, the `__init__` wrapper also rewrites the constructor's
+arguments (positional ones included) before torch sees them, so a recommended change can be
+measured without editing the script. Combinations torch would reject are not passed on: the
+override is dropped with a note, because crashing the user's script would measure nothing.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +38,14 @@ class LoaderWatcher:
     there nests cleanly in the trace.
     """
 
-    def __init__(self, on_batch: Callable[[LoaderInfo, Any], None]) -> None:
+    def __init__(
+        self,
+        on_batch: Callable[[LoaderInfo, Any], None],
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
         self.loaders: list[LoaderInfo] = []
+        self.overrides: dict[str, Any] = dict(overrides or {})
+        self.notes: list[str] = []  # overrides dropped or reset, one line each, no repeats
         self.recording = False
         self._on_batch = on_batch
         self._pid = os.getpid()
@@ -45,9 +58,19 @@ class LoaderWatcher:
         orig_next = _BaseDataLoaderIter.__next__
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
-            orig_init(loader, *args, **kwargs)
-            if os.getpid() == watcher._pid and _ATTR not in loader.__dict__:
-                watcher._register(loader)
+            if os.getpid() != watcher._pid or _ATTR in loader.__dict__:
+                orig_init(loader, *args, **kwargs)
+                return
+            site = _call_site(loader)
+            plan = None
+            if watcher.overrides:
+                plan = plan_overrides(orig_init, loader, args, kwargs, watcher.overrides)
+            if plan is None:
+                orig_init(loader, *args, **kwargs)
+            else:
+                orig_init(*plan.args, **plan.kwargs)
+                watcher._note(site, plan.notes)
+            watcher._register(loader, site, plan)
 
         def __iter__(loader: Any) -> Any:  # noqa: N807
             it = orig_iter(loader)
@@ -78,7 +101,13 @@ class LoaderWatcher:
             setattr(cls, name, fn)
         self._saved.clear()
 
-    def _register(self, loader: Any) -> None:
+    def _note(self, site: str, notes: list[str]) -> None:
+        for text in notes:
+            line = f"{site}: {text}"
+            if line not in self.notes:  # a loader rebuilt every epoch says it once
+                self.notes.append(line)
+
+    def _register(self, loader: Any, site: str, plan: OverridePlan | None) -> None:
         dataset = loader.dataset
         try:
             length: int | None = len(dataset)
@@ -86,7 +115,7 @@ class LoaderWatcher:
             length = None
         name = type(dataset).__name__
         info = LoaderInfo(
-            call_site=_call_site(loader),
+            call_site=site,
             num_workers=int(loader.num_workers),
             pin_memory=bool(loader.pin_memory),
             batch_size=loader.batch_size,
@@ -94,10 +123,108 @@ class LoaderWatcher:
             persistent_workers=bool(loader.persistent_workers),
             dataset=name if length is None else f"{name} ({length} items)",
             dataset_len=length,
+            drop_last=bool(getattr(loader, "drop_last", False)),
+            overrides=dict(plan.applied) if plan else {},
+            built_with=dict(plan.built_with) if plan else {},
         )
         # DataLoader refuses a few attributes after construction, not a private one.
         object.__setattr__(loader, _ATTR, info)
         self.loaders.append(info)
+
+
+@dataclass
+class OverridePlan:
+    """The constructor call to make instead of the script's, and what changed in it."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    applied: dict[str, Any] = field(default_factory=dict)  # key -> value passed to torch
+    built_with: dict[str, Any] = field(default_factory=dict)  # key -> the script's value
+    notes: list[str] = field(default_factory=list)
+
+
+# Settings that only mean something with worker processes: torch raises when they are set
+# with num_workers=0, so an override to 0 workers resets the script's own values of them.
+_MULTIPROCESS_ONLY = ("persistent_workers", "prefetch_factor", "multiprocessing_context")
+
+
+def plan_overrides(
+    orig_init: Callable[..., None],
+    loader: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    requested: Mapping[str, Any],
+) -> OverridePlan | None:
+    """Rewrite one `DataLoader(...)` call with `requested` applied, keeping it one torch accepts.
+
+    Binding to the signature makes `DataLoader(ds, 32)` as overridable as `batch_size=32`.
+    None when the call does not bind: then torch should raise its own error, as without us.
+    """
+    sig = inspect.signature(orig_init)
+    try:
+        bound = sig.bind(loader, *args, **kwargs)
+    except TypeError:
+        return None
+    params = sig.parameters
+    defaults = {n: p.default for n, p in params.items() if p.default is not p.empty}
+
+    def current(name: str) -> Any:
+        return bound.arguments.get(name, defaults.get(name))
+
+    wanted = {k: v for k, v in requested.items() if k in params}
+    notes = [f"--set {k} not applied: this torch's DataLoader has no such argument"
+             for k in requested if k not in params]
+    if current("batch_sampler") is not None:
+        for key in ("batch_size", "drop_last"):
+            if wanted.pop(key, None) is not None:
+                notes.append(f"--set {key} not applied: the script passes a batch_sampler, "
+                             "which decides the batches")
+    elif current("batch_size") is None:
+        for key in ("batch_size", "drop_last"):
+            if wanted.pop(key, None) is not None:
+                notes.append(f"--set {key} not applied: the script passes batch_size=None "
+                             "(its dataset yields whole batches)")
+    workers = wanted.get("num_workers", current("num_workers"))
+    if workers == 0:
+        if wanted.get("persistent_workers"):
+            del wanted["persistent_workers"]
+            notes.append("--set persistent_workers=true not applied: it needs num_workers > 0 "
+                         "and this DataLoader has num_workers=0")
+        if "prefetch_factor" in wanted:
+            del wanted["prefetch_factor"]
+            notes.append("--set prefetch_factor not applied: it needs num_workers > 0 and this "
+                         "DataLoader has num_workers=0")
+        if "num_workers" in wanted:
+            for key in _MULTIPROCESS_ONLY:
+                if key in params and key not in wanted and current(key) != defaults.get(key):
+                    wanted[key] = defaults.get(key)
+                    notes.append(f"the script's {key} was reset to {defaults.get(key)!r}: "
+                                 "torch refuses it with --set num_workers=0")
+    plan = OverridePlan((), {}, notes=notes)
+    for key, value in wanted.items():
+        if key != "multiprocessing_context":  # an object, not a fact for report.json
+            plan.built_with[key] = current(key)
+            plan.applied[key] = value
+        bound.arguments[key] = value
+    if wanted.get("pin_memory") and not _accelerator_available():
+        notes.append("--set pin_memory=true has no effect here: torch pins memory only for "
+                     "a GPU or other accelerator, and none is available")
+    if wanted.get("num_workers") and _is_iterable_dataset(current("dataset")):
+        notes.append("num_workers > 0 with an IterableDataset: each worker iterates the whole "
+                     "dataset unless it shards itself with get_worker_info()")
+    plan.args, plan.kwargs = bound.args, dict(bound.kwargs)
+    return plan
+
+
+def _accelerator_available() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return bool(accelerator.is_available())
+    return bool(torch.cuda.is_available())
+
+
+def _is_iterable_dataset(dataset: Any) -> bool:
+    return isinstance(dataset, torch.utils.data.IterableDataset)
 
 
 def _exhausted(it: Any) -> bool:

@@ -13,7 +13,7 @@ import signal
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,6 +34,8 @@ class CaptureOptions:
     sched: Schedule
     step_on: str = "auto"
     run_to_end: bool = False
+    # `--set KEY=VALUE`, validated: applied to every DataLoader the script builds.
+    overrides: dict[str, Any] = field(default_factory=dict)
 
 
 def capture(
@@ -44,7 +46,9 @@ def capture(
     context: RunContext,
 ) -> RunContext:
     """Run `target` under the profiler; fill in and return `context`."""
-    session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end)
+    session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
+                             options.overrides)
+    context.overrides = dict(options.overrides)
     context.steps_requested = options.sched.steps
     restore_sigterm = _sigterm_to_exception()
     session.start()
@@ -76,6 +80,10 @@ def capture(
     context.traces = [str(p) for p in session.traces]
     context.dataloaders = session.watcher.loaders
     context.environment = {**environment(), "activities": session.activities}
+    context.notes.extend(session.watcher.notes)
+    if options.overrides and not session.watcher.loaders:
+        context.notes.append("--set was given but the script built no torch DataLoader: "
+                             "nothing was overridden.")
     if session.driver.direct:
         context.notes.append(
             "No DataLoader between optimizer steps: step boundaries were placed inside "

@@ -15,6 +15,7 @@ import json
 import os
 import threading
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class CaptureSession:
         trace_dir: Path,
         worker: str,
         run_to_end: bool,
+        overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self.sched = sched
         self.trace_dir = trace_dir
@@ -72,7 +74,7 @@ class CaptureSession:
         self.done = False
         self.stop_requested = False
         self.driver = StepDriver(step_on, self._boundary)
-        self.watcher = LoaderWatcher(lambda info, _it: self.driver.on_batch(info))
+        self.watcher = LoaderWatcher(lambda info, _it: self.driver.on_batch(info), overrides)
         self._pid = os.getpid()
         self._started = False
         self._meta_added = False

@@ -159,6 +159,8 @@ def attach_run(
         "steps_requested": first.steps_requested,
         "steps_recorded": min(c.steps_recorded for c in contexts),
         "world_size": first.world_size,
+        # `run --set`: DataLoader arguments forced for this run; {} when the script's own.
+        "overrides": dict(first.overrides),
         "trace_dir": str(trace_dir),
         "tensorboard_command": f"tensorboard --logdir {shlex.quote(str(logdir))}",
         "ranks": [

@@ -1,0 +1,559 @@
+"""`stallscope tune SCRIPT [ARGS]`: measure DataLoader settings instead of predicting them.
+
+Every configuration runs in a fresh process (`stallscope run --set ...`), so worker pools, page
+cache warm-up and allocator state of one candidate cannot flatter the next; each runs
+`--repeats` times, because a few steps on a shared machine vary by tens of percent and a
+speedup is only worth pasting when it exceeds that spread. The baseline runs first; what it
+measured (cores, GPUs, the dataloader-bound finding, the training DataLoader) decides what is
+tried (`tune_plan`), and its wall time per run decides how many candidates fit the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stallscope import progress
+from stallscope.errors import EXIT_OK, EXIT_USAGE, InputError, OutputError, StallscopeError
+from stallscope.report.text import md, md_code, plain
+from stallscope.tune_plan import (
+    Baseline,
+    Overrides,
+    baseline_from_report,
+    before_text,
+    change_text,
+    label,
+    prefetch_candidates,
+    set_arguments,
+    worker_candidates,
+)
+
+TUNE_FILES = ("tune.json", "tune.md", "tune.html")
+RUN_STEPS = 5
+DEFAULT_BUDGET_S = 300.0
+DEFAULT_REPEATS = 3
+# A candidate run that takes this many times the baseline's wall time (plus a margin for
+# worker start-up) is taken as hung, e.g. workers deadlocked, and stopped.
+HANG_FACTOR = 5
+HANG_MARGIN_S = 60.0
+TIE_PCT = 5.0
+
+
+class TuneError(StallscopeError):
+    """The sweep could not measure anything; carries the exit status to end with."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass
+class RunResult:
+    """One `stallscope run` of one configuration."""
+
+    exit_status: int
+    wall_s: float
+    median_step_us: float | None = None
+    steps_us: list[float] = field(default_factory=list)
+    error: str | None = None
+    report: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0 and self.median_step_us is not None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "exit_status": self.exit_status,
+            "wall_s": round(self.wall_s, 2),
+            "median_step_us": self.median_step_us,
+            "steps_us": self.steps_us,
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+@dataclass
+class Candidate:
+    """A configuration and what its runs measured (or why it was not run)."""
+
+    overrides: Overrides
+    stage: str  # baseline, num_workers or prefetch_factor
+    runs: list[RunResult] = field(default_factory=list)
+    skipped: str | None = None
+
+    @property
+    def medians(self) -> list[float]:
+        return [r.median_step_us for r in self.runs if r.ok and r.median_step_us is not None]
+
+    @property
+    def median_step_us(self) -> float | None:
+        """Median over the recorded steps of every successful run, pooled: with two repeats
+        a median of two run medians is their mean, and one run slowed by another process on
+        the machine would drag it (measured here: 66 ms and 9516 ms runs of the same script)."""
+        steps = [s for r in self.runs if r.ok for s in r.steps_us]
+        if steps:
+            return statistics.median(steps)
+        return statistics.median(self.medians) if self.medians else None
+
+    @property
+    def spread_us(self) -> list[float] | None:
+        """Lowest and highest per-run median: the range the next run is likely to land in."""
+        return [min(self.medians), max(self.medians)] if self.medians else None
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return "skipped"
+        return "measured" if self.medians else "failed"
+
+    def as_json(self, baseline: Candidate | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "overrides": self.overrides,
+            "label": label(self.overrides),
+            "stage": self.stage,
+            "status": self.status,
+            "median_step_us": _round(self.median_step_us),
+            "spread_us": [_round(v) for v in self.spread_us] if self.spread_us else None,
+            "runs": [r.as_json() for r in self.runs],
+        }
+        if baseline is not None:
+            out["speedup"] = _speedup(baseline, self)
+        if self.skipped:
+            out["skipped"] = self.skipped
+        return out
+
+
+Launcher = Callable[[Overrides, float | None], RunResult]
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def add_tune_parser(sub: Any) -> Any:
+    """The `tune` subcommand; returned so the caller can split SCRIPT's arguments off with
+    `cli.split_run_argv` exactly as for `run`."""
+    tune = sub.add_parser(
+        "tune",
+        help="measure DataLoader settings on a training script and report the fastest",
+        usage="stallscope tune [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
+        description="Run the script as it is (the baseline), then with DataLoader settings "
+        "chosen from what the baseline measured (num_workers up to the cores this process may "
+        "use, persistent_workers, pin_memory when a GPU is used, prefetch_factor), each in a "
+        f"fresh `stallscope run --set ...` process for {RUN_STEPS} recorded steps and repeated; "
+        "writes tune.json, tune.md and tune.html with the fastest configuration, its measured "
+        "speedup with the spread, and the constructor change at the DataLoader's call site.",
+    )
+    tune.add_argument("-m", dest="module", action="store_true",
+                      help="run a library module as a script, like python -m")
+    tune.add_argument("target", metavar="SCRIPT", help="the script (or module, with -m)")
+    tune.add_argument("-o", "--out", type=Path,
+                      help="output folder (default: ./stallscope-tune-<script name>)")
+    tune.add_argument("--force", action="store_true", help="overwrite an earlier tune result")
+    tune.add_argument("--budget", type=_positive_float, default=DEFAULT_BUDGET_S,
+                      metavar="SECONDS",
+                      help="stop launching candidates once the next one would end after this "
+                      "many seconds, estimated from the baseline's time per run; the baseline "
+                      f"always runs (default {DEFAULT_BUDGET_S:.0f})")
+    tune.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
+                      help="runs per configuration; the median over all their recorded steps "
+                      "is compared, the range of their per-run medians is the spread "
+                      f"(default {DEFAULT_REPEATS})")
+    tune.add_argument("-q", "--quiet", action="store_true",
+                      help="print nothing on success: no summary, no progress lines")
+    return tune
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def run_tune(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
+    """Measure the baseline and the candidates, write OUT/tune.{json,md,html}, print a summary."""
+    from stallscope.capture.target import Target, check_target
+
+    target = Target(args.target, tuple(script_args), args.module)
+    check_target(target)
+    out = (args.out or Path.cwd() / f"stallscope-tune-{target.stem}").resolve()
+    prepare_tune_dir(out, args.force)
+    progress.configure(args.quiet, True)
+    target_argv = (["-m"] if target.is_module else []) + [target.name, *target.args]
+
+    def launch(overrides: Overrides, timeout: float | None) -> RunResult:
+        return run_once(overrides, target_argv, timeout)
+
+    result = sweep(launch, args.repeats, args.budget)
+    result["script"] = target.name
+    result["command"] = shlex.join(command)
+    write_outputs(result, out)
+    if not args.quiet:
+        sys.stdout.write(render_terminal(result, out))
+    failed = [c for c in result["candidates"] if c["status"] == "failed"]
+    if result["candidates"] and len(failed) == len(result["candidates"]):
+        first = failed[0]["runs"][0]
+        raise TuneError(
+            f"every candidate run failed ({first.get('error') or 'no report'}); the baseline "
+            f"and the errors are in {out / 'tune.json'}",
+            first["exit_status"] or EXIT_USAGE,
+        )
+    return EXIT_OK
+
+
+def prepare_tune_dir(out: Path, force: bool) -> None:
+    """Refuse, before an expensive sweep, to overwrite an earlier result without --force."""
+    existing = [f for f in TUNE_FILES if (out / f).exists()]
+    if existing and not force:
+        raise OutputError(
+            f"{out} already holds {', '.join(existing)}; use --force to overwrite or -o for "
+            "another folder"
+        )
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create {out}: {exc.strerror or exc}") from None
+
+
+def run_command(overrides: Overrides, target_argv: list[str], out: Path) -> list[str]:
+    """The `stallscope run` command line that measures one configuration."""
+    return [
+        sys.executable, "-m", "stallscope", "run", "-q", "--force", "-o", str(out),
+        "--steps", str(RUN_STEPS), *set_arguments(overrides), *target_argv,
+    ]
+
+
+def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None) -> RunResult:
+    """Run one configuration in a fresh process and read its report.json."""
+    with tempfile.TemporaryDirectory(prefix="stallscope-tune-") as tmp:
+        out = Path(tmp) / "run"
+        env = {**os.environ, progress.ENV: "0"}
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(
+                run_command(overrides, target_argv, out), capture_output=True, text=True,
+                env=env, timeout=timeout, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return RunResult(124, time.monotonic() - t0,
+                             error=f"stopped after {timeout:.0f} s: taken as hung")
+        wall = time.monotonic() - t0
+        error = _last_error(proc.stderr) if proc.returncode else None
+        report_path = out / "report.json"
+        if not report_path.is_file():
+            return RunResult(proc.returncode or 1, wall,
+                             error=error or "the run wrote no report.json")
+        try:
+            report = json.loads(report_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return RunResult(proc.returncode or 1, wall, error=f"unreadable report.json: {exc}")
+    steps = [float(s["duration_us"]) for s in report.get("steps") or []]
+    median = ((report.get("summary") or {}).get("step_time_us") or {}).get("median")
+    return RunResult(proc.returncode, wall, float(median) if median is not None else None,
+                     steps, error, report)
+
+
+def _last_error(stderr: str) -> str:
+    """The child's `stallscope:` line, else its last line: the one that says what went wrong."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    mine = [ln for ln in lines if ln.startswith("stallscope:")]
+    text = (mine or lines or ["exited without a message"])[-1]
+    return text.removeprefix("stallscope:").strip()
+
+
+# ---------------------------------------------------------------------------- the sweep
+
+
+def sweep(launch: Launcher, repeats: int, budget_s: float,
+          clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Baseline, then worker counts, then prefetch_factor on the best: the tune.json document.
+
+    A candidate is launched only when `repeats` more runs, at the median wall time per run so
+    far, still end within `budget_s` of the start; otherwise it is listed as skipped.
+    """
+    start = clock()
+    baseline = Candidate({}, "baseline")
+    for i in range(repeats):
+        progress.say(f"baseline run {i + 1}/{repeats}")
+        run = launch({}, None)
+        baseline.runs.append(run)
+        _say_run(baseline, run)
+        if not run.ok:
+            break  # a script that fails once fails again: say so now
+    if not baseline.medians:
+        first = baseline.runs[0]
+        raise TuneError(f"the baseline run failed: {first.error or 'no step was measured'}",
+                        first.exit_status or EXIT_USAGE)
+    report = next(r.report for r in baseline.runs if r.ok and r.report is not None)
+    try:
+        base = baseline_from_report(report)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    walls = [r.wall_s for r in baseline.runs]
+    candidates: list[Candidate] = []
+
+    def measure(overrides: Overrides, stage: str) -> None:
+        cand = Candidate(overrides, stage)
+        candidates.append(cand)
+        per_run = statistics.median(walls)
+        if clock() - start + repeats * per_run > budget_s:
+            cand.skipped = (f"budget: {repeats} run(s) of about {per_run:.0f} s would end after "
+                            f"the {budget_s:.0f} s budget")
+            progress.say(f"skipping {label(overrides)}: over the budget")
+            return
+        for i in range(repeats):
+            progress.say(f"{label(overrides)}: run {i + 1}/{repeats}")
+            run = launch(overrides, HANG_FACTOR * per_run + HANG_MARGIN_S)
+            cand.runs.append(run)
+            walls.append(run.wall_s)
+            _say_run(cand, run)
+            if not run.ok:
+                break
+
+    for overrides in worker_candidates(base):
+        measure(overrides, "num_workers")
+    best_workers = _best(baseline, candidates)
+    for overrides in prefetch_candidates(base, best_workers.overrides):
+        measure(overrides, "prefetch_factor")
+    best = _best(baseline, candidates)
+    return _document(base, baseline, best, candidates, repeats, budget_s, clock() - start)
+
+
+def _say_run(cand: Candidate, run: RunResult) -> None:
+    if run.ok and run.median_step_us is not None:
+        progress.say(f"  median step {run.median_step_us / 1000:.1f} ms ({run.wall_s:.0f} s)")
+    else:
+        progress.say(f"  failed with status {run.exit_status}: {run.error}")
+
+
+def _best(baseline: Candidate, candidates: list[Candidate]) -> Candidate:
+    """The measured candidate with the lowest median step, if it beats the baseline's."""
+    measured = [c for c in candidates if c.median_step_us is not None]
+    fastest = min(measured, key=lambda c: c.median_step_us or 0.0, default=None)
+    assert baseline.median_step_us is not None
+    if fastest is None or (fastest.median_step_us or 0.0) >= baseline.median_step_us:
+        return baseline
+    # Within TIE_PCT of the fastest is run-to-run noise on a loaded machine (measured: 327,
+    # 334 and 340 ms medians swapping places between sweeps); the tie goes to the smaller
+    # change, then to fewer worker processes, which cost memory.
+    limit = (fastest.median_step_us or 0.0) * (1 + TIE_PCT / 100)
+    tied = [c for c in measured if (c.median_step_us or 0.0) <= limit]
+    return min(tied, key=lambda c: (len(c.overrides), c.overrides.get("num_workers", 0),
+                                    c.median_step_us or 0.0))
+
+
+def _speedup(baseline: Candidate, cand: Candidate) -> float | None:
+    if cand.median_step_us is None or baseline.median_step_us is None:
+        return None
+    return round(baseline.median_step_us / cand.median_step_us, 3)
+
+
+def _speedup_range(baseline: Candidate, best: Candidate) -> list[float] | None:
+    """Worst and best case of the speedup over the two spreads: slowest best-run against the
+    fastest baseline run, and the reverse."""
+    if not baseline.spread_us or not best.spread_us:
+        return None
+    (b_lo, b_hi), (c_lo, c_hi) = baseline.spread_us, best.spread_us
+    return [round(b_lo / c_hi, 3), round(b_hi / c_lo, 3)]
+
+
+def _document(base: Baseline, baseline: Candidate, best: Candidate, candidates: list[Candidate],
+              repeats: int, budget_s: float, elapsed_s: float) -> dict[str, Any]:
+    notes = list(base.notes)
+    skipped = [label(c.overrides) for c in candidates if c.skipped]
+    if skipped:
+        notes.append(f"skipped to stay within the {budget_s:.0f} s budget: "
+                     f"{'; '.join(skipped)} (raise --budget to measure them)")
+    if best is baseline:
+        notes.append("no candidate ran faster than the script's own settings")
+    rng = _speedup_range(baseline, best)
+    if best is not baseline and rng and rng[0] <= 1.0:
+        notes.append("the spreads of the baseline and the best candidate overlap: the speedup "
+                     "is within this machine's run-to-run noise; raise --repeats to be sure")
+    change = change_text(base.loader, best.overrides) if best is not baseline else None
+    return {
+        "tune_version": 1,
+        "repeats": repeats,
+        "steps_per_run": RUN_STEPS,
+        "budget_s": budget_s,
+        "elapsed_s": round(elapsed_s, 1),
+        "cores_per_process": base.cores,
+        "gpu_used": base.gpu_used,
+        "loader_bound": base.loader_bound,
+        "suggested_num_workers": base.suggested_num_workers,
+        "dataloader": base.loader,
+        "baseline": baseline.as_json(),
+        "best": {**best.as_json(baseline), "speedup_range": rng},
+        "speedup": _speedup(baseline, best),
+        "speedup_range": rng,
+        "candidates": [c.as_json(baseline) for c in candidates],
+        "skipped": skipped,
+        "call_site": base.call_site,
+        "before": before_text(base.loader, best.overrides) if change else None,
+        "change": change,
+        "set_arguments": shlex.join(set_arguments(best.overrides)) if change else None,
+        "notes": notes,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return round(value, 1) if value is not None else None
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def write_outputs(result: dict[str, Any], out: Path) -> None:
+    from stallscope.outputs import write_atomic
+
+    write_atomic(out / "tune.json", json.dumps(result, indent=2, default=str) + "\n")
+    write_atomic(out / "tune.md", render_markdown(result))
+    write_atomic(out / "tune.html", render_html(result))
+
+
+def _ms(us: float | None) -> str:
+    return "" if us is None else f"{us / 1000:.1f} ms"
+
+
+def _spread(c: dict[str, Any]) -> str:
+    s = c.get("spread_us")
+    return f"{s[0] / 1000:.1f}-{s[1] / 1000:.1f} ms" if s else ""
+
+
+def _x(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}x"
+
+
+def headline(result: dict[str, Any]) -> str:
+    """One sentence: what to change and what it measured, or that nothing beat the script."""
+    best = result["best"]
+    if not result["change"]:
+        return (f"No candidate beat the script's own DataLoader settings (median step "
+                f"{_ms(result['baseline']['median_step_us'])}).")
+    rng = result["speedup_range"]
+    spread = f", {rng[0]:.2f}x-{rng[1]:.2f}x across runs" if rng else ""
+    return (f"{best['label']}: {_x(result['speedup'])} faster steps (median "
+            f"{_ms(best['median_step_us'])} vs {_ms(result['baseline']['median_step_us'])}"
+            f"{spread}).")
+
+
+def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [{**result["baseline"], "speedup": 1.0}]
+    return rows + list(result["candidates"])
+
+
+def render_terminal(result: dict[str, Any], out: Path) -> str:
+    lines = [f"stallscope tune: {plain(headline(result))}"]
+    if result["change"]:
+        lines.append(f"  change at {plain(result['call_site'])}: {plain(result['change'])}")
+    for c in _rows(result):
+        if c["status"] == "measured":
+            figures = f"{_ms(c['median_step_us']):>10}  [{_spread(c)}]  {_x(c.get('speedup'))}"
+        else:
+            figures = c["status"]
+        lines.append(f"  {plain(c['label']):<62} {figures}")
+    lines += [f"  note: {plain(n)}" for n in result["notes"]]
+    lines.append(f"  wrote: {', '.join(str(out / f) for f in TUNE_FILES)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    lines = [f"# stallscope tune: {md(result['script'])}", "", md(headline(result)), ""]
+    if result["change"]:
+        lines += [f"Change at `{md_code(result['call_site']).replace('`', '')}`:", "", "```diff",
+                  f"# {md_code(result['call_site'])}", f"-{md_code(result['before'])}",
+                  f"+{md_code(result['change'])}", "```", ""]
+    lines += [
+        f"Each configuration ran {result['repeats']} time(s) in a fresh process, "
+        f"{result['steps_per_run']} recorded steps each; median over the steps of all runs, spread "
+        "= lowest-highest per-run median.", "",
+        "| configuration | status | median step | spread | speedup |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for c in _rows(result):
+        lines.append(f"| {md(c['label'])} | {c['status']} | {_ms(c['median_step_us'])} | "
+                     f"{_spread(c)} | {_x(c.get('speedup'))} |")
+    lines.append("")
+    lines += [f"- {md(n)}" for n in result["notes"]]
+    lines += ["", f"Reproduce: `{md_code(result['command']).replace('`', '')}`", ""]
+    return "\n".join(lines)
+
+
+def render_html(result: dict[str, Any]) -> str:
+    """tune.html: self-contained (inline CSS, no scripts, no network), autoescaped."""
+    import jinja2
+
+    from stallscope.report.html import templates_dir
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["ms"] = _ms
+    env.filters["x"] = _x
+    rows = [dict(c) for c in _rows(result)]
+    slowest = max((c["median_step_us"] or 0.0 for c in rows), default=0.0) or 1.0
+    for c in rows:
+        c["bar_pct"] = round(100.0 * (c["median_step_us"] or 0.0) / slowest, 1)
+        c["spread_text"] = _spread(c)
+        c["is_best"] = c["label"] == result["best"]["label"]
+    return env.get_template("tune.html.j2").render(
+        result=result, rows=rows, headline=headline(result),
+        run_command=shlex.join(["stallscope", "run", *set_arguments(result["best"]["overrides"]),
+                                result["script"]]),
+    )
+
+
+# ---------------------------------------------------------------------------- standalone
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m stallscope.tune ...`, the same as `stallscope tune ...` once the CLI routes
+    to it; errors end in the one `stallscope:` line like every other command."""
+    from stallscope.cli import _fail, _Parser, split_run_argv
+
+    parser = _Parser(prog="stallscope")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    tune = add_tune_parser(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    own, script_args = split_run_argv(argv, tune)
+    args = parser.parse_args(["tune", *own])
+    try:
+        return run_tune(args, script_args, ["stallscope", "tune", *argv])
+    except StallscopeError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

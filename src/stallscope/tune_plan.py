@@ -1,0 +1,164 @@
+"""What `stallscope tune` tries: DataLoader settings derived from the baseline run's report.
+
+The sweep is driven by what the baseline measured, not by a fixed grid: worker counts up to the
+cores this process may use (more workers than cores only adds contention on a CPU-bound loader),
+the `dataloader-bound` finding's own suggestion, `persistent_workers` whenever there are workers
+(re-spawning them every epoch is pure cost), `pin_memory` only when a GPU was used (pinned
+memory only speeds host-to-device copies), then `prefetch_factor` 2 vs 4 on the best worker
+count. The candidate the finding suggests runs first, so a tight budget still measures it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Beyond a handful of cores, every count would cost a run each; powers of two cover the curve.
+DENSE_UP_TO = 4
+DEFAULT_PREFETCH = 2  # torch's default when num_workers > 0
+PREFETCH_CHOICES = (2, 4)
+# The order `change_text` writes keys in: the order of DataLoader's own signature.
+KEY_ORDER = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+
+Overrides = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What the sweep needs from the baseline's report.json."""
+
+    cores: int
+    gpu_used: bool
+    suggested_num_workers: int | None
+    loader: dict[str, Any]  # the DataLoader that drew the most batches: the training loader
+    loader_bound: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def call_site(self) -> str:
+        return str(self.loader.get("call_site") or "")
+
+
+def baseline_from_report(report: dict[str, Any]) -> Baseline:
+    """Read cores, GPUs, the finding's suggestion and the training DataLoader from a report.
+
+    Raises ValueError when the script built no DataLoader: there is nothing to tune then.
+    """
+    loaders = [d for d in report.get("dataloaders") or [] if isinstance(d, dict)]
+    if not loaders:
+        raise ValueError("the script built no DataLoader, so there is nothing to tune")
+    loader = max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
+    captured = (report.get("environment") or {}).get("captured") or {}
+    cpu = captured.get("cpu") or {}
+    cores = int(cpu.get("cores_per_process") or cpu.get("affinity") or cpu.get("count") or 1)
+    finding = next(
+        (f for f in report.get("findings") or [] if f.get("id") == "dataloader-bound"), None
+    )
+    suggested = None
+    notes = []
+    if finding is not None:
+        value = (finding.get("evidence") or {}).get("suggested_num_workers")
+        suggested = int(value) if isinstance(value, int | float) else None
+    else:
+        notes.append(
+            "the baseline shows no dataloader-bound finding: loading is not what the step waits "
+            "on, so the sweep is unlikely to find a large speedup"
+        )
+    return Baseline(
+        cores=max(cores, 1),
+        gpu_used=bool(captured.get("gpus")),
+        suggested_num_workers=suggested,
+        loader=loader,
+        loader_bound=finding is not None,
+        notes=notes,
+    )
+
+
+def worker_counts(base: Baseline) -> list[int]:
+    """Worker counts to measure, the finding's suggestion first, then from most to fewest.
+
+    Up to `DENSE_UP_TO` cores every count is tried; above it, powers of two and the core count.
+    """
+    cores = base.cores
+    if cores <= DENSE_UP_TO:
+        counts = set(range(1, cores + 1))
+    else:
+        counts = {2**k for k in range(cores.bit_length()) if 2**k <= cores} | {cores}
+    first = []
+    if base.suggested_num_workers and base.suggested_num_workers > 0:
+        first = [min(base.suggested_num_workers, max(cores, 1))]
+    rest = sorted(counts - set(first), reverse=True)
+    return first + rest
+
+
+def worker_candidates(base: Baseline) -> list[Overrides]:
+    """One override set per worker count; the baseline's own configuration is left out."""
+    out = []
+    for n in worker_counts(base):
+        cand: Overrides = {"num_workers": n, "persistent_workers": True}
+        if base.gpu_used:
+            cand["pin_memory"] = True
+        if not is_baseline_config(base.loader, cand):
+            out.append(cand)
+    return out
+
+
+def prefetch_candidates(base: Baseline, best: Overrides) -> list[Overrides]:
+    """`prefetch_factor` values not yet measured on the best worker configuration."""
+    if not best or int(best.get("num_workers", base.loader.get("num_workers") or 0)) <= 0:
+        return []
+    current = best.get("prefetch_factor", base.loader.get("prefetch_factor") or DEFAULT_PREFETCH)
+    return [{**best, "prefetch_factor": p} for p in PREFETCH_CHOICES if p != current]
+
+
+def is_baseline_config(loader: dict[str, Any], overrides: Overrides) -> bool:
+    """True when applying `overrides` would not change the captured DataLoader."""
+    return all(_effective(loader, k) == v for k, v in overrides.items())
+
+
+def _effective(loader: dict[str, Any], key: str) -> Any:
+    value = loader.get(key)
+    if key == "prefetch_factor" and value is None and (loader.get("num_workers") or 0) > 0:
+        return DEFAULT_PREFETCH
+    return value
+
+
+def cli_value(value: Any) -> str:
+    """How `stallscope run --set KEY=VALUE` spells a value."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def set_arguments(overrides: Overrides) -> list[str]:
+    """`--set k=v` pairs, in DataLoader signature order so commands read the same every time."""
+    args: list[str] = []
+    for key in sorted(overrides, key=_key_rank):
+        args += ["--set", f"{key}={cli_value(overrides[key])}"]
+    return args
+
+
+def label(overrides: Overrides) -> str:
+    """A short human name: `num_workers=2, persistent_workers=true`, or `baseline`."""
+    if not overrides:
+        return "baseline"
+    return ", ".join(f"{k}={cli_value(overrides[k])}" for k in sorted(overrides, key=_key_rank))
+
+
+def change_text(loader: dict[str, Any], overrides: Overrides) -> str | None:
+    """The constructor change to paste at the call site, only the arguments that differ:
+    `DataLoader(..., num_workers=2, persistent_workers=True)`; None when nothing differs."""
+    keys = [k for k in sorted(overrides, key=_key_rank) if _effective(loader, k) != overrides[k]]
+    if not keys:
+        return None
+    return "DataLoader(..., " + ", ".join(f"{k}={overrides[k]!r}" for k in keys) + ")"
+
+
+def before_text(loader: dict[str, Any], overrides: Overrides) -> str:
+    """The same arguments as `change_text`, with the values the script passed (or defaulted)."""
+    keys = [k for k in sorted(overrides, key=_key_rank) if _effective(loader, k) != overrides[k]]
+    return "DataLoader(..., " + ", ".join(f"{k}={_effective(loader, k)!r}" for k in keys) + ")"
+
+
+def _key_rank(key: str) -> tuple[int, str]:
+    return (KEY_ORDER.index(key) if key in KEY_ORDER else len(KEY_ORDER), key)

@@ -1,0 +1,176 @@
+"""`stallscope run --set KEY=VALUE`: DataLoader arguments forced in-process, through the real CLI.
+
+The point of an override run is to measure a recommended change without editing the script, so
+the tests check that the change really reaches torch (the loader runs with it and the step stops
+waiting), that the report says the run was overridden, and that a combination torch would refuse
+is dropped with a note instead of crashing the user's script.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stallscope.cli import build_parser, parse_overrides, split_run_argv
+from stallscope.errors import StallscopeError
+
+from .conftest import ROOT
+
+LOADER_BOUND = ROOT / "examples" / "loader_bound.py"
+
+# Three loaders built three ways; the loop trains on the first. Each prints what torch ended up
+# with, so the test sees the script's own view, not only stallscope's record.
+LOADERS = textwrap.dedent(
+    """
+    import json, torch
+    from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
+    ds = TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
+    # positional: batch_size=8, shuffle=False, sampler=None, batch_sampler=None, num_workers=0
+    a = DataLoader(ds, 8, False, None, None, 0)
+    b = DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True, prefetch_factor=4)
+    c = DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 8, False))
+    print("SEEN " + json.dumps({n: [l.batch_size, l.num_workers, l.persistent_workers,
+                                    l.prefetch_factor] for n, l in zip("abc", (a, b, c))}))
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in a:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    """
+)
+
+
+def stallscope(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stallscope", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def report_of(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def seen(stdout: str) -> dict:
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("SEEN "))
+    return json.loads(line.removeprefix("SEEN "))
+
+
+def test_set_takes_a_value_and_the_script_keeps_its_own_set() -> None:
+    run = build_parser().run_parser
+    assert run is not None
+    own, script = split_run_argv(
+        ["--set", "num_workers=2", "--set=pin_memory=1", "train.py", "--set", "x"], run
+    )
+    assert own == ["--set", "num_workers=2", "--set=pin_memory=1", "train.py"]
+    assert script == ["--set", "x"]
+    assert parse_overrides(["num_workers=2", "pin_memory=yes", "persistent_workers=0",
+                            "num_workers=3"]) == {
+        "num_workers": 3, "pin_memory": True, "persistent_workers": False}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("workers=2", "unknown DataLoader option 'workers'"),
+        ("num_workers=two", "num_workers takes a whole number >= 0"),
+        ("num_workers=-1", "num_workers takes a whole number >= 0"),
+        ("pin_memory=maybe", "pin_memory takes true or false"),
+        ("batch_size=0", "batch_size takes a whole number >= 1"),
+        ("num_workers", "expected KEY=VALUE"),
+    ],
+)
+def test_bad_set_is_one_line_and_exit_2_before_the_script_runs(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    with pytest.raises(StallscopeError, match=message):
+        parse_overrides([value])
+    (tmp_path / "train.py").write_text("open('RAN', 'w').close()\n")
+    proc = stallscope("run", "--set", value, "train.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr
+    assert proc.stderr.startswith("stallscope: ") and message in proc.stderr
+    assert not (tmp_path / "RAN").exists()
+
+
+def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
+    """loader_bound.py builds `DataLoader(..., num_workers=0)`; forcing two persistent workers
+    must show in the loader table and take most of the wait out of the step. Measured on this
+    2-core machine (four pairs of runs): 88-98% of the step waits on the loader without
+    overrides, 2-7% with them."""
+    base = stallscope("run", "-q", "-o", "base", str(LOADER_BOUND), "--samples", "512",
+                      cwd=tmp_path)
+    assert base.returncode == 0, base.stderr
+    over = stallscope("run", "-q", "-o", "over", "--set", "num_workers=2",
+                      "--set", "persistent_workers=true", str(LOADER_BOUND), "--samples", "512",
+                      cwd=tmp_path)
+    assert over.returncode == 0, over.stderr
+    before, after = report_of(tmp_path / "base"), report_of(tmp_path / "over")
+
+    assert before["run"]["overrides"] == {}
+    assert before["dataloaders"][0]["num_workers"] == 0
+    assert before["dataloaders"][0]["overrides"] == {}
+    assert after["run"]["overrides"] == {"num_workers": 2, "persistent_workers": True}
+    loader = after["dataloaders"][0]
+    assert loader["call_site"].endswith("loader_bound.py:61")
+    assert (loader["num_workers"], loader["persistent_workers"]) == (2, True)
+    assert loader["overrides"] == {"num_workers": 2, "persistent_workers": True}
+    assert loader["built_with"] == {"num_workers": 0, "persistent_workers": False}
+
+    wait_before = before["summary"]["breakdown_pct"]["dataloader"]
+    wait_after = after["summary"]["breakdown_pct"]["dataloader"]
+    assert "dataloader-bound" in {f["id"] for f in before["findings"]}
+    assert wait_before > 50, wait_before
+    assert wait_after <= wait_before / 2, (wait_before, wait_after)
+
+    html = (tmp_path / "over" / "report.html").read_text()
+    assert 'id="overrides-note"' in html and 'id="overrides-run"' in html
+    assert "<code>num_workers=2</code>, <code>persistent_workers=true</code>" in html
+    assert "--set num_workers=2 --set persistent_workers=true" in after["run"]["command"]
+    assert 'id="overrides-' not in (tmp_path / "base" / "report.html").read_text()
+
+
+def test_persistent_workers_without_workers_is_dropped_with_a_note(tmp_path: Path) -> None:
+    (tmp_path / "loaders.py").write_text(LOADERS)
+    proc = stallscope("run", "-q", "--skip", "1", "--steps", "2", "-o", "out",
+                      "--set", "persistent_workers=true", "loaders.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    # a: 0 workers, so torch would raise: left as built. b: has workers, gets it (already had).
+    assert seen(proc.stdout)["a"] == [8, 0, False, None]
+    assert seen(proc.stdout)["b"] == [8, 2, True, 4]
+    report = report_of(tmp_path / "out")
+    a, b, _c = report["dataloaders"]
+    assert a["overrides"] == {} and a["persistent_workers"] is False
+    assert b["overrides"] == {"persistent_workers": True}
+    assert any(n.startswith("loaders.py:6: --set persistent_workers=true not applied: it needs "
+                            "num_workers > 0") for n in report["notes"]), report["notes"]
+
+
+def test_positional_arguments_are_overridden_and_refused_combinations_reset(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "loaders.py").write_text(LOADERS)
+    proc = stallscope("run", "-q", "--skip", "1", "--steps", "2", "-o", "out",
+                      "--set", "batch_size=16", "--set", "num_workers=0", "loaders.py",
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    got = seen(proc.stdout)
+    assert got["a"] == [16, 0, False, None]  # batch_size was passed positionally
+    # b asked for persistent workers and prefetch_factor=4, which torch refuses with 0 workers
+    assert got["b"] == [16, 0, False, None]
+    assert got["c"][0] is None  # a batch_sampler decides its batches: batch_size not forced
+    report = report_of(tmp_path / "out")
+    a, b, c = report["dataloaders"]
+    assert a["batch_size"] == 16 and a["built_with"]["batch_size"] == 8
+    assert b["built_with"] == {"batch_size": 8, "num_workers": 2, "persistent_workers": True,
+                               "prefetch_factor": 4}
+    assert b["overrides"] == {"batch_size": 16, "num_workers": 0, "persistent_workers": False,
+                              "prefetch_factor": None}
+    assert "batch_size" not in c["overrides"]
+    notes = "\n".join(report["notes"])
+    assert "loaders.py:7: the script's persistent_workers was reset to False" in notes
+    assert "loaders.py:8: --set batch_size not applied: the script passes a batch_sampler" in notes

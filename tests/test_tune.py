@@ -1,0 +1,232 @@
+"""`stallscope tune`: what it tries, how it keeps to its budget, and the measured speedup on the
+loader-bound example."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stallscope.tune import RunResult, render_html, render_markdown, sweep
+from stallscope.tune_plan import (
+    baseline_from_report,
+    before_text,
+    change_text,
+    prefetch_candidates,
+    set_arguments,
+    worker_candidates,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "loader_bound.py"
+LOADER = {
+    "call_site": "examples/loader_bound.py:61", "num_workers": 0, "pin_memory": False,
+    "batch_size": 32, "prefetch_factor": None, "persistent_workers": False,
+    "dataset": "SyntheticImages (1024 items)", "dataset_len": 1024, "batches": 9,
+    "batches_recorded": 5, "rank": None,
+}
+
+
+def report(cores: int = 2, gpus: list[Any] | None = None, suggested: int | None = 2,
+           loaders: list[dict[str, Any]] | None = None, step_us: float = 600_000.0
+           ) -> dict[str, Any]:
+    """The parts of a `stallscope run` report.json that tune reads, as run writes them."""
+    findings = []
+    if suggested is not None:
+        findings.append({"id": "dataloader-bound",
+                         "evidence": {"suggested_num_workers": suggested}})
+    return {
+        "summary": {"step_time_us": {"median": step_us}},
+        "steps": [{"duration_us": step_us} for _ in range(5)],
+        "findings": findings,
+        "dataloaders": [dict(LOADER)] if loaders is None else loaders,
+        "environment": {"captured": {"cpu": {"cores_per_process": cores}, "gpus": gpus or []}},
+    }
+
+
+def tune_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`stallscope tune` once the CLI routes to it, else the module's own entry point."""
+    top = subprocess.run([sys.executable, "-m", "stallscope", "--help"], capture_output=True,
+                         text=True, check=False)
+    entry = ["stallscope", "tune"] if " tune" in top.stdout else ["stallscope.tune"]
+    return subprocess.run([sys.executable, "-m", *entry, *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=900, check=False)
+
+
+# ---------------------------------------------------------------- what is tried
+
+
+def test_two_cores_try_the_suggested_worker_count_first_with_persistent_workers():
+    base = baseline_from_report(report(cores=2, suggested=2))
+    assert worker_candidates(base) == [
+        {"num_workers": 2, "persistent_workers": True},
+        {"num_workers": 1, "persistent_workers": True},
+    ]
+    # No GPU: pinning memory only helps host-to-device copies, so it is never tried.
+    assert all("pin_memory" not in c for c in worker_candidates(base))
+
+
+def test_pin_memory_is_tried_only_when_a_gpu_was_used():
+    base = baseline_from_report(report(cores=2, gpus=[{"name": "A100"}]))
+    assert all(c["pin_memory"] is True for c in worker_candidates(base))
+
+
+def test_many_cores_are_sampled_by_powers_of_two_up_to_the_cores():
+    base = baseline_from_report(report(cores=12, suggested=5))
+    counts = [c["num_workers"] for c in worker_candidates(base)]
+    assert counts == [5, 12, 8, 4, 2, 1]
+
+
+def test_the_scripts_own_configuration_is_not_measured_twice():
+    loader = {**LOADER, "num_workers": 2, "persistent_workers": True, "prefetch_factor": 2}
+    base = baseline_from_report(report(loaders=[loader]))
+    assert [c["num_workers"] for c in worker_candidates(base)] == [1]
+    assert prefetch_candidates(base, {"num_workers": 2, "persistent_workers": True}) == [
+        {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 4}
+    ]
+
+
+def test_the_training_loader_is_the_one_that_drew_batches():
+    val = {**LOADER, "call_site": "train.py:90", "batches_recorded": 0}
+    base = baseline_from_report(report(loaders=[val, dict(LOADER)]))
+    assert base.call_site == "examples/loader_bound.py:61"
+
+
+def test_a_script_without_a_dataloader_has_nothing_to_tune():
+    with pytest.raises(ValueError, match="no DataLoader"):
+        baseline_from_report(report(loaders=[]))
+
+
+def test_change_names_only_the_arguments_that_differ_as_python_and_as_set_flags():
+    best = {"num_workers": 2, "persistent_workers": True, "pin_memory": False}
+    assert change_text(LOADER, best) == "DataLoader(..., num_workers=2, persistent_workers=True)"
+    assert before_text(LOADER, best) == "DataLoader(..., num_workers=0, persistent_workers=False)"
+    assert set_arguments(best) == ["--set", "num_workers=2", "--set", "pin_memory=false",
+                                   "--set", "persistent_workers=true"]
+
+
+# ---------------------------------------------------------------- the sweep and its budget
+
+
+class Machine:
+    """Step times per worker count, and a clock that advances by each run's wall time."""
+
+    def __init__(self, step_ms: dict[int, float], wall_s: float = 10.0) -> None:
+        self.step_ms, self.wall_s, self.now = step_ms, wall_s, 0.0
+        self.launched: list[dict[str, Any]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def launch(self, overrides: dict[str, Any], timeout: float | None) -> RunResult:
+        self.launched.append(overrides)
+        self.now += self.wall_s
+        us = self.step_ms[overrides.get("num_workers", 0)] * 1000
+        return RunResult(0, self.wall_s, us, [us] * 5, None, report(step_us=us))
+
+
+def test_sweep_picks_the_fastest_and_skips_what_the_budget_cannot_fit():
+    machine = Machine({0: 600.0, 1: 400.0, 2: 300.0})
+    # Baseline 2 runs (20 s), nw=2 (40 s), nw=1 (60 s); prefetch would end at 80 s > 70 s.
+    result = sweep(machine.launch, repeats=2, budget_s=70, clock=machine.clock)
+    assert result["best"]["overrides"] == {"num_workers": 2, "persistent_workers": True}
+    assert result["speedup"] == 2.0
+    assert result["change"] == "DataLoader(..., num_workers=2, persistent_workers=True)"
+    assert result["call_site"] == "examples/loader_bound.py:61"
+    assert len(machine.launched) == 6
+    assert result["skipped"] == ["num_workers=2, prefetch_factor=4, persistent_workers=true"]
+    assert any("budget" in n for n in result["notes"])
+    html = render_html({**result, "script": "x.py", "command": "stallscope tune x.py"})
+    assert "2.00x" in html and "skipped" in html
+    assert "DataLoader(..., num_workers=2, persistent_workers=True)" in html
+
+
+def test_nothing_faster_than_the_script_means_no_change_is_proposed():
+    machine = Machine({0: 300.0, 1: 600.0, 2: 450.0})
+    result = sweep(machine.launch, repeats=1, budget_s=1000, clock=machine.clock)
+    assert result["best"]["overrides"] == {}
+    assert result["change"] is None and result["speedup"] == 1.0
+    assert "No candidate beat" in render_markdown({**result, "script": "x.py",
+                                                   "command": "stallscope tune x.py"})
+
+
+def test_trace_derived_names_are_escaped_in_html_and_markdown():
+    loader = {**LOADER, "call_site": "<script>alert(1)</script>.py:1", "dataset": "<b>|x|</b>"}
+    machine = Machine({0: 600.0, 1: 400.0, 2: 300.0})
+    original = machine.launch
+
+    def launch(overrides: dict[str, Any], timeout: float | None) -> RunResult:
+        run = original(overrides, timeout)
+        assert run.report is not None
+        run.report["dataloaders"] = [loader]
+        return run
+
+    result = sweep(launch, repeats=1, budget_s=1000, clock=machine.clock)
+    doc = {**result, "script": "<i>x</i>.py", "command": "stallscope tune <i>x</i>.py"}
+    html = render_html(doc)
+    assert "<script>" not in html and "<i>x</i>" not in html and "<b>" not in html
+    assert "&lt;script&gt;" in html
+    assert render_markdown(doc).startswith("# stallscope tune: &lt;i&gt;x&lt;/i&gt;.py")
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_missing_script_is_one_line_and_exit_2(tmp_path: Path):
+    proc = tune_cli("-o", str(tmp_path / "out"), str(tmp_path / "nope.py"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"stallscope: no such script: "
+                                                f"{tmp_path / 'nope.py'}"]
+
+
+def test_refuses_to_overwrite_an_earlier_result_before_running_anything(tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "tune.json").write_text("{}")
+    proc = tune_cli("-o", str(out), str(EXAMPLE))
+    assert proc.returncode == 2
+    assert "already holds tune.json" in proc.stderr
+    assert (out / "tune.json").read_text() == "{}"
+
+
+def test_a_failing_script_ends_with_its_status_in_one_line(tmp_path: Path):
+    script = tmp_path / "boom.py"
+    script.write_text("import sys\nsys.exit(7)\n")
+    proc = tune_cli("-q", "-o", str(tmp_path / "out"), str(script))
+    assert proc.returncode == 7
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stallscope: the baseline run failed")
+
+
+def _has_set() -> bool:
+    help_text = subprocess.run([sys.executable, "-m", "stallscope", "run", "--help"],
+                               capture_output=True, text=True, check=False).stdout
+    return "--set" in help_text
+
+
+def test_tune_measures_a_loader_bound_speedup_of_at_least_1_5x(tmp_path: Path):
+    if not _has_set():
+        pytest.skip("`stallscope run --set` is not available yet: tune cannot apply overrides")
+    out = tmp_path / "tune"
+    proc = tune_cli("-o", str(out), "--repeats", "2", "--budget", "240", str(EXAMPLE),
+                    "--samples", "1024", cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "tune.json").read_text())
+    assert result["baseline"]["overrides"] == {}
+    assert result["best"]["overrides"].get("num_workers", 0) >= 1
+    assert result["speedup"] >= 1.5, result
+    assert result["call_site"].endswith("loader_bound.py:61")
+    html = (out / "tune.html").read_text()
+    assert f"{result['speedup']:.2f}x" in html
+    assert result["change"] in html
+    assert "stallscope tune:" in proc.stdout
+
+
+def test_candidates_within_noise_of_the_fastest_resolve_to_the_smaller_change():
+    machine = Machine({0: 600.0, 1: 330.0, 2: 320.0})
+    result = sweep(machine.launch, repeats=1, budget_s=1000, clock=machine.clock)
+    assert result["best"]["overrides"] == {"num_workers": 1, "persistent_workers": True}
