@@ -129,6 +129,8 @@ def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
 
     html = (tmp_path / "over" / "report.html").read_text()
     assert 'id="overrides-note"' in html and 'id="overrides-run"' in html
+    assert 'id="overridden-banner"' in html  # next to the verdict, not only in the setup
+    assert "Overridden run" in (tmp_path / "over" / "report.md").read_text()
     assert "<code>num_workers=2</code>, <code>persistent_workers=true</code>" in html
     assert "--set num_workers=2 --set persistent_workers=true" in after["run"]["command"]
     assert 'id="overrides-' not in (tmp_path / "base" / "report.html").read_text()

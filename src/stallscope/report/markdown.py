@@ -16,6 +16,13 @@ def render_markdown(report: Report) -> str:
     s = report.summary
     lines = ["# stallscope report", "", f"**Verdict:** {md(report.verdict)}", ""]
     run = report.run
+    if run and run.get("overrides"):
+        forced = ", ".join(f"`{md_code(f'{k}={v}')}`" for k, v in run["overrides"].items())
+        lines += [
+            f"> **Overridden run:** measured with DataLoader settings forced by `--set` "
+            f"({forced}), not the script's own.",
+            "",
+        ]
     if run and (run["partial"] or run["exit_status"]):
         lines += [
             f"> **Partial run:** the script ended ({md(run['ended'])}, exit status "
