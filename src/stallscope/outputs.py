@@ -24,8 +24,9 @@ def default_run_out_dir(stem: str) -> Path:
     return Path.cwd() / f"stallscope-{stem}"
 
 
-def prepare_out_dir(out: Path, force: bool) -> None:
-    existing = [f for f in REPORT_FILES if (out / f).exists()]
+def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILES) -> None:
+    """Refuse, before any expensive work, to overwrite `files` in `out` without --force."""
+    existing = [f for f in files if (out / f).exists()]
     if existing and not force:
         raise OutputError(
             f"{out} already holds {', '.join(existing)}; use --force to overwrite or -o for "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
-from stallscope.errors import EXIT_OK, EXIT_USAGE, InputError, OutputError, StallscopeError
+from stallscope.errors import EXIT_OK, EXIT_USAGE, InputError, StallscopeError
 from stallscope.report.tune_writers import (
     TUNE_FILES,
     render_html,
@@ -231,18 +231,9 @@ def run_tune(args: argparse.Namespace, script_args: list[str], command: list[str
 
 def prepare_tune_dir(out: Path, force: bool) -> None:
     """Refuse, before an expensive sweep, to overwrite an earlier result without --force."""
-    existing = [f for f in TUNE_FILES if (out / f).exists()]
-    if existing and not force:
-        raise OutputError(
-            f"{out} already holds {', '.join(existing)}; use --force to overwrite or -o for "
-            "another folder"
-        )
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"{out} exists and is not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutputError(f"cannot create {out}: {exc.strerror or exc}") from None
+    from stallscope.outputs import prepare_out_dir
+
+    prepare_out_dir(out, force, TUNE_FILES)
 
 
 def run_command(overrides: Overrides, target_argv: list[str], out: Path) -> list[str]:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import jinja2
-
-from stallscope.report.html import LEGEND, templates_dir
+from stallscope.report.html import LEGEND, jinja_env
 from stallscope.report.text import md, plain
 
 GROUPS = (
@@ -56,13 +54,7 @@ def category_name(category: str) -> str:
 
 
 def render_compare_html(data: dict[str, Any]) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = jinja_env()
     env.filters.update(ms=ms, signed_ms=signed_ms, pct=pct, signed_pct=signed_pct,
                        spread=spread, category=category_name)
     return env.get_template("compare.html.j2").render(c=data, groups=GROUPS)

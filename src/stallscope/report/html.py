@@ -59,14 +59,19 @@ def templates_dir() -> Path:
     raise FileNotFoundError("stallscope's report templates are missing from this installation")
 
 
-def render_html(report: Report) -> str:
-    env = jinja2.Environment(
+def jinja_env() -> jinja2.Environment:
+    """The one way stallscope's pages are rendered: autoescaped, strict about missing data."""
+    return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+
+def render_html(report: Report) -> str:
+    env = jinja_env()
     env.filters["short_name"] = short_name
     env.filters["ms"] = _ms
     env.filters["diff_lines"] = diff_lines

@@ -83,17 +83,9 @@ def render_markdown(result: dict[str, Any]) -> str:
 
 def render_html(result: dict[str, Any]) -> str:
     """tune.html: self-contained (inline CSS, no scripts, no network), autoescaped."""
-    import jinja2
+    from stallscope.report.html import jinja_env
 
-    from stallscope.report.html import templates_dir
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
+    env = jinja_env()
     env.filters["ms"] = _ms
     env.filters["x"] = _x
     rows = [dict(c) for c in _rows(result)]
