@@ -79,17 +79,12 @@ def _add_run_parser(sub: Any) -> _Parser:
         "MODULE ARGS` would) under torch.profiler, record a few training steps, stop the "
         "script, and diagnose the trace. Everything after SCRIPT or MODULE goes to the script.",
     )
-    run.add_argument("-m", dest="module", action="store_true",
-                     help="run a library module as a script, like python -m")
-    run.add_argument("target", metavar="SCRIPT", help="the script (or module, with -m)")
-    run.add_argument("-o", "--out", type=Path,
-                     help="output folder (default: ./stallscope-<script name>)")
-    run.add_argument("--force", action="store_true", help="overwrite an existing report")
-    run.add_argument("--skip", type=_count(0), default=2, metavar="N",
+    add_target_arguments(run, "./stallscope-<script name>", "overwrite an existing report")
+    run.add_argument("--skip", type=whole_number(0), default=2, metavar="N",
                      help="steps to let pass first, for one-off start-up costs (default 2)")
-    run.add_argument("--warmup", type=_count(0), default=1, metavar="N",
+    run.add_argument("--warmup", type=whole_number(0), default=1, metavar="N",
                      help="steps the profiler warms up on, not recorded (default 1)")
-    run.add_argument("--steps", type=_count(1), default=5, metavar="N",
+    run.add_argument("--steps", type=whole_number(1), default=5, metavar="N",
                      help="steps to record (default 5)")
     run.add_argument(
         "--step-on",
@@ -168,7 +163,20 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _count(minimum: int) -> Callable[[str], int]:
+def add_target_arguments(parser: argparse.ArgumentParser, default_out: str, force_help: str
+                         ) -> None:
+    """The arguments every script-running command takes (`run`, `tune`): -m, SCRIPT, -o, --force.
+    """
+    parser.add_argument("-m", dest="module", action="store_true",
+                        help="run a library module as a script, like python -m")
+    parser.add_argument("target", metavar="SCRIPT", help="the script (or module, with -m)")
+    parser.add_argument("-o", "--out", type=Path, help=f"output folder (default: {default_out})")
+    parser.add_argument("--force", action="store_true", help=force_help)
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an int of at least `minimum`, refused in one line otherwise."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)

@@ -147,6 +147,8 @@ Launcher = Callable[[Overrides, float | None], RunResult]
 def add_tune_parser(sub: Any) -> Any:
     """The `tune` subcommand; returned so the caller can split SCRIPT's arguments off with
     `cli.split_run_argv` exactly as for `run`."""
+    from stallscope.cli import add_target_arguments, whole_number  # cli imports this lazily
+
     tune = sub.add_parser(
         "tune",
         help="measure DataLoader settings on a training script and report the fastest",
@@ -158,18 +160,14 @@ def add_tune_parser(sub: Any) -> Any:
         "writes tune.json, tune.md and tune.html with the fastest configuration, its measured "
         "speedup with the spread, and the constructor change at the DataLoader's call site.",
     )
-    tune.add_argument("-m", dest="module", action="store_true",
-                      help="run a library module as a script, like python -m")
-    tune.add_argument("target", metavar="SCRIPT", help="the script (or module, with -m)")
-    tune.add_argument("-o", "--out", type=Path,
-                      help="output folder (default: ./stallscope-tune-<script name>)")
-    tune.add_argument("--force", action="store_true", help="overwrite an earlier tune result")
+    add_target_arguments(tune, "./stallscope-tune-<script name>",
+                         "overwrite an earlier tune result")
     tune.add_argument("--budget", type=_positive_float, default=DEFAULT_BUDGET_S,
                       metavar="SECONDS",
                       help="stop launching candidates once the next one would end after this "
                       "many seconds, estimated from the baseline's time per run; the baseline "
                       f"always runs (default {DEFAULT_BUDGET_S:.0f})")
-    tune.add_argument("--repeats", type=_positive_int, default=DEFAULT_REPEATS, metavar="N",
+    tune.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS, metavar="N",
                       help="runs per configuration; the median over all their recorded steps "
                       "is compared, the range of their per-run medians is the spread "
                       f"(default {DEFAULT_REPEATS})")
@@ -185,16 +183,6 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
