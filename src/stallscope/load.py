@@ -1,10 +1,9 @@
 """Load Kineto traces (torch.profiler JSON, optionally gzipped) into columnar event tables.
 
-Only the fields the analysis reads are decoded (msgspec typed structs skip the rest), complete
-events (`ph: "X"`) become one pandas DataFrame per file, and each event's `args` object is kept
-undecoded until a caller asks for a few fields of a chosen subset (`Trace.args`). Legacy
-category names (2020-21 traces: `Operator`, `Runtime`, `Kernel`, ...) are mapped to the modern
-ones so nothing downstream needs to know the schema.
+Files are streamed through `decode` (a chunk of events at a time) so that memory follows the
+columns, not the text. Only complete events (`ph: "X"`) and the few `args` fields the analysis
+reads become columns; legacy category names (2020-21 traces: `Operator`, `Runtime`, `Kernel`,
+...) are mapped to the modern ones so nothing downstream needs to know the schema.
 """
 
 from __future__ import annotations
@@ -20,6 +19,14 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from stallscope.decode import (
+    ARG_FIELDS,
+    Columns,
+    Decoded,
+    Metadata,
+    lenient_events,
+    stream_decode,
+)
 from stallscope.errors import InputError
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -34,34 +41,6 @@ LEGACY_CATEGORIES = {
 }
 
 
-class _Event(msgspec.Struct, gc=False):
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    pid: int | str = 0
-    tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
-    args: msgspec.Raw = msgspec.Raw(b"null")
-
-
-class _TraceFile(msgspec.Struct, gc=False):
-    traceEvents: list[_Event] | None = None  # noqa: N815 (the file's own key)
-    schemaVersion: int | str | None = None  # noqa: N815
-    deviceProperties: list[dict[str, Any]] = []  # noqa: N815
-    distributedInfo: dict[str, Any] | None = None  # noqa: N815
-    traceName: str | None = None  # noqa: N815
-    stallscope: Any = None  # written by `stallscope run` (tool, step source, incomplete step)
-
-
-class _Metadata(msgspec.Struct):
-    schemaVersion: Any = None  # noqa: N815
-    deviceProperties: Any = None  # noqa: N815
-    distributedInfo: Any = None  # noqa: N815
-    traceName: Any = None  # noqa: N815
-    stallscope: Any = None
-
-
 @dataclass
 class Trace:
     """One trace file: complete events as columns, plus the file-level metadata."""
@@ -74,7 +53,10 @@ class Trace:
     distributed: dict[str, Any] = field(default_factory=dict)
     capture: dict[str, Any] = field(default_factory=dict)  # stallscope's own metadata, if any
     skipped_events: int = 0
-    _raw_args: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object), repr=False)
+    truncated: bool = False  # the file ends early; the events before the cut were analysed
+    # `args` fields of each event, same index as `events`: correlation, device, stream, bytes
+    # (NaN where absent). They link runtime calls to GPU work and size the copies.
+    args: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
 
     @property
     def rank(self) -> int | None:
@@ -90,48 +72,6 @@ class Trace:
     def label(self) -> str:
         """A short name for this trace: its rank when known, else its file name."""
         return f"rank {self.rank}" if self.rank is not None else self.path.name
-
-    def args(self, index: pd.Index | np.ndarray, spec: type[msgspec.Struct]) -> pd.DataFrame:
-        """Decode the fields of `spec` from the `args` of the events at `index`, in one pass.
-
-        Unknown keys are skipped without being materialised; a field of the wrong type becomes
-        missing rather than an error, so one odd event cannot spoil the whole table.
-        """
-        index = np.asarray(index)
-        names = [f for f in spec.__struct_fields__]
-        if len(index) == 0:
-            return pd.DataFrame({n: pd.Series(dtype="float64") for n in names}, index=index)
-        raws = self._raw_args[index]
-        blob = b"[" + b",".join(bytes(r) for r in raws) + b"]"
-        try:
-            decoded = msgspec.json.decode(blob, type=list[spec | None])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            decoded = [_decode_one(bytes(r), spec) for r in raws]
-        columns = {
-            n: pd.to_numeric(
-                pd.Series([getattr(a, n, None) if a is not None else None for a in decoded],
-                          index=index, dtype=object),
-                errors="coerce",
-            )
-            for n in names
-        }
-        return pd.DataFrame(columns, index=index)
-
-
-def _decode_one(raw: bytes, spec: type[msgspec.Struct]) -> msgspec.Struct | None:
-    try:
-        return msgspec.json.decode(raw, type=spec | None)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-
-
-class GpuArgs(msgspec.Struct):
-    """The `args` fields that link runtime calls to GPU work and size the copies."""
-
-    correlation: int | float | str | None = None
-    device: int | float | str | None = None
-    stream: int | float | str | None = None
-    bytes: int | float | str | None = None
 
 
 def discover(path: Path) -> list[Path]:
@@ -153,12 +93,7 @@ def discover(path: Path) -> list[Path]:
 def read_bytes(path: Path) -> bytes:
     """The file's JSON text, decompressed when it is gzip (by magic number, not by name)."""
     try:
-        with path.open("rb") as fh:
-            head = fh.read(2)
-            fh.seek(0)
-            if head == b"\x1f\x8b":
-                with gzip.GzipFile(fileobj=fh) as gz:
-                    return gz.read()
+        with _open_text(path) as fh:
             return fh.read()
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"{path}: damaged or truncated gzip file ({exc})") from None
@@ -166,89 +101,72 @@ def read_bytes(path: Path) -> bytes:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def load_trace(path: Path) -> Trace:
-    """Decode one trace file into a `Trace`."""
+def _open_text(path: Path) -> Any:
+    fh = path.open("rb")
+    if fh.read(2) == b"\x1f\x8b":
+        fh.seek(0)
+        return gzip.GzipFile(fileobj=fh, mode="rb")
+    fh.seek(0)
+    return fh
+
+
+def load_trace(path: Path, on_progress: Any = None) -> Trace:
+    """Decode one trace file into a `Trace`, streaming it; odd files get a precise error."""
+    try:
+        with _open_text(path) as fh:
+            decoded = stream_decode(fh, on_progress)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if decoded is None:
+        decoded = _whole_document(path)
+    if decoded.truncated and decoded.columns.seen == 0:
+        raise InputError(f"{path}: truncated: the file ends before its first complete event")
+    return _build(path, decoded)
+
+
+def _whole_document(path: Path) -> Decoded:
+    """Decode the file in one piece: the path for anything not shaped like a Kineto trace."""
     data = read_bytes(path)
     if not data.strip():
         raise InputError(f"{path}: file is empty")
-    skipped = 0
-    try:
-        parsed = msgspec.json.decode(data, type=_TraceFile)
-        events = parsed.traceEvents
-        meta = _Metadata(
-            parsed.schemaVersion,
-            parsed.deviceProperties,
-            parsed.distributedInfo,
-            parsed.traceName,
-            parsed.stallscope,
-        )
-    except msgspec.ValidationError:
-        events, meta, skipped = _lenient_decode(path, data)
-    except msgspec.DecodeError as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
-    if events is None:
-        raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
-    del data
-    return _build(path, events, meta, skipped)
-
-
-def _lenient_decode(path: Path, data: bytes) -> tuple[list[_Event] | None, _Metadata, int]:
-    """Slow path for files with odd field types: keep every event that can be read."""
     try:
         obj = msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise InputError(f"{path}: not a Kineto trace (top level is a {type(obj).__name__})")
-    raw_events = obj.get("traceEvents")
-    if not isinstance(raw_events, list):
-        return None, _Metadata(), 0
-    events: list[_Event] = []
-    skipped = 0
-    for raw in raw_events:
-        try:
-            events.append(msgspec.convert(raw, _Event, strict=False))
-        except (msgspec.ValidationError, TypeError):
-            skipped += 1
-    devices = obj.get("deviceProperties")
-    dist = obj.get("distributedInfo")
-    meta = _Metadata(
-        obj.get("schemaVersion"),
-        devices if isinstance(devices, list) else [],
-        dist if isinstance(dist, dict) else None,
-        obj.get("traceName"),
-        obj.get("stallscope"),
+    if not isinstance(obj.get("traceEvents"), list):
+        raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
+    # Shaped like a trace after all (the streaming reader gave up on its layout): decode it.
+    cols = Columns()
+    cols.add(lenient_events(obj.pop("traceEvents"), cols))
+    meta = msgspec.convert(
+        {k: obj.get(k) for k in Metadata.__struct_fields__}, Metadata, strict=False
     )
-    return events, meta, skipped
+    return Decoded(cols, meta)
 
 
-def _build(path: Path, events: list[_Event], meta: _Metadata, skipped: int) -> Trace:
-    complete = [e for e in events if e.ph == "X"]
-    ts = np.fromiter((e.ts for e in complete), dtype=np.float64, count=len(complete))
-    dur = np.fromiter((e.dur for e in complete), dtype=np.float64, count=len(complete))
-    usable = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
-    if not usable.all():
-        skipped += int((~usable).sum())
-        complete = [e for e, ok in zip(complete, usable, strict=True) if ok]
-        ts, dur = ts[usable], dur[usable]
+def _build(path: Path, decoded: Decoded) -> Trace:
+    cols, meta = decoded.columns, decoded.metadata
+    ts = cols.column("ts")
     t0 = float(ts.min()) if len(ts) else 0.0
-    cats = pd.Categorical([e.cat for e in complete])
+    cats = _categorical(cols.column("cat", np.int32), cols.cat.values)
     legacy = any(c in LEGACY_CATEGORIES for c in cats.categories)
     if legacy:
         cats = cats.rename_categories(_merge_names(cats.categories, LEGACY_CATEGORIES))
     frame = pd.DataFrame(
         {
             "cat": cats,
-            "name": pd.Categorical([e.name for e in complete]),
-            "pid": _id_column([e.pid for e in complete]),
-            "tid": _id_column([e.tid for e in complete]),
+            "name": _categorical(cols.column("name", np.int32), cols.name.values),
+            "pid": _categorical(cols.column("pid", np.int32), cols.pid.values),
+            "tid": _categorical(cols.column("tid", np.int32), cols.tid.values),
             "ts": ts - t0,
-            "dur": dur,
-        }
+            "dur": cols.column("dur"),
+        },
+        copy=False,
     )
     frame["end"] = frame["ts"] + frame["dur"]
-    raw_args = np.empty(len(complete), dtype=object)
-    raw_args[:] = [e.args for e in complete]
+    args = pd.DataFrame({f: cols.column(f) for f in ARG_FIELDS}, copy=False)
     devices = [d for d in (meta.deviceProperties or []) if isinstance(d, dict)]
     dist = meta.distributedInfo if isinstance(meta.distributedInfo, dict) else {}
     return Trace(
@@ -259,9 +177,21 @@ def _build(path: Path, events: list[_Event], meta: _Metadata, skipped: int) -> T
         devices=devices,
         distributed=dist,
         capture=meta.stallscope if isinstance(meta.stallscope, dict) else {},
-        skipped_events=skipped,
-        _raw_args=raw_args,
+        skipped_events=cols.skipped,
+        truncated=decoded.truncated,
+        args=args,
     )
+
+
+def _categorical(codes: np.ndarray, values: list[Any]) -> pd.Categorical:
+    """Codes into interned values -> a categorical of strings (ids may be ints or strings)."""
+    names = [v if isinstance(v, str) else str(v) for v in values]
+    unique = dict.fromkeys(names)
+    if len(unique) != len(names):  # 5 and "5" are one id: merge their codes
+        position = {n: i for i, n in enumerate(unique)}
+        codes = np.array([position[n] for n in names], dtype=np.int32)[codes]
+        names = list(unique)
+    return pd.Categorical.from_codes(codes, categories=names, validate=False)
 
 
 def _merge_names(categories: pd.Index, mapping: dict[str, str]) -> list[str]:
@@ -274,15 +204,6 @@ def _merge_names(categories: pd.Index, mapping: dict[str, str]) -> list[str]:
         seen.add(new)
         out.append(new)
     return out
-
-
-def _id_column(values: list[int | str]) -> pd.Categorical:
-    """pid/tid are ints or strings depending on the row; compare them as strings."""
-    codes = pd.Categorical(values)
-    names = [str(c) for c in codes.categories]
-    if len(set(names)) == len(names):
-        return codes.rename_categories(names)
-    return pd.Categorical([str(v) for v in values])
 
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)

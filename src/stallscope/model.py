@@ -10,13 +10,15 @@ time spent waiting for queued GPU work (sync) versus time the transfer itself to
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from stallscope.intervals import Timeline, exclusive
-from stallscope.load import GpuArgs, Trace
+from stallscope.load import Trace
 
 HOST_CATEGORIES = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
 GPU_CATEGORIES = ("kernel", "memcpy", "memset", "idle")
@@ -121,6 +123,12 @@ def build_model(trace: Trace) -> TraceModel:
         notes.append(f"{cut} was cut short when the script ended, so it is left out.")
     elif cut in step_names:
         notes.append(f"The only recorded step, {cut}, was cut short when the script ended.")
+    if trace.truncated:
+        notes.append(
+            f"{trace.path.name} ends early (cut off while being written or copied): the "
+            f"{len(ev):,} complete events before the cut were analysed, so the last step may "
+            "be missing work."
+        )
     source = "ProfilerStep" if step_names else "whole-trace"
     if source == "whole-trace":
         notes.append(
@@ -135,7 +143,7 @@ def build_model(trace: Trace) -> TraceModel:
     gpu = ev[ev["cat"].isin(list(GPU_CATS))]
     has_gpu = len(gpu) > 0
     need = runtime.index.union(gpu.index)
-    args = trace.args(need, GpuArgs)
+    args = trace.args.loc[need]
 
     gpu = gpu.assign(
         kind=gpu["cat"].astype(str).map(GPU_CATS),
@@ -154,7 +162,7 @@ def build_model(trace: Trace) -> TraceModel:
     copies["step"] = _step_of(copies["ts"].to_numpy(), windows)
     syncs["step"] = _step_of(syncs["ts"].to_numpy(), windows)
     runtime_table = runtime[["name", "tid", "ts", "dur", "end"]].assign(
-        name=runtime["name"].astype(str),
+        name=runtime["name"].cat.remove_unused_categories(),
         correlation=args.loc[runtime.index, "correlation"],
         step=_step_of(runtime["ts"].to_numpy(), windows),
     ).reset_index(drop=True)
@@ -188,7 +196,7 @@ def _gpu_table(
 ) -> pd.DataFrame:
     """GPU events with the host time of the call that launched each (joined by correlation)."""
     table = gpu[["kind", "device", "name", "ts", "dur", "end", "correlation", "bytes"]].assign(
-        name=gpu["name"].astype(str),
+        name=gpu["name"].cat.remove_unused_categories(),
         stream=args.loc[gpu.index, "stream"],
     )
     launches = runtime.dropna(subset=["correlation"]).drop_duplicates("correlation")
@@ -301,12 +309,20 @@ def _step_windows(ev: pd.DataFrame) -> tuple[np.ndarray, list[str], str | None, 
     return window, [], str(busiest[0]), str(busiest[1])
 
 
+def per_name(names: pd.Series, fn: Callable[[str], Any]) -> pd.Series:
+    """`fn` of each row's name, evaluated once per distinct name: tables have hundreds of
+    thousands of rows but only hundreds of names, so string work per row would dominate."""
+    codes, uniques = pd.factorize(names, use_na_sentinel=True)
+    missing = bool((codes < 0).any())
+    values = np.array([fn(str(u)) for u in uniques] + ([fn("")] if missing else []))
+    if len(values) == 0:
+        return pd.Series(np.zeros(0, dtype=bool), index=names.index)
+    return pd.Series(values[codes], index=names.index)  # code -1 (missing) takes fn("")
+
+
 def name_matches(names: pd.Series, pattern: re.Pattern[str]) -> pd.Series:
-    """Regex match on a categorical column, evaluated once per distinct name."""
-    cats = names.cat.categories
-    hits = np.fromiter((bool(pattern.match(str(c))) for c in cats), dtype=bool, count=len(cats))
-    codes = names.cat.codes.to_numpy()
-    return pd.Series(np.where(codes >= 0, hits[codes], False), index=names.index)
+    """Regex match at the start of each row's name, evaluated once per distinct name."""
+    return per_name(names, lambda n: bool(pattern.match(n))).astype(bool)
 
 
 def _loader_kind(names: pd.Series) -> str | None:

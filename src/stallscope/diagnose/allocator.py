@@ -19,7 +19,7 @@ import pandas as pd
 from stallscope.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.model import TraceModel, name_matches
 
 RULE_ID = "allocator-churn"
 ALLOC_CALL = re.compile(r"^(?:(?:cuda|hip)Malloc|cuMemAlloc(?:_v2)?)$")
@@ -36,9 +36,8 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity: no device allocator.")
     rt = model.runtime
-    names = rt["name"].astype(str)
-    is_alloc = names.str.match(ALLOC_CALL.pattern)
-    is_free = names.str.match(FREE_CALL.pattern)
+    is_alloc = name_matches(rt["name"], ALLOC_CALL)
+    is_free = name_matches(rt["name"], FREE_CALL)
     calls = rt[is_alloc | is_free].assign(free=is_free[is_alloc | is_free])
     if model.steps_source != "ProfilerStep" or len(model.steps) < 2:
         seen = (

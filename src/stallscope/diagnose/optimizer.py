@@ -25,7 +25,7 @@ import pandas as pd
 from stallscope.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.model import TraceModel, name_matches, per_name
 
 RULE_ID = "single-tensor-optimizer"
 # Kernels per optimizer step from which the per-parameter loop is worth reporting. foreach
@@ -103,8 +103,7 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     ops = model.ops
     if ops.empty:
         return Assessment(RULE_ID, "not_assessed", "No CPU op events in the trace.")
-    names = ops["name"].astype(str)
-    is_step = names.str.match(STEP_NAME.pattern) & (ops["step"] >= 0)
+    is_step = name_matches(ops["name"], STEP_NAME) & (ops["step"] >= 0)
     if not is_step.any():
         return Assessment(
             RULE_ID,
@@ -112,7 +111,8 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
             "No Optimizer.step ranges inside the profiled steps (optimizer not a "
             "torch.optim.Optimizer, or stepped outside the profiled window).",
         )
-    ranges = ops[is_step].assign(optimizer=names[is_step].str.extract(STEP_NAME.pattern)[0])
+    steps = ops[is_step]
+    ranges = steps.assign(optimizer=steps["name"].astype(str).str.extract(STEP_NAME.pattern)[0])
     ranges = _outermost(ranges)
     # Kernels launched from inside each range, joined by correlation.
     rt = model.runtime
@@ -121,9 +121,9 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     gpu = model.gpu
     kernels = gpu[gpu["kind"] == "kernel"].dropna(subset=["correlation"])
     kernels = kernels.merge(launched.dropna(subset=["correlation"]), on="correlation")
-    kernels["multi"] = kernels["name"].str.contains(MULTI_TENSOR_KERNEL)
+    kernels["multi"] = per_name(kernels["name"], lambda n: bool(MULTI_TENSOR_KERNEL.search(n)))
     op_range = _assign(ops["ts"], ops["tid"], ranges)
-    multi_ops = pd.Series(op_range[(op_range >= 0) & names.str.match(MULTI_TENSOR_OP.pattern)])
+    multi_ops = pd.Series(op_range[(op_range >= 0) & name_matches(ops["name"], MULTI_TENSOR_OP)])
 
     per_range = ranges[["optimizer", "ts", "end", "dur"]].copy()
     grouped = kernels.groupby("range")

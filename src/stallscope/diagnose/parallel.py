@@ -40,9 +40,8 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity: DataParallel needs GPUs.")
     ops = model.ops[model.ops["step"] >= 0]
-    names = ops["name"].astype(str)
-    annotated = ops[names == ANNOTATION]
-    dp_ops = ops[names.isin(list(DP_OPS))]
+    annotated = ops[ops["name"] == ANNOTATION]
+    dp_ops = ops[ops["name"].isin(list(DP_OPS))]
     if annotated.empty and dp_ops.empty:
         return Assessment(
             RULE_ID, "clear",

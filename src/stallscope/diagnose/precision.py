@@ -34,7 +34,7 @@ import pandas as pd
 from stallscope.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.model import TraceModel, per_name
 
 RULE_ID = "no-mixed-precision"
 # Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.
@@ -80,7 +80,7 @@ _ARCH_HINTS = (
 
 def classify_kernels(names: pd.Series) -> pd.Series:
     """'tensor_core', 'fp32' or 'other' per kernel name (evaluated once per distinct name)."""
-    uniq = pd.Series(names.astype(str).unique())
+    uniq = pd.Series([str(n) for n in names.unique()], dtype=object)
     tc_named = uniq.str.contains(_TENSOR_CORE) & ~uniq.str.contains(_XMMA_FP32)
     gemm_conv = uniq.str.contains(_GEMM_OR_CONV)
     half = uniq.str.contains(_HALF)
@@ -92,15 +92,15 @@ def classify_kernels(names: pd.Series) -> pd.Series:
     )
     kind = np.where(tc, "tensor_core", np.where(fp32, "fp32", "other"))
     lookup = dict(zip(uniq, kind, strict=True))
-    return names.astype(str).map(lookup)
+    return per_name(names, lambda n: lookup.get(n, "other"))
 
 
 def _is_rocm(model: TraceModel, kernel_names: pd.Series) -> bool:
     if any(_AMD_DEVICE.search(str(d.get("name", ""))) for d in model.trace.devices):
         return True
-    if len(model.runtime) and model.runtime["name"].str.startswith("hip").any():
+    if len(model.runtime) and per_name(model.runtime["name"], lambda n: n.startswith("hip")).any():
         return True
-    return bool(kernel_names.astype(str).str.contains(_AMD_KERNEL).any())
+    return bool(per_name(kernel_names, lambda n: bool(_AMD_KERNEL.search(n))).any())
 
 
 def _compute_major(model: TraceModel, kernels: pd.DataFrame) -> tuple[int | None, str]:
@@ -111,7 +111,7 @@ def _compute_major(model: TraceModel, kernels: pd.DataFrame) -> tuple[int | None
         return min(used), "deviceProperties"
     if majors:
         return min(majors.values()), "deviceProperties"
-    names = pd.Series(kernels["name"].astype(str).unique())
+    names = pd.Series([str(n) for n in kernels["name"].unique()], dtype=object)
     for pattern, major in _ARCH_HINTS:
         found = [m for m in map(pattern.search, names) if m]
         if found:  # the first pattern captures the major digit
@@ -149,7 +149,7 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
             "the kernel names): whether it has tensor cores cannot be told.",
         )
     kind = classify_kernels(kernels["name"])
-    compute = kernels[~kernels["name"].str.contains(_COMM)]
+    compute = kernels[~per_name(kernels["name"], lambda n: bool(_COMM.search(n)))]
     compute_kind = kind.loc[compute.index]
     compute_us = float(compute["dur"].sum())
     fp32 = compute[compute_kind == "fp32"]

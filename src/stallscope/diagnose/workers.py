@@ -21,7 +21,7 @@ import pandas as pd
 from stallscope.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import LOADER_NAME, TraceModel, name_matches
+from stallscope.model import LOADER_NAME, TraceModel, name_matches, per_name
 
 RULE_ID = "worker-startup"
 
@@ -99,7 +99,7 @@ def _boundaries(model: TraceModel) -> pd.DataFrame | None:
         return None
     l_ts, l_end = loader["ts"].to_numpy(), loader["end"].to_numpy()
     l_dur = loader["dur"].to_numpy()
-    multi = loader["name"].astype(str).str.contains(MULTI, regex=False).to_numpy()
+    multi = per_name(loader["name"], lambda n: MULTI in n).to_numpy()
     n = len(loader)
 
     ops = model.ops

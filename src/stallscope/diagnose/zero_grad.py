@@ -15,7 +15,7 @@ import pandas as pd
 from stallscope.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.model import TraceModel, per_name
 
 RULE_ID = "zero-grad-kernels"
 ZERO_GRAD = "Optimizer.zero_grad#"
@@ -33,7 +33,7 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
     ops = model.ops
     if not model.steps or ops.empty:
         return Assessment(RULE_ID, "not_assessed", "No steps or no CPU ops in the trace.")
-    calls = ops[ops["name"].astype(str).str.startswith(ZERO_GRAD) & (ops["step"] >= 0)]
+    calls = ops[per_name(ops["name"], lambda n: n.startswith(ZERO_GRAD)) & (ops["step"] >= 0)]
     if calls.empty:
         return Assessment(
             RULE_ID, "not_assessed",
