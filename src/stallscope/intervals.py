@@ -73,3 +73,46 @@ def exclusive(masks: list[np.ndarray]) -> list[np.ndarray]:
         out.append(mine)
         taken |= m
     return out
+
+
+def enclosing(
+    starts: np.ndarray, ends: np.ndarray, q_starts: np.ndarray, q_ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Innermost and outermost interval containing each query, as indices (-1: none).
+
+    The intervals are one thread's ranges, which nest like a call stack. Each range's parent
+    is found per nesting depth with searchsorted, then a query climbs from the last range that
+    starts before it to the first ancestor that also ends after it: O((n + q) log n + q * depth)
+    in numpy, where a pairwise containment test would be O(n * q).
+    """
+    n, q = len(starts), len(q_starts)
+    inner = np.full(q, -1, dtype=np.int64)
+    outer = np.full(q, -1, dtype=np.int64)
+    if n == 0 or q == 0:
+        return inner, outer
+    order = np.lexsort((-ends, starts))  # by start; an enclosing range before what it encloses
+    s, e = starts[order], ends[order]
+    pos = np.arange(n)
+    depth = pos - np.searchsorted(np.sort(e), s, side="right")  # ranges still open at s[i]
+    parent = np.full(n, -1, dtype=np.int64)
+    root = pos.copy()
+    for d in np.unique(depth[depth > 0]):
+        up = np.flatnonzero(depth == d - 1)
+        mine = np.flatnonzero(depth == d)
+        k = np.searchsorted(up, mine) - 1
+        ok = k >= 0
+        parent[mine[ok]] = up[k[ok]]
+        root[mine[ok]] = root[up[k[ok]]]  # depths ascend, so the parent's root is final
+    cur = np.searchsorted(s, q_starts, side="right") - 1
+    for _ in range(int(depth.max()) + 2):
+        climb = (cur >= 0) & (e[np.clip(cur, 0, None)] < q_ends)
+        if not climb.any():
+            break
+        cur[climb] = parent[cur[climb]]
+    found = cur >= 0
+    inner[found] = order[cur[found]]
+    top = root[cur[found]]
+    contains = e[top] >= q_ends[found]  # a root always does when the ranges nest properly
+    outer[np.flatnonzero(found)[contains]] = order[top[contains]]
+    outer[np.flatnonzero(found)[~contains]] = order[cur[found][~contains]]
+    return inner, outer
