@@ -36,8 +36,8 @@ def test_two_trace_analyze_reports_each_phase(tmp_path: Path):
     proc = cli("analyze", "-o", str(tmp_path / "out"), *map(str, TWO))
     assert proc.returncode == 0, proc.stderr
     lines = progress_lines(proc.stderr)
-    expected = ["loading 2 trace files", "building the step model of", "(1/2)", "(2/2)",
-                "diagnosing 2 traces", "writing the report to"]
+    expected = ["analysing 2 trace files", "analysed", "(1/2)", "(2/2)",
+                "diagnosing the job (2 traces)", "writing the report to"]
     text = "\n".join(lines)
     positions = [text.find(e) for e in expected]
     assert -1 not in positions, text

@@ -1,40 +1,72 @@
-"""The analyze pipeline as one call: paths -> load -> model -> diagnose -> Report."""
+"""The analyze pipeline as one call: paths -> load -> model -> diagnose -> Report.
+
+Each trace file goes through load, model and diagnose on its own (in parallel processes when
+there are several large ones: see `fanout`); only the job-level rules and the report need them
+all together.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from stallscope import progress
+import pandas as pd
+
+from stallscope import fanout, progress
 from stallscope.context import RunContext
-from stallscope.diagnose import diagnose, diagnose_job
-from stallscope.load import discover, load_paths
-from stallscope.model import build_model
+from stallscope.diagnose import Assessment, diagnose, diagnose_job
+from stallscope.load import discover, infer_rank, load_trace, rank_order
+from stallscope.model import TraceModel, build_model
 from stallscope.report import Report, build_report
 from stallscope.report.text import plain
 
 
-def analyze_paths(paths: list[Path], contexts: dict[str, RunContext] | None = None) -> Report:
-    """`contexts` maps a trace's resolved path to what `stallscope run` captured beside it."""
+def analyze_paths(
+    paths: list[Path],
+    contexts: dict[str, RunContext] | None = None,
+    jobs: int | None = None,
+) -> Report:
+    """`contexts` maps a trace's resolved path to what `stallscope run` captured beside it;
+    `jobs` caps the worker processes (default: sized to the cores and the memory)."""
     files = list(dict.fromkeys(f for p in paths for f in discover(p)))
-    progress.consider_inputs(files)  # several files or a large one: say what is happening
-    progress.say(f"loading {_files_text(files)} ({progress.size_text(progress.total_size(files))})")
-    traces = load_paths(paths)
     contexts = contexts or {}
-    models = []
-    for i, t in enumerate(traces, 1):
-        progress.say(f"building the step model of {_which(t.label, i, len(traces))}")
-        models.append(build_model(t))
-    progress.say("diagnosing" + (f" {len(models)} traces and the job" if len(models) > 1 else ""))
-    verdicts = [diagnose(m, contexts.get(str(m.trace.path.resolve()))) for m in models]
+    progress.consider_inputs(files)  # several files or a large one: say what is happening
+    workers = fanout.worker_count(files, jobs)
+    size = progress.size_text(progress.total_size(files))
+    if len(files) == 1:
+        progress.say(f"loading {plain(files[0].name)} ({size})")
+        results = [_analyze_file(files[0], False, contexts.get(str(files[0].resolve())), True)]
+    else:
+        in_parallel = f" in {workers} processes" if workers > 1 else ""
+        progress.say(f"analysing {len(files)} trace files ({size}){in_parallel}")
+        done: list[int] = []
+
+        def finished(i: int) -> None:
+            done.append(i)
+            progress.say(f"analysed {plain(files[i].name)} ({len(done)}/{len(files)})")
+
+        calls = [(f, True, contexts.get(str(f.resolve())), False) for f in files]
+        results = fanout.run_each(_analyze_file, calls, workers, finished)
+    results.sort(key=lambda r: rank_order(r[0].trace))
+    models = [m for m, _ in results]
+    verdicts = [v for _, v in results]
+    if len(models) > 1:
+        progress.say(f"diagnosing the job ({len(models)} traces)")
     verdicts.append(diagnose_job(models))
     return build_report(models, verdicts, [str(p) for p in paths])
 
 
-def _files_text(files: list[Path]) -> str:
-    if len(files) == 1:
-        return plain(files[0].name)
-    return f"{len(files)} trace files"
-
-
-def _which(label: str, i: int, n: int) -> str:
-    return plain(label) if n == 1 else f"{plain(label)} ({i}/{n})"
+def _analyze_file(
+    path: Path, several: bool, context: RunContext | None, say: bool
+) -> tuple[TraceModel, list[Assessment]]:
+    """Load, model and diagnose one file (runs in a worker process when there are several)."""
+    trace = load_trace(path)
+    if several:
+        infer_rank(trace)
+    if say:
+        progress.say(f"building the step model of {plain(trace.label)}")
+    model = build_model(trace)
+    if say:
+        progress.say("diagnosing")
+    verdict = diagnose(model, context)
+    trace.args = pd.DataFrame()  # read by the model only: not worth sending back
+    return model, verdict

@@ -209,12 +209,17 @@ class _Reader:
         self.on_progress = on_progress
         self.damaged: str | None = None
 
-    def __iter__(self) -> Iterator[bytes]:
+    def __iter__(self) -> Iterator[bytearray]:
         while True:
+            block = bytearray()
             try:
-                block = self.fh.read(BLOCK_BYTES)
+                # read1: a damaged stream raises after the good pieces, which are kept.
+                while len(block) < BLOCK_BYTES and (piece := self.fh.read1(BLOCK_BYTES)):
+                    block += piece
             except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
                 self.damaged = str(exc) or type(exc).__name__
+                if block:
+                    yield block
                 return
             if not block:
                 return

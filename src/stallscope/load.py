@@ -209,15 +209,26 @@ def _merge_names(categories: pd.Index, mapping: dict[str, str]) -> list[str]:
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
+def infer_rank(trace: Trace) -> None:
+    """A trace of a multi-file job without distributedInfo: take the rank from its file name."""
+    if trace.rank is None:
+        match = _RANK_IN_NAME.search(trace.path.name)
+        if match:
+            trace.distributed = {**trace.distributed, "rank": int(match.group(1))}
+
+
+def rank_order(trace: Trace) -> tuple[bool, int, str]:
+    """Sort key: by rank when known, then by file name."""
+    return (trace.rank is None, trace.rank or 0, str(trace.path))
+
+
 def load_paths(paths: list[Path]) -> list[Trace]:
     """Every trace under `paths`, ordered by rank (when known) then by file name."""
     files: list[Path] = []
     for p in paths:
         files.extend(discover(p))
     traces = [load_trace(f) for f in dict.fromkeys(files)]
-    for t in traces:
-        if t.rank is None and len(traces) > 1:
-            match = _RANK_IN_NAME.search(t.path.name)
-            if match:
-                t.distributed = {**t.distributed, "rank": int(match.group(1))}
-    return sorted(traces, key=lambda t: (t.rank is None, t.rank or 0, str(t.path)))
+    if len(traces) > 1:
+        for t in traces:
+            infer_rank(t)
+    return sorted(traces, key=rank_order)

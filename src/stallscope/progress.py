@@ -91,11 +91,11 @@ def active() -> bool:
 
 def size_text(nbytes: float) -> str:
     """`12.3 MB`: how big a file is, for a progress line."""
-    for unit in ("B", "kB", "MB"):
-        if nbytes < 1000 or unit == "MB":
+    for unit in ("B", "kB", "MB", "GB"):
+        if nbytes < 1000 or unit == "GB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
         nbytes /= 1000
-    return f"{nbytes:.1f} MB"
+    return f"{nbytes:.1f} GB"
 
 
 def total_size(files: Iterable[Path]) -> int:

@@ -1,0 +1,120 @@
+"""Run one function over several trace files in parallel processes, sized to the machine.
+
+Why processes: decoding and modelling hold the GIL (msgspec builds Python objects, pandas runs
+short vectorised calls), so threads would not overlap. Why sized: each worker holds one file's
+columns at its peak, so the count is the smallest of the cores this process may use, the files,
+and how many such peaks fit in the memory available now. Small jobs stay in-process, where a
+pool's start-up would cost more than it saves.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import struct
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+
+from stallscope.errors import StallscopeError
+
+T = TypeVar("T")
+
+# Peak resident memory of one worker per byte of trace text, plus its fixed cost (interpreter,
+# numpy, pandas). Measured with benchmarks/bench_scale.py: see docs/performance.md.
+PEAK_PER_TEXT_BYTE = 1.5
+WORKER_BASE_BYTES = 200 << 20
+# Below this much text in total, one process is faster than starting a pool.
+MIN_PARALLEL_TEXT_BYTES = 24 << 20
+MEMORY_HEADROOM = 0.8  # leave a fifth of the available memory to everything else
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def text_size(path: Path) -> int:
+    """Bytes of JSON text in `path`: its size, or for gzip the size it records (mod 4 GiB)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            if fh.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            fh.seek(-4, os.SEEK_END)
+            (recorded,) = struct.unpack("<I", fh.read(4))
+    except OSError:
+        return 0
+    # ISIZE wraps at 4 GiB; a trace compresses about tenfold, so never assume less than that.
+    return max(recorded, size * 10)
+
+
+def worker_count(files: Sequence[Path], jobs: int | None = None) -> int:
+    """How many processes to analyse `files` with (`jobs`: the user's choice, if any)."""
+    if jobs is not None:
+        return max(1, min(jobs, len(files)))
+    if len(files) < 2:
+        return 1
+    sizes = [text_size(f) for f in files]
+    if sum(sizes) < MIN_PARALLEL_TEXT_BYTES:
+        return 1
+    per_worker = PEAK_PER_TEXT_BYTE * max(sizes) + WORKER_BASE_BYTES
+    fits = int(psutil.virtual_memory().available * MEMORY_HEADROOM // per_worker)
+    return max(1, min(usable_cores(), len(files), fits))
+
+
+def run_each(
+    fn: Callable[..., T],
+    calls: Sequence[tuple[Any, ...]],
+    workers: int,
+    on_done: Callable[[int], None] | None = None,
+) -> list[T]:
+    """`fn(*args)` for each args tuple, in `workers` processes; results in input order.
+
+    `on_done(i)` runs in this process as call i finishes (for progress lines). An error in a
+    worker is raised here as itself; a worker killed from outside (out of memory) becomes one
+    clear error rather than a hang or a traceback.
+    """
+    if workers <= 1 or len(calls) <= 1:
+        out = []
+        for i, args in enumerate(calls):
+            out.append(fn(*args))
+            if on_done:
+                on_done(i)
+        return out
+    results: dict[int, T] = {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+        futures = {pool.submit(fn, *args): i for i, args in enumerate(calls)}
+        try:
+            for future in as_completed(futures):
+                i = futures[future]
+                results[i] = future.result()
+                if on_done:
+                    on_done(i)
+        except BrokenProcessPool:
+            raise StallscopeError(
+                f"a worker process died while analysing {len(calls)} traces in {workers} "
+                "processes (most likely out of memory); retry with --jobs 1"
+            ) from None
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    return [results[i] for i in range(len(calls))]
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """fork where it is safe and cheap (Linux, torch not loaded); else a clean interpreter."""
+    if sys.platform.startswith("linux") and "torch" not in sys.modules:
+        return multiprocessing.get_context("fork")
+    if sys.platform != "win32":
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context("spawn")
