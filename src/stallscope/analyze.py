@@ -14,6 +14,7 @@ import pandas as pd
 from stallscope import fanout, progress
 from stallscope.context import RunContext
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
+from stallscope.errors import NoStepsError
 from stallscope.load import discover, infer_rank, load_trace, rank_order
 from stallscope.model import TraceModel, build_model
 from stallscope.report import Report, build_report
@@ -48,6 +49,11 @@ def analyze_paths(
         results = fanout.run_each(_analyze_file, calls, workers, finished)
     results.sort(key=lambda r: rank_order(r[0].trace))
     models = [m for m, _ in results]
+    if not any(m.steps for m in models):
+        which = plain(files[0].name) if len(files) == 1 else f"any of the {len(files)} files"
+        raise NoStepsError(
+            f"no steps found: {which} holds no timed (\"ph\": \"X\") events to analyse"
+        )
     verdicts = [v for _, v in results]
     if len(models) > 1:
         progress.say(f"diagnosing the job ({len(models)} traces)")

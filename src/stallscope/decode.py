@@ -24,6 +24,7 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import compress
 from operator import attrgetter
 from typing import Any, BinaryIO
 
@@ -75,8 +76,11 @@ class Metadata(msgspec.Struct):
     stallscope: Any = None  # written by `stallscope run` (tool, step source, incomplete step)
 
 
+_COMPLETE = "X".__eq__
 _get = {f: attrgetter(f) for f in (*Event.__struct_fields__, *ARG_FIELDS)}
 _EVENTS = msgspec.json.Decoder(list[Event], strict=False)
+_EVENT = msgspec.json.Decoder(Event, strict=False)
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 _META = msgspec.json.Decoder(Metadata)
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -114,13 +118,15 @@ class Columns:
     pid: Interner = field(default_factory=Interner)
     tid: Interner = field(default_factory=Interner)
     parts: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    skipped: int = 0  # events that could not be read, or complete events with unusable times
+    unreadable: int = 0  # events with missing or wrong-typed fields that could not be read
+    bad_times: int = 0  # complete events with a missing, negative or non-finite time
     seen: int = 0  # events of any phase read
+    repaired: int = 0  # chunks whose invalid UTF-8 was replaced by U+FFFD
 
     def add(self, events: list[Event]) -> None:
         # map(attrgetter) rather than comprehensions: this is the per-event hot path.
         self.seen += len(events)
-        xs = [e for e in events if e.ph == "X"]
+        xs = list(compress(events, map(_COMPLETE, map(_get["ph"], events))))
         if not xs:
             return
         n = len(xs)
@@ -128,7 +134,7 @@ class Columns:
         dur = np.fromiter(map(_get["dur"], xs), dtype=np.float64, count=n)
         ok = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0)
         if not ok.all():
-            self.skipped += int((~ok).sum())
+            self.bad_times += int((~ok).sum())
             xs = [e for e, good in zip(xs, ok, strict=True) if good]
             ts, dur, n = ts[ok], dur[ok], len(xs)
         cols = {
@@ -237,7 +243,7 @@ def _find_events_key(head: bytearray, search_from: int) -> re.Match[bytes] | Non
         prefix = bytes(head[: match.start()])
         try:  # the key is top level exactly when the text before it is an open object
             _ANY.decode(prefix + b'"traceEvents":null}')
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             continue
         return match
     return None
@@ -272,24 +278,49 @@ def _decode_events(buf: bytearray, end: int, cols: Columns) -> list[Event] | Non
     buf[end] = ord("]")
     try:
         with memoryview(buf) as view:
-            return _EVENTS.decode(view[: end + 1])
-    except msgspec.ValidationError:
-        with memoryview(buf) as view:
-            try:
-                raw = _ANY.decode(view[: end + 1])
-            except msgspec.DecodeError:
-                return None
-        return lenient_events(raw, cols) if isinstance(raw, list) else None
-    except msgspec.DecodeError:
-        return None
+            return _events_in(view[: end + 1], cols)
     finally:
         buf[end] = saved
 
 
-def lenient_events(raw: list[Any], cols: Columns) -> list[Event]:
-    """Events one by one, for a chunk where some field has an odd type: keep what reads."""
+def _events_in(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
+    try:
+        return _EVENTS.decode(text)
+    except msgspec.ValidationError:  # an odd field somewhere: split, then read event by event
+        try:
+            raws = _RAWS.decode(text)
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+            return None
+        return lenient_events(raws, cols)
+    except UnicodeDecodeError:  # a name with bytes that are not UTF-8: keep it, marked
+        repaired = bytes(text).decode("utf-8", "replace").encode("utf-8")
+        events = _events_in(repaired, cols)
+        if events is not None:
+            cols.repaired += 1
+        return events
+    except msgspec.DecodeError:
+        return None
+
+
+def lenient_events(items: list[Any], cols: Columns) -> list[Event]:
+    """Events one by one, for a chunk where some field is odd: keep every event that reads.
+
+    `items` are undecoded events (msgspec.Raw) or decoded JSON values. An event whose `args`
+    alone are odd is kept without them; one that cannot be read at all is counted.
+    """
     events = []
-    for item in raw:
+    for item in items:
+        if isinstance(item, msgspec.Raw):
+            try:
+                events.append(_EVENT.decode(item))
+                continue
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+                pass
+            try:
+                item = _ANY.decode(item)
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+                cols.unreadable += 1  # e.g. a number out of range (1e999)
+                continue
         try:
             events.append(msgspec.convert(item, Event, strict=False))
             continue
@@ -302,7 +333,7 @@ def lenient_events(raw: list[Any], cols: Columns) -> list[Event]:
                 continue
             except (msgspec.ValidationError, TypeError):
                 pass
-        cols.skipped += 1
+        cols.unreadable += 1
     return events
 
 
@@ -338,7 +369,7 @@ def _finish(buf: bytearray, prefix: bytes, cols: Columns) -> Decoded:
             try:
                 meta = _META.decode(prefix + b'"traceEvents":null' + (b"," if body != b"}"
                                                                      else b"") + body)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
                 meta = None
             if meta is not None:
                 events = _decode_events(buf, close, cols) if close > 1 else []
@@ -354,5 +385,5 @@ def _finish(buf: bytearray, prefix: bytes, cols: Columns) -> Decoded:
 def _prefix_metadata(prefix: bytes) -> Metadata:
     try:
         return _META.decode(prefix + b'"traceEvents":null}')
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
         return Metadata()

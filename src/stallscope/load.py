@@ -54,6 +54,7 @@ class Trace:
     capture: dict[str, Any] = field(default_factory=dict)  # stallscope's own metadata, if any
     skipped_events: int = 0
     truncated: bool = False  # the file ends early; the events before the cut were analysed
+    notes: list[str] = field(default_factory=list)  # what reading left out or repaired
     # `args` fields of each event, same index as `events`: correlation, device, stream, bytes
     # (NaN where absent). They link runtime calls to GPU work and size the copies.
     args: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
@@ -129,16 +130,21 @@ def _whole_document(path: Path) -> Decoded:
     data = read_bytes(path)
     if not data.strip():
         raise InputError(f"{path}: file is empty")
+    repaired = False
     try:
-        obj = msgspec.json.decode(data)
-    except msgspec.DecodeError as exc:
+        try:
+            obj = msgspec.json.decode(data)
+        except UnicodeDecodeError:  # invalid UTF-8 in a string: keep the text, marked
+            obj = msgspec.json.decode(data.decode("utf-8", "replace").encode("utf-8"))
+            repaired = True
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise InputError(f"{path}: not a Kineto trace (top level is a {type(obj).__name__})")
     if not isinstance(obj.get("traceEvents"), list):
         raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
     # Shaped like a trace after all (the streaming reader gave up on its layout): decode it.
-    cols = Columns()
+    cols = Columns(repaired=int(repaired))
     cols.add(lenient_events(obj.pop("traceEvents"), cols))
     meta = msgspec.convert(
         {k: obj.get(k) for k in Metadata.__struct_fields__}, Metadata, strict=False
@@ -146,27 +152,42 @@ def _whole_document(path: Path) -> Decoded:
     return Decoded(cols, meta)
 
 
+# A duration longer than this many times the span of all event starts (and over a minute) is
+# corrupt: a profiler records seconds to minutes, and every event starts inside that span.
+IMPLAUSIBLE_SPAN_FACTOR = 10.0
+IMPLAUSIBLE_MIN_US = 60e6
+
+
 def _build(path: Path, decoded: Decoded) -> Trace:
     cols, meta = decoded.columns, decoded.metadata
-    ts = cols.column("ts")
+    ts, dur = cols.column("ts"), cols.column("dur")
+    keep = slice(None)
+    implausible = 0
+    if len(ts):
+        limit = max(IMPLAUSIBLE_SPAN_FACTOR * float(ts.max() - ts.min()), IMPLAUSIBLE_MIN_US)
+        plausible = dur <= limit
+        implausible = int((~plausible).sum())
+        if implausible:
+            keep = plausible
+            ts, dur = ts[keep], dur[keep]
     t0 = float(ts.min()) if len(ts) else 0.0
-    cats = _categorical(cols.column("cat", np.int32), cols.cat.values)
+    cats = _categorical(cols.column("cat", np.int32)[keep], cols.cat.values)
     legacy = any(c in LEGACY_CATEGORIES for c in cats.categories)
     if legacy:
         cats = cats.rename_categories(_merge_names(cats.categories, LEGACY_CATEGORIES))
     frame = pd.DataFrame(
         {
             "cat": cats,
-            "name": _categorical(cols.column("name", np.int32), cols.name.values),
-            "pid": _categorical(cols.column("pid", np.int32), cols.pid.values),
-            "tid": _categorical(cols.column("tid", np.int32), cols.tid.values),
+            "name": _categorical(cols.column("name", np.int32)[keep], cols.name.values),
+            "pid": _categorical(cols.column("pid", np.int32)[keep], cols.pid.values),
+            "tid": _categorical(cols.column("tid", np.int32)[keep], cols.tid.values),
             "ts": ts - t0,
-            "dur": cols.column("dur"),
+            "dur": dur,
         },
         copy=False,
     )
     frame["end"] = frame["ts"] + frame["dur"]
-    args = pd.DataFrame({f: cols.column(f) for f in ARG_FIELDS}, copy=False)
+    args = pd.DataFrame({f: cols.column(f)[keep] for f in ARG_FIELDS}, copy=False)
     devices = [d for d in (meta.deviceProperties or []) if isinstance(d, dict)]
     dist = meta.distributedInfo if isinstance(meta.distributedInfo, dict) else {}
     return Trace(
@@ -177,10 +198,39 @@ def _build(path: Path, decoded: Decoded) -> Trace:
         devices=devices,
         distributed=dist,
         capture=meta.stallscope if isinstance(meta.stallscope, dict) else {},
-        skipped_events=cols.skipped,
+        skipped_events=cols.unreadable + cols.bad_times + implausible,
         truncated=decoded.truncated,
+        notes=_load_notes(path, decoded, implausible, len(frame)),
         args=args,
     )
+
+
+def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int) -> list[str]:
+    """What was left out or repaired while reading, in words for the report."""
+    cols, notes = decoded.columns, []
+    if decoded.truncated:
+        notes.append(
+            f"{path.name} ends early (cut off while being written or copied): the {kept:,} "
+            "complete events before the cut were analysed, so the last step may be missing "
+            "work."
+        )
+    if cols.unreadable:
+        notes.append(f"{_events(cols.unreadable)} of {path.name} were left out: missing, "
+                     "wrong-typed or out-of-range fields.")
+    if cols.bad_times:
+        notes.append(f"{_events(cols.bad_times)} of {path.name} were left out: a "
+                     "missing, negative or non-numeric time or duration.")
+    if implausible:
+        notes.append(f"{_events(implausible)} of {path.name} were left out: durations longer "
+                     f"than {IMPLAUSIBLE_SPAN_FACTOR:.0f} times the whole recording.")
+    if cols.repaired:
+        notes.append(f"{path.name} holds bytes that are not UTF-8; they were replaced by "
+                     "U+FFFD, so some names show \ufffd.")
+    return notes
+
+
+def _events(n: int) -> str:
+    return f"{n:,} event" + ("" if n == 1 else "s")
 
 
 def _categorical(codes: np.ndarray, values: list[Any]) -> pd.Categorical:

@@ -115,7 +115,7 @@ class TraceModel:
 def build_model(trace: Trace) -> TraceModel:
     ev = trace.events
     notes: list[str] = []
-    windows, step_names, main_pid, main_tid = _step_windows(ev)
+    windows, step_names, main_pid, main_tid = _step_windows(ev, notes)
     cut = trace.capture.get("incomplete_step")
     if cut in step_names and len(step_names) > 1:
         keep = [n != cut for n in step_names]
@@ -123,14 +123,11 @@ def build_model(trace: Trace) -> TraceModel:
         notes.append(f"{cut} was cut short when the script ended, so it is left out.")
     elif cut in step_names:
         notes.append(f"The only recorded step, {cut}, was cut short when the script ended.")
-    if trace.truncated:
-        notes.append(
-            f"{trace.path.name} ends early (cut off while being written or copied): the "
-            f"{len(ev):,} complete events before the cut were analysed, so the last step may "
-            "be missing work."
-        )
+    notes.extend(trace.notes)
     source = "ProfilerStep" if step_names else "whole-trace"
-    if source == "whole-trace":
+    if not len(windows):
+        notes.append(f"{trace.path.name} holds no timed events: nothing in it was analysed.")
+    elif source == "whole-trace":
         notes.append(
             "No ProfilerStep#N markers (prof.step() was not called): the whole trace is "
             "analysed as one window, so per-step figures are for that window."
@@ -281,14 +278,26 @@ def _steps(
     return steps
 
 
-def _step_windows(ev: pd.DataFrame) -> tuple[np.ndarray, list[str], str | None, str | None]:
+def _step_windows(
+    ev: pd.DataFrame, notes: list[str]
+) -> tuple[np.ndarray, list[str], str | None, str | None]:
     """Step windows [start, end) in trace time, their names ([] for the whole-trace window),
-    and the (pid, tid) of the thread that steps."""
+    and the (pid, tid) of the thread that steps. Odd step markers are noted, not hidden."""
     is_step = name_matches(ev["name"], STEP_NAME) & ev["cat"].isin(["user_annotation", "cpu_op"])
     steps = ev[is_step].sort_values("ts")
     if len(steps):
         numbers = steps["name"].astype(str).str.extract(STEP_NAME.pattern)[0].astype(int)
-        steps = steps.assign(number=numbers.to_numpy()).drop_duplicates("number", keep="first")
+        steps = steps.assign(number=numbers.to_numpy())
+        repeated = steps["number"].duplicated(keep="first")
+        if repeated.any():
+            again = sorted(set(steps.loc[repeated, "number"].tolist()))
+            shown = ", ".join(f"#{n}" for n in again[:5]) + (" ..." if len(again) > 5 else "")
+            notes.append(
+                f"ProfilerStep numbers repeat ({shown}; {int(repeated.sum())} repeats): only the "
+                "first range of each number is a step here. Two recordings in one file, or two "
+                "threads stepping, do this; analyse them as separate files."
+            )
+            steps = steps[~repeated]
         starts = steps["ts"].to_numpy()
         ends = steps["end"].to_numpy()
         # A step cannot outlast the start of the next one.
