@@ -167,7 +167,18 @@ def test_invalid_utf8_is_replaced_and_said(tmp_path: Path):
     path.write_bytes(text)
     report = analysed(tmp_path, path)
     assert report["steps"]
-    assert any("not UTF-8" in n for n in report["notes"])
+    assert any("not valid UTF-8" in n for n in report["notes"])
+
+
+def test_lone_surrogate_escapes_are_replaced_and_said(tmp_path: Path):
+    # A name cut in the middle of a surrogate pair is written as "\ud83d" alone: JSON allows
+    # it, msgspec refuses it.
+    text = json.dumps(sample_doc()).replace('"aten::', '"\\ud83daten::', 2)
+    path = tmp_path / "cut-emoji.pt.trace.json"
+    path.write_text(text)
+    report = analysed(tmp_path, path)
+    assert report["steps"]
+    assert any("not valid UTF-8" in n for n in report["notes"])
 
 
 def test_huge_names_are_read(tmp_path: Path):

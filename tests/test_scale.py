@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from stallscope import decode, fanout
 from stallscope.analyze import analyze_paths
+from stallscope.errors import StallscopeError
 from stallscope.intervals import enclosing
 from stallscope.load import load_trace
 from stallscope.report.json_writer import report_data
@@ -171,6 +173,18 @@ def test_workers_are_sized_to_cores_files_and_memory(tmp_path: Path,
     assert fanout.worker_count(files) == 1  # never zero: one process, as without a pool
     assert fanout.worker_count(files[:1]) == 1
     assert fanout.worker_count(files, jobs=3) == 3  # the user's choice wins
+
+
+def _dies_on_one(i: int) -> int:
+    if i == 1:
+        os._exit(9)  # what the kernel's out-of-memory killer leaves behind, near enough
+    return i
+
+
+def test_a_worker_killed_from_outside_is_one_clear_error():
+    assert fanout.run_each(_dies_on_one, [(0,), (2,)], 2) == [0, 2]
+    with pytest.raises(StallscopeError, match="worker process died .* retry with --jobs 1"):
+        fanout.run_each(_dies_on_one, [(0,), (1,), (2,)], 2)
 
 
 def test_gzip_text_size_comes_from_the_gzip_trailer(tmp_path: Path):

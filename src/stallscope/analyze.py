@@ -35,7 +35,9 @@ def analyze_paths(
     size = progress.size_text(progress.total_size(files))
     if len(files) == 1:
         progress.say(f"loading {plain(files[0].name)} ({size})")
-        results = [_analyze_file(files[0], False, contexts.get(str(files[0].resolve())), True)]
+        meter = progress.Meter(f"reading {plain(files[0].name)}", fanout.text_size(files[0]))
+        context = contexts.get(str(files[0].resolve()))
+        results = [_analyze_file(files[0], False, context, meter if progress.active() else None)]
     else:
         in_parallel = f" in {workers} processes" if workers > 1 else ""
         progress.say(f"analysing {len(files)} trace files ({size}){in_parallel}")
@@ -45,7 +47,7 @@ def analyze_paths(
             done.append(i)
             progress.say(f"analysed {plain(files[i].name)} ({len(done)}/{len(files)})")
 
-        calls = [(f, True, contexts.get(str(f.resolve())), False) for f in files]
+        calls = [(f, True, contexts.get(str(f.resolve())), None) for f in files]
         results = fanout.run_each(_analyze_file, calls, workers, finished)
     results.sort(key=lambda r: rank_order(r[0].trace))
     models = [m for m, _ in results]
@@ -62,10 +64,13 @@ def analyze_paths(
 
 
 def _analyze_file(
-    path: Path, several: bool, context: RunContext | None, say: bool
+    path: Path, several: bool, context: RunContext | None, meter: progress.Meter | None
 ) -> tuple[TraceModel, list[Assessment]]:
-    """Load, model and diagnose one file (runs in a worker process when there are several)."""
-    trace = load_trace(path)
+    """Load, model and diagnose one file (runs in a worker process when there are several).
+
+    `meter` (one file only) is fed the bytes read and makes the phases say themselves."""
+    say = meter is not None
+    trace = load_trace(path, meter)
     if several:
         infer_rank(trace)
     if say:

@@ -83,6 +83,10 @@ _EVENT = msgspec.json.Decoder(Event, strict=False)
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 _META = msgspec.json.Decoder(Metadata)
+_LONE_SURROGATE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+)
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 
@@ -294,12 +298,16 @@ def _events_in(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
         return lenient_events(raws, cols)
     except UnicodeDecodeError:  # a name with bytes that are not UTF-8: keep it, marked
         repaired = bytes(text).decode("utf-8", "replace").encode("utf-8")
-        events = _events_in(repaired, cols)
-        if events is not None:
-            cols.repaired += 1
-        return events
     except msgspec.DecodeError:
-        return None
+        # Not a whole list (a cut inside an event), or an escaped lone surrogate ("\ud800",
+        # from a name cut mid-character), which msgspec refuses: mend that and try again.
+        repaired, n = _LONE_SURROGATE.subn(rb"\\ufffd", bytes(text))
+        if not n:
+            return None
+    events = _events_in(repaired, cols)
+    if events is not None:
+        cols.repaired += 1
+    return events
 
 
 def lenient_events(items: list[Any], cols: Columns) -> list[Event]:

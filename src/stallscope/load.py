@@ -224,8 +224,8 @@ def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int) -> li
         notes.append(f"{_events(implausible)} of {path.name} were left out: durations longer "
                      f"than {IMPLAUSIBLE_SPAN_FACTOR:.0f} times the whole recording.")
     if cols.repaired:
-        notes.append(f"{path.name} holds bytes that are not UTF-8; they were replaced by "
-                     "U+FFFD, so some names show \ufffd.")
+        notes.append(f"{path.name} holds text that is not valid UTF-8 (stray bytes, or half of "
+                     "a surrogate pair); it was replaced by U+FFFD, so some names show \ufffd.")
     return notes
 
 

@@ -89,6 +89,24 @@ def active() -> bool:
     return _current.active
 
 
+class Meter:
+    """Reports how far through `total` bytes a long read is, every `every_s` seconds at most."""
+
+    def __init__(self, label: str, total: int, every_s: float = 3.0) -> None:
+        self.label, self.total, self.every_s = label, max(total, 1), every_s
+        self.done = 0
+        self._last = time.monotonic()
+
+    def __call__(self, nbytes: int) -> None:
+        self.done += nbytes
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            share = min(100.0, 100.0 * self.done / self.total)
+            say(f"{self.label}: {share:.0f}% ({size_text(self.done)} of about "
+                f"{size_text(self.total)})")
+
+
 def size_text(nbytes: float) -> str:
     """`12.3 MB`: how big a file is, for a progress line."""
     for unit in ("B", "kB", "MB", "GB"):
