@@ -284,7 +284,7 @@ def _prepare(out: Path, force: bool) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     """Load both sides, compare, write compare.json/html/md atomically, print a summary."""
     from stallscope import progress
-    from stallscope.outputs import write_atomic
+    from stallscope.outputs import write_files
     from stallscope.report.compare_writers import (
         render_compare_html,
         render_compare_markdown,
@@ -303,8 +303,7 @@ def run_compare(args: argparse.Namespace) -> int:
         "compare.html": render_compare_html(data),
         "compare.md": render_compare_markdown(data),
     }
-    for name, text in rendered.items():
-        write_atomic(out / name, text)
+    write_files(out, rendered)  # all three or none: a full disk never mixes old and new
     if not args.quiet:
         sys.stdout.write(render_compare_terminal(data, {k: str(out / k) for k in rendered}))
     return EXIT_OK
