@@ -1,14 +1,25 @@
-"""Where reports go: a fresh folder, files written atomically, nothing overwritten by surprise."""
+"""Where reports go: a fresh folder, files written atomically, nothing overwritten by surprise.
+
+A report is a set of files (report.json, .html, .md) that must agree: they are written as a set,
+each to a temporary file first and renamed into place only once all of them were written whole.
+A full disk or an unwritable folder therefore leaves the previous report as it was (or no report),
+never a new report.json beside an old report.html, and never half a file.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 
 from stallscope.errors import OutputError
 
 REPORT_FILES = ("report.json", "report.html", "report.md")
+# Characters kept from an input's name in the default output folder's name: a file name from
+# someone else's machine may hold escape sequences, markup or bidirectional overrides.
+_UNSAFE_NAME = re.compile(r"[^\w.+-]+")
+_MAX_NAME = 100
 
 
 def default_out_dir(inputs: list[Path]) -> Path:
@@ -16,6 +27,7 @@ def default_out_dir(inputs: list[Path]) -> Path:
     name = inputs[0].resolve().name or "trace"
     for suffix in (".gz", ".json", ".pt.trace"):
         name = name.removesuffix(suffix)
+    name = _UNSAFE_NAME.sub("_", name).strip("._")[:_MAX_NAME] or "trace"
     return Path.cwd() / f"stallscope-{name}"
 
 
@@ -25,7 +37,8 @@ def default_run_out_dir(stem: str) -> Path:
 
 
 def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILES) -> None:
-    """Refuse, before any expensive work, to overwrite `files` in `out` without --force."""
+    """Refuse, before any expensive work, to overwrite `files` in `out` without --force, and
+    to write where writing will fail: `out` is created and a file is created and removed in it."""
     existing = [f for f in files if (out / f).exists()]
     if existing and not force:
         raise OutputError(
@@ -34,22 +47,71 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
         )
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a folder")
+    for f in existing:
+        if not (out / f).is_file():
+            raise OutputError(f"{out / f} exists and is not a file; remove it or use -o")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create {out}: {exc.strerror or exc}") from None
+    try:
+        with tempfile.TemporaryFile(dir=out, prefix=".stallscope-probe-"):
+            pass
+    except OSError as exc:
+        raise OutputError(f"cannot write in {out}: {exc.strerror or exc}") from None
 
 
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
+    write_files(path.parent, {path.name: text})
+
+
+def write_files(out: Path, files: dict[str, str]) -> None:
+    """Write every file of `files` (name -> text) into `out`, all or none: each is written whole
+    to a temporary file first; only when all are written are they renamed into place. On any
+    error the temporary files are removed and the folder holds what it held before."""
+    staged: list[tuple[str, Path]] = []
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+            for name, text in files.items():
+                staged.append((name, _stage(out / name, text)))
+        except OSError as exc:
+            failed = out / list(files)[len(staged)]
+            raise OutputError(f"cannot write {failed}: {exc.strerror or exc}") from None
+        for i, (name, tmp) in enumerate(staged):
+            try:
+                os.replace(tmp, out / name)
+            except OSError as exc:
+                raise OutputError(f"cannot write {out / name}: {exc.strerror or exc}") from None
+            staged[i] = (name, out / name)  # in place: no longer a temporary file to remove
+    finally:
+        for name, tmp in staged:
+            if tmp != out / name:
+                tmp.unlink(missing_ok=True)
+
+
+def _stage(path: Path, text: str) -> Path:
+    """`text` written whole to a new temporary file beside `path`, with the permissions a plain
+    new file would get (mkstemp's are owner-only); its path."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
+    try:
+        # Writers clean names for display; `replace` is the last guard, so a file name with
+        # bytes that are not UTF-8 can never cost the whole report.
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as fh:
+            os.fchmod(fh.fileno(), _file_mode(path))
+            fh.write(text)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _file_mode(path: Path) -> int:
+    """The mode of the file being replaced, else 0o666 less the umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask

@@ -124,7 +124,9 @@ def build_report(
     return Report(
         schema_version=SCHEMA_VERSION,
         stallscope_version=__version__,
-        source={"paths": paths, "files": [str(m.trace.path) for m in models]},
+        # As typed, but in one order: the same inputs in another order are the same job (traces
+        # are ordered by rank, then path), so they make the same report.json.
+        source={"paths": sorted(set(paths)), "files": [str(m.trace.path) for m in models]},
         environment=_environment(models),
         steps=all_steps,
         summary=_summary(all_steps),
@@ -140,6 +142,17 @@ def build_report(
         top_host_ops=top_host_ops(models),
         top_gpu_kernels=top_gpu_kernels(models),
     )
+
+
+def analyze_command(paths: list[str], fail_on: str | None, tensorboard: bool) -> str:
+    """The `stallscope analyze` command line that reproduces a report, as report.json records
+    it: the paths (sorted) and the options that change what the command does (--fail-on,
+    --tensorboard), without -o, --force, -q or --jobs, which only choose where the files go,
+    whether an old report may be replaced, what is printed and how fast. So a report does not
+    depend on the folder it was written to, or on being written again with --force."""
+    options = (["--fail-on", fail_on] if fail_on else []) + (["--tensorboard"] if tensorboard
+                                                              else [])
+    return shlex.join(["stallscope", "analyze", *paths, *options])
 
 
 def attach_run(

@@ -1,7 +1,9 @@
 """report.html: one self-contained page (inline CSS and SVG, no network), rendered by jinja2.
 
-Every trace-derived string goes through autoescaping; the data block is embedded with `tojson`,
-which escapes `<`, `>` and `&` so a kernel name cannot close the script element.
+Every string a template prints goes through `display` (controls and bidirectional overrides
+dropped, cut to MAX_TEXT characters) and then autoescaping; the data block is embedded with
+`tojson`, which escapes `<`, `>` and `&` so a kernel name cannot close the script element, and
+its strings are cut the same way (report.json beside the page keeps them whole).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup, escape
 
 from stallscope.model import HOST_CATEGORIES
 from stallscope.report.build import Report
 from stallscope.report.json_writer import report_data
+from stallscope.report.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 
 COLORS = {
     "dataloader": "#d62728",
@@ -60,14 +64,32 @@ def templates_dir() -> Path:
 
 
 def jinja_env() -> jinja2.Environment:
-    """The one way stallscope's pages are rendered: autoescaped, strict about missing data."""
-    return jinja2.Environment(
+    """The one way stallscope's pages are rendered: autoescaped, every printed string cleaned
+    and bounded (`display`), strict about missing data."""
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates_dir())),
         autoescape=True,
+        finalize=display,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env.filters["code"] = code_text
+    return env
+
+
+def display(value: Any) -> Any:
+    """What a template prints for `value`: strings cleaned (no controls, no bidirectional
+    overrides) and cut to MAX_TEXT characters, so a hostile name stays inert and one 100 kB name
+    cannot blow up the page; markup the templates build themselves passes unchanged."""
+    if isinstance(value, Markup) or not isinstance(value, str):
+        return value
+    return clip(clean(value), MAX_TEXT)
+
+
+def code_text(text: str) -> Markup:
+    """A command to copy, escaped: cut only at MAX_CODE, past where `display` would cut it."""
+    return escape(clip(clean(text), MAX_CODE))
 
 
 def render_html(report: Report) -> str:
@@ -79,7 +101,7 @@ def render_html(report: Report) -> str:
     template = env.get_template("report.html.j2")
     return template.render(
         report=report,
-        data=report_data(report),
+        data=bounded(report_data(report)),
         chart=_steps_chart(report.steps),
         timeline=_timeline_chart(report.timeline),
         colors=COLORS,
@@ -92,12 +114,16 @@ def render_html(report: Report) -> str:
     )
 
 
-def pretty_json(value: Any) -> str:
-    """Nested evidence as readable JSON text: one list item per line, names kept as written
-    (the caller autoescapes it; `tojson` would show `<` as \\u003c)."""
+def pretty_json(value: Any) -> Markup:
+    """Nested evidence as readable, escaped JSON text: one list item per line, names kept as
+    written (`tojson` would show `<` as \\u003c) but cleaned and cut one by one, so the
+    evidence around a long name survives."""
+    value = bounded(value, SHORT_NAME_CHARS * 4)
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return "\n".join(json.dumps(v, ensure_ascii=False, default=str) for v in value)
-    return json.dumps(value, ensure_ascii=False, default=str)
+        text = "\n".join(json.dumps(v, ensure_ascii=False, default=str) for v in value)
+    else:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    return escape(clean(text))
 
 
 def _gpu_lines(devices: list[dict[str, Any]]) -> list[tuple[int, str]]:
@@ -105,15 +131,20 @@ def _gpu_lines(devices: list[dict[str, Any]]) -> list[tuple[int, str]]:
     lines: dict[str, int] = {}
     for d in devices:
         facts = []
-        if d.get("computeMajor") is not None:
+        if _number(d.get("computeMajor")):
             facts.append(f"sm {d['computeMajor']}.{d.get('computeMinor', 0)}")
-        if d.get("totalGlobalMem"):
+        if _number(d.get("totalGlobalMem")) and d["totalGlobalMem"] > 0:
             facts.append(f"{d['totalGlobalMem'] / 2**30:.0f} GiB")
-        if d.get("numSms"):
+        if _number(d.get("numSms")) and d["numSms"] > 0:
             facts.append(f"{d['numSms']} SMs")
         text = f"{d.get('name', 'unknown GPU')}" + (f" ({', '.join(facts)})" if facts else "")
         lines[text] = lines.get(text, 0) + 1
     return [(count, text) for text, count in lines.items()]
+
+
+def _number(value: Any) -> bool:
+    """A device property the trace wrote as a number (a hostile trace may write anything)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def short_name(name: str, limit: int = SHORT_NAME_CHARS) -> str:

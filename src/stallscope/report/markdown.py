@@ -97,8 +97,9 @@ def render_markdown(report: Report) -> str:
     lines += [
         "```",
         "",
+        # Escaped text, not code spans: a code span shows a file name's `<` and `&` only raw.
         "Or drag a trace file into ui.perfetto.dev: "
-        + ", ".join(f"`{md_code(t['path']).replace('`', '')}`" for t in report.traces),
+        + ", ".join(md(t["path"]) for t in report.traces),
         "",
     ]
     not_assessed = [a for a in report.assessments if a["status"] == "not_assessed"]

@@ -1,34 +1,83 @@
-"""Making trace-derived strings safe for a terminal and for Markdown.
+"""Making trace-derived strings safe, and bounded, for a terminal, Markdown and HTML.
 
-Kernel and op names come from other people's traces: they may hold control characters,
-backticks, pipes or HTML. The HTML writer relies on jinja2's autoescaping instead.
+Kernel, op, thread and file names come from other people's traces and folders: they may hold
+control characters (terminal escape sequences, NUL, backspace), bidirectional overrides that
+make text read differently from what it is, undecodable file-name bytes, backticks, pipes, HTML,
+or 100 kB of text. The writers show them as inert text, cut to a length a reader can use; the
+HTML writer escapes markup through jinja2's autoescaping and cleans and cuts through `display`.
+report.json keeps every name whole.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")
+# Longest string shown whole in report.html and report.md (the longest real kernel names run to
+# about 5,000 characters and read no better whole; prose from the rules stays under 1,000).
+MAX_TEXT = 2000
+# A fenced code block (a command, a snippet) may be longer: it is copied, not read.
+MAX_CODE = 20_000
+# Longest string in a terminal line: a screen is read, not scrolled.
+MAX_TERMINAL = 300
+
+# C0 controls but tab and newline, DEL, C1 controls (ESC sequences, BEL, CR, backspace, NUL),
+# and the bidirectional embeddings, overrides and isolates that reorder what follows them.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Lone surrogates: file names with bytes that are not UTF-8 (Python's surrogateescape); no
+# UTF-8 writer can encode them, so they show as the replacement character.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]|~#])")
+# What would start a block (a list item, a setext underline) at the beginning of a line; `#`
+# and `>` are escaped wherever they are.
+_MD_BULLET = re.compile(r"^(\s*)([-+=])")
+_MD_ORDERED = re.compile(r"^(\s*\d+)([.)])")
 
 
-def plain(text: object) -> str:
-    """Printable for a terminal: control characters (escape sequences included) dropped."""
-    return _CONTROL.sub("", str(text))
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… (+{len(text) - limit:,} characters)"
 
 
-def md(text: object) -> str:
-    """Literal in Markdown, table cells included."""
-    escaped = _MD_SPECIAL.sub(r"\\\1", plain(text)).replace("\n", " ")
+def clean(text: object) -> str:
+    """Controls and bidirectional overrides dropped, undecodable bytes shown as U+FFFD;
+    newlines and tabs kept."""
+    return _SURROGATE.sub("\ufffd", _CONTROL.sub("", str(text)))
+
+
+def plain(text: object, limit: int = MAX_TEXT) -> str:
+    """Printable on one terminal line: controls (escape sequences included) dropped, newlines
+    and tabs as spaces, cut to `limit` characters."""
+    return clip(clean(text).replace("\n", " ").replace("\t", " "), limit)
+
+
+def md(text: object, limit: int = MAX_TEXT) -> str:
+    """Literal in Markdown, table cells and list items included: one line, no markup."""
+    text = plain(text, limit).replace("&", "&amp;")
+    escaped = _MD_SPECIAL.sub(r"\\\1", text)
+    escaped = _MD_ORDERED.sub(r"\1\\\2", _MD_BULLET.sub(r"\1\\\2", escaped))
     # Entities, not backslashes, for angle brackets: renderers that allow inline HTML differ on
     # whether a backslash stops a tag.
     return escaped.replace("<", "&lt;").replace(">", "&gt;")
 
 
-def md_code(text: object) -> str:
+def md_code(text: object, limit: int = MAX_CODE) -> str:
     """Inside a fenced code block: only a fence could break out, so break fences."""
-    return plain_multiline(text).replace("```", "` ` `")
+    return plain_multiline(text, limit).replace("```", "` ` `").replace("~~~", "~ ~ ~")
 
 
-def plain_multiline(text: object) -> str:
-    return "\n".join(plain(line) for line in str(text).split("\n"))
+def plain_multiline(text: object, limit: int = MAX_CODE) -> str:
+    return clip(clean(text), limit)
+
+
+def bounded(value: Any, limit: int = MAX_TEXT) -> Any:
+    """`value` with every string in it (nested ones too) cut to `limit` characters."""
+    if isinstance(value, str):
+        return clip(value, limit)
+    if isinstance(value, dict):
+        return {k: bounded(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [bounded(v, limit) for v in value]
+    return value
