@@ -1,15 +1,15 @@
 """Command-line front door. Each command composes the pipeline; errors end in one line.
 
 Exit codes: 0 analysed; 1 internal error (a stallscope bug); 2 usage error or unreadable input
-or output; 3 `--fail-on` threshold met; 4 `run` recorded no step; 130 interrupted. Under `run`,
-a script that ends with a non-zero status passes that status through (1 for an exception).
+or output; 3 `--fail-on` threshold met; 4 `run` recorded no step; 124 `run --timeout` stopped
+the script (as coreutils `timeout`); 130 interrupted. Under `run`, a script that ends with a
+non-zero status passes that status through (1 for an exception).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -46,6 +46,14 @@ def build_parser() -> _Parser:
     an.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     an.add_argument("-o", "--out", type=Path, help="output folder (default: ./stallscope-<input>)")
     an.add_argument("--force", action="store_true", help="overwrite an existing report")
+    an.add_argument(
+        "-j",
+        "--jobs",
+        type=whole_number(1),
+        metavar="N",
+        help="analyse up to N trace files at once in separate processes (default: as many as "
+        "the cores and the available memory allow; 1 for small inputs)",
+    )
     an.add_argument(
         "--fail-on",
         choices=("high", "medium", "low"),
@@ -101,6 +109,13 @@ def _add_run_parser(sub: Any) -> _Parser:
     )
     run.add_argument("--run-to-end", action="store_true",
                      help="let the script finish after recording instead of stopping it")
+    run.add_argument(
+        "--timeout", type=seconds, metavar="SECONDS",
+        help="stop the script if it is still running this many seconds after it started "
+        "(stallscope's own start-up and the analysis after do not count), keep the steps "
+        "recorded so far, write a partial report and exit 124; a script that does not stop "
+        "within min(10, SECONDS) s more is ended with what was written",
+    )
     run.add_argument("--fail-on", choices=("high", "medium", "low"),
                      help="exit 3 when a finding at or above this severity exists")
     run.add_argument("-q", "--quiet", action="store_true",
@@ -189,6 +204,17 @@ def whole_number(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a duration in seconds above 0 (`--timeout 90`, `--timeout 2.5`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
 def split_run_argv(argv: list[str], run: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
     """Split `run` arguments into stallscope's own (ending with the target) and the script's.
 
@@ -253,20 +279,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int) -> int:
+    from stallscope.report.text import plain  # names from traces may hold escape sequences
+
     first = message.strip().splitlines()[0] if message.strip() else "error"
-    print(f"stallscope: {first}", file=sys.stderr)
+    print(f"stallscope: {plain(first)}", file=sys.stderr)
     return code
 
 
 def _analyze(args: argparse.Namespace, command: list[str]) -> int:
     from stallscope.analyze import analyze_paths
     from stallscope.outputs import default_out_dir, prepare_out_dir
+    from stallscope.report.build import analyze_command
 
     progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
     out = args.out or default_out_dir(args.paths)
     prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
-    report = analyze_paths(args.paths)
-    report.source["command"] = shlex.join(command)  # how to reproduce this report
+    report = analyze_paths(args.paths, jobs=args.jobs)
+    # How to reproduce this report; where it was written is left out (see analyze_command).
+    report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
+                                               args.tensorboard)
     _write_report(report, out, args.quiet, out / "tensorboard" if args.tensorboard else None)
     return _gate(report, args.fail_on)
 
@@ -293,8 +324,7 @@ def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     from stallscope.capture.runner import CaptureOptions, capture
     from stallscope.capture.session import Schedule
     from stallscope.context import RunContext
-    from stallscope.errors import NoStepsError
-    from stallscope.run import analyze_run, gather, save_context, trace_dir
+    from stallscope.run import conclude, trace_dir
 
     ctx = RunContext(
         command=command,
@@ -303,37 +333,17 @@ def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -
         world_size=launch.world_size if launch.distributed else None,
     )
     options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps), args.step_on,
-                             args.run_to_end, overrides)
+                             args.run_to_end, overrides, args.timeout)
     progress.say(
         f"running {target.name} under the profiler: {args.skip} step(s) skipped, "
         f"{args.warmup} warm-up, {args.steps} recorded"
     )
     if overrides:
         progress.say("DataLoader overrides: " + _overrides_text(overrides))
-    ctx = capture(target, options, trace_dir(plan), launch.worker, ctx)
-    progress.say(_ended_text(ctx))
-    if launch.distributed:
-        save_context(plan, launch, ctx)
-    if launch.rank != 0:
-        return ctx.exit_status
-    contexts, missing = gather(plan, launch, ctx)
-    try:
-        report = analyze_run(contexts, missing, plan)
-    except NoStepsError as exc:
-        if ctx.exit_status:
-            _fail(f"{exc} (the script exited with status {ctx.exit_status})", ctx.exit_status)
-            return ctx.exit_status
-        raise
-    _write_report(report, out, args.quiet, trace_dir(plan))
-    assert report.run is not None
-    if not args.quiet:
-        print(f"  trace: {report.run['trace_dir']}\n  open it: {report.run['tensorboard_command']}")
-    if report.run["exit_status"]:
-        status = report.run["exit_status"]
-        _fail(f"the script ended with status {status}; the report covers the steps recorded "
-              f"before that ({out / 'report.html'})", status)
-        return status
-    return _gate(report, args.fail_on)
+    # The report is written by `conclude`, which the capture calls once the script has ended
+    # (from its clock thread when a --timeout script would not stop).
+    return capture(target, options, trace_dir(plan), launch.worker, ctx,
+                   lambda c, why: conclude(plan, launch, args.quiet, args.fail_on, c, why))
 
 
 def _overrides_text(overrides: dict[str, Any]) -> str:
@@ -341,36 +351,23 @@ def _overrides_text(overrides: dict[str, Any]) -> str:
                      for k, v in overrides.items())
 
 
-def _ended_text(ctx: Any) -> str:
-    """How the script ended, for the progress line after it."""
-    how = {
-        "stopped": "stopped after recording",
-        "finished": "finished",
-        "exit": f"exited with status {ctx.exit_status}",
-        "exception": "raised an exception",
-        "interrupted": "was interrupted",
-        "terminated": "was terminated",
-    }.get(ctx.ended, str(ctx.ended))
-    return f"the script {how}; {ctx.steps_recorded} step(s) recorded"
-
-
 def _write_report(report: Any, out: Path, quiet: bool, tensorboard: Path | None = None) -> None:
-    """Write report.json/html/md (each atomically), then the TensorBoard views when asked,
+    """Write report.json/html/md (all or none), then the TensorBoard views when asked,
     into `tensorboard`; then print the summary."""
-    from stallscope.outputs import write_atomic
+    from stallscope.outputs import write_files
     from stallscope.report.html import render_html
     from stallscope.report.json_writer import render_json
     from stallscope.report.markdown import render_markdown
     from stallscope.report.terminal import render_terminal
+    from stallscope.report.text import plain
 
     rendered = {
         "report.json": render_json(report),
         "report.html": render_html(report),
         "report.md": render_markdown(report),
     }
-    progress.say(f"writing the report to {out}")
-    for name, text in rendered.items():
-        write_atomic(out / name, text)
+    progress.say(f"writing the report to {plain(out)}")
+    write_files(out, rendered)
     outputs = {k: str(out / k) for k in rendered}
     if tensorboard is not None:
         progress.say(f"writing TensorBoard scalars and findings to {tensorboard}")

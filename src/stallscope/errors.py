@@ -1,6 +1,9 @@
 """Errors a user can cause, each mapped to one documented exit code.
 
 The CLI prints `stallscope: <message>` for these and never a traceback; anything else is a bug.
+Under `run`, a script that fails passes its own status through instead (1 for an exception, 130
+for Ctrl-C, n for sys.exit(n)); `run --timeout` ends with EXIT_TIMEOUT, as coreutils `timeout`
+does, so wrappers that already know that convention read it the same way.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_FINDINGS = 3
 EXIT_NO_STEPS = 4
+EXIT_TIMEOUT = 124  # `run --timeout`: the script was still running and was stopped
+EXIT_INTERRUPTED = 130
 
 
 class StallscopeError(Exception):

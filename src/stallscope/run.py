@@ -3,6 +3,8 @@
 Every process (one, or each rank under torchrun) captures its own trace into
 `OUT/tensorboard/<run>/` and its context into `OUT/capture/rank-N.json`. Ranks other than 0 stop
 there; rank 0 waits for the others' contexts and analyses every rank's trace into one report.
+`conclude` is that second half: the capture calls it once the script has ended (or, under
+`--timeout`, from its clock thread when the script would not stop).
 """
 
 from __future__ import annotations
@@ -130,6 +132,56 @@ def gather(plan: RunPlan, launch: Launch, own: RunContext, wait_s: float = RANK_
         + (f"; missing: {', '.join(map(str, missing))}" if missing else "")
     )
     return [found[r] for r in sorted(found)], missing
+
+
+def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ctx: RunContext,
+             why: str | None) -> int:
+    """Gather the ranks, write the report and say how the script ended; the exit status.
+
+    `why` is how the script ended, as a clause after "the script" ("ended with status 1
+    (RuntimeError: ...)"), None when it ended well: with the script's status, it is the one
+    error line.
+    """
+    from stallscope.cli import _fail, _gate, _write_report  # the writers `analyze` uses too
+
+    progress.say(ended_text(ctx))
+    if launch.distributed:
+        save_context(plan, launch, ctx)
+    if launch.rank != 0:
+        return ctx.exit_status
+    contexts, missing = gather(plan, launch, ctx)
+    try:
+        report = analyze_run(contexts, missing, plan)
+    except NoStepsError:
+        if ctx.exit_status:
+            why = why or f"ended with status {ctx.exit_status}"
+            return _fail(f"no step recorded: the script {why}", ctx.exit_status)
+        raise
+    _write_report(report, plan.out, quiet, trace_dir(plan))
+    assert report.run is not None
+    if not quiet:
+        print(f"  trace: {report.run['trace_dir']}\n  open it: {report.run['tensorboard_command']}")
+    status = report.run["exit_status"]
+    if status:
+        if not (why and status == ctx.exit_status):  # another rank failed first
+            why = f"ended with status {status}"
+        return _fail(f"the script {why}; the report covers the {report.run['steps_recorded']} "
+                     f"step(s) recorded before that ({plan.out / 'report.html'})", status)
+    return _gate(report, fail_on)
+
+
+def ended_text(ctx: RunContext) -> str:
+    """How the script ended, for the progress line after it."""
+    how = {
+        "stopped": "stopped after recording",
+        "finished": "finished",
+        "exit": f"exited with status {ctx.exit_status}",
+        "exception": "raised an exception",
+        "interrupted": "was interrupted",
+        "terminated": "was terminated",
+        "timed out": "was stopped at --timeout",
+    }.get(ctx.ended, str(ctx.ended))
+    return f"the script {how}; {ctx.steps_recorded} step(s) recorded"
 
 
 def analyze_run(contexts: list[RunContext], missing: list[int], plan: RunPlan) -> Report:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
-from stallscope.errors import EXIT_OK, EXIT_USAGE, InputError, StallscopeError
+from stallscope.errors import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, InputError, StallscopeError
 from stallscope.report.tune_writers import (
     TUNE_FILES,
     render_html,
@@ -171,6 +171,11 @@ def add_tune_parser(sub: Any) -> Any:
                       help="runs per configuration; the median over all their recorded steps "
                       "is compared, the range of their per-run medians is the spread "
                       f"(default {DEFAULT_REPEATS})")
+    tune.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                      help="stop any run, the baseline included, whose script is still running "
+                      "this many seconds after it started (`run --timeout`); it counts as "
+                      f"failed (default: none for the baseline; a candidate is stopped after "
+                      f"{HANG_FACTOR}x the baseline's time per run plus {HANG_MARGIN_S:.0f} s)")
     tune.add_argument("-q", "--quiet", action="store_true",
                       help="print nothing on success: no summary, no progress lines")
     return tune
@@ -198,7 +203,8 @@ def run_tune(args: argparse.Namespace, script_args: list[str], command: list[str
     target_argv = (["-m"] if target.is_module else []) + [target.name, *target.args]
 
     def launch(overrides: Overrides, timeout: float | None) -> RunResult:
-        return run_once(overrides, target_argv, timeout)
+        limits = [t for t in (timeout, args.timeout) if t is not None]  # the stricter one
+        return run_once(overrides, target_argv, min(limits) if limits else None)
 
     result = sweep(launch, args.repeats, args.budget)
     result["script"] = target.name
@@ -224,28 +230,35 @@ def prepare_tune_dir(out: Path, force: bool) -> None:
     prepare_out_dir(out, force, TUNE_FILES)
 
 
-def run_command(overrides: Overrides, target_argv: list[str], out: Path) -> list[str]:
+def run_command(overrides: Overrides, target_argv: list[str], out: Path,
+                timeout: float | None = None) -> list[str]:
     """The `stallscope run` command line that measures one configuration."""
+    limit = ["--timeout", f"{timeout:g}"] if timeout is not None else []
     return [
         sys.executable, "-m", "stallscope", "run", "-q", "--force", "-o", str(out),
-        "--steps", str(RUN_STEPS), *set_arguments(overrides), *target_argv,
+        "--steps", str(RUN_STEPS), *limit, *set_arguments(overrides), *target_argv,
     ]
 
 
 def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None) -> RunResult:
-    """Run one configuration in a fresh process and read its report.json."""
+    """Run one configuration in a fresh process and read its report.json.
+
+    With a `timeout` the run stops its own script (`run --timeout`: its DataLoader workers end
+    with it, and its error says where the script was); the process is killed only if it
+    outlives that by HANG_MARGIN_S."""
     with tempfile.TemporaryDirectory(prefix="stallscope-tune-") as tmp:
         out = Path(tmp) / "run"
         env = {**os.environ, progress.ENV: "0"}
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
-                run_command(overrides, target_argv, out), capture_output=True, text=True,
-                env=env, timeout=timeout, check=False,
+                run_command(overrides, target_argv, out, timeout), capture_output=True,
+                text=True, env=env, check=False,
+                timeout=None if timeout is None else timeout + HANG_MARGIN_S,
             )
         except subprocess.TimeoutExpired:
-            return RunResult(124, time.monotonic() - t0,
-                             error=f"stopped after {timeout:.0f} s: taken as hung")
+            return RunResult(EXIT_TIMEOUT, time.monotonic() - t0,
+                             error=f"killed after {timeout + HANG_MARGIN_S:.0f} s: taken as hung")
         wall = time.monotonic() - t0
         error = _last_error(proc.stderr) if proc.returncode else None
         report_path = out / "report.json"

@@ -1,27 +1,39 @@
 """Run a training script under the profiler and turn however it ended into an exit status.
 
 `capture()` runs the script in this process with the step hooks installed, maps however it
-ended (stopped after recording, finished, raised, exited, interrupted) to the exit status python
-would give, and returns a RunContext describing the run. The script's own traceback is printed
-as python would print it, without stallscope's frames.
+ended (stopped after recording, finished, raised, exited, interrupted, timed out) to the exit
+status python would give (124 for `--timeout`), fills in a RunContext describing the run, and
+hands it to `conclude` (analysis and report). The script's own traceback is printed as python
+would print it, without stallscope's frames.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from stallscope.capture.facts import environment
 from stallscope.capture.session import CaptureSession, Schedule, StopScript
 from stallscope.capture.target import Target, run_target
+from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.context import RunContext
+from stallscope.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TIMEOUT, StallscopeError
+
+TIMED_OUT = "timed out"  # RunContext.ended for `--timeout`; reads as "the script timed out"
+_OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
+
+# (the RunContext, one clause saying how the script ended, or None when it ended well) ->
+# the exit status: `stallscope.run.conclude`.
+Conclude = Callable[[RunContext, str | None], int]
 
 
 class Terminated(BaseException):
@@ -36,6 +48,17 @@ class CaptureOptions:
     run_to_end: bool = False
     # `--set KEY=VALUE`, validated: applied to every DataLoader the script builds.
     overrides: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None  # `--timeout`: seconds from the script's start
+
+
+@dataclass
+class Ending:
+    """How the script ended: `ended` and `status` as in RunContext, `why` for the error line."""
+
+    ended: str
+    status: int
+    why: str | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def capture(
@@ -44,44 +67,82 @@ def capture(
     trace_dir: Path,
     worker: str,
     context: RunContext,
-) -> RunContext:
-    """Run `target` under the profiler; fill in and return `context`."""
+    conclude: Conclude,
+) -> int:
+    """Run `target` under the profiler, fill in `context`, return `conclude(context, why)`."""
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
                              options.overrides)
     context.overrides = dict(options.overrides)
     context.steps_requested = options.sched.steps
+    watchdog: Watchdog | None = None
+    if options.timeout is not None:
+        watchdog = Watchdog(
+            options.timeout,
+            flush=lambda: _flush(session),
+            abandon=lambda: _abandon(session, context, conclude, watchdog),
+        )
     restore_sigterm = _sigterm_to_exception()
+    sigchld = _handler(signal.SIGCHLD)
     session.start()
+    error: BaseException | None = None
+    try:
+        if watchdog is not None:
+            watchdog.start()
+        ended, status, error = _run(target)
+    finally:
+        if watchdog is not None and not watchdog.stop():
+            watchdog.wait_for_exit()  # the clock thread concludes and ends the process
+        _mute_worker_deaths(sigchld)
+        restore_sigterm()
+        session.finish()
+    if watchdog is not None and watchdog.landed:
+        ending = _timed_out(watchdog)
+    elif error is not None:
+        _print_user_traceback(error)
+        cause, note = failure_cause(error, _worker_death())
+        ending = Ending(ended, status, f"ended with status {status} ({cause})", [note])
+    else:
+        ending = Ending(ended, status, f"ended with status {status}" if status else None)
+    # Drop the script's frames (and the loaders and workers they hold) before analysis.
+    error = None
+    sys.last_type = sys.last_value = sys.last_traceback = None
+    gc.collect()
+    describe(session, context, ending)
+    return conclude(context, ending.why)
+
+
+def _run(target: Target) -> tuple[str, int, BaseException | None]:
+    """Run the script; how it ended, its exit status, and its own exception if it raised."""
     try:
         run_target(target)
-        ended, status = "finished", 0
     except StopScript:
-        ended, status = "stopped", 0
+        return "stopped", 0, None
     except SystemExit as exc:
-        ended, status = "exit", _exit_status(exc.code)
+        return "exit", _exit_status(exc.code), None
     except KeyboardInterrupt:
-        ended, status = "interrupted", 130
+        return "interrupted", EXIT_INTERRUPTED, None
     except Terminated:
-        ended, status = "terminated", 128 + signal.SIGTERM
-    except BaseException as exc:  # the script's own error: show it as python would
-        ended, status = "exception", 1
-        _print_user_traceback(type(exc), exc, exc.__traceback__)
-    finally:
-        restore_sigterm()
-        # Drop the script's frames (and the loaders and workers they hold) before analysis.
-        sys.last_type = sys.last_value = sys.last_traceback = None
-        session.finish()
-        gc.collect()
-    context.ended = ended
-    context.exit_status = status
+        return "terminated", 128 + signal.SIGTERM, None
+    except TimedOut:
+        return TIMED_OUT, EXIT_TIMEOUT, None
+    except BaseException as exc:  # the script's own error: shown as python would show it
+        return "exception", 1, exc
+    return "finished", 0, None
+
+
+def describe(session: CaptureSession, context: RunContext, ending: Ending) -> None:
+    """Fill in `context` from the session and the ending."""
+    context.ended = ending.ended
+    context.exit_status = ending.status
     context.step_source = session.driver.source
     context.boundaries_seen = session.boundaries
     context.steps_recorded = session.recorded
     context.traces = [str(p) for p in session.traces]
-    context.dataloaders = session.watcher.loaders
+    context.dataloaders = list(session.watcher.loaders)
     context.environment = {**environment(), "activities": session.activities}
+    context.notes.extend(ending.notes)
     context.notes.extend(session.watcher.notes)
-    if options.overrides and not session.watcher.loaders:
+    if context.overrides and not session.watcher.loaders:
         context.notes.append("--set was given but the script built no torch DataLoader: "
                              "nothing was overridden.")
     if session.driver.direct:
@@ -89,12 +150,122 @@ def capture(
             "No DataLoader between optimizer steps: step boundaries were placed inside "
             "optimizer.step(), so each step's range ends just before that call returns."
         )
-    if session.stop_requested and ended != "stopped":
+    if session.stop_requested and ending.ended != "stopped":
         context.notes.append(
             "The script caught stallscope's stop request (a bare except or except "
             "BaseException) and ran on."
         )
-    return context
+
+
+def _timed_out(watchdog: Watchdog) -> Ending:
+    at = f" (at {watchdog.where})" if watchdog.where else ""
+    limit = f"--timeout {watchdog.timeout_s:g} s"
+    return Ending(
+        TIMED_OUT, EXIT_TIMEOUT,
+        why=f"was still running at {limit}{at}, so stallscope stopped it (status {EXIT_TIMEOUT})",
+        notes=[f"The script was still running at {limit}{at}: stallscope stopped it there and "
+               "kept the steps recorded before."],
+    )
+
+
+def _flush(session: CaptureSession) -> bool:
+    """Write what the profiler holds, from the main thread (see watchdog)."""
+    session.finish()
+    return True
+
+
+def _abandon(session: CaptureSession, context: RunContext, conclude: Conclude,
+             watchdog: Watchdog | None) -> int:
+    """`--timeout`, the script would not stop: conclude from the clock thread with what was
+    written. The profiler is left alone: it can only be stopped from the main thread."""
+    from stallscope.cli import _fail  # the CLI's one error line: this thread ends the process
+
+    assert watchdog is not None
+    ending = _abandoned(watchdog, session.unwritten_steps())
+    try:
+        describe(session, context, ending)
+        return conclude(context, ending.why)
+    except StallscopeError as exc:
+        return _fail(str(exc), exc.exit_code)
+    except Exception as exc:  # a bug in stallscope: one line, as the CLI says it
+        if os.environ.get("STALLSCOPE_DEBUG"):
+            traceback.print_exc()
+        return _fail(f"internal error ({type(exc).__name__}: {exc}); rerun with "
+                     "STALLSCOPE_DEBUG=1 for the traceback and report it", EXIT_INTERNAL)
+
+
+def _abandoned(watchdog: Watchdog, lost: int) -> Ending:
+    """How a script that would not stop ended: why it did not, where it was, what was lost."""
+    at = f" (at {watchdog.where})" if watchdog.where else ""
+    stuck = watchdog.stuck
+    if watchdog.signal_taken:
+        how = "it handles SIGALRM itself, which stallscope needs to interrupt it"
+    elif not watchdog.landed:
+        how = "it waits in C code that no exception can interrupt"
+    elif not stuck.in_script:
+        how = "its cleanup was still running"
+    else:
+        how = "it caught the stop exception and ran on, or a finally block still ran"
+    if stuck.text and stuck.text != watchdog.where:
+        how += f", at {stuck.text}"
+    lost_text = (f"; the {lost} step(s) recorded were still in the profiler's memory and are "
+                 "lost (only the script's own thread can stop it)") if lost else ""
+    head = (f"was still running at --timeout {watchdog.timeout_s:g} s{at} and did not stop "
+            f"within {watchdog.grace_s:g} s more ({how})")
+    return Ending(
+        TIMED_OUT, EXIT_TIMEOUT,
+        why=f"{head}, so stallscope ended it (status {EXIT_TIMEOUT}){lost_text}",
+        notes=[f"The script {head}: stallscope ended the process"
+               + (f"{lost_text}." if lost else " with the steps written before.")],
+    )
+
+
+def failure_cause(exc: BaseException, worker_death: str | None = None) -> tuple[str, str]:
+    """The script's exception in one line for the error line, and a note for the report.
+
+    A DataLoader worker that died surfaces as `RuntimeError: DataLoader worker (pid(s) N)
+    exited unexpectedly`, raised from the more precise one (killed by which signal, or the exit
+    code): that one is named. When the death broke something else first (the batch being
+    received: ConnectionResetError), `worker_death`, torch's own account of it, is added.
+    """
+    chain = [exc]
+    while chain[-1].__cause__ is not None and len(chain) < 20:
+        chain.append(chain[-1].__cause__)
+    worker = [e for e in chain if _first_line(e).startswith("DataLoader worker")]
+    if worker:
+        death = _first_line(worker[-1])
+        cause = f"{type(worker[-1]).__name__}: {death}"
+    else:
+        cause = f"{type(exc).__name__}: {_first_line(exc)}".rstrip(": ")
+        if worker_death is None:
+            return cause, f"The script raised {cause}"
+        death = worker_death
+        cause = f"{cause}; {death}"
+    note = f"A DataLoader worker process died mid-run: {death}"
+    if "signal: Killed" in death:
+        note += (" SIGKILL is what the kernel's out-of-memory killer sends: if memory ran "
+                 "out, `dmesg` says so.")
+    return cause, note
+
+
+def _worker_death() -> str | None:
+    """torch's account of a DataLoader worker of this process that died, if one did (its
+    loaders are still alive here, held by the script's traceback)."""
+    try:
+        from torch.utils.data._utils.signal_handling import _error_if_any_worker_fails
+
+        _error_if_any_worker_fails()
+    except RuntimeError as exc:
+        return _first_line(exc) or None
+    except Exception:  # another torch: no account to give
+        return None
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    return line if len(line) <= 240 else line[:239] + "…"
 
 
 def _exit_status(code: Any) -> int:
@@ -107,18 +278,57 @@ def _exit_status(code: Any) -> int:
     return 1
 
 
-def _print_user_traceback(
-    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
-) -> None:
-    """The traceback python would print: frames before the script's first one are dropped."""
-    here = str(Path(__file__).resolve().parent)
-    while tb is not None and (
-        tb.tb_frame.f_code.co_filename.startswith(here)
-        or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy>")
-        or tb.tb_frame.f_code.co_filename.endswith("runpy.py")
-    ):
-        tb = tb.tb_next
-    traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+def _print_user_traceback(exc: BaseException) -> None:
+    """The traceback python would print: stallscope's frames (the runner before the script,
+    the DataLoader wrapper inside it) and runpy's leading ones are left out, in every chained
+    exception too."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        frames = list(item.stack)
+        while frames and _is_runpy(frames[0].filename):
+            frames.pop(0)
+        item.stack = traceback.StackSummary.from_list(
+            [f for f in frames if not f.filename.startswith(_OURS)]
+        )
+        todo += [e for e in (item.__cause__, item.__context__) if e is not None]
+    sys.stderr.write("".join(te.format()))
+
+
+def _is_runpy(filename: str) -> bool:
+    return filename.startswith(("<frozen runpy>", _OURS)) or filename.endswith("runpy.py")
+
+
+def _handler(signum: int) -> Any:
+    try:
+        return signal.getsignal(signum)
+    except (ValueError, OSError):
+        return None
+
+
+def _mute_worker_deaths(before: Any) -> None:
+    """Once the script has ended, stop torch's SIGCHLD handler from raising into stallscope.
+
+    A DataLoader installs a handler that raises `DataLoader worker ... is killed` in the main
+    thread when a worker dies: after the script failed on that death, a second worker's (or the
+    same one's signal, arriving late) would land in stallscope's own code, e.g. while the
+    profiler writes the trace. A no-op handler rather than the default, because a signal
+    already received would otherwise be reported as "ignored due to race condition".
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if _handler(signal.SIGCHLD) is not before:
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGCHLD, _ignore)
+
+
+def _ignore(_signum: int, _frame: Any) -> None:
+    return None
 
 
 def _sigterm_to_exception() -> Any:
@@ -131,8 +341,13 @@ def _sigterm_to_exception() -> Any:
         return lambda: None
     if previous is not signal.SIG_DFL:
         return lambda: None
+    pid = os.getpid()
 
-    def handler(_signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: Any) -> None:
+        if os.getpid() != pid:  # a forked DataLoader worker being shut down: die as it would
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         raise Terminated()
 
     signal.signal(signal.SIGTERM, handler)

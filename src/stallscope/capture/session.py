@@ -110,6 +110,13 @@ class CaptureSession:
             self.done = True
             self.prof.stop()  # writes the trace when recording had begun
 
+    def unwritten_steps(self) -> int:
+        """Steps the profiler holds in memory and has not written yet (all of them, until the
+        trace is written at the end of recording or by `finish()`)."""
+        if not self._started or self.done:
+            return 0
+        return max(0, min(self.prof.step_num, self.sched.profiled) - self.sched.warmup)
+
     def _remove_hooks(self) -> None:
         self.watcher.uninstall()
         if self._hook is not None:
