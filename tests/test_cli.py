@@ -127,3 +127,4 @@ def test_usage_errors_exit_2():
     assert run_cli().returncode == 2
     assert_one_line_error(run_cli("analyze"), 2)
     assert_one_line_error(run_cli("analyze", "x", "--fail-on", "bogus"), 2)
+    assert_one_line_error(run_cli("analyze", "x", "--jobs", "0"), 2)

@@ -25,10 +25,11 @@ from stallscope.errors import StallscopeError
 
 T = TypeVar("T")
 
-# Peak resident memory of one worker per byte of trace text, plus its fixed cost (interpreter,
-# numpy, pandas). Measured with benchmarks/bench_scale.py: see docs/performance.md.
-PEAK_PER_TEXT_BYTE = 1.5
-WORKER_BASE_BYTES = 200 << 20
+# Peak resident memory of one process per byte of trace text, plus its fixed cost (interpreter,
+# numpy, pandas). Measured (docs/performance.md): 130 MB for 30 MB of text, 200 MB for 302 MB,
+# 1.2 GB for 3.03 GB, i.e. about 120 MB + 0.36 x text; these leave a margin over that.
+PEAK_PER_TEXT_BYTE = 0.5
+WORKER_BASE_BYTES = 150 << 20
 # Below this much text in total, one process is faster than starting a pool.
 MIN_PARALLEL_TEXT_BYTES = 24 << 20
 MEMORY_HEADROOM = 0.8  # leave a fifth of the available memory to everything else
