@@ -153,25 +153,20 @@ def test_repeated_step_numbers_are_noted(tmp_path: Path):
     assert any("ProfilerStep numbers repeat" in n for n in report["notes"])
 
 
-def test_invalid_utf8_is_replaced_and_said(tmp_path: Path):
-    text = json.dumps(sample_doc()).encode()
-    text = text.replace(b'"aten::', b'"\xff\xfeaten::', 3)  # three names get stray bytes
-    path = tmp_path / "latin.pt.trace.json"
-    path.write_bytes(text)
-    report = analysed(tmp_path, path)
-    assert report["steps"]
-    assert any("not valid UTF-8" in n for n in report["notes"])
-
-
-def test_lone_surrogate_escapes_are_replaced_and_said(tmp_path: Path):
+@pytest.mark.parametrize(("mark", "kind"), [
+    (b"\xff\xfe", "stray bytes"),
     # A name cut in the middle of a surrogate pair is written as "\ud83d" alone: JSON allows
     # it, msgspec refuses it.
-    text = json.dumps(sample_doc()).replace('"aten::', '"\\ud83daten::', 2)
-    path = tmp_path / "cut-emoji.pt.trace.json"
-    path.write_text(text)
+    (b"\\ud83d", "lone surrogate escape"),
+], ids=["stray-bytes", "lone-surrogate"])
+def test_text_that_is_not_valid_utf8_is_replaced_and_said(tmp_path: Path, mark: bytes,
+                                                          kind: str):
+    text = json.dumps(sample_doc()).encode().replace(b'"aten::', b'"' + mark + b"aten::", 3)
+    path = tmp_path / "odd-text.pt.trace.json"
+    path.write_bytes(text)
     report = analysed(tmp_path, path)
-    assert report["steps"]
-    assert any("not valid UTF-8" in n for n in report["notes"])
+    assert report["steps"], kind
+    assert any("not valid UTF-8" in n for n in report["notes"]), kind
 
 
 def test_huge_names_are_read(tmp_path: Path):

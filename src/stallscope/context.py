@@ -46,7 +46,8 @@ class RunContext:
     steps_requested: int = 0
     steps_recorded: int = 0  # complete steps in the trace
     boundaries_seen: int = 0  # step boundaries seen over the whole run
-    ended: str = "finished"  # finished | stopped | exception | exit | interrupted | terminated
+    # finished | stopped | exception | exit | interrupted | terminated | timed out
+    ended: str = "finished"
     exit_status: int = 0
     traces: list[str] = field(default_factory=list)
     dataloaders: list[LoaderInfo] = field(default_factory=list)
