@@ -103,12 +103,10 @@ def read_bytes(path: Path) -> bytes:
 
 
 def _open_text(path: Path) -> Any:
-    fh = path.open("rb")
-    if fh.read(2) == b"\x1f\x8b":
-        fh.seek(0)
-        return gzip.GzipFile(fileobj=fh, mode="rb")
-    fh.seek(0)
-    return fh
+    """The file opened for its JSON text: gunzipped as it is read when it is gzip."""
+    with path.open("rb") as fh:
+        gzipped = fh.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else path.open("rb")
 
 
 def load_trace(path: Path, on_progress: Any = None) -> Trace:
