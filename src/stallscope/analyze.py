@@ -52,10 +52,9 @@ def analyze_paths(
     results.sort(key=lambda r: rank_order(r[0].trace))
     models = [m for m, _ in results]
     if not any(m.steps for m in models):
-        which = plain(files[0].name) if len(files) == 1 else f"any of the {len(files)} files"
-        raise NoStepsError(
-            f"no steps found: {which} holds no timed (\"ph\": \"X\") events to analyse"
-        )
+        which = (f"{plain(files[0].name)} holds no" if len(files) == 1
+                 else f"none of the {len(files)} files holds")
+        raise NoStepsError(f'no steps found: {which} timed ("ph": "X") events to analyse')
     verdicts = [v for _, v in results]
     if len(models) > 1:
         progress.say(f"diagnosing the job ({len(models)} traces)")
