@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from stallscope.analyze import analyze_paths
@@ -239,6 +239,7 @@ def pipeline(path: Path) -> None:
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(events=st.lists(EVENT, max_size=25))
+@example(events=[{"ph": "X", "ts": 0.0, "dur": 0.0}])  # found by hypothesis: a 0 us window
 def test_arbitrary_event_lists_never_raise(tmp_path: Path, events: list[dict]):
     steps = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1,
               "tid": 1, "ts": 1000.0 * i, "dur": 1000.0} for i in range(2)]

@@ -54,7 +54,9 @@ def analyze_paths(
     if not any(m.steps for m in models):
         which = (f"{plain(files[0].name)} holds no" if len(files) == 1
                  else f"none of the {len(files)} files holds")
-        raise NoStepsError(f'no steps found: {which} timed ("ph": "X") events to analyse')
+        raise NoStepsError(
+            f'no steps found: {which} timed ("ph": "X") events that span any time'
+        )
     verdicts = [v for _, v in results]
     if len(models) > 1:
         progress.say(f"diagnosing the job ({len(models)} traces)")

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import __version__, progress
-from stallscope.errors import EXIT_FINDINGS, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, StallscopeError
+from stallscope.errors import EXIT_INTERNAL, EXIT_USAGE, StallscopeError
+from stallscope.outcome import fail, gate, write_report
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # one line, exit 2, like every other user error
         self.print_usage(sys.stderr)
-        raise SystemExit(_fail(f"{message}", EXIT_USAGE))
+        raise SystemExit(fail(f"{message}", EXIT_USAGE))
 
 
 def build_parser() -> _Parser:
@@ -265,25 +266,17 @@ def main(argv: list[str] | None = None) -> int:
             return run_compare(args)
         return _analyze(args, ["stallscope", *argv])
     except StallscopeError as exc:
-        return _fail(str(exc), exc.exit_code)
+        return fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return fail("interrupted", 130)
     except Exception as exc:  # a bug in stallscope: say so in one line, keep the detail opt-in
         if os.environ.get("STALLSCOPE_DEBUG"):
             traceback.print_exc()
-        return _fail(
+        return fail(
             f"internal error ({type(exc).__name__}: {exc}); rerun with STALLSCOPE_DEBUG=1 "
             "for the traceback and report it",
             EXIT_INTERNAL,
         )
-
-
-def _fail(message: str, code: int) -> int:
-    from stallscope.report.text import plain  # names from traces may hold escape sequences
-
-    first = message.strip().splitlines()[0] if message.strip() else "error"
-    print(f"stallscope: {plain(first)}", file=sys.stderr)
-    return code
 
 
 def _analyze(args: argparse.Namespace, command: list[str]) -> int:
@@ -298,8 +291,8 @@ def _analyze(args: argparse.Namespace, command: list[str]) -> int:
     # How to reproduce this report; where it was written is left out (see analyze_command).
     report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
                                                args.tensorboard)
-    _write_report(report, out, args.quiet, out / "tensorboard" if args.tensorboard else None)
-    return _gate(report, args.fail_on)
+    write_report(report, out, args.quiet, out / "tensorboard" if args.tensorboard else None)
+    return gate(report, args.fail_on)
 
 
 def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
@@ -349,41 +342,3 @@ def _run(args: argparse.Namespace, script_args: list[str], command: list[str]) -
 def _overrides_text(overrides: dict[str, Any]) -> str:
     return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
                      for k, v in overrides.items())
-
-
-def _write_report(report: Any, out: Path, quiet: bool, tensorboard: Path | None = None) -> None:
-    """Write report.json/html/md (all or none), then the TensorBoard views when asked,
-    into `tensorboard`; then print the summary."""
-    from stallscope.outputs import write_files
-    from stallscope.report.html import render_html
-    from stallscope.report.json_writer import render_json
-    from stallscope.report.markdown import render_markdown
-    from stallscope.report.terminal import render_terminal
-    from stallscope.report.text import plain
-
-    rendered = {
-        "report.json": render_json(report),
-        "report.html": render_html(report),
-        "report.md": render_markdown(report),
-    }
-    progress.say(f"writing the report to {plain(out)}")
-    write_files(out, rendered)
-    outputs = {k: str(out / k) for k in rendered}
-    if tensorboard is not None:
-        progress.say(f"writing TensorBoard scalars and findings to {tensorboard}")
-        from stallscope.report.tensorboard import write_tensorboard
-
-        write_tensorboard(report, tensorboard)
-        outputs["tensorboard"] = f"{tensorboard}{os.sep}"
-    if not quiet:
-        sys.stdout.write(render_terminal(report, outputs))
-
-
-def _gate(report: Any, fail_on: str | None) -> int:
-    from stallscope.diagnose.finding import severity_rank
-
-    if fail_on:
-        limit = severity_rank(fail_on)
-        if any(severity_rank(f.severity) <= limit for f in report.findings):
-            return EXIT_FINDINGS
-    return EXIT_OK

@@ -126,7 +126,8 @@ def build_model(trace: Trace) -> TraceModel:
     notes.extend(trace.notes)
     source = "ProfilerStep" if step_names else "whole-trace"
     if not len(windows):
-        notes.append(f"{trace.path.name} holds no timed events: nothing in it was analysed.")
+        notes.append(f"{trace.path.name} holds no timed events that span any time: nothing in "
+                     "it was analysed.")
     elif source == "whole-trace":
         notes.append(
             "No ProfilerStep#N markers (prof.step() was not called): the whole trace is "
@@ -312,6 +313,8 @@ def _step_windows(
     if len(body) == 0:
         return np.empty((0, 2)), [], None, None
     window = np.array([[body["ts"].min(), body["end"].max()]])
+    if not window[0, 1] > window[0, 0]:  # events of no duration: no time to break down
+        return np.empty((0, 2)), [], None, None
     if len(host) == 0:
         return window, [], None, None
     busiest = host.groupby(["pid", "tid"], observed=True)["dur"].sum().idxmax()

@@ -142,7 +142,7 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     (RuntimeError: ...)"), None when it ended well: with the script's status, it is the one
     error line.
     """
-    from stallscope.cli import _fail, _gate, _write_report  # the writers `analyze` uses too
+    from stallscope.outcome import fail, gate, write_report  # as `analyze` uses them
 
     progress.say(ended_text(ctx))
     if launch.distributed:
@@ -155,9 +155,9 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     except NoStepsError:
         if ctx.exit_status:
             why = why or f"ended with status {ctx.exit_status}"
-            return _fail(f"no step recorded: the script {why}", ctx.exit_status)
+            return fail(f"no step recorded: the script {why}", ctx.exit_status)
         raise
-    _write_report(report, plan.out, quiet, trace_dir(plan))
+    write_report(report, plan.out, quiet, trace_dir(plan))
     assert report.run is not None
     if not quiet:
         print(f"  trace: {report.run['trace_dir']}\n  open it: {report.run['tensorboard_command']}")
@@ -165,9 +165,9 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     if status:
         if not (why and status == ctx.exit_status):  # another rank failed first
             why = f"ended with status {status}"
-        return _fail(f"the script {why}; the report covers the {report.run['steps_recorded']} "
+        return fail(f"the script {why}; the report covers the {report.run['steps_recorded']} "
                      f"step(s) recorded before that ({plan.out / 'report.html'})", status)
-    return _gate(report, fail_on)
+    return gate(report, fail_on)
 
 
 def ended_text(ctx: RunContext) -> str:

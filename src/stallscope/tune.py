@@ -436,7 +436,8 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`python -m stallscope.tune ...`, the same as `stallscope tune ...` once the CLI routes
     to it; errors end in the one `stallscope:` line like every other command."""
-    from stallscope.cli import _fail, _Parser, split_run_argv
+    from stallscope.cli import _Parser, split_run_argv
+    from stallscope.outcome import fail
 
     parser = _Parser(prog="stallscope")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -447,9 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_tune(args, script_args, ["stallscope", "tune", *argv])
     except StallscopeError as exc:
-        return _fail(str(exc), exc.exit_code)
+        return fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
-        return _fail("interrupted", 130)
+        return fail("interrupted", 130)
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def _abandon(session: CaptureSession, context: RunContext, conclude: Conclude,
              watchdog: Watchdog | None) -> int:
     """`--timeout`, the script would not stop: conclude from the clock thread with what was
     written. The profiler is left alone: it can only be stopped from the main thread."""
-    from stallscope.cli import _fail  # the CLI's one error line: this thread ends the process
+    from stallscope.outcome import fail  # the one error line: this thread ends the process
 
     assert watchdog is not None
     ending = _abandoned(watchdog, session.unwritten_steps())
@@ -186,11 +186,11 @@ def _abandon(session: CaptureSession, context: RunContext, conclude: Conclude,
         describe(session, context, ending)
         return conclude(context, ending.why)
     except StallscopeError as exc:
-        return _fail(str(exc), exc.exit_code)
+        return fail(str(exc), exc.exit_code)
     except Exception as exc:  # a bug in stallscope: one line, as the CLI says it
         if os.environ.get("STALLSCOPE_DEBUG"):
             traceback.print_exc()
-        return _fail(f"internal error ({type(exc).__name__}: {exc}); rerun with "
+        return fail(f"internal error ({type(exc).__name__}: {exc}); rerun with "
                      "STALLSCOPE_DEBUG=1 for the traceback and report it", EXIT_INTERNAL)
 
 
