@@ -426,11 +426,14 @@ def _round(value: float | None) -> float | None:
 
 
 def write_outputs(result: dict[str, Any], out: Path) -> None:
-    from stallscope.outputs import write_atomic
+    """tune.json/md/html as one set: a full disk never leaves old and new side by side."""
+    from stallscope.outputs import write_files
 
-    write_atomic(out / "tune.json", json.dumps(result, indent=2, default=str) + "\n")
-    write_atomic(out / "tune.md", render_markdown(result))
-    write_atomic(out / "tune.html", render_html(result))
+    write_files(out, {
+        "tune.json": json.dumps(result, indent=2, default=str) + "\n",
+        "tune.md": render_markdown(result),
+        "tune.html": render_html(result),
+    })
 
 
 def main(argv: list[str] | None = None) -> int:
