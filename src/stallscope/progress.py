@@ -26,9 +26,10 @@ from pathlib import Path
 
 PREFIX = "[stallscope] "
 ENV = "STALLSCOPE_PROGRESS"
-# Above this size on disk one trace takes many seconds to analyse, so `analyze` says what it is
-# doing. Measured: the largest real trace, 3.0 MB of gzip holding 54 MB of JSON, takes 2.5 s
-# end to end; a 20 MB one is several times that.
+# Above this size on disk one trace takes seconds to analyse (a gzip trace holds about ten times
+# its size in JSON), so `analyze` says what it is doing. Measured (benchmarks/bench_analyze.py):
+# the largest real trace, 3.0 MB of gzip holding 54 MB of JSON, takes 1.7 s end to end; a 302 MB
+# JSON file takes 3.2 s (docs/performance.md).
 LARGE_TRACE_BYTES = 20_000_000
 
 
