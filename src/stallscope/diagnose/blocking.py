@@ -22,9 +22,9 @@ import pandas as pd
 
 from stallscope.context import RunContext
 from stallscope.diagnose.allocator import enclosing_ops
-from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import SYNC_CALLS, TraceModel
+from stallscope.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
 
 RULE_ID = "blocking-h2d-copy"
 # Share of step time the host spends blocked in overlappable HtoD transfers. 1% is the floor of
@@ -33,9 +33,7 @@ BLOCKED_THRESHOLD_PCT = 1.0
 # A sync call starting within this many us after a copy call returns belongs to that copy (the
 # real non_blocking=False copies in kineto/resnet50_* are followed by their sync 1-2 us later).
 FOLLOW_GAP_US = 20.0
-# Clock skew allowed between host and GPU timestamps when asking "did the host outlast the copy".
-CLOCK_TOLERANCE_US = 2.0
-DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"
+DOCS = PINNED_MEMORY_DOCS
 
 
 def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> Assessment:
@@ -104,12 +102,7 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
             "synchronisation after each copy also shows in host-device-sync; the two overlap."
             + deferred
         ),
-        snippet=(
-            "loader = torch.utils.data.DataLoader(dataset, ..., pin_memory=True)\n"
-            "for inputs, targets in loader:\n"
-            "    inputs = inputs.to(device, non_blocking=True)\n"
-            "    targets = targets.to(device, non_blocking=True)"
-        ),
+        snippet=PINNED_COPY_SNIPPET,
         precondition=(
             "non_blocking=True overlaps only from pinned (page-locked) memory, and only while "
             "the host does not read the copied tensor on the CPU before the GPU has used it; "

@@ -1,9 +1,19 @@
-"""Shared measurements for rules: per-trace totals that several rules bound their savings by."""
+"""Shared pieces for rules: per-trace totals that several rules bound their savings by, and
+advice that more than one rule gives."""
 
 from __future__ import annotations
 
 from stallscope.model import TraceModel
 
+# Pinned memory plus non_blocking copies: the fix for both pageable-h2d-copy and
+# blocking-h2d-copy, which differ in what they measured, not in what to do.
+PINNED_MEMORY_DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"
+PINNED_COPY_SNIPPET = (
+    "loader = torch.utils.data.DataLoader(dataset, ..., pin_memory=True)\n"
+    "for inputs, targets in loader:\n"
+    "    inputs = inputs.to(device, non_blocking=True)\n"
+    "    targets = targets.to(device, non_blocking=True)"
+)
 
 def busiest_gpu_us(model: TraceModel) -> float:
     """Busy time (kernel + memcpy + memset) of the busiest GPU, summed over steps."""

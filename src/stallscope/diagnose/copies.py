@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from stallscope.context import RunContext
-from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.model import TraceModel
 
 RULE_ID = "pageable-h2d-copy"
 # Below this many pageable bytes per step the copies are scalars and indices: not worth pinning.
 MIN_BYTES_PER_STEP = 1 << 20
-DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers"
+DOCS = PINNED_MEMORY_DOCS
 
 
 def pageable_h2d_copy(model: TraceModel, _context: RunContext | None = None) -> Assessment:
@@ -70,12 +70,7 @@ def pageable_h2d_copy(model: TraceModel, _context: RunContext | None = None) -> 
             "GPU work. Host time the copy call spent waiting for earlier GPU work is not "
             "counted here (see host-device-sync)."
         ),
-        snippet=(
-            "loader = torch.utils.data.DataLoader(dataset, ..., pin_memory=True)\n"
-            "for inputs, targets in loader:\n"
-            "    inputs = inputs.to(device, non_blocking=True)\n"
-            "    targets = targets.to(device, non_blocking=True)"
-        ),
+        snippet=PINNED_COPY_SNIPPET,
         precondition=(
             "Pinning alone overlaps nothing: the copy must also be non_blocking=True. Pinned "
             "memory is page-locked RAM, so pin batches, not a whole in-memory dataset. For a "
