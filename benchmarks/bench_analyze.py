@@ -48,11 +48,11 @@ def main() -> None:
     args = parser.parse_args()
     trace = args.trace or largest_real_trace()
 
-    from stallscope.analyze import analyze_paths
+    from stallscope.commands.pipeline import analyze_paths
     from stallscope.diagnose import diagnose
-    from stallscope.load import load_trace, read_bytes
-    from stallscope.model import build_model
     from stallscope.report.html import render_html
+    from stallscope.trace.load import load_trace, read_bytes
+    from stallscope.trace.model import build_model
 
     # The CLI first, while this process is small: a child's peak RSS counts the pages it
     # shares with its parent until it execs.

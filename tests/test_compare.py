@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from stallscope.compare import add_compare_parser, run_compare
+from stallscope.commands.compare import add_parser, main
 from stallscope.errors import InputError, OutputError
 from tests.conftest import SAMPLES, real_trace, run_cli
 
@@ -22,8 +22,8 @@ RESNET_4 = "kineto/resnet50_num_workers_4__worker0.1623212756351.pt.trace.json.g
 def compare(*argv: str) -> int:
     """The command as the CLI will call it, without depending on cli.py's wiring."""
     parser = argparse.ArgumentParser(prog="stallscope")
-    add_compare_parser(parser.add_subparsers(dest="command"))
-    return run_compare(parser.parse_args(["compare", *argv]))
+    add_parser(parser.add_subparsers(dest="command"))
+    return main(parser.parse_args(["compare", *argv]), [], [])
 
 
 def outputs(out: Path) -> tuple[dict[str, Any], str, str]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from stallscope.diagnose import RULES, diagnose
-from stallscope.load import load_trace
-from stallscope.model import build_model
+from stallscope.trace.load import load_trace
+from stallscope.trace.model import build_model
 
 from .conftest import REAL, all_real_traces, real_trace
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from stallscope.report.text import MAX_TEXT
+from stallscope.text import MAX_TEXT
 
 SCRIPT = "</script><script>window.__pwned=1</script>"
 IMG = '<img src=x onerror="window.__pwned=1">'

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.analyze import analyze_paths
+from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.html import CHAR_WIDTH, render_html, short_name
 from stallscope.report.json_writer import report_data
 from stallscope.report.markdown import render_markdown

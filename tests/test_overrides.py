@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.cli import build_parser, parse_overrides, split_run_argv
+from stallscope.capture.overrides import parse_overrides
+from stallscope.cli import build_parser
+from stallscope.commands.common import split_run_argv
 from stallscope.errors import StallscopeError
 
 from .conftest import ROOT

@@ -11,7 +11,7 @@ from tests.conftest import ROOT, SAMPLES
 
 RENDER = (
     "import sys, stallscope.report.html as h;"
-    "from stallscope.analyze import analyze_paths;"
+    "from stallscope.commands.pipeline import analyze_paths;"
     "r = analyze_paths([__import__('pathlib').Path(sys.argv[1])]);"
     "print(h.templates_dir()); print(len(h.render_html(r)))"
 )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.analyze import analyze_paths
+from stallscope.commands.pipeline import analyze_paths
 from tests.conftest import all_real_traces, real_trace, run_cli
 
 NW0 = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"

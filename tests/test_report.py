@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stallscope.analyze import analyze_paths
+from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.html import render_html
 from stallscope.report.json_writer import render_json
 from stallscope.report.markdown import render_markdown

@@ -12,8 +12,8 @@ import pytest
 
 from stallscope.diagnose.optimizer import single_tensor_optimizer
 from stallscope.diagnose.precision import classify_kernels, no_mixed_precision
-from stallscope.load import load_trace
-from stallscope.model import build_model
+from stallscope.trace.load import load_trace
+from stallscope.trace.model import build_model
 from tests.conftest import real_trace, write_trace
 
 NW0 = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"

@@ -18,8 +18,8 @@ import pytest
 from stallscope.diagnose.allocator import allocator_churn
 from stallscope.diagnose.blocking import blocking_h2d_copy
 from stallscope.diagnose.parallel import dataparallel
-from stallscope.load import load_trace
-from stallscope.model import TraceModel, build_model
+from stallscope.trace.load import load_trace
+from stallscope.trace.model import TraceModel, build_model
 from tests.conftest import SAMPLES, real_trace
 
 

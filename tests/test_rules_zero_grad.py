@@ -7,8 +7,8 @@ from pathlib import Path
 
 from stallscope.diagnose.finding import Assessment
 from stallscope.diagnose.zero_grad import zero_grad_kernels
-from stallscope.load import load_trace
-from stallscope.model import build_model
+from stallscope.trace.load import load_trace
+from stallscope.trace.model import build_model
 from tests.conftest import SAMPLES, real_trace
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.cli import build_parser, split_run_argv
+from stallscope.cli import build_parser
+from stallscope.commands.common import split_run_argv
 
 from .conftest import ROOT
 

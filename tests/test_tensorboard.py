@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.report.text import md
+from stallscope.text import md
 from tests.conftest import ROOT, SAMPLES, run_cli
 
 HOST = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")

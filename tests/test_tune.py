@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from stallscope.tune import RunResult, render_html, render_markdown, sweep
-from stallscope.tune_plan import (
+from stallscope.capture.overrides import set_arguments
+from stallscope.commands.tune import RunResult, render_html, render_markdown, sweep
+from stallscope.commands.tune_plan import (
     baseline_from_report,
     before_text,
     change_text,
     prefetch_candidates,
-    set_arguments,
     worker_candidates,
 )
 
@@ -52,7 +52,7 @@ def tune_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     """`stallscope tune` once the CLI routes to it, else the module's own entry point."""
     top = subprocess.run([sys.executable, "-m", "stallscope", "--help"], capture_output=True,
                          text=True, check=False)
-    entry = ["stallscope", "tune"] if " tune" in top.stdout else ["stallscope.tune"]
+    entry = ["stallscope", "tune"] if " tune" in top.stdout else ["stallscope.commands.tune"]
     return subprocess.run([sys.executable, "-m", *entry, *args], capture_output=True, text=True,
                           cwd=cwd, timeout=900, check=False)
 

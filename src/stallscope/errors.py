@@ -1,12 +1,17 @@
-"""Errors a user can cause, each mapped to one documented exit code.
+"""Errors a user can cause, each mapped to one documented exit code, and the one line that says so.
 
-The CLI prints `stallscope: <message>` for these and never a traceback; anything else is a bug.
+Every command prints `stallscope: <message>` for these and never a traceback; anything else is a
+bug, said in one line too (`exit_line`).
 Under `run`, a script that fails passes its own status through instead (1 for an exception, 130
 for Ctrl-C, n for sys.exit(n)); `run --timeout` ends with EXIT_TIMEOUT, as coreutils `timeout`
 does, so wrappers that already know that convention read it the same way.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -35,3 +40,30 @@ class NoStepsError(StallscopeError):
     """`stallscope run` saw no training step to record; the message says why and what to try."""
 
     exit_code = EXIT_NO_STEPS
+
+
+def fail(message: str, code: int) -> int:
+    """Print the one `stallscope: ...` line for an error and return its exit code."""
+    from stallscope.text import plain  # names from traces may hold escape sequences
+
+    first = message.strip().splitlines()[0] if message.strip() else "error"
+    print(f"stallscope: {plain(first)}", file=sys.stderr)
+    return code
+
+
+def exit_line(exc: BaseException) -> int:
+    """The one line for an exception that reached the edge of a command, and its exit code: a
+    user error says itself, Ctrl-C is 130, anything else is a stallscope bug whose traceback is
+    shown only with STALLSCOPE_DEBUG=1. Shared by the CLI and the `--timeout` clock thread,
+    which ends the process itself."""
+    if isinstance(exc, StallscopeError):
+        return fail(str(exc), exc.exit_code)
+    if isinstance(exc, KeyboardInterrupt):
+        return fail("interrupted", EXIT_INTERRUPTED)
+    if os.environ.get("STALLSCOPE_DEBUG"):
+        traceback.print_exception(exc)
+    return fail(
+        f"internal error ({type(exc).__name__}: {exc}); rerun with STALLSCOPE_DEBUG=1 "
+        "for the traceback and report it",
+        EXIT_INTERNAL,
+    )

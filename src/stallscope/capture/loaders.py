@@ -24,7 +24,7 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from stallscope.context import LoaderInfo
+from stallscope.capture.context import LoaderInfo
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _STALLSCOPE_DIR = str(Path(__file__).resolve().parent.parent)

@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
 from stallscope.capture.session import CaptureSession, Schedule, StopScript
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
-from stallscope.context import RunContext
-from stallscope.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TIMEOUT, StallscopeError
+from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
 
 TIMED_OUT = "timed out"  # RunContext.ended for `--timeout`; reads as "the script timed out"
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
 
 # (the RunContext, one clause saying how the script ended, or None when it ended well) ->
-# the exit status: `stallscope.run.conclude`.
+# the exit status: `stallscope.commands.run.conclude`.
 Conclude = Callable[[RunContext, str | None], int]
 
 
@@ -177,21 +177,15 @@ def _flush(session: CaptureSession) -> bool:
 def _abandon(session: CaptureSession, context: RunContext, conclude: Conclude,
              watchdog: Watchdog | None) -> int:
     """`--timeout`, the script would not stop: conclude from the clock thread with what was
-    written. The profiler is left alone: it can only be stopped from the main thread."""
-    from stallscope.outcome import fail  # the one error line: this thread ends the process
-
+    written. The profiler is left alone: it can only be stopped from the main thread. This
+    thread ends the process, so it says its own error line."""
     assert watchdog is not None
     ending = _abandoned(watchdog, session.unwritten_steps())
     try:
         describe(session, context, ending)
         return conclude(context, ending.why)
-    except StallscopeError as exc:
-        return fail(str(exc), exc.exit_code)
-    except Exception as exc:  # a bug in stallscope: one line, as the CLI says it
-        if os.environ.get("STALLSCOPE_DEBUG"):
-            traceback.print_exc()
-        return fail(f"internal error ({type(exc).__name__}: {exc}); rerun with "
-                     "STALLSCOPE_DEBUG=1 for the traceback and report it", EXIT_INTERNAL)
+    except Exception as exc:
+        return exit_line(exc)
 
 
 def _abandoned(watchdog: Watchdog, lost: int) -> Ending:

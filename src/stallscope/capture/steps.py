@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from stallscope.context import LoaderInfo
+from stallscope.capture.context import LoaderInfo
 
 MODES = ("auto", "optimizer", "dataloader")
 # In auto mode, batches drawn with no optimizer.step() before batches become the steps:

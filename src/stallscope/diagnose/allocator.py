@@ -16,10 +16,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel, name_matches
+from stallscope.trace.model import TraceModel, name_matches
 
 RULE_ID = "allocator-churn"
 ALLOC_CALL = re.compile(r"^(?:(?:cuda|hip)Malloc|cuMemAlloc(?:_v2)?)$")

@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.allocator import enclosing_ops
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
+from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
 
 RULE_ID = "blocking-h2d-copy"
 # Share of step time the host spends blocked in overlappable HtoD transfers. 1% is the floor of

@@ -3,7 +3,7 @@ advice that more than one rule gives."""
 
 from __future__ import annotations
 
-from stallscope.model import TraceModel
+from stallscope.trace.model import TraceModel
 
 # Pinned memory plus non_blocking copies: the fix for both pageable-h2d-copy and
 # blocking-h2d-copy, which differ in what they measured, not in what to do.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "pageable-h2d-copy"
 # Below this many pageable bytes per step the copies are scalars and indices: not worth pinning.

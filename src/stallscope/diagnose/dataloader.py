@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stallscope.context import LoaderInfo, RunContext
+from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "dataloader-bound"
 # Share of step wall time the host waits in DataLoader.__next__ with no GPU work running.

@@ -22,10 +22,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel, name_matches, per_name
+from stallscope.trace.model import TraceModel, name_matches, per_name
 
 RULE_ID = "single-tensor-optimizer"
 # Kernels per optimizer step from which the per-parameter loop is worth reporting. foreach

@@ -19,10 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "dataparallel"
 ANNOTATION = "DataParallel.forward"

@@ -31,10 +31,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel, per_name
+from stallscope.trace.model import TraceModel, per_name
 
 RULE_ID = "no-mixed-precision"
 # Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.

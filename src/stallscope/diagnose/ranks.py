@@ -17,7 +17,7 @@ import numpy as np
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel, name_matches
+from stallscope.trace.model import TraceModel, name_matches
 
 RULE_ID = "rank-imbalance"
 JOB_LABEL = "job"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "host-device-sync"
 # Share of step wall time the host is blocked waiting on the GPU.

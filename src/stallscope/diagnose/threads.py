@@ -5,10 +5,10 @@ core count nor the thread settings, so the rule needs the RunContext of `stallsc
 
 from __future__ import annotations
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "cpu-oversubscription"
 

@@ -18,10 +18,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from stallscope.context import LoaderInfo, RunContext
+from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import LOADER_NAME, TraceModel, name_matches, per_name
+from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches, per_name
 
 RULE_ID = "worker-startup"
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.model import TraceModel, per_name
+from stallscope.trace.model import TraceModel, per_name
 
 RULE_ID = "zero-grad-kernels"
 ZERO_GRAD = "Optimizer.zero_grad#"

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from stallscope import __version__
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
-from stallscope.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
 from stallscope.report.timeline import step_timeline
+from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 
 SCHEMA_VERSION = 1
 

@@ -1,8 +1,8 @@
 """compare.html, compare.md and the terminal summary of `stallscope compare`.
 
-Input is the plain data of `stallscope.compare.compare_data`. Paths, trace labels and finding
-titles come from other people's files: HTML relies on jinja2 autoescaping, Markdown on `md`,
-the terminal on `plain`.
+Input is the plain data of `commands.compare.compare_data`. Paths, trace labels and finding titles
+come from other people's files: HTML relies on jinja2 autoescaping, Markdown on `md`, the
+terminal on `plain`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from stallscope.report.html import LEGEND, jinja_env
-from stallscope.report.text import md, plain
+from stallscope.text import md, plain
 
 GROUPS = (
     ("resolved", "Resolved", "found before, assessed clear after"),

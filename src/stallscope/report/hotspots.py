@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from stallscope.model import TraceModel
+from stallscope.trace.model import TraceModel
 
 TOP_N = 10
 

@@ -16,10 +16,10 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
-from stallscope.model import HOST_CATEGORIES
 from stallscope.report.build import Report
 from stallscope.report.json_writer import report_data
-from stallscope.report.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
+from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
+from stallscope.trace.model import HOST_CATEGORIES
 
 COLORS = {
     "dataloader": "#d62728",

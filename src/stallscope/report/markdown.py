@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stallscope.report.build import Report
-from stallscope.report.text import md, md_code
+from stallscope.text import md, md_code
 
 
 def _fence_language(snippet: str) -> str:

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.errors import OutputError
-from stallscope.model import HOST_CATEGORIES
 from stallscope.report.build import Report
-from stallscope.report.text import md
+from stallscope.text import md
+from stallscope.trace.model import HOST_CATEGORIES
 
 # Marks stallscope's event files in a run folder, so a new report replaces the old views rather
 # than adding a second set of points at the same steps. TensorBoard reads any file whose name

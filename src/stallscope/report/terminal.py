@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stallscope.report.build import Report
-from stallscope.report.text import MAX_TERMINAL, plain
+from stallscope.text import MAX_TERMINAL, plain
 
 MAX_FINDINGS = 6
 

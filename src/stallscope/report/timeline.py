@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stallscope.model import LOADER_NAME, TraceModel, name_matches
+from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches
 
 # Horizontal resolution the merge is sized for (the SVG draws about this many pixels).
 PIXELS = 1000

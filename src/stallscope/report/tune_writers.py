@@ -7,8 +7,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from stallscope.report.text import md, md_code, plain
-from stallscope.tune_plan import set_arguments
+from stallscope.capture.overrides import set_arguments
+from stallscope.text import md, md_code, plain
 
 TUNE_FILES = ("tune.json", "tune.md", "tune.html")
 

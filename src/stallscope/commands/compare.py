@@ -18,6 +18,8 @@ from typing import Any
 from stallscope import __version__
 from stallscope.errors import EXIT_OK, InputError, OutputError
 
+NAME = "compare"
+TAKES_SCRIPT = False
 SCHEMA_VERSION = 1
 COMPARE_FILES = ("compare.json", "compare.html", "compare.md")
 # A change within this fraction of the before value is reported as "no change": spans of the
@@ -41,7 +43,7 @@ def load_side(path: Path) -> Side:
     report_json = path / "report.json" if path.is_dir() else path
     if report_json.name == "report.json" and report_json.is_file():
         return Side(str(path), "report", _read_report(report_json))
-    from stallscope.analyze import analyze_paths
+    from stallscope.commands.pipeline import analyze_paths
     from stallscope.report.json_writer import report_data
 
     return Side(str(path), "traces", report_data(analyze_paths([path])))
@@ -249,10 +251,10 @@ def compare_data(before: Side, after: Side) -> dict[str, Any]:
     }
 
 
-def add_compare_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The `compare` subcommand, added to the CLI's subparsers."""
     cmp = sub.add_parser(
-        "compare",
+        NAME,
         help="compare two reports or traces: step time, breakdown, findings",
         description="Compare BEFORE and AFTER, each a stallscope output folder (holding "
         "report.json) or traces (a trace file or a folder of traces, analysed now): step-time "
@@ -265,6 +267,7 @@ def add_compare_parser(sub: Any) -> None:
                      help="output folder (default: ./stallscope-compare)")
     cmp.add_argument("--force", action="store_true", help="overwrite an existing comparison")
     cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    return cmp
 
 
 def _prepare(out: Path, force: bool) -> None:
@@ -281,7 +284,7 @@ def _prepare(out: Path, force: bool) -> None:
     prepare_out_dir(out, force=True)
 
 
-def run_compare(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
     """Load both sides, compare, write compare.json/html/md atomically, print a summary."""
     from stallscope import progress
     from stallscope.outputs import write_files

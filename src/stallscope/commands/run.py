@@ -1,29 +1,142 @@
-"""`stallscope run` as one call: capture the script, gather the ranks, analyse into a Report.
+"""`stallscope run`: capture the script under the profiler, gather the ranks, analyse into a report.
 
 Every process (one, or each rank under torchrun) captures its own trace into
 `OUT/tensorboard/<run>/` and its context into `OUT/capture/rank-N.json`. Ranks other than 0 stop
 there; rank 0 waits for the others' contexts and analyses every rank's trace into one report.
 `conclude` is that second half: the capture calls it once the script has ended (or, under
-`--timeout`, from its clock thread when the script would not stop).
+`--timeout`, from its clock thread when the script would not stop). The parser is built at
+start-up with every command's, so torch, pandas and the writers load only when the command runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from stallscope import progress
+from stallscope.capture.context import RunContext
+from stallscope.capture.overrides import OVERRIDE_KEYS, parse_overrides
 from stallscope.capture.target import Target
-from stallscope.context import RunContext
-from stallscope.errors import NoStepsError
-from stallscope.report import Report
-from stallscope.report.build import attach_run
+from stallscope.commands.common import (
+    add_target_arguments,
+    gate,
+    seconds,
+    whole_number,
+    write_report,
+)
+from stallscope.errors import NoStepsError, fail
+
+if TYPE_CHECKING:
+    from stallscope.report import Report
+
+NAME = "run"
+TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
 
 # How long rank 0 waits, after its own script ended, for the other ranks to report.
 RANK_WAIT_S = 120.0
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    run = sub.add_parser(
+        NAME,
+        help="profile a training script for a few steps and diagnose it",
+        usage="stallscope run [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
+        description="Run an unmodified training script (as `python SCRIPT ARGS` or `python -m "
+        "MODULE ARGS` would) under torch.profiler, record a few training steps, stop the "
+        "script, and diagnose the trace. Everything after SCRIPT or MODULE goes to the script.",
+    )
+    add_target_arguments(run, "./stallscope-<script name>", "overwrite an existing report")
+    run.add_argument("--skip", type=whole_number(0), default=2, metavar="N",
+                     help="steps to let pass first, for one-off start-up costs (default 2)")
+    run.add_argument("--warmup", type=whole_number(0), default=1, metavar="N",
+                     help="steps the profiler warms up on, not recorded (default 1)")
+    run.add_argument("--steps", type=whole_number(1), default=5, metavar="N",
+                     help="steps to record (default 5)")
+    run.add_argument(
+        "--step-on",
+        choices=("auto", "optimizer", "dataloader"),
+        default="auto",
+        help="what ends a training step: optimizer.step(), or each DataLoader batch; auto uses "
+        "the optimizer, and batches when no optimizer steps (default auto)",
+    )
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="pass KEY=VALUE to every DataLoader the script builds, instead of the script's own "
+        f"value, without editing it; repeatable; KEY is one of {', '.join(OVERRIDE_KEYS)}, "
+        "VALUE a whole number or true/false",
+    )
+    run.add_argument("--run-to-end", action="store_true",
+                     help="let the script finish after recording instead of stopping it")
+    run.add_argument(
+        "--timeout", type=seconds, metavar="SECONDS",
+        help="stop the script if it is still running this many seconds after it started "
+        "(stallscope's own start-up and the analysis after do not count), keep the steps "
+        "recorded so far, write a partial report and exit 124; a script that does not stop "
+        "within min(10, SECONDS) s more is ended with what was written",
+    )
+    run.add_argument("--fail-on", choices=("high", "medium", "low"),
+                     help="exit 3 when a finding at or above this severity exists")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="print nothing on success: no summary, no progress lines")
+    return run
+
+
+def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
+    """Check the script and the options, capture it, and let `conclude` write the report."""
+    from stallscope.capture.target import check_target
+    from stallscope.outputs import default_run_out_dir, prepare_out_dir
+
+    overrides = parse_overrides(args.overrides)
+    target = Target(args.target, tuple(script_args), args.module)
+    check_target(target)
+    # Absolute now: the script may change the working folder.
+    out = (args.out or default_run_out_dir(target.stem)).resolve()
+    prepare_out_dir(out, args.force)
+    launch = Launch.from_env()
+    # Rank 0 speaks for the job (it also says when it waits for the others); every rank
+    # reporting each step would interleave N copies of the same lines.
+    progress.configure(args.quiet, launch.rank == 0)
+    command = launch.command_prefix() + command
+    plan = RunPlan(target, out, command, args.force)
+    clear_previous(plan, launch)
+
+    from stallscope.capture.runner import CaptureOptions, capture
+    from stallscope.capture.session import Schedule
+
+    ctx = RunContext(
+        command=command,
+        target=target.name,
+        rank=launch.rank if launch.distributed else None,
+        world_size=launch.world_size if launch.distributed else None,
+    )
+    options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps), args.step_on,
+                             args.run_to_end, overrides, args.timeout)
+    progress.say(
+        f"running {target.name} under the profiler: {args.skip} step(s) skipped, "
+        f"{args.warmup} warm-up, {args.steps} recorded"
+    )
+    if overrides:
+        progress.say("DataLoader overrides: " + _overrides_text(overrides))
+    # The report is written by `conclude`, which the capture calls once the script has ended
+    # (from its clock thread when a --timeout script would not stop).
+    return capture(target, options, trace_dir(plan), launch.worker, ctx,
+                   lambda c, why: conclude(plan, launch, args.quiet, args.fail_on, c, why))
+
+
+def _overrides_text(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                     for k, v in overrides.items())
+
+
+# ---------------------------------------------------------------------------- the job
 
 
 @dataclass(frozen=True)
@@ -142,8 +255,6 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     (RuntimeError: ...)"), None when it ended well: with the script's status, it is the one
     error line.
     """
-    from stallscope.outcome import fail, gate, write_report  # as `analyze` uses them
-
     progress.say(ended_text(ctx))
     if launch.distributed:
         save_context(plan, launch, ctx)
@@ -185,7 +296,8 @@ def ended_text(ctx: RunContext) -> str:
 
 
 def analyze_run(contexts: list[RunContext], missing: list[int], plan: RunPlan) -> Report:
-    from stallscope.analyze import analyze_paths
+    from stallscope.commands.pipeline import analyze_paths
+    from stallscope.report.build import attach_run
 
     paths = [Path(p) for c in contexts for p in c.traces]
     if not paths:

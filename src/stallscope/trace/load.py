@@ -19,7 +19,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from stallscope.decode import (
+from stallscope.errors import InputError
+from stallscope.trace.decode import (
     ARG_FIELDS,
     Columns,
     Decoded,
@@ -27,7 +28,6 @@ from stallscope.decode import (
     lenient_events,
     stream_decode,
 )
-from stallscope.errors import InputError
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 

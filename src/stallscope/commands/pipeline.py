@@ -12,13 +12,13 @@ from pathlib import Path
 import pandas as pd
 
 from stallscope import fanout, progress
-from stallscope.context import RunContext
+from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
 from stallscope.errors import NoStepsError
-from stallscope.load import discover, infer_rank, load_trace, rank_order
-from stallscope.model import TraceModel, build_model
 from stallscope.report import Report, build_report
-from stallscope.report.text import plain
+from stallscope.text import plain
+from stallscope.trace.load import discover, infer_rank, load_trace, rank_order
+from stallscope.trace.model import TraceModel, build_model
 
 
 def analyze_paths(

@@ -13,14 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from stallscope.capture.overrides import Overrides, key_rank
+
 # Beyond a handful of cores, every count would cost a run each; powers of two cover the curve.
 DENSE_UP_TO = 4
 DEFAULT_PREFETCH = 2  # torch's default when num_workers > 0
 PREFETCH_CHOICES = (2, 4)
-# The order `change_text` writes keys in: the order of DataLoader's own signature.
-KEY_ORDER = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
-
-Overrides = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -123,32 +121,10 @@ def _effective(loader: dict[str, Any], key: str) -> Any:
     return value
 
 
-def cli_value(value: Any) -> str:
-    """How `stallscope run --set KEY=VALUE` spells a value."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
-
-
-def set_arguments(overrides: Overrides) -> list[str]:
-    """`--set k=v` pairs, in DataLoader signature order so commands read the same every time."""
-    args: list[str] = []
-    for key in sorted(overrides, key=_key_rank):
-        args += ["--set", f"{key}={cli_value(overrides[key])}"]
-    return args
-
-
-def label(overrides: Overrides) -> str:
-    """A short human name: `num_workers=2, persistent_workers=true`, or `baseline`."""
-    if not overrides:
-        return "baseline"
-    return ", ".join(f"{k}={cli_value(overrides[k])}" for k in sorted(overrides, key=_key_rank))
-
-
 def change_text(loader: dict[str, Any], overrides: Overrides) -> str | None:
     """The constructor change to paste at the call site, only the arguments that differ:
     `DataLoader(..., num_workers=2, persistent_workers=True)`; None when nothing differs."""
-    keys = [k for k in sorted(overrides, key=_key_rank) if _effective(loader, k) != overrides[k]]
+    keys = [k for k in sorted(overrides, key=key_rank) if _effective(loader, k) != overrides[k]]
     if not keys:
         return None
     return "DataLoader(..., " + ", ".join(f"{k}={overrides[k]!r}" for k in keys) + ")"
@@ -156,9 +132,5 @@ def change_text(loader: dict[str, Any], overrides: Overrides) -> str | None:
 
 def before_text(loader: dict[str, Any], overrides: Overrides) -> str:
     """The same arguments as `change_text`, with the values the script passed (or defaulted)."""
-    keys = [k for k in sorted(overrides, key=_key_rank) if _effective(loader, k) != overrides[k]]
+    keys = [k for k in sorted(overrides, key=key_rank) if _effective(loader, k) != overrides[k]]
     return "DataLoader(..., " + ", ".join(f"{k}={_effective(loader, k)!r}" for k in keys) + ")"
-
-
-def _key_rank(key: str) -> tuple[int, str]:
-    return (KEY_ORDER.index(key) if key in KEY_ORDER else len(KEY_ORDER), key)

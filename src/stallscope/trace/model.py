@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from stallscope.intervals import Timeline, enclosing, exclusive
-from stallscope.load import Trace
+from stallscope.trace.intervals import Timeline, enclosing, exclusive
+from stallscope.trace.load import Trace
 
 HOST_CATEGORIES = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
 GPU_CATEGORIES = ("kernel", "memcpy", "memset", "idle")

@@ -25,6 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
+from stallscope.capture.overrides import Overrides, label, set_arguments
+from stallscope.commands.common import add_target_arguments, positive_float, whole_number
+from stallscope.commands.tune_plan import (
+    Baseline,
+    baseline_from_report,
+    before_text,
+    change_text,
+    prefetch_candidates,
+    worker_candidates,
+)
 from stallscope.errors import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, InputError, StallscopeError
 from stallscope.report.tune_writers import (
     TUNE_FILES,
@@ -32,18 +42,9 @@ from stallscope.report.tune_writers import (
     render_markdown,
     render_terminal,
 )
-from stallscope.tune_plan import (
-    Baseline,
-    Overrides,
-    baseline_from_report,
-    before_text,
-    change_text,
-    label,
-    prefetch_candidates,
-    set_arguments,
-    worker_candidates,
-)
 
+NAME = "tune"
+TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
 RUN_STEPS = 5
 DEFAULT_BUDGET_S = 300.0
 DEFAULT_REPEATS = 3
@@ -144,13 +145,11 @@ Launcher = Callable[[Overrides, float | None], RunResult]
 # ---------------------------------------------------------------------------- command line
 
 
-def add_tune_parser(sub: Any) -> Any:
-    """The `tune` subcommand; returned so the caller can split SCRIPT's arguments off with
-    `cli.split_run_argv` exactly as for `run`."""
-    from stallscope.cli import add_target_arguments, whole_number  # cli imports this lazily
-
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """The `tune` subcommand; returned so the CLI can split SCRIPT's arguments off exactly as
+    for `run`."""
     tune = sub.add_parser(
-        "tune",
+        NAME,
         help="measure DataLoader settings on a training script and report the fastest",
         usage="stallscope tune [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
         description="Run the script as it is (the baseline), then with DataLoader settings "
@@ -162,7 +161,7 @@ def add_tune_parser(sub: Any) -> Any:
     )
     add_target_arguments(tune, "./stallscope-tune-<script name>",
                          "overwrite an earlier tune result")
-    tune.add_argument("--budget", type=_positive_float, default=DEFAULT_BUDGET_S,
+    tune.add_argument("--budget", type=positive_float, default=DEFAULT_BUDGET_S,
                       metavar="SECONDS",
                       help="stop launching candidates once the next one would end after this "
                       "many seconds, estimated from the baseline's time per run; the baseline "
@@ -171,7 +170,7 @@ def add_tune_parser(sub: Any) -> Any:
                       help="runs per configuration; the median over all their recorded steps "
                       "is compared, the range of their per-run medians is the spread "
                       f"(default {DEFAULT_REPEATS})")
-    tune.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+    tune.add_argument("--timeout", type=positive_float, metavar="SECONDS",
                       help="stop any run, the baseline included, whose script is still running "
                       "this many seconds after it started (`run --timeout`); it counts as "
                       f"failed (default: none for the baseline; a candidate is stopped after "
@@ -181,17 +180,7 @@ def add_tune_parser(sub: Any) -> Any:
     return tune
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-def run_tune(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
+def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
     """Measure the baseline and the candidates, write OUT/tune.{json,md,html}, print a summary."""
     from stallscope.capture.target import Target, check_target
 
@@ -434,27 +423,3 @@ def write_outputs(result: dict[str, Any], out: Path) -> None:
         "tune.md": render_markdown(result),
         "tune.html": render_html(result),
     })
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m stallscope.tune ...`, the same as `stallscope tune ...` once the CLI routes
-    to it; errors end in the one `stallscope:` line like every other command."""
-    from stallscope.cli import _Parser, split_run_argv
-    from stallscope.outcome import fail
-
-    parser = _Parser(prog="stallscope")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    tune = add_tune_parser(sub)
-    argv = sys.argv[1:] if argv is None else argv
-    own, script_args = split_run_argv(argv, tune)
-    args = parser.parse_args(["tune", *own])
-    try:
-        return run_tune(args, script_args, ["stallscope", "tune", *argv])
-    except StallscopeError as exc:
-        return fail(str(exc), exc.exit_code)
-    except KeyboardInterrupt:
-        return fail("interrupted", 130)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,70 @@
+"""`stallscope analyze PATH...`: diagnose traces recorded elsewhere (files, folders, ranks).
+
+The parser is built at start-up with every command's, so this module imports only what the
+parser needs; the pipeline (pandas, the rules, the writers) loads when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from stallscope import progress
+from stallscope.commands.common import gate, whole_number, write_report
+
+NAME = "analyze"
+TAKES_SCRIPT = False  # every argument is stallscope's own
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    an = sub.add_parser(
+        NAME,
+        help="diagnose traces recorded elsewhere",
+        description="Diagnose torch.profiler traces: a .json/.json.gz file, or a folder "
+        "(TensorBoard logdir or run folder) holding *.pt.trace.json[.gz] files; several files "
+        "are analysed as ranks or spans of one job.",
+    )
+    an.add_argument("paths", nargs="+", type=Path, metavar="PATH")
+    an.add_argument("-o", "--out", type=Path, help="output folder (default: ./stallscope-<input>)")
+    an.add_argument("--force", action="store_true", help="overwrite an existing report")
+    an.add_argument(
+        "-j",
+        "--jobs",
+        type=whole_number(1),
+        metavar="N",
+        help="analyse up to N trace files at once in separate processes (default: as many as "
+        "the cores and the available memory allow; 1 for small inputs)",
+    )
+    an.add_argument(
+        "--fail-on",
+        choices=("high", "medium", "low"),
+        help="exit 3 when a finding at or above this severity exists (CI gate)",
+    )
+    an.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write per-step scalars and the findings as text to OUT/tensorboard/ "
+        "(open with `tensorboard --logdir OUT/tensorboard`); opt-in because it imports torch, "
+        "which adds about 2 s to a command that otherwise starts in under 1 s",
+    )
+    an.add_argument("-q", "--quiet", action="store_true",
+                    help="print nothing on success: no summary, no progress lines")
+    return an
+
+
+def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
+    """Analyse the paths into OUT/report.{json,html,md}; the exit status (3 for --fail-on)."""
+    from stallscope.commands.pipeline import analyze_paths
+    from stallscope.outputs import default_out_dir, prepare_out_dir
+    from stallscope.report.build import analyze_command
+
+    progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
+    out = args.out or default_out_dir(args.paths)
+    prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
+    report = analyze_paths(args.paths, jobs=args.jobs)
+    # How to reproduce this report; where it was written is left out (see analyze_command).
+    report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
+                                               args.tensorboard)
+    write_report(report, out, args.quiet, out / "tensorboard" if args.tensorboard else None)
+    return gate(report, args.fail_on)
