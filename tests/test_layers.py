@@ -1,0 +1,207 @@
+"""The package layout is the pipeline (GUIDE §2), and imports flow one way through it.
+
+    commands -> report -> diagnose -> replay -> trace      capture beside trace
+    (cli above all; errors, progress, outputs, fanout and text below all)
+
+Every import of a stallscope module is read with `ast`, function-level (lazy) imports included,
+since a lazy import is how an upward dependency usually hides. A lower layer importing a higher
+one, two rooms of one layer importing each other, an import circle, anything importing `cli`,
+or torch/jinja2 outside the stage that owns it fails here, with the offending line named.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "src" / "stallscope"
+
+# Layers, lowest first, each a set of rooms (room name -> the modules or packages in it). A module
+# may import its own room and any lower layer; rooms that share a layer (trace and capture) are
+# independent of each other.
+LAYERS: list[dict[str, tuple[str, ...]]] = [
+    {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.progress",
+              "stallscope.outputs", "stallscope.fanout")},
+    {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",)},
+    {"replay": ("stallscope.replay",)},
+    {"diagnose": ("stallscope.diagnose",)},
+    {"report": ("stallscope.report",)},
+    {"commands": ("stallscope.commands",)},
+    {"front door": ("stallscope.cli", "stallscope.__main__")},
+]
+# Third-party packages only one stage may load at module level (GUIDE §2: only the capture
+# imports torch, so `analyze` starts fast without CUDA; the trace and rules never render HTML).
+OWNED = {"torch": "stallscope.capture", "jinja2": "stallscope.report"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> dict[str, str]:
+    return {module_name(p): p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")}
+
+
+def room(module: str) -> tuple[int, str] | None:
+    """(layer, room name) of a module; the package root `stallscope` matches only itself."""
+    for level, rooms in enumerate(LAYERS):
+        for name, members in rooms.items():
+            if any(module == m or (m != "stallscope" and module.startswith(m + "."))
+                   for m in members):
+                return level, name
+    return None
+
+
+def imports(module: str, source: str, known: set[str]) -> list[tuple[str, int, bool]]:
+    """(imported stallscope module, line, at module level) for every import in `source`;
+    `known` names every module, so `from pkg import name` can tell a module from an attribute."""
+    tree = ast.parse(source)
+    top = {id(n) for n in tree.body}
+    packages = {m.rpartition(".")[0] for m in known}
+    package = module if module in packages else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from stallscope import progress` imports the module stallscope.progress.
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                     for a in node.names]
+        for name in dict.fromkeys(names):
+            if name == "stallscope" or name.startswith("stallscope.") or \
+                    name.split(".")[0] in OWNED:
+                found.append((name, node.lineno, id(node) in top))
+    return found
+
+
+def violations(modules: dict[str, str]) -> list[str]:
+    """Every broken layering rule in `modules` (name -> source), one line each."""
+    known = set(modules)
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, source in sorted(modules.items()):
+        mine = room(module)
+        if mine is None:
+            problems.append(f"{module}: in no layer; add its room to LAYERS")
+        for name, line, top in imports(module, source, known):
+            where = f"{module}:{line} imports {name}"
+            owner = OWNED.get(name.split(".")[0])
+            if owner is not None:
+                if top and not (module == owner or module.startswith(owner + ".")):
+                    problems.append(f"{where}: only {owner} may import it at module level")
+                continue
+            graph[module].add(name)
+            if name == "stallscope.cli" and module != "stallscope.__main__":
+                problems.append(f"{where}: nothing imports the CLI")
+            theirs = room(name)
+            if mine is None or theirs is None or theirs[1] == mine[1]:
+                continue
+            if theirs[0] > mine[0]:
+                problems.append(f"{where}: upward, from {mine[1]} to {theirs[1]}")
+            elif theirs[0] == mine[0]:
+                problems.append(f"{where}: {mine[1]} and {theirs[1]} stand side by side and "
+                                "must not depend on each other")
+    problems += [f"import circle: {' -> '.join(c)}" for c in circles(graph)]
+    return problems
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One closed path per strongly connected group of modules (Tarjan), as module names."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1 or v in graph.get(v, ()):
+                groups.append(sorted(group) + [sorted(group)[0]])
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_the_package_keeps_its_layers() -> None:
+    assert violations(sources()) == []
+
+
+def test_every_module_says_what_it_is_for() -> None:
+    missing = [m for m, s in sources().items() if not (ast.get_docstring(ast.parse(s)) or "")]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "expected"),
+    [
+        # the model reaching up into a command
+        ("stallscope.trace.model", "from stallscope.commands.run import Launch\n",
+         "upward, from trace to commands"),
+        # a lazy import inside a function counts too
+        ("stallscope.diagnose.sync", "def f():\n    from stallscope.report import Report\n",
+         "upward, from diagnose to report"),
+        ("stallscope.capture.steps", "from stallscope.trace.load import Trace\n",
+         "stand side by side"),
+        ("stallscope.commands.tune", "from stallscope.cli import main\n",
+         "nothing imports the CLI"),
+        ("stallscope.diagnose.idle", "import torch\n", "only stallscope.capture may import"),
+        ("stallscope.trace.load", "import jinja2\n", "only stallscope.report may import"),
+        ("stallscope.trace.model", "from stallscope.trace import load\n", None),  # allowed
+    ],
+)
+def test_a_planted_import_is_caught(module: str, planted: str, expected: str | None) -> None:
+    modules = sources()
+    modules[module] = planted + modules[module]
+    found = violations(modules)
+    if expected is None:
+        assert found == []
+    else:
+        assert any(module in p and expected in p for p in found), found
+
+
+def test_a_planted_circle_is_caught() -> None:
+    modules = sources()
+    # trace.load already imports trace.decode; the reverse closes a circle inside one room.
+    lazy = "def f():\n    from stallscope.trace.load import Trace\n"
+    modules["stallscope.trace.decode"] = lazy + modules["stallscope.trace.decode"]
+    found = violations(modules)
+    assert "import circle: stallscope.trace.decode -> stallscope.trace.load -> " \
+        "stallscope.trace.decode" in found, found
+
+
+def test_a_module_outside_the_layers_is_named() -> None:
+    modules = {**sources(), "stallscope.misc": '"""Loose."""\n'}
+    assert "stallscope.misc: in no layer; add its room to LAYERS" in violations(modules)
