@@ -32,6 +32,25 @@ class LoaderInfo:
     # are the effective configuration), and the script's own values of those keys.
     overrides: dict[str, Any] = field(default_factory=dict)
     built_with: dict[str, Any] = field(default_factory=dict)
+    # While recording, summed over `batches_recorded` fetches: the wall time the fetch took
+    # in the training process, the CPU time of the thread that fetched (loading in the
+    # process, or receiving from workers; not torch's intra-op threads, which spin while
+    # idle), the CPU time of the whole process meanwhile (spinning threads included: what the
+    # fetch took from the cores), and the bytes of tensors returned. Wall much above the
+    # thread's CPU means loading waited (storage, network) rather than computed.
+    fetch_wall_us: float = 0.0
+    fetch_cpu_us: float = 0.0
+    fetch_process_cpu_us: float = 0.0
+    fetch_bytes: float = 0.0
+
+    @property
+    def measured(self) -> dict[str, float] | None:
+        """Per-batch means of the fetch measurements, or None before any recorded batch."""
+        n = self.batches_recorded
+        if n <= 0 or self.fetch_wall_us <= 0:
+            return None
+        return {"wall_us": self.fetch_wall_us / n, "cpu_us": self.fetch_cpu_us / n,
+                "process_cpu_us": self.fetch_process_cpu_us / n, "bytes": self.fetch_bytes / n}
 
 
 @dataclass

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,14 @@ class LoaderWatcher:
                 info.batches += 1
                 if watcher.recording:
                     info.batches_recorded += 1
+                    wall, cpu = time.perf_counter(), time.thread_time()
+                    proc = time.process_time()
+                    batch = orig_next(it)
+                    info.fetch_wall_us += (time.perf_counter() - wall) * 1e6
+                    info.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
+                    info.fetch_process_cpu_us += (time.process_time() - proc) * 1e6
+                    info.fetch_bytes += tensor_bytes(batch)
+                    return batch
             return orig_next(it)
 
         for cls, name, fn in (
@@ -225,6 +234,19 @@ def _accelerator_available() -> bool:
 
 def _is_iterable_dataset(dataset: Any) -> bool:
     return isinstance(dataset, torch.utils.data.IterableDataset)
+
+
+def tensor_bytes(batch: Any, depth: int = 0) -> int:
+    """Bytes of the tensors in a batch (nested tuples, lists and dicts), without copying."""
+    if isinstance(batch, torch.Tensor):
+        return batch.element_size() * batch.nelement()
+    if depth > 4:
+        return 0
+    if isinstance(batch, dict):
+        return sum(tensor_bytes(v, depth + 1) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(tensor_bytes(v, depth + 1) for v in batch[:1024])
+    return 0
 
 
 def _exhausted(it: Any) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from stallscope import __version__, progress
+from stallscope.capture.facts import environment
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.steps import StepDriver
 
@@ -78,6 +80,7 @@ class CaptureSession:
         self._pid = os.getpid()
         self._started = False
         self._meta_added = False
+        self._window: tuple[float, float] | None = None  # wall, process CPU at recording start
         self._hook: Any = None
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -139,8 +142,12 @@ class CaptureSession:
             self.prof.start()
         else:
             self._report_progress(self.prof.step_num)
+            if self.sched.is_recording(self.prof.step_num):
+                self._add_metadata()  # the measurements so far; the last call is kept
             self.prof.step()  # writes the trace after the last recorded step
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
+        if self.watcher.recording and self._window is None:
+            self._window = (time.perf_counter(), time.process_time())
         if self.watcher.recording and not self._meta_added:
             self._add_metadata()  # only kept while Kineto records
         if self.prof.step_num >= self.sched.profiled:  # the trace was written by this step()
@@ -173,12 +180,33 @@ class CaptureSession:
             progress.say(f"recording {sched.steps} step(s)")
 
     def _add_metadata(self) -> None:
+        """stallscope's facts in the trace itself, so `analyze` of it knows them too: how steps
+        were found, and what the replay needs that the profiler cannot see (cores, the CPU the
+        process used, what each loader's fetches cost). Called again at each recorded step
+        boundary: Kineto keeps the last value."""
         self._meta_added = True
-        meta = {
+        meta: dict[str, Any] = {
             "tool": f"stallscope {__version__}",
             "step_source": self.driver.source,
             "incomplete_step": self.incomplete_step,
         }
+        if self._window is not None:
+            cpu = environment()["cpu"]
+            meta["host"] = {
+                "cores_per_process": cpu["cores_per_process"],
+                "torch_threads": cpu["torch_threads"],
+                "recorded_wall_us": round((time.perf_counter() - self._window[0]) * 1e6, 1),
+                "recorded_cpu_us": round((time.process_time() - self._window[1]) * 1e6, 1),
+            }
+            meta["loaders"] = [
+                {"call_site": d.call_site, "num_workers": d.num_workers,
+                 "pin_memory": d.pin_memory, "batches": d.batches_recorded,
+                 "fetch_wall_us": round(d.fetch_wall_us, 1),
+                 "fetch_cpu_us": round(d.fetch_cpu_us, 1),
+                 "fetch_process_cpu_us": round(d.fetch_process_cpu_us, 1),
+                 "fetch_bytes": d.fetch_bytes}
+                for d in self.watcher.loaders if d.batches_recorded
+            ]
         self.prof.add_metadata_json("stallscope", json.dumps(meta))
 
     def _on_trace_ready(self, prof: Any) -> None:

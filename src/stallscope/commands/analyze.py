@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
-from stallscope.commands.common import gate, whole_number, write_report
+from stallscope.commands.common import add_what_if_argument, gate, whole_number, write_report
 
 NAME = "analyze"
 TAKES_SCRIPT = False  # every argument is stallscope's own
@@ -48,6 +48,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "(open with `tensorboard --logdir OUT/tensorboard`); opt-in because it imports torch, "
         "which adds about 2 s to a command that otherwise starts in under 1 s",
     )
+    add_what_if_argument(an)
     an.add_argument("-q", "--quiet", action="store_true",
                     help="print nothing on success: no summary, no progress lines")
     return an
@@ -56,15 +57,18 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
     """Analyse the paths into OUT/report.{json,html,md}; the exit status (3 for --fail-on)."""
     from stallscope.commands.pipeline import analyze_paths
+    from stallscope.diagnose.fixes import parse_what_if
     from stallscope.outputs import default_out_dir, prepare_out_dir
     from stallscope.report.build import analyze_command
 
+    what_if = parse_what_if(args.what_if)  # a typo is refused before any work
     progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
     out = args.out or default_out_dir(args.paths)
     prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
-    report = analyze_paths(args.paths, jobs=args.jobs)
+    report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if)
     # How to reproduce this report; where it was written is left out (see analyze_command).
     report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
-                                               args.tensorboard)
+                                               args.tensorboard,
+                                               [c.text for c in what_if])
     write_report(report, out, args.quiet, out / "tensorboard" if args.tensorboard else None)
     return gate(report, args.fail_on)

@@ -75,6 +75,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def add_what_if_argument(parser: argparse.ArgumentParser) -> None:
+    """`--what-if KEY=VALUE` (analyze, run): replay a change and predict the step after it."""
+    parser.add_argument(
+        "--what-if", dest="what_if", action="append", default=[], metavar="KEY=VALUE",
+        help="predict the step time after a change, alone and with the others given, by "
+        "replaying the recorded steps with it: num_workers=N, pin_memory=true, "
+        "non_blocking=true, amp=bf16|fp16|tf32, sync=off, optimizer=foreach|fused, "
+        "zero_grad=none, cuda_graphs=true, allocator=steady, comm=overlap; repeatable",
+    )
+
+
 # ---------------------------------------------------------------------------- script commands
 
 

@@ -1,8 +1,8 @@
-"""The analyze pipeline as one call: paths -> load -> model -> diagnose -> Report.
+"""The analyze pipeline as one call: paths -> load -> model -> diagnose -> replay plan -> Report.
 
-Each trace file goes through load, model and diagnose on its own (in parallel processes when
-there are several large ones: see `fanout`); only the job-level rules and the report need them
-all together.
+Each trace file goes through load, model, diagnose and the fix plan on its own (in parallel
+processes when there are several large ones: see `fanout`); only the job-level rules and the
+report need them all together.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pandas as pd
 from stallscope import fanout, progress
 from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
+from stallscope.diagnose.fixes import Change
+from stallscope.diagnose.plan import Plan, make_plan
 from stallscope.errors import NoStepsError
 from stallscope.report import Report, build_report
 from stallscope.text import plain
@@ -25,9 +27,11 @@ def analyze_paths(
     paths: list[Path],
     contexts: dict[str, RunContext] | None = None,
     jobs: int | None = None,
+    what_if: list[Change] | None = None,
 ) -> Report:
     """`contexts` maps a trace's resolved path to what `stallscope run` captured beside it;
-    `jobs` caps the worker processes (default: sized to the cores and the memory)."""
+    `jobs` caps the worker processes (default: sized to the cores and the memory); `what_if`
+    changes are replayed on every trace besides the findings' own."""
     files = list(dict.fromkeys(f for p in paths for f in discover(p)))
     contexts = contexts or {}
     progress.consider_inputs(files)  # several files or a large one: say what is happening
@@ -37,7 +41,8 @@ def analyze_paths(
         progress.say(f"loading {plain(files[0].name)} ({size})")
         meter = progress.Meter(f"reading {plain(files[0].name)}", fanout.text_size(files[0]))
         context = contexts.get(str(files[0].resolve()))
-        results = [_analyze_file(files[0], False, context, meter if progress.active() else None)]
+        results = [_analyze_file(files[0], False, context,
+                                 meter if progress.active() else None, what_if)]
     else:
         in_parallel = f" in {workers} processes" if workers > 1 else ""
         progress.say(f"analysing {len(files)} trace files ({size}){in_parallel}")
@@ -47,27 +52,29 @@ def analyze_paths(
             done.append(i)
             progress.say(f"analysed {plain(files[i].name)} ({len(done)}/{len(files)})")
 
-        calls = [(f, True, contexts.get(str(f.resolve())), None) for f in files]
+        calls = [(f, True, contexts.get(str(f.resolve())), None, what_if) for f in files]
         results = fanout.run_each(_analyze_file, calls, workers, finished)
     results.sort(key=lambda r: rank_order(r[0].trace))
-    models = [m for m, _ in results]
+    models = [m for m, _, _ in results]
     if not any(m.steps for m in models):
         which = (f"{plain(files[0].name)} holds no" if len(files) == 1
                  else f"none of the {len(files)} files holds")
         raise NoStepsError(
             f'no steps found: {which} timed ("ph": "X") events that span any time'
         )
-    verdicts = [v for _, v in results]
+    verdicts = [v for _, v, _ in results]
+    plans = [p for _, _, p in results]
     if len(models) > 1:
         progress.say(f"diagnosing the job ({len(models)} traces)")
     verdicts.append(diagnose_job(models))
-    return build_report(models, verdicts, [str(p) for p in paths])
+    return build_report(models, verdicts, [str(p) for p in paths], plans)
 
 
 def _analyze_file(
-    path: Path, several: bool, context: RunContext | None, meter: progress.Meter | None
-) -> tuple[TraceModel, list[Assessment]]:
-    """Load, model and diagnose one file (runs in a worker process when there are several).
+    path: Path, several: bool, context: RunContext | None, meter: progress.Meter | None,
+    what_if: list[Change] | None = None,
+) -> tuple[TraceModel, list[Assessment], Plan | None]:
+    """Load, model, diagnose and plan one file (in a worker process when there are several).
 
     `meter` (one file only) is fed the bytes read and makes the phases say themselves."""
     say = meter is not None
@@ -80,5 +87,8 @@ def _analyze_file(
     if say:
         progress.say("diagnosing")
     verdict = diagnose(model, context)
+    if say:
+        progress.say("replaying the steps with each fix")
+    plan = make_plan(model, verdict, what_if)
     trace.args = pd.DataFrame()  # read by the model only: not worth sending back
-    return model, verdict
+    return model, verdict, plan

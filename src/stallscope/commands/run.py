@@ -24,6 +24,7 @@ from stallscope.capture.overrides import OVERRIDE_KEYS, parse_overrides
 from stallscope.capture.target import Target
 from stallscope.commands.common import (
     add_target_arguments,
+    add_what_if_argument,
     gate,
     seconds,
     whole_number,
@@ -82,6 +83,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "recorded so far, write a partial report and exit 124; a script that does not stop "
         "within min(10, SECONDS) s more is ended with what was written",
     )
+    add_what_if_argument(run)
     run.add_argument("--fail-on", choices=("high", "medium", "low"),
                      help="exit 3 when a finding at or above this severity exists")
     run.add_argument("-q", "--quiet", action="store_true",
@@ -92,9 +94,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
     """Check the script and the options, capture it, and let `conclude` write the report."""
     from stallscope.capture.target import check_target
+    from stallscope.diagnose.fixes import parse_what_if
     from stallscope.outputs import default_run_out_dir, prepare_out_dir
 
     overrides = parse_overrides(args.overrides)
+    what_if = parse_what_if(args.what_if)  # a typo is refused before the script runs
     target = Target(args.target, tuple(script_args), args.module)
     check_target(target)
     # Absolute now: the script may change the working folder.
@@ -105,7 +109,7 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     # reporting each step would interleave N copies of the same lines.
     progress.configure(args.quiet, launch.rank == 0)
     command = launch.command_prefix() + command
-    plan = RunPlan(target, out, command, args.force)
+    plan = RunPlan(target, out, command, args.force, tuple(what_if))
     clear_previous(plan, launch)
 
     from stallscope.capture.runner import CaptureOptions, capture
@@ -184,6 +188,7 @@ class RunPlan:
     out: Path
     command: list[str]
     force: bool = False
+    what_if: tuple[Any, ...] = ()  # `--what-if` changes, replayed on the recorded steps
 
 
 def trace_dir(plan: RunPlan) -> Path:
@@ -304,7 +309,7 @@ def analyze_run(contexts: list[RunContext], missing: list[int], plan: RunPlan) -
         raise NoStepsError(no_steps_reason(contexts[0]))
     by_path = {str(Path(p).resolve()): c for c in contexts for p in c.traces}
     progress.say(f"analysing {len(paths)} trace(s)")
-    report = analyze_paths(paths, contexts=by_path)
+    report = analyze_paths(paths, contexts=by_path, what_if=list(plan.what_if))
     attach_run(report, contexts, trace_dir(plan), plan.out / "tensorboard")
     for rank in missing:
         report.notes.append(

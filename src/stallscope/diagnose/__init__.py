@@ -102,9 +102,11 @@ def _attribute_causes(findings: list[Finding]) -> None:
 
 
 def ranked_findings(assessments: list[Assessment]) -> list[Finding]:
-    """Findings ordered by estimated saving, largest first (ties: worse severity first)."""
+    """Findings in fix-plan order (the replayed saving each adds, see plan.py), then those the
+    replay could not model by their upper bound; ties by id and trace."""
     found = [a.finding for a in assessments if a.finding is not None]
-    return sorted(found, key=lambda f: (-f.estimated_saving_pct, f.id, f.trace))
+    return sorted(found, key=lambda f: (f.plan_rank is None, f.plan_rank or 0,
+                                        -f.estimated_saving_pct, f.id, f.trace))
 
 
 __all__ = ["Assessment", "Finding", "JOB_RULES", "RULES", "diagnose", "diagnose_job",

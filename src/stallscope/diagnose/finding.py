@@ -39,6 +39,10 @@ class Finding:
     severity: str = ""  # derived from estimated_saving_pct unless given
     # Another finding's id when that one is the cause of the time lost here (fix it first).
     caused_by: str = ""
+    # The replayed step time (us, median of the steps used) with this finding's change alone,
+    # and its place in the fix plan (1 = first); None when its change was not replayed.
+    predicted_step_us: float | None = None
+    plan_rank: int | None = None
 
     def __post_init__(self) -> None:
         if not self.severity:

@@ -14,11 +14,14 @@ import numpy as np
 from stallscope import __version__
 from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
+from stallscope.diagnose.plan import Plan
 from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
 from stallscope.report.timeline import step_timeline
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 
-SCHEMA_VERSION = 1
+# 2: findings are ranked by the replayed fix plan (`plan`, `findings[].predicted_step_us`,
+# `findings[].plan_rank`, `what_if`); estimated_saving_pct is a finding's share of that plan.
+SCHEMA_VERSION = 2
 
 
 @dataclass
@@ -40,6 +43,10 @@ class Report:
     timeline: dict[str, Any] = field(default_factory=dict)
     top_host_ops: list[dict[str, Any]] = field(default_factory=list)
     top_gpu_kernels: list[dict[str, Any]] = field(default_factory=list)
+    # The fix plan of the trace the verdict comes from (diagnose/plan.py), and `--what-if`'s
+    # predictions for it; every trace's own plan is in traces[].plan.
+    plan: dict[str, Any] | None = None
+    what_if: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,25 +74,43 @@ class Report:
         top = self.top_finding
         if top is None:
             return "No bottleneck found by the rules that could be assessed."
+        entry = self.plan_entry(top)
         if top.severity == "info":
+            said = "is predicted to save" if entry else "can save at most"
             return (
-                f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) can "
-                f"save at most {top.estimated_saving_pct:.1f}% of step time."
+                f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
+                f"{said} {top.estimated_saving_pct:.1f}% of step time."
+            )
+        if entry is not None and self.plan is not None:
+            return (
+                f"{top.title}. Fix first: {entry['change']}; the replay predicts "
+                f"{self.plan['measured_step_us'] / 1000:.1f} -> "
+                f"{entry['predicted_step_us'] / 1000:.1f} ms per step "
+                f"({top.estimated_saving_pct:.1f}% less)."
             )
         return (
             f"{top.title}; fixing it can save up to {top.estimated_saving_pct:.1f}% "
-            "of step time."
+            "of step time (an upper bound: the replay could not model this change)."
         )
+
+    def plan_entry(self, finding: Finding) -> dict[str, Any] | None:
+        """The fix-plan entry of `finding`, when it is in the plan of its trace."""
+        plan = next((t.get("plan") for t in self.traces if t["label"] == finding.trace), None)
+        if not plan:
+            return None
+        return next((e for e in plan["entries"] if e["id"] == finding.id), None)
 
 
 def build_report(
-    models: list[TraceModel], assessments: list[list[Assessment]], paths: list[str]
+    models: list[TraceModel], assessments: list[list[Assessment]], paths: list[str],
+    plans: list[Plan | None] | None = None,
 ) -> Report:
     all_steps: list[dict[str, Any]] = []
     traces = []
     notes: list[str] = []
     multi = len(models) > 1
-    for model in models:
+    plans = plans if plans is not None else [None] * len(models)
+    for model, plan in zip(models, plans, strict=True):
         steps = [_step_dict(model, s, multi) for s in model.steps]
         all_steps.extend(steps)
         traces.append(
@@ -101,6 +126,7 @@ def build_report(
                 "skipped_events": model.trace.skipped_events,
                 "summary": _summary(steps),
                 "notes": model.notes,
+                "plan": _plan_dict(plan),
             }
         )
         prefix = f"{model.trace.label}: " if multi else ""
@@ -121,6 +147,11 @@ def build_report(
         for t in traces
         if t["rank"] is not None
     ]
+    found = ranked_findings(flat)
+    top = next((f for f in found if not f.caused_by), found[0] if found else None)
+    lead = next((t for t in traces if top and t["label"] == top.trace), traces[0] if traces
+                else None)
+    lead_plan = lead["plan"] if lead else None
     return Report(
         schema_version=SCHEMA_VERSION,
         stallscope_version=__version__,
@@ -130,7 +161,7 @@ def build_report(
         environment=_environment(models),
         steps=all_steps,
         summary=_summary(all_steps),
-        findings=ranked_findings(flat),
+        findings=found,
         assessments=[
             {"rule": a.rule, "trace": a.trace, "status": a.status, "detail": a.detail}
             for a in flat
@@ -141,17 +172,32 @@ def build_report(
         timeline=step_timeline(models),
         top_host_ops=top_host_ops(models),
         top_gpu_kernels=top_gpu_kernels(models),
+        plan=lead_plan,
+        what_if=lead_plan.get("what_if") if lead_plan else None,
     )
 
 
-def analyze_command(paths: list[str], fail_on: str | None, tensorboard: bool) -> str:
+def _plan_dict(plan: Plan | None) -> dict[str, Any] | None:
+    """The plan as report.json holds it, times rounded to 0.1 us."""
+    if plan is None:
+        return None
+    out = plan.to_dict()
+    for key in ("measured_step_us", "replayed_step_us", "floor_us"):
+        out[key] = round(out[key], 1)
+    return out
+
+
+def analyze_command(paths: list[str], fail_on: str | None, tensorboard: bool,
+                    what_if: list[str] | None = None) -> str:
     """The `stallscope analyze` command line that reproduces a report, as report.json records
     it: the paths (sorted) and the options that change what the command does (--fail-on,
-    --tensorboard), without -o, --force, -q or --jobs, which only choose where the files go,
-    whether an old report may be replaced, what is printed and how fast. So a report does not
-    depend on the folder it was written to, or on being written again with --force."""
+    --tensorboard, --what-if), without -o, --force, -q or --jobs, which only choose where the
+    files go, whether an old report may be replaced, what is printed and how fast. So a report
+    does not depend on the folder it was written to, or on being written again with --force."""
     options = (["--fail-on", fail_on] if fail_on else []) + (["--tensorboard"] if tensorboard
                                                               else [])
+    for change in what_if or []:
+        options += ["--what-if", change]
     return shlex.join(["stallscope", "analyze", *paths, *options])
 
 

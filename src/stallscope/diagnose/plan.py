@@ -1,0 +1,236 @@
+"""The fix plan: every finding's change replayed, then applied greedily, each on top of the ones
+before, with the step time predicted after each. Findings are then ranked by what they save in
+that plan, so the report's first line is the fix that helps most, with the number a user will
+measure after it.
+
+Steps: the first recorded step carries GPU work queued before the recording (the replay keeps
+it where it was), so with three or more steps the predictions are medians over the others, and
+the measured step they are compared with is the median of the same steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stallscope.diagnose.finding import Assessment, Finding, severity_for
+from stallscope.diagnose.fixes import Change, Context, apply, changes_for
+from stallscope.replay.engine import Replay, replay
+from stallscope.replay.graph import LOADER, Graph, build_graph
+from stallscope.replay.loader import LoaderFacts, NotModelled
+from stallscope.trace.model import TraceModel
+
+# A change that saves less than this share of the step on top of the plan ends it.
+MIN_GAIN_PCT = 0.5
+
+
+@dataclass
+class PlanEntry:
+    id: str  # the finding whose change this is
+    change: str  # "num_workers=4", "pin_memory=true + non_blocking=true"
+    predicted_step_us: float  # after this change and every one before it
+    saving_pct: float  # what this change adds, as a share of the measured step
+    assumptions: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    trace: str
+    measured_step_us: float  # median of the steps used, as recorded
+    replayed_step_us: float  # the unchanged graph replayed, over the same steps
+    floor_us: float  # the busiest GPU's work per step once every change is made (host, if none)
+    steps_used: list[str]
+    entries: list[PlanEntry] = field(default_factory=list)
+    not_replayed: dict[str, str] = field(default_factory=dict)  # finding id -> why
+    what_if: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_plan(model: TraceModel, assessments: list[Assessment],
+              what_if: list[Change] | None = None) -> Plan | None:
+    """Replay the findings' changes (and `what_if`) on `model`; updates the findings' savings,
+    severities and predicted step times in place. None when the trace has no step to replay."""
+    graph = build_graph(model)
+    if graph is None or graph.steps == 0:
+        return None
+    recorded = np.array([s.duration_us for s in model.steps])
+    used = slice(1, None) if len(recorded) >= 3 else slice(None)
+    base = replay(graph)
+    plan = Plan(
+        trace=model.trace.label,
+        measured_step_us=float(np.median(recorded[used])),
+        replayed_step_us=_median(base, used),
+        floor_us=0.0,
+        steps_used=[s.name for s in model.steps[used]],
+    )
+    facts = LoaderFacts.from_capture(model.trace.capture)
+
+    def predict(g: Graph, applied: list[str], changes: list[Change]
+                ) -> tuple[Graph, float, list[str]]:
+        ctx = Context(model, facts, recorded, list(applied))
+        g2, notes = apply(g, ctx, changes)
+        return g2, _median(replay(g2), used), notes
+
+    findings = [a.finding for a in assessments if a.finding is not None]
+    options: dict[str, list[Change]] = {}
+    for f in findings:
+        changes = changes_for(f, model)
+        if f.caused_by:
+            plan.not_replayed[f.id] = f"an effect of {f.caused_by}: its change is that one's"
+        elif not changes:
+            plan.not_replayed[f.id] = "its change is not one the replay can model"
+        else:
+            try:
+                _, alone, _ = predict(graph, [], changes)
+            except NotModelled as exc:
+                plan.not_replayed[f.id] = str(exc)
+                continue
+            f.predicted_step_us = round(alone, 1)
+            options[f.id] = changes
+    _greedy(plan, graph, options, predict)
+    final = graph
+    applied: list[str] = []
+    for entry in plan.entries:
+        final, _, _ = predict(final, applied, options[entry.id])
+        applied += [c.key for c in options[entry.id]]
+    plan.floor_us = _floor(final, replay(final), used)
+    if what_if:
+        plan.what_if = _what_if(plan, graph, what_if, predict)
+    _rank(plan, findings, options)
+    return plan
+
+
+def _greedy(plan: Plan, graph: Graph, options: dict[str, list[Change]], predict: Any) -> None:
+    """Each round, the change that takes most off the current prediction, until none saves
+    MIN_GAIN_PCT. Findings that share a change (pageable and blocking copies) share one entry."""
+    current, now, applied = graph, plan.replayed_step_us, []
+    left = dict(options)
+    while left:
+        best = None
+        for fid, changes in left.items():
+            try:
+                g2, pred, notes = predict(current, applied, changes)
+            except NotModelled:
+                continue
+            if best is None or pred < best[2]:
+                best = (fid, g2, pred, notes)
+        if best is None:
+            break
+        fid, g2, pred, notes = best
+        gain = 100.0 * (now - pred) / plan.measured_step_us
+        if gain < MIN_GAIN_PCT:
+            break
+        text = " + ".join(c.text for c in left[fid])
+        plan.entries.append(PlanEntry(fid, text, round(pred, 1), round(gain, 2), notes))
+        applied += [c.key for c in left[fid]]
+        current, now = g2, pred
+        same = [k for k, v in left.items() if v == left[fid]]
+        for k in same:
+            del left[k]
+
+
+def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> dict[str, Any]:
+    """Each requested change alone, then all of them together."""
+    each = []
+    for c in changes:
+        try:
+            _, pred, notes = predict(graph, [], [c])
+            each.append({"change": c.text, "predicted_step_us": round(pred, 1),
+                         "assumptions": notes})
+        except NotModelled as exc:
+            each.append({"change": c.text, "predicted_step_us": None, "not_replayed": str(exc)})
+    out: dict[str, Any] = {
+        "changes": [c.text for c in changes],
+        "measured_step_us": round(plan.measured_step_us, 1),
+        "replayed_step_us": round(plan.replayed_step_us, 1),
+        "each": each,
+    }
+    try:
+        _, pred, notes = predict(graph, [], changes)
+        out["predicted_step_us"] = round(pred, 1)
+        out["assumptions"] = notes
+    except NotModelled as exc:
+        out["predicted_step_us"] = None
+        out["not_replayed"] = str(exc)
+    return out
+
+
+def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]]) -> None:
+    """Savings from the plan: a finding claims only what its change adds on top of the ones
+    before it; one the replay cannot model keeps its rule's upper bound, labelled so."""
+    measured = plan.measured_step_us
+    by_id = {e.id: (i, e) for i, e in enumerate(plan.entries)}
+    for f in findings:
+        if f.id in by_id:
+            rank, entry = by_id[f.id]
+            f.plan_rank = rank + 1
+            f.estimated_saving_pct = entry.saving_pct
+            alone = f.predicted_step_us
+            f.saving_basis = (
+                f"replayed: {ms(measured)} -> {ms(alone)} ms per step with {entry.change} "
+                f"alone; {entry.saving_pct:.1f}% as step {rank + 1} of the fix plan. "
+                f"Assumes: {'; '.join(entry.assumptions)}."
+            )
+        elif f.id in options:  # replayed, but nothing left to gain on top of the plan
+            shared = next((e for e in plan.entries if options.get(e.id) == options[f.id]), None)
+            f.estimated_saving_pct = 0.0
+            f.saving_basis = (
+                f"replayed: {ms(measured)} -> {ms(f.predicted_step_us)} ms per step alone; "
+                + (f"the same change as {shared.id}, counted there" if shared else
+                   "nothing left to gain once the fix plan is applied")
+            )
+        elif f.caused_by and f.caused_by in by_id:  # its time is its cause's to win back
+            f.estimated_saving_pct = 0.0
+            f.saving_basis = (f"counted in {f.caused_by}'s fix (step {by_id[f.caused_by][0] + 1} "
+                              "of the fix plan): this time is lost to it")
+        else:
+            why = plan.not_replayed.get(f.id, "not replayed")
+            f.saving_basis = f"upper bound, not replayed ({why}): {f.saving_basis}"
+            continue
+        f.severity = severity_for(f.estimated_saving_pct)
+
+
+def _median(r: Replay, used: slice) -> float:
+    return float(np.median(r.step_us[used]))
+
+
+def _floor(g: Graph, r: Replay, used: slice) -> float:
+    """Per step, the busiest GPU's busy time (union of its ops) in the replayed step window;
+    with no GPU, the stepping thread's own work (the fetches excluded). Median over steps."""
+    marks = r.host_start[g.markers]
+    out = []
+    for k in range(len(marks) - 1)[used]:
+        lo, hi = marks[k], marks[k + 1]
+        best = 0.0
+        for dev in set(g.g_device.tolist()):
+            mine = g.g_device == dev
+            s = np.clip(r.gpu_start[mine], lo, hi)
+            e = np.clip(r.gpu_end[mine], lo, hi)
+            best = max(best, _union(s, e))
+        if not len(g.g_ts):
+            main = (g.h_thread == 0) & (g.h_kind != LOADER)
+            s = np.clip(r.host_start[main], lo, hi)
+            e = np.clip(r.host_end[main], lo, hi)
+            best = _union(s, e)
+        out.append(best)
+    return float(np.median(out)) if out else 0.0
+
+
+def _union(s: np.ndarray, e: np.ndarray) -> float:
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if not len(s):
+        return 0.0
+    order = np.argsort(s)
+    s, e = s[order], np.maximum.accumulate(e[order])
+    gaps = np.clip(s[1:] - e[:-1], 0.0, None)
+    return float(e[-1] - s[0] - gaps.sum())
+
+
+def ms(us: float | None) -> str:
+    return "?" if us is None else f"{us / 1000:.1f}"

@@ -1,0 +1,2 @@
+"""Replay: each recorded step as a dependency graph (`graph`), replayed as recorded and with a
+fix applied (`engine`, `fixes`), to predict the step time a user will measure after a change."""

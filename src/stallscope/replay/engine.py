@@ -1,0 +1,192 @@
+"""Replay a dependency graph: when would each node have run, given its durations and edges.
+
+Host nodes are grouped into segments: runs of a thread's nodes that nothing outside the thread
+holds back (a segment starts at a release or a wait, and a wait is a segment of its own). Only
+segment heads are visited one by one, in recorded order, which is a valid order because every
+edge points back in recorded time; the nodes inside a segment follow at fixed offsets. A GPU
+stream is resolved lazily, when a host wait or the end needs it, in chunks computed at once:
+on a chain whose ops are released at r and take d after a gap g, the ends are
+C + max(carry, running max of (r + d - C)), with C the running sum of g + d. The Python work is
+per segment and per chunk, not per event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stallscope.replay.graph import Graph
+
+# Stream chunks up to this many ops are replayed op by op in Python.
+SMALL_CHUNK = 8
+
+
+@dataclass
+class Replay:
+    """Replayed times (same time axis as the trace) and the step durations they give."""
+
+    step_us: np.ndarray
+    host_start: np.ndarray
+    host_end: np.ndarray
+    gpu_start: np.ndarray
+    gpu_end: np.ndarray
+
+    @property
+    def median_step_us(self) -> float:
+        return float(np.median(self.step_us)) if len(self.step_us) else 0.0
+
+
+def replay(graph: Graph) -> Replay:
+    """Replay `graph` as it stands (a fix changes the graph first)."""
+    return _Run(graph).go()
+
+
+class _Run:
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        n = len(g.h_ts)
+        first = np.concatenate([[True], g.h_thread[1:] != g.h_thread[:-1]]) if n else \
+            np.zeros(0, bool)
+        waits = (g.h_wait >= 0) | (g.h_after >= 0)
+        after_wait = np.concatenate([[False], waits[:-1]]) if n else np.zeros(0, bool)
+        head = first | (g.h_release >= 0) | waits | after_wait
+        self.seg = np.cumsum(head) - 1
+        self.heads = np.flatnonzero(head)
+        step = np.concatenate([[0.0], g.h_dur[:-1]]) + g.h_lead
+        step[head] = 0.0
+        run = np.cumsum(step)
+        self.offset = run - run[self.heads][self.seg] if n else run
+        last = np.concatenate([self.heads[1:] - 1, [n - 1]]) if n else self.heads
+        self.seg_len = self.offset[last] + g.h_dur[last]
+        self.wait_seg = waits[self.heads]
+        nseg = len(self.heads)
+        self.seg_start = np.full(nseg, np.nan)
+        self.seg_end = np.full(nseg, np.nan)
+        # GPU streams: contiguous ranges of ops
+        m = len(g.g_ts)
+        bounds = np.flatnonzero(np.concatenate([[True], g.g_stream[1:] != g.g_stream[:-1]])) \
+            if m else np.zeros(0, np.int64)
+        self.s_first = bounds
+        self.s_end = np.concatenate([bounds[1:], [m]]) if m else bounds
+        self.s_of = {int(g.g_stream[b]): i for i, b in enumerate(bounds)}
+        self.done = self.s_first.copy()  # per stream: ops before this index are resolved
+        self.gpu_start = np.full(m, np.nan)
+        self.gpu_end = np.full(m, np.nan)
+        crossing = np.flatnonzero(g.g_cross >= 0)
+        self.crossing = crossing  # sorted op indices that wait on another stream
+        self.launch_seg = np.where(g.g_launch >= 0, self.seg[np.clip(g.g_launch, 0, None)], -1) \
+            if m and n else np.full(m, -1)
+        self.seg_done = np.zeros(nseg, dtype=bool)
+
+    # -- host
+
+    def node_start(self, nodes: np.ndarray) -> np.ndarray:
+        return self.seg_start[self.seg[nodes]] + self.offset[nodes]
+
+    def node_end(self, node: int) -> float:
+        s = self.seg[node]
+        if self.wait_seg[s]:
+            return float(self.seg_end[s])
+        return float(self.seg_start[s] + self.offset[node] + self.g.h_dur[node])
+
+    # -- GPU
+
+    def gpu_end_of(self, op: int) -> float:
+        if np.isnan(self.gpu_end[op]):
+            self.resolve(op)
+        return float(self.gpu_end[op])
+
+    def resolve(self, op: int) -> None:
+        """Resolve `op`'s stream up to and including `op`."""
+        g = self.g
+        si = self.s_of[int(g.g_stream[op])]
+        while self.done[si] <= op:
+            i = int(self.done[si])
+            k = np.searchsorted(self.crossing, i, side="right")
+            nxt = int(self.crossing[k]) if k < len(self.crossing) else len(g.g_ts)
+            j = min(nxt, int(self.s_end[si]))
+            if j > op + 1:  # go on past `op` while the launches are known: fewer chunks
+                ls = self.launch_seg[op + 1 : j]
+                pending = np.flatnonzero((ls >= 0) & ~self.seg_done[np.clip(ls, 0, None)])
+                if len(pending):
+                    j = op + 1 + int(pending[0])
+            self._chunk(si, i, j)
+            self.done[si] = j
+
+    def _chunk(self, si: int, i: int, j: int) -> None:
+        if j - i <= SMALL_CHUNK:
+            self._small_chunk(si, i, j)
+            return
+        g = self.g
+        ops = np.arange(i, j)
+        release = g.g_anchor[ops].copy()
+        launched = g.g_launch[ops] >= 0
+        if launched.any():
+            starts = self.node_start(g.g_launch[ops[launched]])
+            if np.isnan(starts).any():
+                raise RuntimeError("replay order: a launch was not resolved before its op")
+            release[launched] = np.maximum(release[launched], starts + g.g_lat[ops[launched]])
+        if g.g_cross[i] >= 0:
+            release[0] = max(release[0], self.gpu_end_of(int(g.g_cross[i])) + g.g_cgap[i])
+        carry = self.gpu_end[i - 1] if i > self.s_first[si] else -np.inf
+        dur = g.g_dur[ops]
+        inc = g.g_gap[ops] + dur
+        c = np.cumsum(inc)
+        end = c + np.maximum(carry, np.maximum.accumulate(release + dur - c))
+        self.gpu_end[ops] = end
+        self.gpu_start[ops] = end - dur
+
+    def _small_chunk(self, si: int, i: int, j: int) -> None:
+        """The same recurrence, op by op: a few ops cost less in Python than in numpy calls."""
+        g = self.g
+        prev = float(self.gpu_end[i - 1]) if i > self.s_first[si] else -np.inf
+        for k in range(i, j):
+            start = float(g.g_anchor[k])
+            launch = int(g.g_launch[k])
+            if launch >= 0:
+                s = self.seg[launch]
+                if not self.seg_done[s]:
+                    raise RuntimeError("replay order: a launch was not resolved before its op")
+                start = max(start, float(self.seg_start[s] + self.offset[launch] + g.g_lat[k]))
+            if k == i and g.g_cross[k] >= 0:
+                start = max(start, self.gpu_end_of(int(g.g_cross[k])) + float(g.g_cgap[k]))
+            start = max(start, prev + float(g.g_gap[k]))
+            prev = start + float(g.g_dur[k])
+            self.gpu_start[k], self.gpu_end[k] = start, prev
+
+    # -- the whole replay
+
+    def go(self) -> Replay:
+        g = self.g
+        heads = self.heads
+        order = np.lexsort((heads, g.h_ts[heads]))
+        last_end = g.thread_origin.astype(float).copy()
+        seen = np.zeros(len(last_end), dtype=bool)
+        for s in order:
+            h = int(heads[s])
+            t = int(g.h_thread[h])
+            start = (last_end[t] if seen[t] else g.thread_origin[t]) + g.h_lead[h]
+            r = int(g.h_release[h])
+            if r >= 0:
+                start = max(start, self.node_end(r) + g.h_delay[h])
+            end = start + self.seg_len[s]
+            if self.wait_seg[s]:
+                w = int(g.h_wait[h])
+                if w >= 0:
+                    end = max(end, self.gpu_end_of(w) + g.h_ret[h])
+                a = int(g.h_after[h])
+                if a >= 0:
+                    end = max(end, self.node_end(a) + g.h_ret[h])
+            self.seg_start[s], self.seg_end[s] = start, end
+            self.seg_done[s] = True
+            last_end[t], seen[t] = end, True
+        for si in range(len(self.s_first)):
+            if self.done[si] < self.s_end[si]:
+                self.resolve(int(self.s_end[si]) - 1)
+        host_start = self.node_start(np.arange(len(g.h_ts)))
+        host_end = host_start + g.h_dur
+        wait_heads = heads[self.wait_seg]
+        host_end[wait_heads] = self.seg_end[self.wait_seg]
+        marks = host_start[g.markers]
+        return Replay(np.diff(marks), host_start, host_end, self.gpu_start, self.gpu_end)

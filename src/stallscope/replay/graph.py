@@ -1,0 +1,506 @@
+"""The recorded steps of one trace as a dependency graph: host threads, GPU streams, and the edges
+between them that decided when each thing ran.
+
+Host: every thread of the stepping process that launches GPU work (the stepping thread, the
+autograd thread, ...) is a chain of nodes: runtime calls, DataLoader fetches, step markers, and
+the CPU time between them ("fill"). A thread that sat idle and then resumed right after another
+thread finished something was released by it (backward starts when the main thread hands it the
+graph, the main thread resumes when backward ends): that is an edge, found by timing. A runtime
+call that returned right after GPU work finished (a stream or device sync, a blocking copy, a
+launch into a full queue, an implicit sync in cudaFree) waited for it: another edge, also found
+by timing, so every kind of wait is covered without a list of names.
+
+GPU: each stream is a chain; an op starts no earlier than its launch call (by correlation id)
+plus the launch latency, and no earlier than the previous op on its stream; an op that waited
+beyond both for an op on another stream (cudaStreamWaitEvent) gets that edge.
+
+Every slack (launch latency, gap after the previous op, wake-up delay, return delay) is taken
+from the trace, so replaying the unchanged graph reproduces the recording; a fix changes
+durations or removes edges, and the replay shows what follows (see docs/replay.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel, name_matches
+
+# Host node kinds: CPU time between points; a runtime call; a DataLoader fetch; a step boundary;
+# the start of a busy stretch after the thread sat idle.
+FILL, CALL, LOADER, MARK, RESUME = 0, 1, 2, 3, 4
+# Host events closer than this (us) belong to one busy stretch: the Python between two ops.
+MERGE_US = 100.0
+# A thread that resumes within this (us) of another thread finishing was released by it. The
+# real traces hand backward to the autograd thread and back in 114-700 us.
+WAKE_US = 1000.0
+# A call that returns within this (us) after GPU work ends waited for that work.
+RETURN_US = 50.0
+# ...and only if it lasted this much (us) longer than its name's typical call.
+WAIT_MARGIN_US = 10.0
+# A call name's typical (not waiting) length: this quantile of its calls.
+TYPICAL_QUANTILE = 0.1
+# Clock tolerance (us) between host and GPU timestamps.
+CLOCK_US = 2.0
+# A GPU op that starts within this (us) of being able to was not held back by anything else.
+READY_US = 10.0
+# Fallbacks when a trace shows too few clean examples to measure them.
+DEFAULT_LAUNCH_US = 5.0
+DEFAULT_STREAM_GAP_US = 1.5
+
+
+@dataclass
+class Graph:
+    """Arrays of host nodes (h_*) and GPU ops (g_*); see the module docstring.
+
+    Host node n starts at max(end of the previous node on its thread + h_lead[n],
+    end of h_release[n] + h_delay[n]) and ends at max(start + h_dur[n],
+    end of GPU op h_wait[n] + h_ret[n], end of host node h_after[n] + h_ret[n]).
+    GPU op g starts at max(start of its launch node + g_lat[g], end of the previous op on its
+    stream + g_gap[g], end of g_cross[g] + g_cgap[g], g_anchor[g]) and lasts g_dur[g].
+    """
+
+    # host nodes, each thread's contiguous and in time order
+    h_thread: np.ndarray
+    h_kind: np.ndarray
+    h_ts: np.ndarray  # recorded start
+    h_rec_end: np.ndarray  # recorded end
+    h_dur: np.ndarray  # fixed part of the duration
+    h_lead: np.ndarray  # idle time before the node kept as it was (no release explains it)
+    h_release: np.ndarray  # host node whose end released this one, or -1
+    h_delay: np.ndarray
+    h_wait: np.ndarray  # GPU op whose end this node waited for, or -1
+    h_after: np.ndarray  # host node whose end (+ h_ret) this node waits for, or -1 (loader)
+    h_ret: np.ndarray
+    h_name: np.ndarray  # index into h_names: call name, loader range name, "" for the rest
+    h_names: list[str]
+    h_typical: np.ndarray  # a call's typical length when it does not wait (its name's short calls)
+    h_corr: np.ndarray  # correlation id of a call, NaN otherwise
+    thread_ids: list[str]  # thread index -> tid
+    thread_origin: np.ndarray  # recorded start of each thread's first node
+    markers: np.ndarray  # host nodes at each step start, then the last step's end
+    # GPU ops, each stream's contiguous and in time order
+    g_stream: np.ndarray
+    g_device: np.ndarray  # object: device id
+    g_kind: np.ndarray  # object: kernel | memcpy | memset
+    g_name: np.ndarray  # index into g_names
+    g_names: list[str]
+    g_ts: np.ndarray
+    g_dur: np.ndarray
+    g_bytes: np.ndarray
+    g_launch: np.ndarray  # host node of the launch call, or -1
+    g_lat: np.ndarray
+    g_gap: np.ndarray
+    g_cross: np.ndarray  # GPU op on another stream this op waited for, or -1
+    g_cgap: np.ndarray
+    g_anchor: np.ndarray  # recorded start for ops nothing else explains, else -inf
+    g_step: np.ndarray  # recorded step index (-1 outside)
+    stream_keys: list[tuple[str, float]]  # stream index -> (device, stream id)
+    launch_us: float  # typical launch latency measured in this trace
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return max(len(self.markers) - 1, 0)
+
+    def copy(self) -> Graph:
+        """A graph whose durations and edges a fix may change without touching this one (what
+        the nodes are, and when they were recorded, is shared)."""
+        arrays = {k: getattr(self, k).copy() for k in _MUTABLE}
+        return replace(self, **arrays, notes=list(self.notes))
+
+    def host_named(self, test: Callable[[str], bool]) -> np.ndarray:
+        """Host nodes whose name passes `test` (evaluated once per distinct name)."""
+        return np.array([test(n) for n in self.h_names], dtype=bool)[self.h_name]
+
+    def gpu_named(self, test: Callable[[str], bool]) -> np.ndarray:
+        """GPU ops whose name passes `test` (evaluated once per distinct name)."""
+        return np.array([test(n) for n in self.g_names], dtype=bool)[self.g_name]
+
+
+# What a fix may change; the rest of a graph is shared between its copies.
+_MUTABLE = ("h_dur", "h_lead", "h_release", "h_delay", "h_wait", "h_after", "h_ret", "g_dur",
+            "g_gap", "g_lat", "g_cross", "g_cgap", "g_anchor")
+
+
+def build_graph(model: TraceModel) -> Graph | None:
+    """The dependency graph of the model's steps; None when there is nothing to replay."""
+    if not model.steps or model.main_tid is None:
+        return None
+    ev = model.trace.events
+    w0, w1 = model.steps[0].start_us, model.steps[-1].end_us
+    main_pid = _main_pid(model)
+    host_ev = ev[(ev["pid"].astype(str) == main_pid) & (ev["end"] > w0) & (ev["ts"] < w1)]
+    gpu = _gpu_ops(model, w0, w1)
+    runtime = model.runtime[(model.runtime["end"] > w0) & (model.runtime["ts"] < w1)]
+    launching = set(runtime.loc[runtime["correlation"].isin(gpu["correlation"]), "tid"]
+                    .astype(str))
+    threads = [model.main_tid] + sorted(launching - {model.main_tid})
+    markers_ts = np.array([s.start_us for s in model.steps] + [w1])
+    host = _host_nodes(host_ev, runtime, threads, model.main_tid, markers_ts, w0, w1)
+    g = _link_gpu(gpu, host)
+    _find_releases(host)
+    _find_waits(host, g)
+    markers = np.flatnonzero(host["kind"] == MARK)
+    h_codes, h_names = pd.factorize(pd.Series(host["name"], dtype=object))
+    g_codes, g_names = pd.factorize(pd.Series(g["name"], dtype=object))
+    return Graph(
+        h_thread=host["thread"], h_kind=host["kind"], h_ts=host["ts"], h_rec_end=host["end"],
+        h_dur=host["dur"], h_lead=host["lead"], h_release=host["release"],
+        h_delay=host["delay"], h_wait=host["wait"], h_after=np.full(len(host["ts"]), -1),
+        h_ret=host["ret"], h_name=h_codes, h_names=[str(n) for n in h_names],
+        h_typical=host["typical"], h_corr=host["corr"], thread_ids=threads,
+        thread_origin=host["origin"], markers=markers,
+        g_stream=g["stream"], g_device=g["device"], g_kind=g["kind"], g_name=g_codes,
+        g_names=[str(n) for n in g_names],
+        g_ts=g["ts"], g_dur=g["dur"], g_bytes=g["bytes"], g_launch=g["launch"],
+        g_lat=g["lat"], g_gap=g["gap"], g_cross=g["cross"], g_cgap=g["cgap"],
+        g_anchor=g["anchor"], g_step=g["step"], stream_keys=g["keys"],
+        launch_us=g["launch_us"],
+    )
+
+
+def _main_pid(model: TraceModel) -> str:
+    ev = model.trace.events
+    steps = ev[name_matches(ev["name"], STEP_NAME)]
+    if len(steps):
+        return str(steps["pid"].astype(str).value_counts().idxmax())
+    mine = ev[ev["tid"].astype(str) == model.main_tid]
+    return str(mine["pid"].astype(str).value_counts().idxmax())
+
+
+# ---------------------------------------------------------------------------- host
+
+
+def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], main_tid: str,
+                markers_ts: np.ndarray, w0: float, w1: float) -> dict[str, np.ndarray]:
+    """Per thread: POIs (calls, loader fetches, markers), each preceded by the tail of the
+    busy stretch before it, the idle time (as lead) and the head of its own stretch."""
+    tid = ev["tid"].astype(str)
+    busy_cat = ev["cat"].isin(["cpu_op", "cuda_runtime", "cuda_driver", "python_function"])
+    is_loader = name_matches(ev["name"], LOADER_NAME)
+    is_step = name_matches(ev["name"], STEP_NAME)
+    parts: list[dict[str, np.ndarray]] = []
+    for t_index, t in enumerate(threads):
+        mine = ev[(tid == t) & (busy_cat | is_loader) & ~is_step]
+        calls = runtime[runtime["tid"].astype(str) == t]
+        loaders = mine[is_loader.loc[mine.index]] if t == main_tid else mine.iloc[0:0]
+        loaders = loaders.sort_values("ts")
+        poi_ts = [calls["ts"].to_numpy(), loaders["ts"].to_numpy()]
+        poi_end = [calls["end"].to_numpy(), loaders["end"].to_numpy()]
+        poi_kind = [np.full(len(calls), CALL), np.full(len(loaders), LOADER)]
+        poi_name = [calls["name"].astype(str).to_numpy(dtype=object),
+                    loaders["name"].astype(str).to_numpy(dtype=object)]
+        poi_corr = [calls["correlation"].to_numpy(dtype=float), np.full(len(loaders), np.nan)]
+        if t == main_tid:
+            poi_ts.append(markers_ts)
+            poi_end.append(markers_ts)
+            poi_kind.append(np.full(len(markers_ts), MARK))
+            poi_name.append(np.full(len(markers_ts), "", dtype=object))
+            poi_corr.append(np.full(len(markers_ts), np.nan))
+        ts, end = np.concatenate(poi_ts), np.concatenate(poi_end)
+        kind, name = np.concatenate(poi_kind), np.concatenate(poi_name)
+        corr = np.concatenate(poi_corr)
+        # Calls inside a DataLoader fetch are part of the fetch.
+        inside = _inside(ts, loaders["ts"].to_numpy(), loaders["end"].to_numpy()) & (kind == CALL)
+        keep = ~inside & (end > w0 - 1e-9) & (ts <= w1)
+        ts, end, kind, name, corr = ts[keep], end[keep], kind[keep], name[keep], corr[keep]
+        if not len(ts):
+            continue
+        ts = np.clip(ts, w0, w1)
+        end = np.clip(end, ts, w1)
+        b_start, b_end = _blocks(mine, w0, w1, ts, end)
+        # Each busy stretch after the first starts with a resume point.
+        resumes = b_start[1:]
+        ts = np.concatenate([ts, resumes])
+        end = np.concatenate([end, resumes])
+        kind = np.concatenate([kind, np.full(len(resumes), RESUME)])
+        name = np.concatenate([name, np.full(len(resumes), "", dtype=object)])
+        corr = np.concatenate([corr, np.full(len(resumes), np.nan)])
+        rank = np.select([kind == MARK, kind == RESUME], [0, 1], 2)
+        order = np.lexsort((rank, ts))  # at one instant: a marker, then a resume, then the rest
+        ts, end, kind, name, corr = ts[order], end[order], kind[order], name[order], corr[order]
+        # Overlapping POIs (badly nested events) are laid end to end.
+        before = np.maximum.accumulate(np.concatenate([[ts[0]], end[:-1]]))
+        ts = np.maximum(ts, before)
+        end = np.maximum(end, ts)
+        origin = w0 if t == main_tid else min(ts[0], b_start[0])
+        prev_end = np.concatenate([[origin], end[:-1]])
+        parts.append(_fill_and_pois(t_index, prev_end, ts, end, kind, name, corr,
+                                    b_start, b_end, origin))
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} | {
+        "origin": np.array([p["origin"][0] for p in parts])}
+
+
+def _inside(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each point lies strictly inside one of the (non-overlapping, sorted) ranges."""
+    if not len(starts):
+        return np.zeros(len(ts), dtype=bool)
+    i = np.searchsorted(starts, ts, side="right") - 1
+    ok = i >= 0
+    out = np.zeros(len(ts), dtype=bool)
+    out[ok] = (ts[ok] > starts[i[ok]]) & (ts[ok] < ends[i[ok]])
+    return out
+
+
+def _blocks(mine: pd.DataFrame, w0: float, w1: float, poi_ts: np.ndarray,
+            poi_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The thread's busy stretches: its events (and POIs) merged across gaps under MERGE_US."""
+    s = np.concatenate([np.clip(mine["ts"].to_numpy(), w0, w1), poi_ts])
+    e = np.concatenate([np.clip(mine["end"].to_numpy(), w0, w1), poi_end])
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    new = np.concatenate([[True], s[1:] > reach[:-1] + MERGE_US])
+    ids = np.cumsum(new) - 1
+    starts = s[new]
+    ends = np.zeros(len(starts))
+    np.maximum.at(ends, ids, e)
+    return starts, ends
+
+
+def _fill_and_pois(t_index: int, prev_end: np.ndarray, ts: np.ndarray, end: np.ndarray,
+                   kind: np.ndarray, name: np.ndarray, corr: np.ndarray, b_start: np.ndarray,
+                   b_end: np.ndarray, origin: float) -> dict[str, np.ndarray]:
+    """Two nodes per POI: the CPU time since the previous POI that fell inside busy stretches,
+    then the POI, whose lead is the idle time before it (non-zero only where a stretch starts,
+    since every stretch start is a resume POI)."""
+    n = len(ts)
+    blen = b_end - b_start
+    cum = np.concatenate([[0.0], np.cumsum(blen)])
+
+    def covered(x: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(b_start, x, side="right") - 1
+        jc = np.clip(j, 0, None)
+        part = np.clip(x - b_start[jc], 0.0, blen[jc])
+        return np.where(j >= 0, cum[jc] + part, 0.0)
+
+    fill = np.clip(covered(ts) - covered(prev_end), 0.0, ts - prev_end)
+    lead = ts - prev_end - fill
+    out_kind = np.empty(2 * n, dtype=np.int8)
+    out_kind[0::2], out_kind[1::2] = FILL, kind
+    rec_ts = np.empty(2 * n)
+    rec_ts[0::2], rec_ts[1::2] = prev_end, ts
+    rec_end = np.empty(2 * n)
+    rec_end[0::2], rec_end[1::2] = prev_end + fill, end
+    dur = np.empty(2 * n)
+    dur[0::2], dur[1::2] = fill, end - ts
+    leads = np.zeros(2 * n)
+    leads[1::2] = lead
+    names = np.full(2 * n, "", dtype=object)
+    names[1::2] = name
+    corrs = np.full(2 * n, np.nan)
+    corrs[1::2] = corr
+    # The POI after an idle stretch may have been released by another thread; the fill before
+    # that idle ended a stretch, a point other threads may be released by.
+    idle = lead > MERGE_US
+    resume = np.full(2 * n, np.nan)
+    resume[1::2] = np.where(idle, ts, np.nan)
+    ender = np.zeros(2 * n, dtype=bool)
+    ender[0::2] = idle
+    return {
+        "thread": np.full(2 * n, t_index), "kind": out_kind, "ts": rec_ts, "end": rec_end,
+        "dur": dur, "lead": leads, "name": names, "corr": corrs, "resume": resume,
+        "ender": ender, "release": np.full(2 * n, -1), "delay": np.zeros(2 * n),
+        "wait": np.full(2 * n, -1), "ret": np.zeros(2 * n), "origin": np.full(2 * n, origin),
+        "typical": np.zeros(2 * n),
+    }
+
+
+def _find_releases(host: dict[str, np.ndarray]) -> None:
+    """A thread back from idling within WAKE_US of another thread ending a stretch was released
+    by it: the fork into backward, the join after it. Its idle time stops being fixed."""
+    heads = np.flatnonzero(~np.isnan(host["resume"]))
+    enders = np.flatnonzero(host["ender"])
+    if not len(heads) or not len(enders):
+        return
+    order = enders[np.argsort(host["end"][enders], kind="stable")]
+    ends = host["end"][order]
+    resume = host["resume"][heads]
+    pos = np.searchsorted(ends, resume + CLOCK_US, side="right") - 1
+    found = np.full(len(heads), -1)
+    # Step back over enders on the head's own thread (a few at most).
+    for _ in range(8):
+        ok = (pos >= 0) & (found < 0)
+        if not ok.any():
+            break
+        cand = order[np.clip(pos, 0, None)]
+        close = ok & (ends[np.clip(pos, 0, None)] >= resume - WAKE_US)
+        other = host["thread"][cand] != host["thread"][heads]
+        hit = close & other
+        found[hit] = cand[hit]
+        pos = np.where(ok & close & ~other, pos - 1, -1)
+    has = found >= 0
+    h, r = heads[has], found[has]
+    host["release"][h] = r
+    # The idle time is now explained by the release: it no longer holds the head back.
+    host["delay"][h] = host["ts"][h] - host["end"][r]
+    host["lead"][h] = 0.0
+
+
+def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
+    """A call that lasted well beyond its name's typical length and returned right after GPU
+    work submitted before it finished, waited for that work (device-wide or one stream)."""
+    calls = np.flatnonzero(host["kind"] == CALL)
+    if not len(calls) or not len(g["ts"]):
+        return
+    # A name's typical call is a short one: most sync calls do wait, so not the median.
+    names = host["name"][calls]
+    typical = pd.Series(host["dur"][calls]).groupby(names).transform(
+        lambda d: d.quantile(TYPICAL_QUANTILE)).to_numpy()
+    host["typical"][calls] = typical
+    long = host["dur"][calls] > typical + WAIT_MARGIN_US
+    cand = calls[long]
+    if not len(cand):
+        return
+    c_ts, c_end = host["ts"][cand], host["end"][cand]
+    submitted = g["submit"]
+    best = np.full(len(cand), -1)
+    best_gap = np.full(len(cand), np.inf)
+    groups = [np.arange(len(submitted))] + [np.flatnonzero(g["stream"] == s)
+                                             for s in range(len(g["keys"]))]
+    for members in groups:
+        if not len(members):
+            continue
+        order = members[np.argsort(submitted[members], kind="stable")]
+        g_end = g["ts"][order] + g["dur"][order]
+        run_max = np.maximum.accumulate(g_end)
+        arg = _running_argmax(g_end)
+        k = np.searchsorted(submitted[order], c_ts, side="left") - 1
+        ok = k >= 0
+        kk = np.clip(k, 0, None)
+        last_end = np.where(ok, run_max[kk], -np.inf)
+        gap = c_end - last_end
+        fits = ok & (last_end > c_ts) & (gap >= -CLOCK_US) & (gap <= RETURN_US)
+        better = fits & (gap < best_gap)
+        best[better] = order[arg[kk[better]]]
+        best_gap[better] = gap[better]
+    has = best >= 0
+    n = cand[has]
+    host["wait"][n] = best[has]
+    host["ret"][n] = best_gap[has]
+    host["dur"][n] = np.minimum(typical[long][has], host["dur"][n])
+
+
+def _running_argmax(values: np.ndarray) -> np.ndarray:
+    """Index of the running maximum at each position."""
+    idx = np.arange(len(values))
+    is_new = np.concatenate([[True], values[1:] > np.maximum.accumulate(values)[:-1]])
+    return np.maximum.accumulate(np.where(is_new, idx, 0))
+
+
+# ---------------------------------------------------------------------------- GPU
+
+
+def _gpu_ops(model: TraceModel, w0: float, w1: float) -> pd.DataFrame:
+    """GPU ops that ran in the window or were launched in it."""
+    gpu = model.gpu
+    launched_in = (gpu["launch_ts"] >= w0) & (gpu["launch_ts"] < w1)
+    ran_in = (gpu["end"] > w0) & (gpu["ts"] < w1)
+    return gpu[launched_in | ran_in].reset_index(drop=True)
+
+
+def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
+    """Each op's launch node, stream chain and cross-stream wait, with every slack measured."""
+    stream_id = gpu["stream"].fillna(-1.0)
+    keys = list(dict.fromkeys(zip(gpu["device"].astype(str), stream_id, strict=True)))
+    index = {k: i for i, k in enumerate(keys)}
+    stream = np.array([index[k] for k in zip(gpu["device"].astype(str), stream_id,
+                                             strict=True)], dtype=np.int64)
+    order = np.lexsort((gpu["ts"].to_numpy(), stream))
+    gpu = gpu.iloc[order].reset_index(drop=True)
+    stream = stream[order]
+    ts = gpu["ts"].to_numpy(dtype=float)
+    dur = gpu["dur"].to_numpy(dtype=float)
+    end = ts + dur
+    n = len(gpu)
+    # launch node by correlation id
+    call_nodes = np.flatnonzero((host["kind"] == CALL) & ~np.isnan(host["corr"]))
+    by_corr = pd.Series(call_nodes, index=host["corr"][call_nodes])
+    by_corr = by_corr[~by_corr.index.duplicated()]
+    launch = gpu["correlation"].map(by_corr).fillna(-1).to_numpy(dtype=np.int64)
+    launch_ts = np.where(launch >= 0, host["ts"][np.clip(launch, 0, None)], np.nan)
+    first = np.concatenate([[True], stream[1:] != stream[:-1]]) if n else np.zeros(0, bool)
+    prev_end = np.where(first, -np.inf, np.concatenate([[-np.inf], end[:-1]]))
+    # Typical latencies, from ops that met an idle stream / followed their predecessor.
+    idle_stream = (launch >= 0) & (prev_end < launch_ts)
+    lat_seen = (ts - launch_ts)[idle_stream]
+    lat_seen = lat_seen[lat_seen >= 0]
+    launch_us = float(np.percentile(lat_seen, 10)) if len(lat_seen) >= 5 else DEFAULT_LAUNCH_US
+    gaps_seen = (ts - prev_end)[~first & ((launch < 0) | (launch_ts + launch_us < prev_end))]
+    gaps_seen = gaps_seen[(gaps_seen >= 0) & (gaps_seen < READY_US)]
+    gap_us = float(np.median(gaps_seen)) if len(gaps_seen) >= 5 else DEFAULT_STREAM_GAP_US
+    lat_rec = ts - launch_ts
+    ready_launch = np.where(launch >= 0, launch_ts + launch_us, -np.inf)
+    ready = np.maximum(ready_launch, prev_end)
+    explained = ts - ready <= READY_US
+    lat = np.where(launch >= 0, np.minimum(lat_rec, launch_us), 0.0)
+    gap = np.where(first, 0.0, np.minimum(ts - prev_end, gap_us))
+    cross = np.full(n, -1)
+    cgap = np.zeros(n)
+    anchor = np.full(n, -np.inf)
+    stream_bound = ~first & (prev_end >= ready_launch)
+    # Explained: the binding constraint keeps its measured slack exactly.
+    gap = np.where(explained & stream_bound, ts - prev_end, gap)
+    lat = np.where(explained & ~stream_bound & (launch >= 0), lat_rec, lat)
+    # Not explained: another stream's op that ended just before, else the delay stays where it
+    # was (on the launch, the stream, or the recorded time).
+    late = np.flatnonzero(~explained)
+    if len(late):
+        other = _latest_end_on_other_stream(ts, end, stream, gpu["device"].astype(str).to_numpy(),
+                                            late)
+        has = other >= 0
+        cross[late[has]] = other[has]
+        cgap[late[has]] = ts[late[has]] - end[other[has]]
+        rest = late[~has]
+        sb = stream_bound[rest]
+        gap[rest[sb]] = ts[rest[sb]] - prev_end[rest[sb]]
+        launched = rest[~sb & (launch[rest] >= 0)]
+        lat[launched] = lat_rec[launched]
+        orphan = rest[~sb & (launch[rest] < 0)]
+        anchor[orphan] = ts[orphan]
+    # Ops no launch explains and that were first on their stream keep their recorded start.
+    lone = (launch < 0) & first & (cross < 0)
+    anchor[lone] = ts[lone]
+    unlaunched_free = (launch < 0) & ~first & explained
+    gap[unlaunched_free] = ts[unlaunched_free] - prev_end[unlaunched_free]
+    submit = np.where(launch >= 0, launch_ts, ts)
+    return {
+        "stream": stream, "device": gpu["device"].astype(str).to_numpy(dtype=object),
+        "kind": gpu["kind"].astype(str).to_numpy(dtype=object),
+        "name": gpu["name"].astype(str).to_numpy(dtype=object), "ts": ts, "dur": dur,
+        "bytes": gpu["bytes"].to_numpy(dtype=float), "launch": launch, "lat": lat,
+        "gap": gap, "cross": cross, "cgap": cgap, "anchor": anchor,
+        "step": gpu["step"].to_numpy(), "keys": keys, "launch_us": launch_us,
+        "submit": submit, "correlation": gpu["correlation"].to_numpy(dtype=float),
+    }
+
+
+def _latest_end_on_other_stream(ts: np.ndarray, end: np.ndarray, stream: np.ndarray,
+                                device: np.ndarray, late: np.ndarray) -> np.ndarray:
+    """For each late op, the op on another stream of its device that ended latest within
+    READY_US before it started, or -1."""
+    out = np.full(len(late), -1)
+    for dev in np.unique(device[late]):
+        mine = np.flatnonzero(device == dev)
+        order = mine[np.argsort(end[mine], kind="stable")]
+        ends = end[order]
+        q = late[device[late] == dev]
+        qi = np.flatnonzero(device[late] == dev)
+        pos = np.searchsorted(ends, ts[q] + CLOCK_US, side="right") - 1
+        found = np.full(len(q), -1)
+        for _ in range(8):
+            ok = (pos >= 0) & (found < 0)
+            if not ok.any():
+                break
+            cand = order[np.clip(pos, 0, None)]
+            close = ok & (ends[np.clip(pos, 0, None)] >= ts[q] - READY_US)
+            other = stream[cand] != stream[q]
+            hit = close & other
+            found[hit] = cand[hit]
+            pos = np.where(ok & close & ~other, pos - 1, -1)
+        out[qi] = found
+    return out

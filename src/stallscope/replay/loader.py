@@ -1,0 +1,177 @@
+"""DataLoader worker processes, as the replay models them.
+
+With N workers, a fetch in the training process only receives a batch another process made:
+it takes the cost of receiving one (FETCH_BASE_US plus the batch's bytes at FETCH_BYTES_PER_US,
+the page mapping and unpickling of a shared-memory batch), but batches arrive no faster than
+one per load time / N (producer and consumer, with the queue never empty at the start: steady
+state with persistent workers). The load time per batch is what a fetch took in the process
+when it loaded in-process (num_workers=0), or, when W workers already lag, W steps per batch.
+
+Cores: when `stallscope run` recorded how many cores the process may use, how much CPU the
+step's own work used (all threads) and how much of a fetch was CPU rather than waiting on
+storage, a step cannot end before its CPU work and the workers' CPU work share those cores:
+(cores used by the step's work x its time + CPU time per batch of loading) / cores. A loader
+that waits on storage takes no cores, so its workers can outnumber them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stallscope.replay.engine import replay
+from stallscope.replay.graph import LOADER, Graph
+
+# Receiving one batch from a worker (queue get, unpickling, fetching each tensor's shared-memory
+# handle from the worker, mapping it). Measured on this project's 2-core VM with batches of 32
+# images and labels, workers always ahead (benchmarks/bench_replay.py --fetch): median 2.0 ms
+# at 0.02 MB, 2.2-2.3 ms at 1.6 MB, 3.0-3.3 ms at 6.3 MB, 5.4 ms at 19.3 MB. Bare metal is
+# faster: the kineto ResNet50 trace with 4 workers (V100 DGX) shows 1.4 ms at 19.3 MB, so on
+# such hosts this cost, and the prediction, is pessimistic by a few ms per step.
+FETCH_BASE_US = 2000.0
+FETCH_BYTES_PER_US = 5700.0
+
+
+class NotModelled(Exception):
+    """This change cannot be replayed on this trace; the message says why."""
+
+
+@dataclass
+class LoaderFacts:
+    """What `stallscope run` measured about loading, read from the trace's own metadata."""
+
+    workers: int | None  # the training loader's num_workers
+    fetch_wall_us: float | None  # per batch
+    fetch_cpu_us: float | None  # per batch, the fetching thread
+    fetch_process_cpu_us: float | None  # per batch, the whole process
+    batch_bytes: float | None
+    cores: int | None  # cores this process may use
+    window_wall_us: float | None  # the recorded steps
+    window_cpu_us: float | None  # CPU time of the whole process over them
+
+    @classmethod
+    def from_capture(cls, capture: dict[str, Any]) -> LoaderFacts:
+        host = capture.get("host") if isinstance(capture.get("host"), dict) else {}
+        loaders = [d for d in capture.get("loaders") or [] if isinstance(d, dict)]
+        busiest = max(loaders, key=lambda d: _num(d.get("batches")) or 0, default={})
+        n = _num(busiest.get("batches")) or 0
+
+        def per_batch(key: str) -> float | None:
+            v = _num(busiest.get(key))
+            return v / n if v is not None and n > 0 else None
+
+        workers = busiest.get("num_workers")
+        cores = host.get("cores_per_process")
+        return cls(
+            workers=workers if isinstance(workers, int) else None,
+            fetch_wall_us=per_batch("fetch_wall_us"),
+            fetch_cpu_us=per_batch("fetch_cpu_us"),
+            fetch_process_cpu_us=per_batch("fetch_process_cpu_us"),
+            batch_bytes=per_batch("fetch_bytes"),
+            cores=cores if isinstance(cores, int) and cores > 0 else None,
+            window_wall_us=_num(host.get("recorded_wall_us")),
+            window_cpu_us=_num(host.get("recorded_cpu_us")),
+        )
+
+    @property
+    def cpu_share(self) -> float | None:
+        """How much of an in-process fetch computed rather than waited (0..1)."""
+        if self.fetch_wall_us and self.fetch_cpu_us is not None and self.workers == 0:
+            return float(np.clip(self.fetch_cpu_us / self.fetch_wall_us, 0.0, 1.0))
+        return None
+
+    def compute_cores(self, loader_us_per_step: float, steps: int) -> float | None:
+        """Cores the step's own work kept busy (all threads, spinning ones included): the
+        process's CPU over the recorded steps without the fetches, over their time."""
+        if not (self.window_wall_us and self.window_cpu_us is not None and self.fetch_wall_us):
+            return None
+        fetch_cpu = (self.fetch_process_cpu_us or 0.0) * steps
+        wall = self.window_wall_us - loader_us_per_step * steps
+        if wall <= 0:
+            return None
+        return float(max((self.window_cpu_us - fetch_cpu) / wall, 0.1))
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and np.isfinite(v) else None
+
+
+@dataclass
+class WorkersPlan:
+    """The graph with N workers, and what the prediction assumed."""
+
+    graph: Graph
+    assumptions: list[str]
+
+
+def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
+                 step_us: np.ndarray, copy_bytes_per_step: float) -> WorkersPlan:
+    """`g` (a copy) with the training loader's fetches served by `n` worker processes."""
+    loads = np.flatnonzero(g.h_kind == LOADER)
+    if not len(loads):
+        raise NotModelled("no DataLoader fetches on the stepping thread to replay")
+    workers_now = facts.workers if facts.workers is not None else (
+        0 if loader_kind == "single-process" else None)
+    if workers_now is None:
+        raise NotModelled("the DataLoader already uses workers, and how many is not in the "
+                          "trace (record it with `stallscope run`)")
+    if n <= workers_now:
+        raise NotModelled(f"the DataLoader already has {workers_now} worker(s)")
+    g = g.copy()
+    notes: list[str] = []
+    if workers_now == 0:
+        load = g.h_dur[loads].copy()  # each batch as it loaded in-process
+        notes.append("each batch takes a worker as long as it took the training process "
+                     "(measured per batch)")
+    else:
+        load = np.full(len(loads), workers_now * float(np.median(step_us)))
+        notes.append(f"the {workers_now} workers now deliver one batch per step, so each "
+                     f"takes {workers_now} steps per batch")
+    nbytes = facts.batch_bytes if facts.batch_bytes is not None else copy_bytes_per_step
+    fetch = FETCH_BASE_US + nbytes / FETCH_BYTES_PER_US
+    notes.append(f"receiving a batch from a worker costs {fetch / 1000:.2f} ms in the training "
+                 f"process ({nbytes / 1e6:.1f} MB; see docs/replay.md)")
+    g.h_dur[loads] = np.minimum(fetch, g.h_dur[loads]) if workers_now else fetch
+    g.h_after[loads[1:]] = loads[:-1]
+    g.h_ret[loads[1:]] = load[1:] / n
+    share = facts.cpu_share if workers_now == 0 else None
+    if facts.cores is None:
+        notes.append("the workers are assumed to get CPU cores of their own (the trace does "
+                     "not say how many cores the process had)")
+        return WorkersPlan(g, notes)
+    # Cores: the step's CPU work and the workers' share them.
+    steps = len(step_us)
+    loader_per_step = float(np.sum(g.h_rec_end[loads] - g.h_ts[loads])) / max(steps, 1)
+    u = facts.compute_cores(loader_per_step, steps) or 1.0
+    s = 1.0 if share is None else share
+    notes.append(f"{facts.cores} core(s) shared by the step's own work ({u:.1f} cores busy "
+                 f"while it ran) and the workers' loading ({s:.0%} of a fetch was CPU)")
+    first = replay(g).step_us
+    k = np.maximum(step_us - _per_step(g, loads, load), 1.0)  # the step's own work, per step
+    need = (u * k + s * _per_step(g, loads, load)) / facts.cores
+    stretch = np.where(need > first, 1.0 + (need - first) / k, 1.0)
+    if (stretch > 1.0).any():
+        _stretch_steps(g, stretch)
+        notes.append("the cores cannot run both at full speed: the step's own work is "
+                     "slowed to fit")
+    return WorkersPlan(g, notes)
+
+
+def _per_step(g: Graph, loads: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """Load time of the batches fetched in each step (by the fetch's recorded start)."""
+    marks = g.h_ts[g.markers]
+    idx = np.searchsorted(marks, g.h_ts[loads], side="right") - 1
+    out = np.zeros(len(marks) - 1)
+    ok = (idx >= 0) & (idx < len(out))
+    np.add.at(out, idx[ok], load[ok])
+    return out
+
+
+def _stretch_steps(g: Graph, stretch: np.ndarray) -> None:
+    """Host work that is not a fetch takes `stretch[k]` times longer in step k."""
+    marks = g.h_ts[g.markers]
+    idx = np.searchsorted(marks, g.h_ts, side="right") - 1
+    ok = (idx >= 0) & (idx < len(stretch)) & (g.h_kind != LOADER)
+    g.h_dur[ok] *= stretch[idx[ok]]
