@@ -1,4 +1,5 @@
-"""Time `stallscope analyze` end to end on the largest real trace (run by hand, not in CI).
+"""Time `stallscope analyze` end to end on the largest real trace (run by hand, not in CI), and
+each stage of it: load, model, diagnose, the replay and its fix plan, HTML.
 
     python benchmarks/bench_analyze.py [TRACE] [--repeat N]
 
@@ -50,6 +51,7 @@ def main() -> None:
 
     from stallscope.commands.pipeline import analyze_paths
     from stallscope.diagnose import diagnose
+    from stallscope.diagnose.plan import make_plan
     from stallscope.report.html import render_html
     from stallscope.trace.load import load_trace, read_bytes
     from stallscope.trace.model import build_model
@@ -79,6 +81,14 @@ def main() -> None:
     t_model = median_time(lambda: build_model(loaded), args.repeat)
     model = build_model(loaded)
     t_diag = median_time(lambda: diagnose(model), args.repeat)
+    # The replay and fix plan (it updates the findings it is given: fresh ones each time).
+    plans = []
+    for _ in range(args.repeat):
+        assessments = diagnose(model)
+        t = time.perf_counter()
+        make_plan(model, assessments)
+        plans.append(time.perf_counter() - t)
+    t_plan = statistics.median(plans)
     report = analyze_paths([trace])
     t_html = median_time(lambda: render_html(report), args.repeat)
 
@@ -91,6 +101,8 @@ def main() -> None:
     print(f"    load (decode -> columns)              {t_load:7.3f} s")
     print(f"    model (steps, breakdowns, copies)     {t_model:7.3f} s")
     print(f"    diagnose (rules)                      {t_diag:7.3f} s")
+    print(f"    replay + fix plan                     {t_plan:7.3f} s   "
+          f"({100 * t_plan / t_cli:.0f}% of the CLI's time)")
     print(f"    render HTML                           {t_html:7.3f} s")
     print(f"  json.loads of the same file (gunzip+parse) {t_json:7.3f} s")
     print(f"  ratio analyze(in-process load+model+diagnose) / json.loads: "

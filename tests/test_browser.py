@@ -127,7 +127,7 @@ def save_full_page(driver: Any, name: str) -> Path:
     return path
 
 
-def check_report(driver: Any, out: Path, name: str) -> None:
+def check_report(driver: Any, out: Path, name: str, what_if: bool = False) -> None:
     """Everything a reviewer opening this report.html must get, checked in the browser."""
     page = out / "report.html"
     assert page.stat().st_size < SIZE_BUDGET, f"report.html is {page.stat().st_size} bytes"
@@ -145,6 +145,10 @@ def check_report(driver: Any, out: Path, name: str) -> None:
     assert bottom <= screen, f"verdict ends {bottom:.0f} px down, below the first {screen} px"
     assert_chart_visible(driver, "svg#steps-chart")
     assert_chart_visible(driver, "svg#step-timeline")
+    check_plan_chart(driver, out)
+    if what_if:
+        table = driver.find_element(By.ID, "what-if-table")
+        assert table.is_displayed() and "all together" in table.text
 
     shot = save_full_page(driver, name)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
@@ -155,6 +159,7 @@ def check_report(driver: Any, out: Path, name: str) -> None:
     assert driver.execute_script("return matchMedia('print').matches")
     assert driver.find_element(By.ID, "verdict").is_displayed()
     assert driver.find_element(By.CSS_SELECTOR, "svg#steps-chart").is_displayed()
+    assert_chart_visible(driver, "svg#plan-chart")
     pdf = base64.b64decode(driver.execute_cdp_cmd("Page.printToPDF", {})["data"])
     assert pdf.startswith(b"%PDF") and len(pdf) > 10_000
     (SCREENSHOTS / f"{name}.pdf").write_bytes(pdf)
@@ -162,8 +167,25 @@ def check_report(driver: Any, out: Path, name: str) -> None:
     assert not severe(driver.get_log("browser"))
 
 
-def analyze(trace: Path, out: Path) -> Path:
-    result = run_cli("analyze", str(trace), "-o", str(out), "-q")
+def check_plan_chart(driver: Any, out: Path) -> None:
+    """The fix-plan waterfall is on screen with the measured bar and one drawn bar per change
+    in report.json's plan, the floor line visible, and its values readable."""
+    plan = json.loads((out / "report.json").read_text())["plan"]
+    assert plan and plan["entries"], "this trace was expected to have a fix plan"
+    assert_chart_visible(driver, "svg#plan-chart")
+    chart = driver.find_element(By.CSS_SELECTOR, "svg#plan-chart")
+    bars = chart.find_elements(By.CSS_SELECTOR, "rect.plan-measured, rect.plan-predicted")
+    assert len(bars) == len(plan["entries"]) + 1
+    assert all(rendered_size(driver, b)[0] > 0 for b in bars)
+    floor = chart.find_element(By.CSS_SELECTOR, "line.plan-floor")
+    assert rendered_size(driver, floor)[1] > 10
+    values = [t.text for t in chart.find_elements(By.CSS_SELECTOR, "text.plan-value")]
+    assert values[0] == f"{plan['measured_step_us'] / 1000:.1f} ms"
+    assert all(v.endswith("%)") for v in values[1:])
+
+
+def analyze(trace: Path, out: Path, *options: str) -> Path:
+    result = run_cli("analyze", str(trace), "-o", str(out), "-q", *options)
     assert result.returncode == 0, result.stderr
     return out
 
@@ -174,8 +196,9 @@ def test_cpu_sample_report_renders_offline_and_prints(browser: Any, tmp_path: Pa
 
 
 def test_gpu_trace_report_renders_offline_and_prints(browser: Any, tmp_path: Path):
-    out = analyze(real_trace(GPU_TRACE), tmp_path / "out")
-    check_report(browser, out, "resnet50-gpu")
+    out = analyze(real_trace(GPU_TRACE), tmp_path / "out", "--what-if", "num_workers=4",
+                  "--what-if", "amp=fp16")
+    check_report(browser, out, "resnet50-gpu", what_if=True)
 
 
 def test_the_checks_catch_a_page_that_errs_and_phones_home(browser: Any, tmp_path: Path):

@@ -3,12 +3,14 @@ self-contained and small, with every trace-derived name inert."""
 
 from __future__ import annotations
 
+import html as html_text
 import re
 from pathlib import Path
 
 import pytest
 
 from stallscope.commands.pipeline import analyze_paths
+from stallscope.diagnose.fixes import parse_what_if
 from stallscope.report.html import CHAR_WIDTH, render_html, short_name
 from stallscope.report.json_writer import report_data
 from stallscope.report.markdown import render_markdown
@@ -26,6 +28,20 @@ def section(html: str, element_id: str, closing: str) -> str:
     """The markup from the element with this id to the first `closing` tag after it."""
     start = html.index(f'id="{element_id}"')
     return html[start: html.index(closing, start)]
+
+
+def plan_bars(html: str) -> list[tuple[str, str, str]]:
+    """The fix-plan waterfall's bars as drawn: (kind, label, value printed after the bar)."""
+    chart = section(html, "plan-chart", "</svg>")
+    bars = []
+    for kind, body in re.findall(r'<g class="plan-bar" data-kind="(\w+)">(.*?)</g>', chart, re.S):
+        texts = re.findall(r"<text[^>]*>(?:<title>.*?</title>)?(.*?)</text>", body, re.S)
+        bars.append((kind, html_text.unescape(texts[0]), html_text.unescape(texts[-1])))
+    return bars
+
+
+def ms(us: float) -> str:
+    return f"{us / 1000:.1f}"
 
 
 def lanes(html: str) -> list[str]:
@@ -53,7 +69,11 @@ def resnet_html() -> tuple[object, str]:
 def test_gpu_report_reads_verdict_first_with_timeline_and_top_tables(resnet_html):
     report, html = resnet_html
     verdict = section(html, "verdict", "</p>")
-    assert "DataLoader" in verdict and "can save up to" in verdict
+    # The verdict now quotes the replayed prediction (it said "can save up to" before replay).
+    plan = report.plan
+    assert "DataLoader" in verdict and (
+        f"the replay predicts {ms(plan['measured_step_us'])} -&gt; "
+        f"{ms(plan['entries'][0]['predicted_step_us'])} ms") in verdict
     assert html.index('id="verdict"') < html.index('id="findings"') < html.index("step-timeline")
     assert "176.3 ms" in section(html, "summary", 'id="findings-summary"')  # median step
     assert lanes(html) == ["data loader", "host compute", "copies (host)", "syncs", "GPU 0"]
@@ -164,3 +184,105 @@ def test_short_name_keeps_short_names_and_cuts_long_ones():
         "int, " * 30) + "int)"
     short = short_name(long)
     assert len(short) <= 90 and short.startswith("at::native::kernel<") and "(…)" in short
+
+
+def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resnet_html):
+    report, html = resnet_html
+    plan = report_data(report)["plan"]
+    n = len(plan["entries"])
+    assert n >= 2 and plan["entries"][0]["id"] == "dataloader-bound"
+    assert html.index('id="findings-summary"') < html.index('id="fix-plan"') < html.index(
+        'id="findings"')
+    assert 'href="#fix-plan"' in section(html, "findings-summary", "</nav>")
+    bars = plan_bars(html)
+    assert [kind for kind, _, _ in bars] == ["measured"] + ["predicted"] * n
+    assert bars[0][1:] == ("measured", f"{ms(plan['measured_step_us'])} ms")
+    for i, ((_, label, value), e) in enumerate(zip(bars[1:], plan["entries"], strict=True), 1):
+        assert label == f"{i}. {e['change']}"
+        assert value == f"{ms(e['predicted_step_us'])} ms (\u2212{e['saving_pct']:.1f}%)"
+    assert bars[1][1].startswith("1. num_workers=")
+    chart = html_text.unescape(section(html, "plan-chart", "</svg>"))
+    assert f"floor: busiest GPU's remaining work, {ms(plan['floor_us'])} ms" in chart
+    assert 'class="plan-floor"' in chart
+    # Below the chart: every change with its assumptions, then what was not replayed and why.
+    entries = html_text.unescape(section(html, "plan-entries", "</ol>"))
+    assert entries.count("<li><code>") == n
+    alone = {f.id: f.predicted_step_us for f in report.findings}
+    for e in plan["entries"]:
+        assert all(f"assumes: {a}" in entries for a in e["assumptions"])
+        assert f"this change alone: {ms(alone[e['id']])} ms" in entries
+    not_replayed = html_text.unescape(section(html, "plan-not-replayed", "</ul>"))
+    assert f"gpu-idle</code></a>: {plan['not_replayed']['gpu-idle']}" in not_replayed
+    basis = section(html, "plan-basis", "</p>")
+    assert "replaying the recorded steps" in basis
+    assert "ProfilerStep#6 ... ProfilerStep#10 (5 of 6 recorded steps" in basis
+    assert f"measured {ms(plan['measured_step_us'])} ms" in basis
+    assert 'id="what-if"' not in html  # no --what-if given
+
+
+def test_summary_table_tile_and_cards_say_replayed_or_upper_bound(resnet_html):
+    report, html = resnet_html
+    top, plan = report.findings[0], report.plan
+    first = plan["entries"][0]
+    assert top.plan_rank == 1 and first["id"] == top.id
+    pct = f"{top.estimated_saving_pct:.1f}%"
+    tile = section(html, "tile-saving", "</div>\n")
+    assert f"predicted {ms(first['predicted_step_us'])} ms (\u2212{pct})" in tile
+    assert "replayed prediction" in tile and "up to" not in tile
+    table = section(html, "findings-summary", "</table>")
+    assert "can save (upper bound)" not in table and "predicted step alone" in table
+    rows = table.split("<tr>")[2:]
+    assert f"{pct} (replayed)" in rows[0] and f"{ms(top.predicted_step_us)} ms" in rows[0]
+    caused = next(i for i, f in enumerate(report.findings) if f.caused_by)  # gpu-idle
+    assert "0.0% (counted in dataloader-bound)" in rows[caused]
+    card = section(html, "finding-1", "Evidence")
+    assert f"saves {pct}" in card and "replayed · step 1 of the fix plan" in card
+    assert "Estimate (replayed prediction):" in card
+    assert f"{ms(plan['measured_step_us'])} → {ms(first['predicted_step_us'])} ms" in card
+    assert "can save up to" not in card
+
+
+def test_without_a_plan_there_is_no_plan_section_and_bounds_say_so(tmp_path: Path):
+    empty = analyze_paths([SAMPLES / "cpu-persistent-workers.pt.trace.json.gz"])
+    assert empty.plan is not None and empty.plan["entries"] == []
+    kernels = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": i * 100,
+                "dur": 40, "args": {"device": 0, "stream": 7}} for i in range(10)]
+    none = analyze_paths([write_trace(tmp_path / "synthetic-gpu-only.pt.trace.json", kernels,
+                                      **SYNTH)])
+    assert none.plan is None  # no host thread: nothing to replay
+    for report in (empty, none):
+        html = render_html(report)
+        assert "fix-plan" not in html and "plan-chart" not in html and "what-if" not in html
+        pct = f"{report.findings[0].estimated_saving_pct:.1f}%"
+        assert f"{pct} (upper bound)" in section(html, "findings-summary", "</table>")
+        assert "predicted step alone" not in section(html, "findings-summary", "</table>")
+        tile = section(html, "tile-saving", "</div>\n")
+        assert f'<div class="v">up to {pct}</div>' in tile
+        assert "upper bound</b> (not replayed)" in tile and "predicted" not in tile
+        card = section(html, "finding-1", "Evidence")
+        assert f"can save up to {pct}" in card and "Estimate (upper bound, not replayed):" in card
+        assert_self_contained(html)
+
+
+def test_what_if_section_shows_each_change_alone_and_together():
+    report = analyze_paths([CPU_SAMPLE], what_if=parse_what_if(["num_workers=4", "amp=bf16"]))
+    html = render_html(report)
+    w = report_data(report)["what_if"]
+    assert 'href="#what-if"' in html and html.index('id="fix-plan"') < html.index('id="what-if"')
+    table = html_text.unescape(section(html, "what-if-table", "</table>"))
+    rows = table.split("<tr>")[2:]
+    assert len(rows) == 5  # measured, replayed as recorded, two changes alone, together
+    assert f"<td>measured</td><td class=\"num\">{ms(w['measured_step_us'])}</td>" in rows[0]
+    assert "measurement" in rows[0] and "replay" in rows[1]
+    alone = w["each"][0]
+    change = 100 * (alone["predicted_step_us"] - w["measured_step_us"]) / w["measured_step_us"]
+    assert f"<td>num_workers=4 alone</td><td class=\"num\">{ms(alone['predicted_step_us'])}" \
+        in rows[2]
+    assert f"{change:+.1f}%".replace("-", "\u2212") in rows[2]
+    assert "replayed prediction" in rows[2]
+    assert all(a in rows[2] for a in alone["assumptions"])
+    assert "amp=bf16 alone" in rows[3]
+    assert f"not replayed: {w['each'][1]['not_replayed']}" in rows[3]
+    assert "all together" in rows[4] and "not replayed" in rows[4]
+    # A CPU-only trace's floor is the host's own work.
+    assert "floor: host work" in section(html, "plan-chart", "</svg>")

@@ -1,16 +1,20 @@
-"""Writers: hostile names from traces stay inert in HTML, Markdown and the terminal."""
+"""Writers: hostile names from traces stay inert in HTML, Markdown and the terminal; the fix
+plan and --what-if read the same in Markdown and the terminal as in report.json."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
+
 from stallscope.commands.pipeline import analyze_paths
+from stallscope.diagnose.fixes import parse_what_if
 from stallscope.report.html import render_html
 from stallscope.report.json_writer import render_json
 from stallscope.report.markdown import render_markdown
 from stallscope.report.terminal import render_terminal
-from tests.conftest import write_trace
+from tests.conftest import SAMPLES, real_trace, write_trace
 
 HOSTILE = '</script><img src=x onerror=alert(1)>|`rm`\x1b[31m'
 
@@ -48,5 +52,90 @@ def test_markdown_and_terminal_neutralise_hostile_strings(tmp_path: Path):
 def test_json_round_trips_and_is_stable(tmp_path: Path):
     report = hostile_report(tmp_path)
     first = render_json(report)
-    assert json.loads(first)["schema_version"] == 1
+    assert json.loads(first)["schema_version"] == 2  # 2: the replayed fix plan (build.py)
     assert render_json(report) == first
+
+
+RESNET = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+
+
+def ms(us: float) -> str:
+    return f"{us / 1000:.1f}"
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """A real GPU trace with a multi-step fix plan, and two --what-if changes."""
+    return analyze_paths([real_trace(RESNET)],
+                         what_if=parse_what_if(["num_workers=4", "amp=fp16"]))
+
+
+def plan_lines(report) -> list[str]:
+    """The fix plan as the writers should print it: previous step -> predicted, each change."""
+    out, before = [], report.plan["measured_step_us"]
+    for i, e in enumerate(report.plan["entries"], 1):
+        out.append(f"{i}. {e['change']} ({e['id']}): {ms(before)} -> "
+                   f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
+        before = e["predicted_step_us"]
+    return out
+
+
+def test_markdown_shows_the_fix_plan_what_if_and_labelled_savings(planned):
+    report = planned
+    text = render_markdown(report)
+    assert text.index("## Fix plan") < text.index("## What if") < text.index("## Findings")
+    plan = text[text.index("## Fix plan"): text.index("## What if")]
+    expected = plan_lines(report)
+    assert len(expected) >= 2
+    got = [line.replace("\\_", "_") for line in plan.splitlines() if line[:1].isdigit()]
+    assert got == expected
+    first = report.plan["entries"][0]
+    assert f"   - assumes: {first['assumptions'][0]}" in plan.replace("\\_", "_")
+    assert f"Floor: {ms(report.plan['floor_us'])} ms per step, the busiest GPU's" in plan
+    assert "- `gpu-idle`: an effect of dataloader-bound" in plan
+    assert "ProfilerStep\\#6 ... ProfilerStep\\#10 (5 of 6 recorded steps" in plan
+    what_if = text[text.index("## What if"): text.index("## Findings")]
+    together = report.what_if["predicted_step_us"]
+    assert f"| all together | {ms(together)} ms |" in what_if
+    assert f"| num\\_workers=4 alone | {ms(report.what_if['each'][0]['predicted_step_us'])} ms" \
+        in what_if
+    table = text[text.index("| severity |"): text.index("### Top recommendation")]
+    assert "| saves | predicted step alone |" in table
+    top = report.findings[0]
+    assert f"| {top.estimated_saving_pct:.1f}% (replayed) | {ms(top.predicted_step_us)} ms |" \
+        in table
+    assert "| 0.0% (counted in dataloader-bound) |  |" in table
+    assert "*Estimate (replayed prediction):* step 1 of the fix plan" in text
+
+
+def test_terminal_shows_the_fix_plan_what_if_and_labelled_savings(planned):
+    report = planned
+    lines = render_terminal(report).splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("  fix plan")))
+    assert "replayed predictions" in lines[start]
+    n = min(len(report.plan["entries"]), 5)
+    assert [line.strip() for line in lines[start + 1: start + 1 + n]] == plan_lines(report)[:n]
+    assert lines[start + 1 + n].strip() == (
+        f"floor {ms(report.plan['floor_us'])} ms (busiest GPU's remaining work)")
+    w = report.what_if
+    assert lines[start + 2 + n].startswith("  what if (replayed")
+    assert lines[start + 3 + n].strip().startswith(
+        f"num_workers=4: {ms(w['each'][0]['predicted_step_us'])} ms (")
+    assert lines[start + 5 + n].strip().startswith(
+        f"all together: {ms(w['predicted_step_us'])} ms (")
+    top = report.findings[0]
+    assert f"{top.id}: " in lines[start + 6 + n]
+    assert lines[start + 6 + n].endswith(f"(replayed: saves {top.estimated_saving_pct:.1f}%)")
+    assert any(line.endswith("(counted in dataloader-bound's fix)") for line in lines)
+
+
+def test_without_a_plan_markdown_and_terminal_give_upper_bounds():
+    report = analyze_paths([SAMPLES / "cpu-persistent-workers.pt.trace.json.gz"])
+    assert report.plan is not None and not report.plan["entries"]
+    pct = f"{report.findings[0].estimated_saving_pct:.1f}%"
+    text = render_markdown(report)
+    assert "## Fix plan" not in text and "## What if" not in text
+    assert f"| {pct} (upper bound) |" in text and "predicted step alone" not in text
+    assert f"*Estimate (upper bound, not replayed):* up to {pct}" in text
+    terminal = render_terminal(report)
+    assert "fix plan" not in terminal and f"(upper bound {pct})" in terminal

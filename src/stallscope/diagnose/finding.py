@@ -43,6 +43,10 @@ class Finding:
     # and its place in the fix plan (1 = first); None when its change was not replayed.
     predicted_step_us: float | None = None
     plan_rank: int | None = None
+    # What estimated_saving_pct is: "replayed" (its share of the fix plan, 0 when nothing is
+    # left on top of it), "counted" (an effect whose cause's fix wins this time back), or
+    # "upper_bound" (the rule's own bound: the replay could not model the change).
+    saving_kind: str = "upper_bound"
 
     def __post_init__(self) -> None:
         if not self.severity:

@@ -132,7 +132,9 @@ def _pin_memory(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         raise NotModelled("only pin_memory=true is replayed")
     ops = _gpu_named(g, _HTOD_PAGEABLE)
     if not ops.any():
-        raise NotModelled("no host-to-device copy in the steps comes from pageable memory")
+        if _h2d_calls(g).any():  # already pinned: nothing to change, non_blocking may follow
+            return g, ["host-to-device copies already come from pinned memory"]
+        raise NotModelled("no host-to-device copy in the steps")
     rate, how = _pinned_rate(g, ctx.model)
     g = g.copy()
     g.g_dur[ops] = np.nan_to_num(g.g_bytes[ops], nan=0.0) / (rate * 1e3)
@@ -171,8 +173,13 @@ def _sync_off(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     is_sync = g.host_named(lambda n: n in SYNC_CALLS) & (g.h_kind == CALL)
     dtoh = _calls_launching(g, _gpu_named(g, _DTOH))
     waits = (is_sync | dtoh) & (g.h_wait >= 0)
-    waits &= ~_followers(g, _h2d_calls(g), SYNC_CALLS)  # a copy's own sync: non_blocking's
+    own = _followers(g, _h2d_calls(g), SYNC_CALLS) & waits  # a copy's own sync: non_blocking's
+    waits &= ~own
     if not waits.any():
+        if own.any():
+            raise NotModelled("its waits are the stream syncs right after host-to-device "
+                              "copies (copy_ with non_blocking=False): non_blocking=true with "
+                              "pinned memory removes them, not moving .item() out of the loop")
         raise NotModelled("no host wait on the GPU in the steps that moving .item()/.cpu() "
                           "out of the loop would remove")
     g = g.copy()
@@ -185,6 +192,8 @@ def _sync_off(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
 def _amp(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if value not in AMP_SPEEDUP:
         raise NotModelled(f"amp takes {', '.join(AMP_SPEEDUP)}")
+    if not ctx.model.has_gpu:
+        raise NotModelled("the trace has no GPU work")
     major = max(ctx.model.compute_major.values(), default=None)
     if major is None or major < 7:
         raise NotModelled("no tensor cores on this GPU (compute capability below 7.0, or "
@@ -242,8 +251,7 @@ def _cuda_graphs(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         raise NotModelled("only cuda_graphs=true is replayed")
     if not len(g.g_ts):
         raise NotModelled("no GPU work to capture")
-    marks = g.h_ts[g.markers]
-    in_steps = (g.h_ts >= marks[0]) & (g.h_ts < marks[-1])
+    in_steps = (g.h_ts >= g.h_ts[g.step_start[0]]) & (g.h_ts < g.h_ts[g.step_end[-1]])
     keep = (g.h_kind == LOADER) | _h2d_calls(g) | (g.h_wait >= 0)
     nodes = in_steps & ((g.h_kind == FILL) | (g.h_kind == CALL)) & ~keep
     g = g.copy()
@@ -346,6 +354,14 @@ WHAT_IF: dict[str, tuple[Fix, Callable[[str], bool], str]] = {
 }
 
 
+def no_change_reason(finding: Any, model: TraceModel) -> str:
+    """Why `changes_for` gave nothing for this finding, in the report's words."""
+    if finding.id == "dataloader-bound":
+        return ("the rule could not size a worker count (the loader already has workers and "
+                "the trace does not say how many, or the cores are already busy)")
+    return "its change is not one the replay can model"
+
+
 def changes_for(finding: Any, model: TraceModel) -> list[Change]:
     """The change a finding recommends, in what-if terms; [] when it has none to replay."""
     ev = finding.evidence or {}
@@ -357,7 +373,10 @@ def changes_for(finding: Any, model: TraceModel) -> list[Change]:
         n = ev.get("suggested_num_workers")
         return [Change("num_workers", str(int(n)))] if isinstance(n, int) and n > 0 else []
     if fid in ("pageable-h2d-copy", "blocking-h2d-copy"):
-        return [Change("pin_memory", "true"), Change("non_blocking", "true")]
+        c = model.copies
+        pageable = ((c["direction"] == "HtoD") & (c["src"] == "Pageable")).any()
+        return ([Change("pin_memory", "true")] if pageable else []) + [
+            Change("non_blocking", "true")]
     return {
         "host-device-sync": [Change("sync", "off")],
         "single-tensor-optimizer": [Change("optimizer", "foreach")],

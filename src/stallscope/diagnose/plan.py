@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from stallscope.diagnose.finding import Assessment, Finding, severity_for
-from stallscope.diagnose.fixes import Change, Context, apply, changes_for
+from stallscope.diagnose.fixes import Change, Context, apply, changes_for, no_change_reason
 from stallscope.replay.engine import Replay, replay
-from stallscope.replay.graph import LOADER, Graph, build_graph
+from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
 from stallscope.trace.model import TraceModel
 
@@ -42,6 +42,10 @@ class Plan:
     replayed_step_us: float  # the unchanged graph replayed, over the same steps
     floor_us: float  # the busiest GPU's work per step once every change is made (host, if none)
     steps_used: list[str]
+    floor_kind: str  # "gpu": the busiest GPU's remaining work; "host": the stepping thread's
+    # Why some recorded steps are not in the medians, or None when all are.
+    steps_note: str | None = None
+    min_gain_pct: float = MIN_GAIN_PCT
     entries: list[PlanEntry] = field(default_factory=list)
     not_replayed: dict[str, str] = field(default_factory=dict)  # finding id -> why
     what_if: dict[str, Any] | None = None
@@ -67,6 +71,10 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
         replayed_step_us=_median(base, used),
         floor_us=0.0,
         steps_used=[s.name for s in model.steps[used]],
+        floor_kind="gpu" if len(graph.g_ts) else "host",
+        steps_note=None if used == slice(None) else (
+            "the first recorded step is left out: it carries GPU work queued before the "
+            "recording, which the replay keeps where it was"),
     )
     facts = LoaderFacts.from_capture(model.trace.capture)
 
@@ -83,7 +91,7 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
         if f.caused_by:
             plan.not_replayed[f.id] = f"an effect of {f.caused_by}: its change is that one's"
         elif not changes:
-            plan.not_replayed[f.id] = "its change is not one the replay can model"
+            plan.not_replayed[f.id] = no_change_reason(f, model)
         else:
             try:
                 _, alone, _ = predict(graph, [], changes)
@@ -108,7 +116,8 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
 def _greedy(plan: Plan, graph: Graph, options: dict[str, list[Change]], predict: Any) -> None:
     """Each round, the change that takes most off the current prediction, until none saves
     MIN_GAIN_PCT. Findings that share a change (pageable and blocking copies) share one entry."""
-    current, now, applied = graph, plan.replayed_step_us, []
+    # From the measured step, so the entries' savings add up to measured minus the end state.
+    current, now, applied = graph, plan.measured_step_us, []
     left = dict(options)
     while left:
         best = None
@@ -169,6 +178,7 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
         if f.id in by_id:
             rank, entry = by_id[f.id]
             f.plan_rank = rank + 1
+            f.saving_kind = "replayed"
             f.estimated_saving_pct = entry.saving_pct
             alone = f.predicted_step_us
             f.saving_basis = (
@@ -176,16 +186,22 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
                 f"alone; {entry.saving_pct:.1f}% as step {rank + 1} of the fix plan. "
                 f"Assumes: {'; '.join(entry.assumptions)}."
             )
-        elif f.id in options:  # replayed, but nothing left to gain on top of the plan
+        elif f.id in options:  # replayed, but it adds under MIN_GAIN_PCT to the plan
             shared = next((e for e in plan.entries if options.get(e.id) == options[f.id]), None)
             f.estimated_saving_pct = 0.0
+            f.saving_kind = "replayed"
+            if shared:
+                why = f"the same change as {shared.id}, counted there"
+            elif plan.entries:
+                why = (f"it adds under {MIN_GAIN_PCT}% of the step on top of the fix plan's "
+                       "other changes")
+            else:
+                why = f"it saves under {MIN_GAIN_PCT}% of the step"
             f.saving_basis = (
-                f"replayed: {ms(measured)} -> {ms(f.predicted_step_us)} ms per step alone; "
-                + (f"the same change as {shared.id}, counted there" if shared else
-                   "nothing left to gain once the fix plan is applied")
-            )
+                f"replayed: {ms(measured)} -> {ms(f.predicted_step_us)} ms per step alone; {why}")
         elif f.caused_by and f.caused_by in by_id:  # its time is its cause's to win back
             f.estimated_saving_pct = 0.0
+            f.saving_kind = "counted"
             f.saving_basis = (f"counted in {f.caused_by}'s fix (step {by_id[f.caused_by][0] + 1} "
                               "of the fix plan): this time is lost to it")
         else:
@@ -202,18 +218,17 @@ def _median(r: Replay, used: slice) -> float:
 def _floor(g: Graph, r: Replay, used: slice) -> float:
     """Per step, the busiest GPU's busy time (union of its ops) in the replayed step window;
     with no GPU, the stepping thread's own work (the fetches excluded). Median over steps."""
-    marks = r.host_start[g.markers]
     out = []
-    for k in range(len(marks) - 1)[used]:
-        lo, hi = marks[k], marks[k + 1]
+    for k in range(g.steps)[used]:
+        lo, hi = r.host_start[g.step_start[k]], r.host_start[g.step_end[k]]
         best = 0.0
         for dev in set(g.g_device.tolist()):
             mine = g.g_device == dev
             s = np.clip(r.gpu_start[mine], lo, hi)
             e = np.clip(r.gpu_end[mine], lo, hi)
             best = max(best, _union(s, e))
-        if not len(g.g_ts):
-            main = (g.h_thread == 0) & (g.h_kind != LOADER)
+        if not len(g.g_ts):  # the stepping thread's own work: its fill and calls
+            main = (g.h_thread == 0) & ((g.h_kind == FILL) | (g.h_kind == CALL))
             s = np.clip(r.host_start[main], lo, hi)
             e = np.clip(r.host_end[main], lo, hi)
             best = _union(s, e)

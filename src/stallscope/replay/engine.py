@@ -188,5 +188,5 @@ class _Run:
         host_end = host_start + g.h_dur
         wait_heads = heads[self.wait_seg]
         host_end[wait_heads] = self.seg_end[self.wait_seg]
-        marks = host_start[g.markers]
-        return Replay(np.diff(marks), host_start, host_end, self.gpu_start, self.gpu_end)
+        steps = host_start[g.step_end] - host_start[g.step_start]
+        return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end)

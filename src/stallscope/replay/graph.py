@@ -41,8 +41,11 @@ WAKE_US = 1000.0
 RETURN_US = 50.0
 # ...and only if it lasted this much (us) longer than its name's typical call.
 WAIT_MARGIN_US = 10.0
-# A call name's typical (not waiting) length: this quantile of its calls.
+# A call name's typical (not waiting) length: this quantile of its calls, at most TYPICAL_CAP_US
+# (a call that does not wait returns in microseconds; when every sync of a name waits, its
+# quantile would be a waiting length).
 TYPICAL_QUANTILE = 0.1
+TYPICAL_CAP_US = 30.0
 # Clock tolerance (us) between host and GPU timestamps.
 CLOCK_US = 2.0
 # A GPU op that starts within this (us) of being able to was not held back by anything else.
@@ -81,7 +84,9 @@ class Graph:
     h_corr: np.ndarray  # correlation id of a call, NaN otherwise
     thread_ids: list[str]  # thread index -> tid
     thread_origin: np.ndarray  # recorded start of each thread's first node
-    markers: np.ndarray  # host nodes at each step start, then the last step's end
+    markers: np.ndarray  # the step-boundary nodes (each step's start and end), in time order
+    step_start: np.ndarray  # per step, its start marker node
+    step_end: np.ndarray  # per step, its end marker node
     # GPU ops, each stream's contiguous and in time order
     g_stream: np.ndarray
     g_device: np.ndarray  # object: device id
@@ -104,7 +109,7 @@ class Graph:
 
     @property
     def steps(self) -> int:
-        return max(len(self.markers) - 1, 0)
+        return len(self.step_start)
 
     def copy(self) -> Graph:
         """A graph whose durations and edges a fix may change without touching this one (what
@@ -139,12 +144,16 @@ def build_graph(model: TraceModel) -> Graph | None:
     launching = set(runtime.loc[runtime["correlation"].isin(gpu["correlation"]), "tid"]
                     .astype(str))
     threads = [model.main_tid] + sorted(launching - {model.main_tid})
-    markers_ts = np.array([s.start_us for s in model.steps] + [w1])
+    starts = np.array([s.start_us for s in model.steps])
+    ends = np.array([s.end_us for s in model.steps])
+    markers_ts = np.unique(np.concatenate([starts, ends]))
     host = _host_nodes(host_ev, runtime, threads, model.main_tid, markers_ts, w0, w1)
     g = _link_gpu(gpu, host)
     _find_releases(host)
     _find_waits(host, g)
-    markers = np.flatnonzero(host["kind"] == MARK)
+    markers = np.flatnonzero(host["kind"] == MARK)  # one per boundary time, in order
+    step_start = markers[np.searchsorted(markers_ts, starts)]
+    step_end = markers[np.searchsorted(markers_ts, ends)]
     h_codes, h_names = pd.factorize(pd.Series(host["name"], dtype=object))
     g_codes, g_names = pd.factorize(pd.Series(g["name"], dtype=object))
     return Graph(
@@ -153,7 +162,8 @@ def build_graph(model: TraceModel) -> Graph | None:
         h_delay=host["delay"], h_wait=host["wait"], h_after=np.full(len(host["ts"]), -1),
         h_ret=host["ret"], h_name=h_codes, h_names=[str(n) for n in h_names],
         h_typical=host["typical"], h_corr=host["corr"], thread_ids=threads,
-        thread_origin=host["origin"], markers=markers,
+        thread_origin=host["origin"], markers=markers, step_start=step_start,
+        step_end=step_end,
         g_stream=g["stream"], g_device=g["device"], g_kind=g["kind"], g_name=g_codes,
         g_names=[str(n) for n in g_names],
         g_ts=g["ts"], g_dur=g["dur"], g_bytes=g["bytes"], g_launch=g["launch"],
@@ -351,6 +361,7 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
     names = host["name"][calls]
     typical = pd.Series(host["dur"][calls]).groupby(names).transform(
         lambda d: d.quantile(TYPICAL_QUANTILE)).to_numpy()
+    typical = np.minimum(typical, TYPICAL_CAP_US)
     host["typical"][calls] = typical
     long = host["dur"][calls] > typical + WAIT_MARGIN_US
     cand = calls[long]

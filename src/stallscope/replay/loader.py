@@ -159,19 +159,25 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     return WorkersPlan(g, notes)
 
 
+def _step_of(g: Graph, ts: np.ndarray) -> np.ndarray:
+    """The step each recorded time falls in, -1 outside every step."""
+    starts, ends = g.h_ts[g.step_start], g.h_ts[g.step_end]
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    ok = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)])
+    return np.where(ok, idx, -1)
+
+
 def _per_step(g: Graph, loads: np.ndarray, load: np.ndarray) -> np.ndarray:
     """Load time of the batches fetched in each step (by the fetch's recorded start)."""
-    marks = g.h_ts[g.markers]
-    idx = np.searchsorted(marks, g.h_ts[loads], side="right") - 1
-    out = np.zeros(len(marks) - 1)
-    ok = (idx >= 0) & (idx < len(out))
+    idx = _step_of(g, g.h_ts[loads])
+    out = np.zeros(g.steps)
+    ok = idx >= 0
     np.add.at(out, idx[ok], load[ok])
     return out
 
 
 def _stretch_steps(g: Graph, stretch: np.ndarray) -> None:
     """Host work that is not a fetch takes `stretch[k]` times longer in step k."""
-    marks = g.h_ts[g.markers]
-    idx = np.searchsorted(marks, g.h_ts, side="right") - 1
-    ok = (idx >= 0) & (idx < len(stretch)) & (g.h_kind != LOADER)
+    idx = _step_of(g, g.h_ts)
+    ok = (idx >= 0) & (g.h_kind != LOADER)
     g.h_dur[ok] *= stretch[idx[ok]]

@@ -16,8 +16,10 @@ from typing import Any
 import jinja2
 from markupsafe import Markup, escape
 
+from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
 from stallscope.report.json_writer import report_data
+from stallscope.report.labels import floor_phrase, ms, pct_of, plan_of, saving_label, steps_phrase
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
 
@@ -47,6 +49,11 @@ CHAR_WIDTH = 6.6  # average width of a 12-unit system-ui glyph; sizes the label 
 MAX_LABEL_CHARS = 48
 LANE_HEIGHT = 22
 SHORT_NAME_CHARS = 90
+# The fix-plan waterfall: one row per bar, room after each bar for "116.1 ms (−34.3%)", and a
+# line under the bars for the floor's label.
+PLAN_ROW = 24
+PLAN_VALUE_W = 130
+PLAN_FLOOR_LABEL_H = 20
 _TEMPLATE_ARGS = re.compile(r"<[^<>]*>")
 _PARAMS = re.compile(r"\([^()]*\)")
 
@@ -98,6 +105,8 @@ def render_html(report: Report) -> str:
     env.filters["ms"] = _ms
     env.filters["diff_lines"] = diff_lines
     env.filters["pretty_json"] = pretty_json
+    env.filters["delta"] = delta
+    env.filters["saved"] = saved
     template = env.get_template("report.html.j2")
     return template.render(
         report=report,
@@ -108,6 +117,9 @@ def render_html(report: Report) -> str:
         legend=LEGEND,
         categories=HOST_CATEGORIES,
         headline=_headline(report),
+        fix_plan=_fix_plan(report),
+        what_if=_what_if(report.what_if),
+        savings=[_saving_view(report, f) for f in report.findings],
         reproduce=report.reproduce_command,
         trace_files=[t["path"] for t in report.traces],
         gpus=_gpu_lines(report.environment.get("devices", [])),
@@ -170,11 +182,18 @@ def diff_lines(snippet: str) -> list[tuple[str, str]] | None:
     return [(tag.get(line[:1], "ctx"), line) for line in lines]
 
 
+def delta(pct: float) -> str:
+    """A signed change in %, with a true minus sign: "−34.3%", "+0.0%"."""
+    return f"{pct:+.1f}%".replace("-", "\u2212")
+
+
+def saved(pct: float) -> str:
+    """A saving (a positive share of the step) as the change it makes: "−34.3%"."""
+    return delta(-pct)
+
+
 def _ms(us: float | None) -> str:
-    if us is None:
-        return ""
-    ms = us / 1000.0
-    return f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
+    return ms(us, missing="")
 
 
 def _headline(report: Report) -> dict[str, Any]:
@@ -187,8 +206,137 @@ def _headline(report: Report) -> dict[str, Any]:
         "step_ms": _ms(report.summary["step_time_us"]["median"])
         if report.summary.get("step_time_us") else None,
         "top": top,
+        "top_saving": _saving_view(report, top) if top else None,
         "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
     }
+
+
+def _saving_view(report: Report, f: Finding) -> dict[str, Any]:
+    """How one finding's saving is shown: its kind (replayed / counted / upper bound), the
+    table cell, and, when replayed in the plan, the steps before and after its change, so the
+    page never prints a bound where a prediction is expected, or the other way round."""
+    kind, text = saving_label(f)
+    plan = plan_of(report, f.trace)
+    entry = report.plan_entry(f)
+    before = None
+    if entry is not None and plan is not None:
+        i = plan["entries"].index(entry)
+        before = plan["entries"][i - 1]["predicted_step_us"] if i else plan["measured_step_us"]
+    return {
+        "kind": kind,
+        "text": text,
+        "entry": entry,
+        "before_us": before,
+        "measured_us": plan["measured_step_us"] if plan else None,
+        "plan_size": len(plan["entries"]) if plan else 0,
+        "steps_used": len(plan["steps_used"]) if plan else 0,
+        "min_gain_pct": plan["min_gain_pct"] if plan else None,
+    }
+
+
+def _fix_plan(report: Report) -> dict[str, Any] | None:
+    """The "Fix plan" section: the waterfall, the entries with the finding card each comes
+    from, and the findings the replay left out. None when there is nothing to plan."""
+    plan = report.plan
+    if not plan or not plan["entries"]:
+        return None
+    mine = [(i, f) for i, f in enumerate(report.findings, 1) if f.trace == plan["trace"]]
+    card = {f.id: i for i, f in mine}
+    alone = {f.id: f.predicted_step_us for _, f in mine}
+    entries, before = [], plan["measured_step_us"]
+    for e in plan["entries"]:
+        entries.append({**e, "before_us": before, "card": card.get(e["id"]),
+                        "alone_us": alone.get(e["id"])})
+        before = e["predicted_step_us"]
+    floor = floor_phrase(plan)
+    return {
+        "plan": plan,
+        "entries": entries,
+        "chart": _plan_chart(plan, floor),
+        "floor": floor,
+        "steps": steps_phrase(report, plan),
+        "multi": len(report.traces) > 1,
+        "not_replayed": [(k, v, card.get(k)) for k, v in plan["not_replayed"].items()],
+        "left_out": [(f.id, f.predicted_step_us, i) for i, f in mine
+                     if f.predicted_step_us is not None and f.plan_rank is None],
+        "min_gain_pct": plan["min_gain_pct"],
+    }
+
+
+def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
+    """A waterfall in SVG units: the measured step, then each change's cumulative predicted
+    step, the time it takes off drawn beside it, and the floor as a dashed line."""
+    rows = [("measured", plan["measured_step_us"], None, None)]
+    before = plan["measured_step_us"]
+    for i, e in enumerate(plan["entries"], 1):
+        rows.append((f"{i}. {e['change']}", e["predicted_step_us"], before, e["saving_pct"]))
+        before = e["predicted_step_us"]
+    labels = [(full, full if len(full) <= MAX_LABEL_CHARS else
+               full[: MAX_LABEL_CHARS - 1] + "\u2026") for full, *_ in rows]
+    # Labels are set at 11 units but sized as 12-unit text: changes are monospace-like
+    # (`=`, `_`) and run wider than the average glyph.
+    label_w = max(len(short) for _, short in labels) * CHAR_WIDTH + 12
+    plot_w = CHART_WIDTH - label_w - PLAN_VALUE_W
+    top = max([plan["measured_step_us"], plan["floor_us"], *(r[1] for r in rows)]) or 1.0
+    scale = plot_w / top
+    bars = []
+    for (full, short), (_, us, prev, pct) in zip(labels, rows, strict=True):
+        saved_w = max((prev - us) * scale, 0.0) if prev is not None else 0.0
+        bars.append({
+            "label": short,
+            "full": full,
+            "kind": "measured" if prev is None else "predicted",
+            "width": max(us * scale, 0.5),
+            "saved_x": label_w + us * scale,
+            "saved_w": saved_w,
+            "end": label_w + us * scale + saved_w,
+            "us": us,
+            "prev_us": prev,
+            "saving_pct": pct,
+        })
+    height = len(bars) * PLAN_ROW
+    floor_x = label_w + plan["floor_us"] * scale
+    return {
+        "bars": bars,
+        "width": CHART_WIDTH,
+        "label_w": label_w,
+        "row": PLAN_ROW,
+        "bars_h": height,
+        "height": height + PLAN_FLOOR_LABEL_H,
+        "floor_x": floor_x,
+        # The floor's label reads away from the nearer edge so it stays inside the chart.
+        "floor_anchor": "start" if floor_x < label_w + plot_w / 2 else "end",
+        "floor_text": f"floor: {floor}, {_ms(plan['floor_us'])} ms",
+    }
+
+
+def _what_if(what_if: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+    """`--what-if` as table rows: measured, replayed unchanged, each change alone, and all of
+    them together; each row says whether its number is a measurement or a prediction."""
+    if not what_if:
+        return None
+    rows = [
+        {"what": "measured", "kind": "measurement", "us": what_if["measured_step_us"],
+         "assumptions": [], "why": None},
+        {"what": "replayed as recorded (no change)", "kind": "replay",
+         "us": what_if["replayed_step_us"], "assumptions": [], "why": None},
+    ]
+    changes = [(f"{c['change']} alone", c) for c in what_if["each"]]
+    if len(what_if["each"]) > 1:
+        changes.append(("all together: " + " + ".join(what_if["changes"]), what_if))
+    for what, c in changes:
+        us = c.get("predicted_step_us")
+        rows.append({
+            "what": what,
+            "kind": "replayed prediction" if us is not None else "not replayed",
+            "us": us,
+            "assumptions": c.get("assumptions", []),
+            "why": c.get("not_replayed"),
+        })
+    for r in rows:
+        predicted = r["us"] is not None and r["kind"] != "measurement"
+        r["pct"] = pct_of(what_if, r["us"]) if predicted else None
+    return rows
 
 
 def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:

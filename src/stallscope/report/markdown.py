@@ -1,8 +1,11 @@
-"""report.md: the verdict, a findings table and the top recommendation, for a ticket."""
+"""report.md: the verdict, the replayed fix plan, a findings table and the top recommendation,
+for a ticket."""
 
 from __future__ import annotations
 
+from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
+from stallscope.report.labels import floor_phrase, ms, pct_of, plan_of, saving_label, steps_phrase
 from stallscope.text import md, md_code
 
 
@@ -12,7 +15,101 @@ def _fence_language(snippet: str) -> str:
     return "diff" if any(line.startswith(("-", "+")) for line in lines) else "python"
 
 
+def _plan_lines(report: Report) -> list[str]:
+    """The fix plan as an ordered list, each line measured-or-previous -> predicted, then the
+    floor and what the replay could not model: a ticket reader sees which numbers are
+    predictions and what they rest on."""
+    plan = report.plan
+    if not plan or not plan["entries"]:
+        return []
+    of = f" of {md(plan['trace'])}" if len(report.traces) > 1 else ""
+    lines = [
+        "## Fix plan",
+        "",
+        f"Replayed predictions{of}: the recorded steps replayed with each change applied, in "
+        "this order, each on top of the ones before. Medians over "
+        f"{md(steps_phrase(report, plan))}; "
+        f"measured {ms(plan['measured_step_us'])} ms per step (the unchanged replay: "
+        f"{ms(plan['replayed_step_us'])} ms).",
+        "",
+    ]
+    before = plan["measured_step_us"]
+    for i, e in enumerate(plan["entries"], 1):
+        lines.append(f"{i}. {md(e['change'])} ({md(e['id'])}): {ms(before)} -> "
+                     f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
+        lines += [f"   - assumes: {md(a)}" for a in e["assumptions"]]
+        before = e["predicted_step_us"]
+    lines += ["", f"Floor: {ms(plan['floor_us'])} ms per step, the "
+              f"{floor_phrase(plan)} once every change is made; no change in this "
+              "plan goes below it.", ""]
+    if plan["not_replayed"]:
+        lines += ["Not replayed:", ""]
+        lines += [f"- `{md_code(k)}`: {md(v)}" for k, v in plan["not_replayed"].items()]
+        lines.append("")
+    left = [f for f in report.findings if f.trace == plan["trace"]
+            and f.predicted_step_us is not None and f.plan_rank is None]
+    if left:
+        lines += [f"Replayed but not in the plan (under {plan['min_gain_pct']}% on top of it): "
+                  + ", ".join(f"`{md_code(f.id)}` (alone {ms(f.predicted_step_us)} ms)"
+                              for f in left), ""]
+    return lines
+
+
+def _what_if_lines(report: Report) -> list[str]:
+    """`--what-if`: each requested change alone and all together, against the measured step."""
+    w = report.what_if
+    if not w:
+        return []
+    lines = [
+        "## What if",
+        "",
+        f"Your changes (`--what-if`), replayed on the same steps: measured "
+        f"{ms(w['measured_step_us'])} ms per step (the unchanged replay: "
+        f"{ms(w['replayed_step_us'])} ms).",
+        "",
+        "| change | predicted step | vs measured |",
+        "|---|---:|---:|",
+    ]
+    rows = [(f"{c['change']} alone", c.get("predicted_step_us"), c.get("not_replayed"))
+            for c in w["each"]]
+    if len(w["each"]) > 1:
+        rows.append(("all together", w.get("predicted_step_us"), w.get("not_replayed")))
+    for label, us, why in rows:
+        if us is None:
+            lines.append(f"| {md(label)} | not replayed: {md(why or 'not modelled')} | |")
+        else:
+            lines.append(f"| {md(label)} | {ms(us)} ms | {pct_of(w, us):+.1f}% |")
+    assumptions = list(dict.fromkeys(
+        [*w.get("assumptions", []), *(a for c in w["each"] for a in c.get("assumptions", []))]))
+    if assumptions:
+        lines += ["", "Assumptions:", ""] + [f"- {md(a)}" for a in assumptions]
+    lines.append("")
+    return lines
+
+
+def _estimate_line(report: Report, f: Finding) -> str:
+    """The top finding's estimate, saying whether it is a replayed prediction or a bound."""
+    kind, _ = saving_label(f)
+    entry = report.plan_entry(f)
+    plan = plan_of(report, f.trace)
+    if kind == "replayed" and entry is not None and plan is not None:
+        alone = f"; this change alone: {ms(f.predicted_step_us)} ms" if (
+            f.predicted_step_us is not None) else ""
+        return (f"*Estimate (replayed prediction):* step {f.plan_rank} of the fix plan, "
+                f"-{f.estimated_saving_pct:.1f}% of the measured "
+                f"{ms(plan['measured_step_us'])} ms step (down to "
+                f"{ms(entry['predicted_step_us'])} ms){alone} ({md(f.saving_basis)}).")
+    if kind == "replayed":
+        return (f"*Estimate (replayed prediction):* {f.estimated_saving_pct:.1f}% of step time "
+                f"({md(f.saving_basis)}).")
+    if kind == "counted":
+        return f"*Estimate:* counted in `{md_code(f.caused_by)}`'s fix ({md(f.saving_basis)})."
+    return (f"*Estimate (upper bound, not replayed):* up to {f.estimated_saving_pct:.1f}% of "
+            f"step time ({md(f.saving_basis)}).")
+
+
 def render_markdown(report: Report) -> str:
+    """The whole report.md: plain Markdown a ticket system renders, trace text escaped."""
     s = report.summary
     lines = ["# stallscope report", "", f"**Verdict:** {md(report.verdict)}", ""]
     run = report.run
@@ -41,14 +138,22 @@ def render_markdown(report: Report) -> str:
         ]
         lines += [f"| {md(k)} | {v:.1f}% |" for k, v in s["breakdown_pct"].items()]
         lines.append("")
+    lines += _plan_lines(report) + _what_if_lines(report)
     lines += ["## Findings", ""]
     if report.findings:
-        lines += ["| severity | finding | can save | trace |", "|---|---|---:|---|"]
+        # The predicted-step column only when some change was replayed: else it is all blank.
+        replayed = any(f.predicted_step_us is not None for f in report.findings)
+        head = "| severity | finding | saves |" + (" predicted step alone |" if replayed else "")
+        lines += [f"{head} trace |", "|---|---|---:|" + ("---:|" if replayed else "") + "---|"]
         for f in report.findings:
+            alone = ""
+            if replayed:
+                step = f"{ms(f.predicted_step_us)} ms" if f.predicted_step_us is not None else ""
+                alone = f" {step} |"
             lines.append(
                 f"| {f.severity} | `{f.id}` {md(f.title)}"
                 f"{f' (caused by `{f.caused_by}`)' if f.caused_by else ''} "
-                f"| {f.estimated_saving_pct:.1f}% | "
+                f"| {saving_label(f)[1]} |{alone} "
                 f"{md(f.trace)} |"
             )
         top = report.top_finding or report.findings[0]
@@ -64,8 +169,7 @@ def render_markdown(report: Report) -> str:
             "",
             f"*Precondition:* {md(top.precondition)}",
             "",
-            f"*Estimate:* up to {top.estimated_saving_pct:.1f}% of step time "
-            f"({md(top.saving_basis)}).",
+            _estimate_line(report, top),
             "",
         ]
         if top.docs.startswith("https://"):

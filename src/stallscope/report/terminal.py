@@ -1,11 +1,15 @@
-"""The one-screen summary printed after a run."""
+"""The one-screen summary printed after a run: verdict, step time, the replayed fix plan and
+the findings, each saving labelled as a replayed prediction or an upper bound."""
 
 from __future__ import annotations
 
+from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
+from stallscope.report.labels import floor_phrase, ms, pct_of, saving_label
 from stallscope.text import MAX_TERMINAL, plain
 
 MAX_FINDINGS = 6
+MAX_PLAN_ENTRIES = 5
 
 
 def _p(text: object) -> str:
@@ -14,6 +18,7 @@ def _p(text: object) -> str:
 
 
 def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> str:
+    """The summary lines, newline-terminated; trace text made inert and cut per line."""
     s = report.summary
     out = [f"stallscope: {_p(report.verdict)}"]
     if s["step_time_us"]:
@@ -38,12 +43,10 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
                     f"dataloader {ts['breakdown_pct']['dataloader']:.0f}%, "
                     f"sync {ts['breakdown_pct']['sync']:.0f}%"
                 )
+    out += _plan_lines(report) + _what_if_lines(report)
     for f in report.findings[:MAX_FINDINGS]:
         where = f" [{_p(f.trace)}]" if len(report.traces) > 1 else ""
-        out.append(
-            f"  {f.severity.upper():<6} {f.id}{where}: {_p(f.title)} "
-            f"(can save up to {f.estimated_saving_pct:.1f}%)"
-        )
+        out.append(f"  {f.severity.upper():<6} {f.id}{where}: {_p(f.title)} ({_saving(f)})")
     if len(report.findings) > MAX_FINDINGS:
         out.append(f"  ... and {len(report.findings) - MAX_FINDINGS} more in the report")
     skipped = sum(1 for a in report.assessments if a["status"] == "not_assessed")
@@ -54,3 +57,53 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
     if outputs:
         out.append("  wrote: " + ", ".join(_p(v) for v in outputs.values()))
     return "\n".join(out) + "\n"
+
+
+
+
+def _saving(f: Finding) -> str:
+    """A finding's saving as the terminal says it: a replayed share, time counted in its
+    cause's fix, or a rule's bound, so a bound is never read as a prediction."""
+    kind, _ = saving_label(f)
+    pct = f"{f.estimated_saving_pct:.1f}%"
+    if kind == "replayed":
+        return f"replayed: saves {pct}"
+    if kind == "counted":
+        return f"counted in {f.caused_by}'s fix"
+    return f"upper bound {pct}"
+
+
+def _plan_lines(report: Report) -> list[str]:
+    """The fix plan, one line per change (cumulative predicted step), then its floor."""
+    plan = report.plan
+    if not plan or not plan["entries"]:
+        return []
+    of = f" for {_p(plan['trace'])}" if len(report.traces) > 1 else ""
+    out = [f"  fix plan{of} (replayed predictions, medians of {len(plan['steps_used'])} "
+           f"step(s), measured {ms(plan['measured_step_us'])} ms):"]
+    before = plan["measured_step_us"]
+    for i, e in enumerate(plan["entries"], 1):
+        if i <= MAX_PLAN_ENTRIES:
+            out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> "
+                       f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
+        before = e["predicted_step_us"]
+    if len(plan["entries"]) > MAX_PLAN_ENTRIES:
+        out.append(f"    ... and {len(plan['entries']) - MAX_PLAN_ENTRIES} more in the report")
+    out.append(f"    floor {ms(plan['floor_us'])} ms ({floor_phrase(plan)})")
+    return out
+
+
+def _what_if_lines(report: Report) -> list[str]:
+    """`--what-if`: each change alone and all together, as predicted step times."""
+    w = report.what_if
+    if not w:
+        return []
+    rows = [(c["change"], c.get("predicted_step_us"), c.get("not_replayed")) for c in w["each"]]
+    if len(w["each"]) > 1:
+        rows.append(("all together", w.get("predicted_step_us"), w.get("not_replayed")))
+    out = [f"  what if (replayed, measured {ms(w['measured_step_us'])} ms):"]
+    for label, us, why in rows:
+        said = (f"not replayed ({why or 'not modelled'})" if us is None
+                else f"{ms(us)} ms ({pct_of(w, us):+.1f}%)")
+        out.append(_p(f"    {label}: {said}"))
+    return out

@@ -1,0 +1,65 @@
+"""How every writer names a number: measured, replayed, or an upper bound.
+
+report.html, report.md and the terminal say the same thing about each figure, with the same
+words, from the plan's and the findings' own fields (diagnose/plan.py sets them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stallscope.diagnose.finding import Finding
+from stallscope.report.build import Report
+
+# A plan's steps are named one by one up to this many, else as "first ... last".
+MAX_STEP_NAMES = 4
+
+
+def saving_label(f: Finding) -> tuple[str, str]:
+    """What a finding's saving figure is, and a short cell for it: "replayed" (a prediction
+    from replaying the steps with its change), "counted" (its time is another finding's to win
+    back) or "upper bound" (the rule's bound; the replay could not model the change). A reader
+    must never take a bound for a prediction. The text holds only numbers and finding ids
+    (stallscope's own), so writers print it unescaped."""
+    pct = f"{f.estimated_saving_pct:.1f}%"
+    if f.saving_kind == "replayed":
+        return "replayed", f"{pct} (replayed)"
+    if f.saving_kind == "counted":
+        return "counted", f"{pct} (counted in {f.caused_by})"
+    return "upper bound", f"{pct} (upper bound)"
+
+
+def plan_of(report: Report, trace: str) -> dict[str, Any] | None:
+    """The fix plan of one trace (None when it had no step to replay)."""
+    return next((t.get("plan") for t in report.traces if t["label"] == trace), None)
+
+
+def floor_phrase(plan: dict[str, Any]) -> str:
+    """What the plan's floor measures (no fix in the plan takes the step below it)."""
+    return "busiest GPU's remaining work" if plan["floor_kind"] == "gpu" else "host work"
+
+
+def steps_phrase(report: Report, plan: dict[str, Any]) -> str:
+    """Which recorded steps the plan's medians use, and why some are left out, so a reader
+    can match the measured step with their own timing."""
+    used = plan["steps_used"]
+    names = ", ".join(used) if len(used) <= MAX_STEP_NAMES else f"{used[0]} ... {used[-1]}"
+    total = next((t["summary"]["steps"] for t in report.traces if t["label"] == plan["trace"]),
+                 len(used))
+    if plan.get("steps_note"):
+        return f"{names} ({len(used)} of {total} recorded steps; {plan['steps_note']})"
+    return f"{names} ({len(used)} step{'s' if len(used) != 1 else ''})"
+
+
+def pct_of(plan: dict[str, Any], us: float) -> float:
+    """`us` as a change from the plan's measured step, in % (negative: faster)."""
+    measured = plan["measured_step_us"] or 1.0
+    return 100.0 * (us - measured) / measured
+
+
+def ms(us: float | None, missing: str = "?") -> str:
+    """Milliseconds as every writer prints them: 0.1 ms steps, 0.01 below 1 ms."""
+    if us is None:
+        return missing
+    value = us / 1000.0
+    return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
