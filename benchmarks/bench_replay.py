@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT.parent / "shared" / "real_traces"
 WORKLOAD = ROOT / "sample_traces" / "replay_workload.py"
 KINETO = REAL / "kineto"
-COMMITTED = (("cpu", 2), ("io", 4))  # sample_traces/cpu-replay-<load>-w<N>
+COMMITTED = (("cpu", 1), ("io", 4))  # sample_traces/cpu-replay-<load>-w<N>
 LIVE = {"cpu": ("3", (1, 2, 4)), "io": ("6", (1, 2, 4, 8))}  # sample-ms, worker counts
 
 

@@ -21,7 +21,7 @@ from stallscope.replay.engine import replay
 from stallscope.replay.graph import build_graph
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
-from tests.conftest import all_real_traces, real_trace, run_cli
+from tests.conftest import SAMPLES, all_real_traces, real_trace, run_cli
 
 RESNET_0 = [
     "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
@@ -35,6 +35,9 @@ RESNET_4 = [
 FIDELITY_PCT = 3.0
 # Prediction targets against measured pairs.
 GPU_PAIR_PCT = 10.0
+CPU_PAIR_PCT = 15.0
+# sample_traces/cpu-replay-<load>-w<N>: recorded by sample_traces/record_replay_pairs.py.
+CPU_PAIRS = (("cpu", 1), ("io", 4))
 
 
 @cache
@@ -66,6 +69,24 @@ def test_more_workers_predicted_within_10pct_of_the_measured_pair(before: str) -
     for after in RESNET_4:
         measured = np.median([s.duration_us for s in _model(real_trace(after)).steps])
         assert abs(predicted - measured) / measured * 100 <= GPU_PAIR_PCT, (predicted, measured)
+
+
+@pytest.mark.parametrize(("load", "workers"), CPU_PAIRS)
+def test_committed_cpu_pairs_predicted_within_15pct(load: str, workers: int) -> None:
+    """The same CPU script recorded by `stallscope run` at 0 and N workers: a loader that burns
+    CPU (1 worker: the step then waits for it) and one that waits on storage (4 workers on 2
+    cores). The trace at 0 workers carries what run measured (cores, fetch CPU and bytes)."""
+    before = SAMPLES / f"cpu-replay-{load}-w0.pt.trace.json.gz"
+    after = SAMPLES / f"cpu-replay-{load}-w{workers}.pt.trace.json.gz"
+    report = analyze_paths([before], what_if=[Change("num_workers", str(workers))])
+    predicted = report.what_if["predicted_step_us"]
+    measured = np.median([s.duration_us for s in _model(after).steps])
+    assert abs(predicted - measured) / measured * 100 <= CPU_PAIR_PCT, (predicted, measured)
+    said = " ".join(report.what_if["assumptions"])
+    assert "2 core(s)" in said  # the recorded cores were used, not assumed
+    if load == "io":
+        assert "% of a fetch was CPU" in said and report.what_if["measured_step_us"] > 3 * \
+            predicted  # waiting on storage: 4 workers on 2 cores still cut the step
 
 
 @pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: p.name[:40])

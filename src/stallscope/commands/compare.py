@@ -206,6 +206,9 @@ def _findings(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[d
             "severity_after": a.get("severity") if a else None,
             "saving_before_pct": b.get("estimated_saving_pct") if b else None,
             "saving_after_pct": a.get("estimated_saving_pct") if a else None,
+            # replayed / counted / upper_bound (reports before schema 2: upper bounds)
+            "saving_before_kind": (b.get("saving_kind") or "upper_bound") if b else None,
+            "saving_after_kind": (a.get("saving_kind") or "upper_bound") if a else None,
         }
         if b and a:
             out["unchanged"].append(row)

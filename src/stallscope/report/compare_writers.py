@@ -57,12 +57,20 @@ def render_compare_html(data: dict[str, Any]) -> str:
     env = jinja_env()
     env.filters.update(ms=ms, signed_ms=signed_ms, pct=pct, signed_pct=signed_pct,
                        spread=spread, category=category_name)
+    env.globals["saving_cell"] = saving_cell
     return env.get_template("compare.html.j2").render(c=data, groups=GROUPS)
 
 
+def saving_cell(value: float | None, kind: str | None) -> str:
+    """A finding's saving with what it is: replayed, counted in its cause, or an upper bound."""
+    if value is None:
+        return pct(value)
+    return f"{pct(value)} ({(kind or 'upper_bound').replace('_', ' ')})"
+
+
 def _finding_line(row: dict[str, Any]) -> str:
-    before = pct(row["saving_before_pct"])
-    after = pct(row["saving_after_pct"])
+    before = saving_cell(row["saving_before_pct"], row.get("saving_before_kind"))
+    after = saving_cell(row["saving_after_pct"], row.get("saving_after_kind"))
     return (f"| `{md(row['id'])}` {md(row['title'])} | {md(row['trace'])} | "
             f"{md(row['severity_before'] or '-')} / {md(row['severity_after'] or '-')} | "
             f"{before} | {after} |")
@@ -122,8 +130,8 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
             continue
         lines += [f"### {title} ({len(rows)})", "", f"*{meaning}*", ""]
         if rows:
-            lines += ["| finding | trace | severity before / after | can save before | "
-                      "can save after |", "|---|---|---|---:|---:|"]
+            lines += ["| finding | trace | severity before / after | saves before | "
+                      "saves after |", "|---|---|---|---:|---:|"]
             lines += [_finding_line(r) for r in rows]
         else:
             lines.append("None.")

@@ -32,6 +32,7 @@ from typing import Any
 
 from stallscope.errors import OutputError
 from stallscope.report.build import Report
+from stallscope.report.labels import saving_label
 from stallscope.text import md
 from stallscope.trace.model import HOST_CATEGORIES
 
@@ -130,7 +131,7 @@ def findings_markdown(report: Report) -> str:
         lines.append("No findings.")
         return "\n".join(lines)
     several = len(report.traces) > 1
-    head = ["severity", "id", *(["trace"] if several else []), "title", "can save up to"]
+    head = ["severity", "id", *(["trace"] if several else []), "title", "saves (of the step)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in report.findings:
         cells = [
@@ -138,7 +139,7 @@ def findings_markdown(report: Report) -> str:
             f"`{f.id}`",
             *([md(f.trace)] if several else []),
             md(f.title) + (f" (caused by `{f.caused_by}`)" if f.caused_by else ""),
-            f"{f.estimated_saving_pct:.1f}% of step time",
+            saving_label(f)[1],
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
