@@ -193,3 +193,63 @@ def test_a_change_the_trace_cannot_support_says_why() -> None:
     report = analyze_paths([real_trace(RESNET_0[0])], what_if=[Change("amp", "bf16")])
     assert report.what_if["predicted_step_us"] is None
     assert "Ampere" in report.what_if["not_replayed"]
+
+
+def _random_trace(data: st.DataObject, base: float) -> dict:
+    """A plausible small trace: steps on thread 1, its cpu ops, runtime calls that launch
+    kernels (by correlation) on a few streams, syncs, loader fetches, and an autograd thread."""
+    events, corr, t = [], 0, base
+    rnd = data.draw(st.randoms(use_true_random=False))
+    for step in range(data.draw(st.integers(1, 4))):
+        start = t
+        if rnd.random() < 0.7:
+            d = rnd.uniform(10, 500)
+            events.append({"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": t,
+                           "dur": d, "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter"
+                           ".__next__"})
+            t += d + rnd.uniform(0, 5)
+        for _ in range(rnd.randint(0, 12)):
+            tid = rnd.choice([1, 1, 2])
+            d = rnd.uniform(1, 60)
+            name = rnd.choice(["cudaLaunchKernel", "cudaLaunchKernel", "cudaMemcpyAsync",
+                               "cudaStreamSynchronize", "cudaFree"])
+            corr += 1
+            events.append({"ph": "X", "cat": "cpu_op", "pid": 1, "tid": tid, "ts": t - 1,
+                           "dur": d + 2, "name": "aten::op"})
+            events.append({"ph": "X", "cat": "cuda_runtime", "pid": 1, "tid": tid, "ts": t,
+                           "dur": d, "name": name, "args": {"correlation": corr}})
+            if name != "cudaStreamSynchronize":
+                kind = "gpu_memcpy" if name == "cudaMemcpyAsync" else "kernel"
+                events.append({"ph": "X", "cat": kind, "pid": 0, "tid": 7, "ts":
+                               t + rnd.uniform(-2, 300), "dur": rnd.uniform(0, 200),
+                               "name": "Memcpy HtoD (Pageable -> Device)" if kind ==
+                               "gpu_memcpy" else rnd.choice(["volta_sgemm_128x64", "elementwise"]),
+                               "args": {"correlation": corr, "device": 0,
+                                        "stream": rnd.choice([7, 7, 13]), "bytes": 1 << 20}})
+            t += d + rnd.uniform(0, 150)
+        events.append({"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": start,
+                       "dur": t - start + rnd.uniform(0, 20), "name": f"ProfilerStep#{step}"})
+        t += rnd.uniform(0, 30)
+    return {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "synthetic GPU",
+                                                      "computeMajor": 8}],
+            "traceEvents": events}
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), base=st.sampled_from([0.0, 1.7e12]))
+def test_the_plan_holds_on_random_traces(tmp_path_factory: pytest.TempPathFactory,
+                                         data: st.DataObject, base: float) -> None:
+    """Random but plausible traces (absolute timestamps too, where 1e-9 vanishes): the plan
+    never raises, the unchanged replay reproduces every step, the plan stays within bounds."""
+    path = tmp_path_factory.mktemp("r") / "synthetic-replay.pt.trace.json"
+    path.write_text(json.dumps(_random_trace(data, base)))
+    model = build_model(load_trace(path))
+    graph = build_graph(model)
+    if graph is not None:
+        measured = np.array([s.duration_us for s in model.steps])
+        assert np.allclose(replay(graph).step_us, measured, rtol=1e-6, atol=1e-3)
+    plan = make_plan(model, diagnose(model), [Change("num_workers", "2"),
+                                              Change("sync", "off")])
+    if plan is not None:
+        saved = sum(e.saving_pct for e in plan.entries) * plan.measured_step_us / 100
+        assert saved <= plan.measured_step_us - plan.floor_us + 0.01 * plan.measured_step_us

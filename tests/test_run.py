@@ -6,6 +6,7 @@ keep its exit status, and leave its trace and a (partial) report behind.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -259,6 +260,20 @@ def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
     assert (loader["num_workers"], loader["pin_memory"], loader["batch_size"]) == (0, False, 32)
     assert loader["dataset"] == "SyntheticImages (1024 items)"
     assert loader["batches_recorded"] == 5
+    # What the replay needs and the profiler cannot show: each fetch's cost, measured in-process
+    # (this loader computes: its thread's CPU is most of its wall time), 32 images of 3x64x64.
+    assert loader["fetch_wall_us"] > 0
+    assert 0.5 * loader["fetch_wall_us"] <= loader["fetch_cpu_us"] <= 1.05 * loader["fetch_wall_us"]
+    assert loader["fetch_bytes"] == 5 * (32 * 3 * 64 * 64 * 4 + 32 * 8)
+    # ...and the trace itself carries it, so `analyze` of the trace alone knows it too.
+    (trace,) = (tmp_path / "out" / "tensorboard").rglob("*.pt.trace.json.gz")
+    meta = json.loads(gzip.decompress(trace.read_bytes()))["stallscope"]
+    assert meta["host"]["cores_per_process"] == cores
+    assert meta["host"]["recorded_cpu_us"] > 0
+    assert meta["loaders"][0]["fetch_wall_us"] == pytest.approx(loader["fetch_wall_us"], abs=1)
+    # The plan replays the suggested workers on the recorded cores.
+    assert report["plan"]["entries"][0]["change"] == f"num_workers={workers}"
+    assert any(f"{cores} core(s)" in a for a in report["plan"]["entries"][0]["assumptions"])
 
 
 def test_balanced_example_is_not_dataloader_bound(tmp_path: Path) -> None:

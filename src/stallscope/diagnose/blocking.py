@@ -142,7 +142,9 @@ def blocked_h2d(model: TraceModel) -> pd.DataFrame:
         h2d["ts"].to_numpy(), h2d["ts_gpu"].to_numpy())
     h2d["blocked_us"] = np.where(held, np.clip(overlap, 0.0, None), 0.0)
     in_call = h2d["end"].to_numpy() >= h2d["end_gpu"].to_numpy() - CLOCK_TOLERANCE_US
-    h2d["via"] = np.where(in_call, "copy call", h2d["next_name"].fillna("").astype(str))
+    # object first: the names are categorical, and "" is not one of their categories
+    h2d["via"] = np.where(in_call, "copy call",
+                          h2d["next_name"].astype(object).fillna("").astype(str))
     return h2d
 
 

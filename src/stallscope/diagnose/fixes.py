@@ -28,7 +28,7 @@ from stallscope.errors import StallscopeError
 from stallscope.replay import transforms as tf
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
-from stallscope.trace.model import SYNC_CALLS, TraceModel, name_matches
+from stallscope.trace.model import SYNC_CALLS, TraceModel, name_matches, per_name
 
 # Tensor-core speedup assumed for fp32 GEMM/conv kernels, by target precision. Peak ratios are
 # 8x (V100 fp16, A100 TF32) to 16x (A100 bf16) over fp32 SIMT; convolutions carry layout
@@ -83,6 +83,14 @@ class Context:
     facts: LoaderFacts
     step_us: np.ndarray  # recorded duration of each step
     applied: list[str] = field(default_factory=list)  # keys already applied in this scenario
+    # Selections that depend only on what the nodes are (names, threads, ranges), which no fix
+    # changes: computed once per plan, shared by all its scenarios.
+    memo: dict[str, Any] = field(default_factory=dict)
+
+    def once(self, key: str, make: Callable[[], Any]) -> Any:
+        if key not in self.memo:
+            self.memo[key] = make()
+        return self.memo[key]
 
 
 Fix = Callable[[Graph, Context, str], tuple[Graph, list[str]]]
@@ -201,8 +209,8 @@ def _amp(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if value in ("bf16", "tf32") and major < 8:
         raise NotModelled(f"{value} needs compute capability 8.0 (Ampere) or later; use fp16 "
                           "with a GradScaler")
-    kinds = classify_kernels(pd.Series(g.g_names, dtype=object)).to_numpy()
-    fp32 = (kinds == "fp32")[g.g_name] & (g.g_kind == "kernel")
+    fp32 = ctx.once("fp32", lambda: (classify_kernels(pd.Series(g.g_names, dtype=object))
+                                     .to_numpy() == "fp32")[g.g_name] & (g.g_kind == "kernel"))
     if not fp32.any():
         raise NotModelled("no fp32 GEMM/convolution kernels in the steps")
     g = g.copy()
@@ -216,12 +224,13 @@ def _optimizer(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if value not in OPTIMIZER_HOST_LEFT:
         raise NotModelled(f"optimizer takes {', '.join(OPTIMIZER_HOST_LEFT)}")
     ops = ctx.model.ops
-    ranges = ops[name_matches(ops["name"], OPTIMIZER_STEP)]
-    nodes = tf.within(g, ranges)
+    nodes = ctx.once("optimizer", lambda: tf.within(
+        g, ops[name_matches(ops["name"], OPTIMIZER_STEP)]))
     if not nodes.any():
         raise NotModelled("no optimizer.step() in the steps")
+    kernels = ctx.once("optimizer kernels",
+                       lambda: tf.launched_by(g, nodes) & (g.g_kind == "kernel"))
     g = g.copy()
-    kernels = tf.launched_by(g, nodes) & (g.g_kind == "kernel")
     left = OPTIMIZER_HOST_LEFT[value]
     tf.scale_host(g, nodes & ((g.h_kind == FILL) | (g.h_kind == CALL)), left)
     g.g_dur[kernels] = np.maximum(g.g_dur[kernels] - PER_KERNEL_GPU_US, 0.1 * g.g_dur[kernels])
@@ -234,9 +243,9 @@ def _zero_grad(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if value not in ("none", "set_to_none"):
         raise NotModelled("only zero_grad=none is replayed")
     ops = ctx.model.ops
-    ranges = ops[ops["name"].astype(str).str.startswith(ZERO_GRAD)]
-    nodes = tf.within(g, ranges)
-    launched = tf.launched_by(g, nodes)
+    nodes = ctx.once("zero_grad", lambda: tf.within(
+        g, ops[per_name(ops["name"], lambda n: n.startswith(ZERO_GRAD)).astype(bool)]))
+    launched = ctx.once("zero_grad kernels", lambda: tf.launched_by(g, nodes))
     if not launched.any():
         raise NotModelled("zero_grad() launches no kernels in the steps")
     g = g.copy()
@@ -311,16 +320,15 @@ def _followers(g: Graph, calls: np.ndarray, names: frozenset[str]) -> np.ndarray
     """Calls named in `names` that come next on the same thread within FOLLOW_US of a selected
     call (the stream sync `copy_` issues after a blocking copy)."""
     out = np.zeros(len(g.h_ts), dtype=bool)
-    is_call = np.flatnonzero(g.h_kind == CALL)
-    pos = {int(n): i for i, n in enumerate(is_call)}
-    for c in np.flatnonzero(calls):
-        i = pos.get(int(c))
-        if i is None or i + 1 >= len(is_call):
-            continue
-        nxt = int(is_call[i + 1])
-        if (g.h_thread[nxt] == g.h_thread[c] and g.h_names[g.h_name[nxt]] in names
-                and g.h_ts[nxt] - g.h_rec_end[c] <= FOLLOW_US):
-            out[nxt] = True
+    every = np.flatnonzero(g.h_kind == CALL)
+    chosen = np.flatnonzero(calls & (g.h_kind == CALL))
+    k = np.searchsorted(every, chosen) + 1
+    ok = k < len(every)
+    c, nxt = chosen[ok], every[k[ok]]
+    named = g.host_named(lambda n: n in names)
+    follow = ((g.h_thread[nxt] == g.h_thread[c]) & named[nxt]
+              & (g.h_ts[nxt] - g.h_rec_end[c] <= FOLLOW_US))
+    out[nxt[follow]] = True
     return out
 
 

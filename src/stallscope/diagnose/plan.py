@@ -20,10 +20,14 @@ from stallscope.diagnose.fixes import Change, Context, apply, changes_for, no_ch
 from stallscope.replay.engine import Replay, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
+from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 
 # A change that saves less than this share of the step on top of the plan ends it.
 MIN_GAIN_PCT = 0.5
+# A long recording is replayed over this many consecutive steps from its middle: a median needs
+# no more, and every replay of the plan costs time in proportion to the steps.
+MAX_REPLAY_STEPS = 24
 
 
 @dataclass
@@ -59,10 +63,12 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
               what_if: list[Change] | None = None) -> Plan | None:
     """Replay the findings' changes (and `what_if`) on `model`; updates the findings' savings,
     severities and predicted step times in place. None when the trace has no step to replay."""
-    graph = build_graph(model)
+    window = _window(len(model.steps))
+    graph = build_graph(model, window)
     if graph is None or graph.steps == 0:
         return None
-    recorded = np.array([s.duration_us for s in model.steps])
+    steps = model.steps[window]
+    recorded = np.array([s.duration_us for s in steps])
     used = slice(1, None) if len(recorded) >= 3 else slice(None)
     base = replay(graph)
     plan = Plan(
@@ -70,22 +76,22 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
         measured_step_us=float(np.median(recorded[used])),
         replayed_step_us=_median(base, used),
         floor_us=0.0,
-        steps_used=[s.name for s in model.steps[used]],
+        steps_used=[s.name for s in steps[used]],
         floor_kind="gpu" if len(graph.g_ts) else "host",
-        steps_note=None if used == slice(None) else (
-            "the first recorded step is left out: it carries GPU work queued before the "
-            "recording, which the replay keeps where it was"),
+        steps_note=_steps_note(len(model.steps), window, used),
     )
     facts = LoaderFacts.from_capture(model.trace.capture)
+    memo: dict[str, Any] = {}
 
     def predict(g: Graph, applied: list[str], changes: list[Change]
                 ) -> tuple[Graph, float, list[str]]:
-        ctx = Context(model, facts, recorded, list(applied))
+        ctx = Context(model, facts, recorded, list(applied), memo)
         g2, notes = apply(g, ctx, changes)
         return g2, _median(replay(g2), used), notes
 
     findings = [a.finding for a in assessments if a.finding is not None]
     options: dict[str, list[Change]] = {}
+    alone: dict[str, tuple[Graph, float, list[str]]] = {}  # the greedy's first round
     for f in findings:
         changes = changes_for(f, model)
         if f.caused_by:
@@ -94,18 +100,13 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
             plan.not_replayed[f.id] = no_change_reason(f, model)
         else:
             try:
-                _, alone, _ = predict(graph, [], changes)
+                alone[f.id] = predict(graph, [], changes)
             except NotModelled as exc:
                 plan.not_replayed[f.id] = str(exc)
                 continue
-            f.predicted_step_us = round(alone, 1)
+            f.predicted_step_us = round(alone[f.id][1], 1)
             options[f.id] = changes
-    _greedy(plan, graph, options, predict)
-    final = graph
-    applied: list[str] = []
-    for entry in plan.entries:
-        final, _, _ = predict(final, applied, options[entry.id])
-        applied += [c.key for c in options[entry.id]]
+    final = _greedy(plan, graph, options, predict, alone)
     plan.floor_us = _floor(final, replay(final), used)
     if what_if:
         plan.what_if = _what_if(plan, graph, what_if, predict)
@@ -113,9 +114,31 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
     return plan
 
 
-def _greedy(plan: Plan, graph: Graph, options: dict[str, list[Change]], predict: Any) -> None:
+def _window(n: int) -> slice:
+    """The steps to replay: all of them, or MAX_REPLAY_STEPS from the middle of a long run."""
+    if n <= MAX_REPLAY_STEPS:
+        return slice(0, n)
+    first = (n - MAX_REPLAY_STEPS) // 2
+    return slice(first, first + MAX_REPLAY_STEPS)
+
+
+def _steps_note(n: int, window: slice, used: slice) -> str | None:
+    """Why some recorded steps are not in the medians, in the report's words."""
+    said = []
+    if window.stop - window.start < n:
+        said.append(f"a long recording is replayed over {MAX_REPLAY_STEPS} consecutive steps "
+                    "from its middle")
+    if used != slice(None):
+        said.append("the first replayed step is left out: it carries GPU work queued before "
+                    "it, which the replay keeps where it was")
+    return "; ".join(said) or None
+
+
+def _greedy(plan: Plan, graph: Graph, options: dict[str, list[Change]], predict: Any,
+            first: dict[str, tuple[Graph, float, list[str]]]) -> Graph:
     """Each round, the change that takes most off the current prediction, until none saves
-    MIN_GAIN_PCT. Findings that share a change (pageable and blocking copies) share one entry."""
+    MIN_GAIN_PCT. Findings that share a change (pageable and blocking copies) share one entry.
+    Returns the graph with every entry's change made."""
     # From the measured step, so the entries' savings add up to measured minus the end state.
     current, now, applied = graph, plan.measured_step_us, []
     left = dict(options)
@@ -123,7 +146,8 @@ def _greedy(plan: Plan, graph: Graph, options: dict[str, list[Change]], predict:
         best = None
         for fid, changes in left.items():
             try:
-                g2, pred, notes = predict(current, applied, changes)
+                g2, pred, notes = (first[fid] if current is graph else
+                                   predict(current, applied, changes))
             except NotModelled:
                 continue
             if best is None or pred < best[2]:
@@ -141,6 +165,7 @@ def _greedy(plan: Plan, graph: Graph, options: dict[str, list[Change]], predict:
         same = [k for k, v in left.items() if v == left[fid]]
         for k in same:
             del left[k]
+    return current
 
 
 def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> dict[str, Any]:
@@ -217,34 +242,23 @@ def _median(r: Replay, used: slice) -> float:
 
 def _floor(g: Graph, r: Replay, used: slice) -> float:
     """Per step, the busiest GPU's busy time (union of its ops) in the replayed step window;
-    with no GPU, the stepping thread's own work (the fetches excluded). Median over steps."""
-    out = []
-    for k in range(g.steps)[used]:
-        lo, hi = r.host_start[g.step_start[k]], r.host_start[g.step_end[k]]
-        best = 0.0
-        for dev in set(g.g_device.tolist()):
-            mine = g.g_device == dev
-            s = np.clip(r.gpu_start[mine], lo, hi)
-            e = np.clip(r.gpu_end[mine], lo, hi)
-            best = max(best, _union(s, e))
-        if not len(g.g_ts):  # the stepping thread's own work: its fill and calls
-            main = (g.h_thread == 0) & ((g.h_kind == FILL) | (g.h_kind == CALL))
-            s = np.clip(r.host_start[main], lo, hi)
-            e = np.clip(r.host_end[main], lo, hi)
-            best = _union(s, e)
-        out.append(best)
-    return float(np.median(out)) if out else 0.0
-
-
-def _union(s: np.ndarray, e: np.ndarray) -> float:
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if not len(s):
+    with no GPU, the stepping thread's own work (its fill and calls). Median over steps."""
+    lo = r.host_start[g.step_start][used]
+    hi = r.host_start[g.step_end][used]
+    if not len(lo):
         return 0.0
-    order = np.argsort(s)
-    s, e = s[order], np.maximum.accumulate(e[order])
-    gaps = np.clip(s[1:] - e[:-1], 0.0, None)
-    return float(e[-1] - s[0] - gaps.sum())
+    if len(g.g_ts):
+        groups = [(r.gpu_start[g.g_device == d], r.gpu_end[g.g_device == d])
+                  for d in np.unique(g.g_device.astype(str))]
+    else:
+        main = (g.h_thread == 0) & ((g.h_kind == FILL) | (g.h_kind == CALL))
+        groups = [(r.host_start[main], r.host_end[main])]
+    best = np.zeros(len(lo))
+    for s, e in groups:
+        tl = Timeline.from_intervals((s, e), (lo, hi))
+        covered = tl.sum_by(tl.cover(s, e), tl.bucket(lo, hi), len(lo))
+        best = np.maximum(best, covered)
+    return float(np.median(best))
 
 
 def ms(us: float | None) -> str:

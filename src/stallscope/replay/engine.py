@@ -61,6 +61,7 @@ class _Run:
         self.seg_len = self.offset[last] + g.h_dur[last]
         self.wait_seg = waits[self.heads]
         nseg = len(self.heads)
+        # seg_done: the segment's start is known (its end too, unless it is still waiting).
         self.seg_start = np.full(nseg, np.nan)
         self.seg_end = np.full(nseg, np.nan)
         # GPU streams: contiguous ranges of ops
@@ -74,10 +75,19 @@ class _Run:
         self.gpu_start = np.full(m, np.nan)
         self.gpu_end = np.full(m, np.nan)
         crossing = np.flatnonzero(g.g_cross >= 0)
-        self.crossing = crossing  # sorted op indices that wait on another stream
+        # per op: the first op after it that waits on another stream (a chunk ends there)
+        k = np.searchsorted(crossing, np.arange(m), side="right")
+        self.next_cross = np.where(k < len(crossing), crossing[np.clip(k, 0, len(crossing) - 1)]
+                                   if len(crossing) else m, m).tolist()
         self.launch_seg = np.where(g.g_launch >= 0, self.seg[np.clip(g.g_launch, 0, None)], -1) \
             if m and n else np.full(m, -1)
         self.seg_done = np.zeros(nseg, dtype=bool)
+        # The small-chunk path reads these op by op: plain lists index much faster.
+        launch_off = (self.offset[np.clip(g.g_launch, 0, None)] + g.g_lat) if m and n \
+            else np.zeros(m)
+        self.op_lists = (g.g_anchor.tolist(), self.launch_seg.tolist(), launch_off.tolist(),
+                         g.g_cross.tolist(), g.g_cgap.tolist(), g.g_gap.tolist(),
+                         g.g_dur.tolist())
 
     # -- host
 
@@ -86,9 +96,11 @@ class _Run:
 
     def node_end(self, node: int) -> float:
         s = self.seg[node]
-        if self.wait_seg[s]:
-            return float(self.seg_end[s])
-        return float(self.seg_start[s] + self.offset[node] + self.g.h_dur[node])
+        end = float(self.seg_end[s]) if self.wait_seg[s] else float(
+            self.seg_start[s] + self.offset[node] + self.g.h_dur[node])
+        if end != end:  # NaN: max() would drop it without a word
+            raise RuntimeError("replay order: a release was not resolved before its node")
+        return end
 
     # -- GPU
 
@@ -103,14 +115,18 @@ class _Run:
         si = self.s_of[int(g.g_stream[op])]
         while self.done[si] <= op:
             i = int(self.done[si])
-            k = np.searchsorted(self.crossing, i, side="right")
-            nxt = int(self.crossing[k]) if k < len(self.crossing) else len(g.g_ts)
-            j = min(nxt, int(self.s_end[si]))
-            if j > op + 1:  # go on past `op` while the launches are known: fewer chunks
+            j = min(self.next_cross[i], int(self.s_end[si]))
+            if j - op - 1 > SMALL_CHUNK:  # go on past `op` while the launches are known
                 ls = self.launch_seg[op + 1 : j]
                 pending = np.flatnonzero((ls >= 0) & ~self.seg_done[np.clip(ls, 0, None)])
                 if len(pending):
                     j = op + 1 + int(pending[0])
+            elif j > op + 1:  # a few ops: look one by one
+                launch_seg, seg_done = self.op_lists[1], self.seg_done
+                for q in range(op + 1, j):
+                    if launch_seg[q] >= 0 and not seg_done[launch_seg[q]]:
+                        j = q
+                        break
             self._chunk(si, i, j)
             self.done[si] = j
 
@@ -139,20 +155,20 @@ class _Run:
 
     def _small_chunk(self, si: int, i: int, j: int) -> None:
         """The same recurrence, op by op: a few ops cost less in Python than in numpy calls."""
-        g = self.g
+        anchor, launch_seg, launch_off, cross, cgap, gap, dur = self.op_lists
+        seg_start, seg_done = self.seg_start, self.seg_done
         prev = float(self.gpu_end[i - 1]) if i > self.s_first[si] else -np.inf
         for k in range(i, j):
-            start = float(g.g_anchor[k])
-            launch = int(g.g_launch[k])
-            if launch >= 0:
-                s = self.seg[launch]
-                if not self.seg_done[s]:
+            start = anchor[k]
+            s = launch_seg[k]
+            if s >= 0:
+                if not seg_done[s]:
                     raise RuntimeError("replay order: a launch was not resolved before its op")
-                start = max(start, float(self.seg_start[s] + self.offset[launch] + g.g_lat[k]))
-            if k == i and g.g_cross[k] >= 0:
-                start = max(start, self.gpu_end_of(int(g.g_cross[k])) + float(g.g_cgap[k]))
-            start = max(start, prev + float(g.g_gap[k]))
-            prev = start + float(g.g_dur[k])
+                start = max(start, float(seg_start[s]) + launch_off[k])
+            if k == i and cross[k] >= 0:
+                start = max(start, self.gpu_end_of(cross[k]) + cgap[k])
+            start = max(start, prev + gap[k])
+            prev = start + dur[k]
             self.gpu_start[k], self.gpu_end[k] = start, prev
 
     # -- the whole replay
@@ -160,7 +176,9 @@ class _Run:
     def go(self) -> Replay:
         g = self.g
         heads = self.heads
-        order = np.lexsort((heads, g.h_ts[heads]))
+        # Recorded order; at one instant, a released node after the rest (its releaser may have
+        # ended exactly then).
+        order = np.lexsort((heads, g.h_release[heads] >= 0, g.h_ts[heads]))
         last_end = g.thread_origin.astype(float).copy()
         seen = np.zeros(len(last_end), dtype=bool)
         for s in order:
@@ -170,6 +188,9 @@ class _Run:
             r = int(g.h_release[h])
             if r >= 0:
                 start = max(start, self.node_end(r) + g.h_delay[h])
+            # Started: what it launches at its start may be what it waits for (a blocking copy
+            # waits for its own copy).
+            self.seg_start[s], self.seg_done[s] = start, True
             end = start + self.seg_len[s]
             if self.wait_seg[s]:
                 w = int(g.h_wait[h])
@@ -178,8 +199,7 @@ class _Run:
                 a = int(g.h_after[h])
                 if a >= 0:
                     end = max(end, self.node_end(a) + g.h_ret[h])
-            self.seg_start[s], self.seg_end[s] = start, end
-            self.seg_done[s] = True
+            self.seg_end[s] = end
             last_end[t], seen[t] = end, True
         for si in range(len(self.s_first)):
             if self.done[si] < self.s_end[si]:

@@ -6,9 +6,11 @@ autograd thread, ...) is a chain of nodes: runtime calls, DataLoader fetches, st
 the CPU time between them ("fill"). A thread that sat idle and then resumed right after another
 thread finished something was released by it (backward starts when the main thread hands it the
 graph, the main thread resumes when backward ends): that is an edge, found by timing. A runtime
-call that returned right after GPU work finished (a stream or device sync, a blocking copy, a
-launch into a full queue, an implicit sync in cudaFree) waited for it: another edge, also found
-by timing, so every kind of wait is covered without a list of names.
+call that returned right after the GPU work submitted before it finished (a stream or device
+sync, a blocking copy, the implicit sync in cudaFree) waited for it: another edge, also found by
+timing, so these waits are covered without a list of names. (A launch blocked by a full launch
+queue returns when the oldest queued op ends, not the last: that wait is not found, and the
+call keeps its recorded length.)
 
 GPU: each stream is a chain; an op starts no earlier than its launch call (by correlation id)
 plus the launch latency, and no earlier than the previous op on its stream; an op that waited
@@ -22,7 +24,7 @@ durations or removes edges, and the replay shows what follows (see docs/replay.m
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -105,7 +107,6 @@ class Graph:
     g_step: np.ndarray  # recorded step index (-1 outside)
     stream_keys: list[tuple[str, float]]  # stream index -> (device, stream id)
     launch_us: float  # typical launch latency measured in this trace
-    notes: list[str] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -115,7 +116,7 @@ class Graph:
         """A graph whose durations and edges a fix may change without touching this one (what
         the nodes are, and when they were recorded, is shared)."""
         arrays = {k: getattr(self, k).copy() for k in _MUTABLE}
-        return replace(self, **arrays, notes=list(self.notes))
+        return replace(self, **arrays)
 
     def host_named(self, test: Callable[[str], bool]) -> np.ndarray:
         """Host nodes whose name passes `test` (evaluated once per distinct name)."""
@@ -131,21 +132,23 @@ _MUTABLE = ("h_dur", "h_lead", "h_release", "h_delay", "h_wait", "h_after", "h_r
             "g_gap", "g_lat", "g_cross", "g_cgap", "g_anchor")
 
 
-def build_graph(model: TraceModel) -> Graph | None:
-    """The dependency graph of the model's steps; None when there is nothing to replay."""
-    if not model.steps or model.main_tid is None:
+def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
+    """The dependency graph of the model's steps (or of `steps` of them, consecutive); None
+    when there is nothing to replay."""
+    chosen = model.steps[steps] if steps is not None else model.steps
+    if not chosen or model.main_tid is None:
         return None
     ev = model.trace.events
-    w0, w1 = model.steps[0].start_us, model.steps[-1].end_us
+    w0, w1 = chosen[0].start_us, chosen[-1].end_us
     main_pid = _main_pid(model)
-    host_ev = ev[(ev["pid"].astype(str) == main_pid) & (ev["end"] > w0) & (ev["ts"] < w1)]
+    host_ev = ev[_equals(ev["pid"], main_pid) & (ev["end"] > w0) & (ev["ts"] < w1)]
     gpu = _gpu_ops(model, w0, w1)
     runtime = model.runtime[(model.runtime["end"] > w0) & (model.runtime["ts"] < w1)]
-    launching = set(runtime.loc[runtime["correlation"].isin(gpu["correlation"]), "tid"]
-                    .astype(str))
+    launching = {str(t) for t in
+                 runtime.loc[runtime["correlation"].isin(gpu["correlation"]), "tid"].unique()}
     threads = [model.main_tid] + sorted(launching - {model.main_tid})
-    starts = np.array([s.start_us for s in model.steps])
-    ends = np.array([s.end_us for s in model.steps])
+    starts = np.array([s.start_us for s in chosen])
+    ends = np.array([s.end_us for s in chosen])
     markers_ts = np.unique(np.concatenate([starts, ends]))
     host = _host_nodes(host_ev, runtime, threads, model.main_tid, markers_ts, w0, w1)
     g = _link_gpu(gpu, host)
@@ -154,13 +157,12 @@ def build_graph(model: TraceModel) -> Graph | None:
     markers = np.flatnonzero(host["kind"] == MARK)  # one per boundary time, in order
     step_start = markers[np.searchsorted(markers_ts, starts)]
     step_end = markers[np.searchsorted(markers_ts, ends)]
-    h_codes, h_names = pd.factorize(pd.Series(host["name"], dtype=object))
     g_codes, g_names = pd.factorize(pd.Series(g["name"], dtype=object))
     return Graph(
         h_thread=host["thread"], h_kind=host["kind"], h_ts=host["ts"], h_rec_end=host["end"],
         h_dur=host["dur"], h_lead=host["lead"], h_release=host["release"],
         h_delay=host["delay"], h_wait=host["wait"], h_after=np.full(len(host["ts"]), -1),
-        h_ret=host["ret"], h_name=h_codes, h_names=[str(n) for n in h_names],
+        h_ret=host["ret"], h_name=host["name"], h_names=host["names"],
         h_typical=host["typical"], h_corr=host["corr"], thread_ids=threads,
         thread_origin=host["origin"], markers=markers, step_start=step_start,
         step_end=step_end,
@@ -173,12 +175,22 @@ def build_graph(model: TraceModel) -> Graph | None:
     )
 
 
+def _equals(column: pd.Series, value: str) -> np.ndarray:
+    """`column == value` for a categorical column of ids, by category code (no per-row string
+    conversion: the event table has hundreds of thousands of rows, a few dozen distinct ids)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        cats = column.cat.categories.astype(str)
+        hits = np.flatnonzero(cats == value)
+        return np.isin(column.cat.codes.to_numpy(), hits)
+    return (column.astype(str) == value).to_numpy()
+
+
 def _main_pid(model: TraceModel) -> str:
     ev = model.trace.events
     steps = ev[name_matches(ev["name"], STEP_NAME)]
     if len(steps):
         return str(steps["pid"].astype(str).value_counts().idxmax())
-    mine = ev[ev["tid"].astype(str) == model.main_tid]
+    mine = ev[_equals(ev["tid"], str(model.main_tid))]
     return str(mine["pid"].astype(str).value_counts().idxmax())
 
 
@@ -187,36 +199,43 @@ def _main_pid(model: TraceModel) -> str:
 
 def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], main_tid: str,
                 markers_ts: np.ndarray, w0: float, w1: float) -> dict[str, np.ndarray]:
-    """Per thread: POIs (calls, loader fetches, markers), each preceded by the tail of the
-    busy stretch before it, the idle time (as lead) and the head of its own stretch."""
-    tid = ev["tid"].astype(str)
+    """Per thread, in time order: its POIs (runtime calls, loader fetches, step markers, the
+    start of each busy stretch), each after a fill node (see `_fill_and_pois`)."""
     busy_cat = ev["cat"].isin(["cpu_op", "cuda_runtime", "cuda_driver", "python_function"])
     is_loader = name_matches(ev["name"], LOADER_NAME)
     is_step = name_matches(ev["name"], STEP_NAME)
+    # Names as codes into one table: "" (fill, markers, resumes), the runtime calls' names,
+    # the loader ranges' names; no per-node string.
+    rt_names = runtime["name"].astype("category")
+    loader_names = sorted({str(n) for n in ev.loc[is_loader, "name"].unique()})
+    table = ["", *map(str, rt_names.cat.categories), *loader_names]
+    loader_code = {n: 1 + len(rt_names.cat.categories) + i for i, n in enumerate(loader_names)}
+    call_codes = rt_names.cat.codes.to_numpy() + 1
     parts: list[dict[str, np.ndarray]] = []
     for t_index, t in enumerate(threads):
-        mine = ev[(tid == t) & (busy_cat | is_loader) & ~is_step]
-        calls = runtime[runtime["tid"].astype(str) == t]
+        mine = ev[_equals(ev["tid"], t) & (busy_cat | is_loader) & ~is_step]
+        on_thread = _equals(runtime["tid"], t)
+        calls = runtime[on_thread]
         loaders = mine[is_loader.loc[mine.index]] if t == main_tid else mine.iloc[0:0]
         loaders = loaders.sort_values("ts")
         poi_ts = [calls["ts"].to_numpy(), loaders["ts"].to_numpy()]
         poi_end = [calls["end"].to_numpy(), loaders["end"].to_numpy()]
         poi_kind = [np.full(len(calls), CALL), np.full(len(loaders), LOADER)]
-        poi_name = [calls["name"].astype(str).to_numpy(dtype=object),
-                    loaders["name"].astype(str).to_numpy(dtype=object)]
+        poi_name = [call_codes[on_thread],
+                    np.array([loader_code[str(n)] for n in loaders["name"]], dtype=np.int64)]
         poi_corr = [calls["correlation"].to_numpy(dtype=float), np.full(len(loaders), np.nan)]
         if t == main_tid:
             poi_ts.append(markers_ts)
             poi_end.append(markers_ts)
             poi_kind.append(np.full(len(markers_ts), MARK))
-            poi_name.append(np.full(len(markers_ts), "", dtype=object))
+            poi_name.append(np.zeros(len(markers_ts), dtype=np.int64))
             poi_corr.append(np.full(len(markers_ts), np.nan))
         ts, end = np.concatenate(poi_ts), np.concatenate(poi_end)
         kind, name = np.concatenate(poi_kind), np.concatenate(poi_name)
         corr = np.concatenate(poi_corr)
         # Calls inside a DataLoader fetch are part of the fetch.
         inside = _inside(ts, loaders["ts"].to_numpy(), loaders["end"].to_numpy()) & (kind == CALL)
-        keep = ~inside & (end > w0 - 1e-9) & (ts <= w1)
+        keep = ~inside & (end >= w0) & (ts <= w1)
         ts, end, kind, name, corr = ts[keep], end[keep], kind[keep], name[keep], corr[keep]
         if not len(ts):
             continue
@@ -228,7 +247,7 @@ def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], mai
         ts = np.concatenate([ts, resumes])
         end = np.concatenate([end, resumes])
         kind = np.concatenate([kind, np.full(len(resumes), RESUME)])
-        name = np.concatenate([name, np.full(len(resumes), "", dtype=object)])
+        name = np.concatenate([name, np.zeros(len(resumes), dtype=np.int64)])
         corr = np.concatenate([corr, np.full(len(resumes), np.nan)])
         rank = np.select([kind == MARK, kind == RESUME], [0, 1], 2)
         order = np.lexsort((rank, ts))  # at one instant: a marker, then a resume, then the rest
@@ -241,8 +260,10 @@ def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], mai
         prev_end = np.concatenate([[origin], end[:-1]])
         parts.append(_fill_and_pois(t_index, prev_end, ts, end, kind, name, corr,
                                     b_start, b_end, origin))
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} | {
-        "origin": np.array([p["origin"][0] for p in parts])}
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out["origin"] = np.array([p["origin"][0] for p in parts])
+    out["names"] = table
+    return out
 
 
 def _inside(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -300,7 +321,7 @@ def _fill_and_pois(t_index: int, prev_end: np.ndarray, ts: np.ndarray, end: np.n
     dur[0::2], dur[1::2] = fill, end - ts
     leads = np.zeros(2 * n)
     leads[1::2] = lead
-    names = np.full(2 * n, "", dtype=object)
+    names = np.zeros(2 * n, dtype=np.int64)
     names[1::2] = name
     corrs = np.full(2 * n, np.nan)
     corrs[1::2] = corr
@@ -330,7 +351,7 @@ def _find_releases(host: dict[str, np.ndarray]) -> None:
     order = enders[np.argsort(host["end"][enders], kind="stable")]
     ends = host["end"][order]
     resume = host["resume"][heads]
-    pos = np.searchsorted(ends, resume + CLOCK_US, side="right") - 1
+    pos = np.searchsorted(ends, resume, side="right") - 1  # ended by then: replay order
     found = np.full(len(heads), -1)
     # Step back over enders on the head's own thread (a few at most).
     for _ in range(8):
@@ -389,7 +410,10 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
         better = fits & (gap < best_gap)
         best[better] = order[arg[kk[better]]]
         best_gap[better] = gap[better]
+    # A stream out of launch order (clock skew, odd traces) would make the op depend on a launch
+    # made after the call began: no wait is inferred then.
     has = best >= 0
+    has[has] = g["reach"][best[has]] <= c_ts[has]
     n = cand[has]
     host["wait"][n] = best[has]
     host["ret"][n] = best_gap[has]
@@ -416,11 +440,12 @@ def _gpu_ops(model: TraceModel, w0: float, w1: float) -> pd.DataFrame:
 
 def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
     """Each op's launch node, stream chain and cross-stream wait, with every slack measured."""
-    stream_id = gpu["stream"].fillna(-1.0)
-    keys = list(dict.fromkeys(zip(gpu["device"].astype(str), stream_id, strict=True)))
-    index = {k: i for i, k in enumerate(keys)}
-    stream = np.array([index[k] for k in zip(gpu["device"].astype(str), stream_id,
-                                             strict=True)], dtype=np.int64)
+    stream_id = gpu["stream"].fillna(-1.0).to_numpy(dtype=float)
+    dev_codes, devs = pd.factorize(gpu["device"], sort=False)
+    sid_codes, sids = pd.factorize(stream_id, sort=False)
+    combined, first_of = np.unique(dev_codes * (len(sids) + 1) + sid_codes, return_index=True)
+    stream = np.searchsorted(combined, dev_codes * (len(sids) + 1) + sid_codes).astype(np.int64)
+    keys = [(str(devs[dev_codes[i]]), float(sids[sid_codes[i]])) for i in first_of]
     order = np.lexsort((gpu["ts"].to_numpy(), stream))
     gpu = gpu.iloc[order].reset_index(drop=True)
     stream = stream[order]
@@ -479,6 +504,12 @@ def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
     unlaunched_free = (launch < 0) & ~first & explained
     gap[unlaunched_free] = ts[unlaunched_free] - prev_end[unlaunched_free]
     submit = np.where(launch >= 0, launch_ts, ts)
+    # The latest submission among an op and those before it on its stream: resolving the op
+    # needs all their launches, so an edge into it is kept only from something later still.
+    reach = pd.Series(submit).groupby(stream).cummax().to_numpy()
+    bad = (cross >= 0) & (reach[np.clip(cross, 0, None)] > reach)
+    cross[bad] = -1
+    anchor[bad] = ts[bad]  # the wait stays where it was recorded
     return {
         "stream": stream, "device": gpu["device"].astype(str).to_numpy(dtype=object),
         "kind": gpu["kind"].astype(str).to_numpy(dtype=object),
@@ -486,7 +517,8 @@ def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
         "bytes": gpu["bytes"].to_numpy(dtype=float), "launch": launch, "lat": lat,
         "gap": gap, "cross": cross, "cgap": cgap, "anchor": anchor,
         "step": gpu["step"].to_numpy(), "keys": keys, "launch_us": launch_us,
-        "submit": submit, "correlation": gpu["correlation"].to_numpy(dtype=float),
+        "submit": submit, "reach": reach,
+        "correlation": gpu["correlation"].to_numpy(dtype=float),
     }
 
 

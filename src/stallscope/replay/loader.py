@@ -108,7 +108,7 @@ class WorkersPlan:
 
 def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
                  step_us: np.ndarray, copy_bytes_per_step: float) -> WorkersPlan:
-    """`g` (a copy) with the training loader's fetches served by `n` worker processes."""
+    """A copy of `g` with the training loader's fetches served by `n` worker processes."""
     loads = np.flatnonzero(g.h_kind == LOADER)
     if not len(loads):
         raise NotModelled("no DataLoader fetches on the stepping thread to replay")
