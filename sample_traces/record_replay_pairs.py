@@ -9,8 +9,8 @@ worker, which the replay's producer model predicts) and one that waits on storag
 workers: more workers than cores, since waiting takes no core). Not 2 CPU-burning workers on 2
 cores: there the scheduler starves the training loop at random (the step's own work ranged
 36-102 ms, p10-p90, in one recording), so no single pair is a stable test; the live benchmark
-(benchmarks/bench_replay.py live) measures that case with repeats instead. Run from the repository root, on a machine
-with nothing else running:
+(benchmarks/bench_replay.py live) measures that case with repeats instead. Run from the
+repository root, on a machine with nothing else running:
 
     python sample_traces/record_replay_pairs.py
 """
