@@ -348,22 +348,9 @@ def _find_releases(host: dict[str, np.ndarray]) -> None:
     enders = np.flatnonzero(host["ender"])
     if not len(heads) or not len(enders):
         return
-    order = enders[np.argsort(host["end"][enders], kind="stable")]
-    ends = host["end"][order]
-    resume = host["resume"][heads]
-    pos = np.searchsorted(ends, resume, side="right") - 1  # ended by then: replay order
-    found = np.full(len(heads), -1)
-    # Step back over enders on the head's own thread (a few at most).
-    for _ in range(8):
-        ok = (pos >= 0) & (found < 0)
-        if not ok.any():
-            break
-        cand = order[np.clip(pos, 0, None)]
-        close = ok & (ends[np.clip(pos, 0, None)] >= resume - WAKE_US)
-        other = host["thread"][cand] != host["thread"][heads]
-        hit = close & other
-        found[hit] = cand[hit]
-        pos = np.where(ok & close & ~other, pos - 1, -1)
+    idx = _latest_other(host["end"][enders], host["thread"][enders], host["resume"][heads],
+                        host["thread"][heads], WAKE_US)  # ended by the resume: replay order
+    found = np.where(idx >= 0, enders[np.clip(idx, 0, None)], -1)
     has = found >= 0
     h, r = heads[has], found[has]
     host["release"][h] = r
@@ -504,12 +491,6 @@ def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
     unlaunched_free = (launch < 0) & ~first & explained
     gap[unlaunched_free] = ts[unlaunched_free] - prev_end[unlaunched_free]
     submit = np.where(launch >= 0, launch_ts, ts)
-    # The latest submission among an op and those before it on its stream: resolving the op
-    # needs all their launches, so an edge into it is kept only from something later still.
-    reach = pd.Series(submit).groupby(stream).cummax().to_numpy()
-    bad = (cross >= 0) & (reach[np.clip(cross, 0, None)] > reach)
-    cross[bad] = -1
-    anchor[bad] = ts[bad]  # the wait stays where it was recorded
     return {
         "stream": stream, "device": gpu["device"].astype(str).to_numpy(dtype=object),
         "kind": gpu["kind"].astype(str).to_numpy(dtype=object),
@@ -517,33 +498,63 @@ def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
         "bytes": gpu["bytes"].to_numpy(dtype=float), "launch": launch, "lat": lat,
         "gap": gap, "cross": cross, "cgap": cgap, "anchor": anchor,
         "step": gpu["step"].to_numpy(), "keys": keys, "launch_us": launch_us,
-        "submit": submit, "reach": reach,
+        "submit": submit, "reach": _reach(launch_ts, stream, cross),
         "correlation": gpu["correlation"].to_numpy(dtype=float),
     }
+
+
+def _reach(launch_ts: np.ndarray, stream: np.ndarray, cross: np.ndarray) -> np.ndarray:
+    """Per op, the latest launch its replay needs: those of the ops before it on its stream and,
+    through cross-stream waits, theirs, recursively. A host wait on the op is only kept when
+    this is before the call (a stream recorded out of launch order would otherwise make the
+    replay need a launch the host has not reached). Iterated to a fixed point: each round is
+    one more cross-stream hop."""
+    own = pd.Series(np.nan_to_num(launch_ts, nan=-np.inf))
+    reach = own.groupby(stream).cummax().to_numpy()
+    has = cross >= 0
+    for _ in range(64):
+        lifted = reach.copy()
+        lifted[has] = np.maximum(lifted[has], reach[cross[has]])
+        new = pd.Series(lifted).groupby(stream).cummax().to_numpy()
+        if np.array_equal(new, reach):
+            break
+        reach = new
+    return reach
 
 
 def _latest_end_on_other_stream(ts: np.ndarray, end: np.ndarray, stream: np.ndarray,
                                 device: np.ndarray, late: np.ndarray) -> np.ndarray:
     """For each late op, the op on another stream of its device that ended latest within
-    READY_US before it started, or -1."""
+    READY_US before it started (or CLOCK_US after), or -1."""
     out = np.full(len(late), -1)
     for dev in np.unique(device[late]):
         mine = np.flatnonzero(device == dev)
-        order = mine[np.argsort(end[mine], kind="stable")]
-        ends = end[order]
-        q = late[device[late] == dev]
         qi = np.flatnonzero(device[late] == dev)
-        pos = np.searchsorted(ends, ts[q] + CLOCK_US, side="right") - 1
-        found = np.full(len(q), -1)
-        for _ in range(8):
-            ok = (pos >= 0) & (found < 0)
-            if not ok.any():
-                break
-            cand = order[np.clip(pos, 0, None)]
-            close = ok & (ends[np.clip(pos, 0, None)] >= ts[q] - READY_US)
-            other = stream[cand] != stream[q]
-            hit = close & other
-            found[hit] = cand[hit]
-            pos = np.where(ok & close & ~other, pos - 1, -1)
-        out[qi] = found
+        q = late[qi]
+        idx = _latest_other(end[mine], stream[mine], ts[q] + CLOCK_US, stream[q],
+                            READY_US + CLOCK_US)
+        out[qi] = np.where(idx >= 0, mine[np.clip(idx, 0, None)], -1)
     return out
+
+
+def _latest_other(ends: np.ndarray, owners: np.ndarray, at: np.ndarray, mine: np.ndarray,
+                  within: float) -> np.ndarray:
+    """Index into `ends` of the latest end at or before each `at`, at most `within` before it,
+    whose owner (thread, stream) differs from `mine`; -1 when none. Steps back over a few ends
+    of the query's own owner, vectorised over the queries."""
+    order = np.argsort(ends, kind="stable")
+    e = ends[order]
+    pos = np.searchsorted(e, at, side="right") - 1
+    found = np.full(len(at), -1)
+    for _ in range(8):
+        ok = (pos >= 0) & (found < 0)
+        if not ok.any():
+            break
+        p = np.clip(pos, 0, None)
+        cand = order[p]
+        close = ok & (e[p] >= at - within)
+        other = owners[cand] != mine
+        hit = close & other
+        found[hit] = cand[hit]
+        pos = np.where(ok & close & ~other, pos - 1, -1)
+    return found
