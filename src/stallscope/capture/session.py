@@ -81,6 +81,7 @@ class CaptureSession:
         self._started = False
         self._meta_added = False
         self._window: tuple[float, float] | None = None  # wall, process CPU at recording start
+        self._cpu: dict[str, Any] = {}  # cores and threads, read when recording starts
         self._hook: Any = None
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -148,6 +149,7 @@ class CaptureSession:
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
         if self.watcher.recording and self._window is None:
             self._window = (time.perf_counter(), time.process_time())
+            self._cpu = environment()["cpu"]  # once: the metadata is refreshed every step
         if self.watcher.recording and not self._meta_added:
             self._add_metadata()  # only kept while Kineto records
         if self.prof.step_num >= self.sched.profiled:  # the trace was written by this step()
@@ -191,7 +193,7 @@ class CaptureSession:
             "incomplete_step": self.incomplete_step,
         }
         if self._window is not None:
-            cpu = environment()["cpu"]
+            cpu = self._cpu
             meta["host"] = {
                 "cores_per_process": cpu["cores_per_process"],
                 "torch_threads": cpu["torch_threads"],

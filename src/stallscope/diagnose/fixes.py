@@ -147,8 +147,7 @@ def _pin_memory(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     g = g.copy()
     g.g_dur[ops] = np.nan_to_num(g.g_bytes[ops], nan=0.0) / (rate * 1e3)
     notes = [f"HtoD copies run at {rate:.1f} GB/s from pinned memory ({how})"]
-    in_process = ctx.facts.workers == 0 or (ctx.facts.workers is None and
-                                            ctx.model.loader_kind == "single-process")
+    in_process = ctx.facts.workers_now(ctx.model.loader_kind) == 0
     loads = np.flatnonzero(g.h_kind == LOADER)
     if in_process and len(loads) and "num_workers" not in ctx.applied:
         per_batch = _h2d_bytes_per_step(ctx.model) * g.steps / len(loads)

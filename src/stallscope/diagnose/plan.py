@@ -40,6 +40,16 @@ class PlanEntry:
 
 
 @dataclass
+class Scenario:
+    """The recorded graph with some changes made, its replay, and what that replay predicts."""
+
+    graph: Graph
+    replay: Replay
+    step_us: float  # median replayed step over the steps used
+    notes: list[str]  # the assumptions of its changes
+
+
+@dataclass
 class Plan:
     trace: str
     measured_step_us: float  # median of the steps used, as recorded
@@ -83,15 +93,15 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
     facts = LoaderFacts.from_capture(model.trace.capture)
     memo: dict[str, Any] = {}
 
-    def predict(g: Graph, applied: list[str], changes: list[Change]
-                ) -> tuple[Graph, float, list[str]]:
+    def predict(g: Graph, applied: list[str], changes: list[Change]) -> Scenario:
         ctx = Context(model, facts, recorded, list(applied), memo)
         g2, notes = apply(g, ctx, changes)
-        return g2, _median(replay(g2), used), notes
+        r = replay(g2)
+        return Scenario(g2, r, _median(r, used), notes)
 
     findings = [a.finding for a in assessments if a.finding is not None]
     options: dict[str, list[Change]] = {}
-    alone: dict[str, tuple[Graph, float, list[str]]] = {}  # the greedy's first round
+    alone: dict[str, Scenario] = {}  # the greedy's first round
     for f in findings:
         changes = changes_for(f, model)
         if f.caused_by:
@@ -104,10 +114,11 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
             except NotModelled as exc:
                 plan.not_replayed[f.id] = str(exc)
                 continue
-            f.predicted_step_us = round(alone[f.id][1], 1)
+            f.predicted_step_us = round(alone[f.id].step_us, 1)
             options[f.id] = changes
-    final = _greedy(plan, graph, options, predict, alone)
-    plan.floor_us = _floor(final, replay(final), used)
+    final = _greedy(plan, Scenario(graph, base, plan.measured_step_us, []), options, predict,
+                    alone)
+    plan.floor_us = _floor(final.graph, final.replay, used)
     if what_if:
         plan.what_if = _what_if(plan, graph, what_if, predict)
     _rank(plan, findings, options)
@@ -134,34 +145,33 @@ def _steps_note(n: int, window: slice, used: slice) -> str | None:
     return "; ".join(said) or None
 
 
-def _greedy(plan: Plan, graph: Graph, options: dict[str, list[Change]], predict: Any,
-            first: dict[str, tuple[Graph, float, list[str]]]) -> Graph:
+def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predict: Any,
+            first: dict[str, Scenario]) -> Scenario:
     """Each round, the change that takes most off the current prediction, until none saves
     MIN_GAIN_PCT. Findings that share a change (pageable and blocking copies) share one entry.
-    Returns the graph with every entry's change made."""
-    # From the measured step, so the entries' savings add up to measured minus the end state.
-    current, now, applied = graph, plan.measured_step_us, []
+    Returns the scenario with every entry's change made. The start's step is the measured one,
+    so the entries' savings add up to measured minus the end state."""
+    current, applied = start, []
     left = dict(options)
     while left:
-        best = None
+        best: tuple[str, Scenario] | None = None
         for fid, changes in left.items():
             try:
-                g2, pred, notes = (first[fid] if current is graph else
-                                   predict(current, applied, changes))
+                s = first[fid] if current is start else predict(current.graph, applied, changes)
             except NotModelled:
                 continue
-            if best is None or pred < best[2]:
-                best = (fid, g2, pred, notes)
+            if best is None or s.step_us < best[1].step_us:
+                best = (fid, s)
         if best is None:
             break
-        fid, g2, pred, notes = best
-        gain = 100.0 * (now - pred) / plan.measured_step_us
+        fid, s = best
+        gain = 100.0 * (current.step_us - s.step_us) / plan.measured_step_us
         if gain < MIN_GAIN_PCT:
             break
         text = " + ".join(c.text for c in left[fid])
-        plan.entries.append(PlanEntry(fid, text, round(pred, 1), round(gain, 2), notes))
+        plan.entries.append(PlanEntry(fid, text, round(s.step_us, 1), round(gain, 2), s.notes))
         applied += [c.key for c in left[fid]]
-        current, now = g2, pred
+        current = s
         same = [k for k, v in left.items() if v == left[fid]]
         for k in same:
             del left[k]
@@ -173,9 +183,9 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> d
     each = []
     for c in changes:
         try:
-            _, pred, notes = predict(graph, [], [c])
-            each.append({"change": c.text, "predicted_step_us": round(pred, 1),
-                         "assumptions": notes})
+            s = predict(graph, [], [c])
+            each.append({"change": c.text, "predicted_step_us": round(s.step_us, 1),
+                         "assumptions": s.notes})
         except NotModelled as exc:
             each.append({"change": c.text, "predicted_step_us": None, "not_replayed": str(exc)})
     out: dict[str, Any] = {
@@ -185,9 +195,9 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> d
         "each": each,
     }
     try:
-        _, pred, notes = predict(graph, [], changes)
-        out["predicted_step_us"] = round(pred, 1)
-        out["assumptions"] = notes
+        s = predict(graph, [], changes)
+        out["predicted_step_us"] = round(s.step_us, 1)
+        out["assumptions"] = s.notes
     except NotModelled as exc:
         out["predicted_step_us"] = None
         out["not_replayed"] = str(exc)

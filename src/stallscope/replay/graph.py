@@ -83,7 +83,6 @@ class Graph:
     h_name: np.ndarray  # index into h_names: call name, loader range name, "" for the rest
     h_names: list[str]
     h_typical: np.ndarray  # a call's typical length when it does not wait (its name's short calls)
-    h_corr: np.ndarray  # correlation id of a call, NaN otherwise
     thread_ids: list[str]  # thread index -> tid
     thread_origin: np.ndarray  # recorded start of each thread's first node
     markers: np.ndarray  # the step-boundary nodes (each step's start and end), in time order
@@ -105,7 +104,6 @@ class Graph:
     g_cgap: np.ndarray
     g_anchor: np.ndarray  # recorded start for ops nothing else explains, else -inf
     g_step: np.ndarray  # recorded step index (-1 outside)
-    stream_keys: list[tuple[str, float]]  # stream index -> (device, stream id)
     launch_us: float  # typical launch latency measured in this trace
 
     @property
@@ -163,14 +161,14 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
         h_dur=host["dur"], h_lead=host["lead"], h_release=host["release"],
         h_delay=host["delay"], h_wait=host["wait"], h_after=np.full(len(host["ts"]), -1),
         h_ret=host["ret"], h_name=host["name"], h_names=host["names"],
-        h_typical=host["typical"], h_corr=host["corr"], thread_ids=threads,
+        h_typical=host["typical"], thread_ids=threads,
         thread_origin=host["origin"], markers=markers, step_start=step_start,
         step_end=step_end,
         g_stream=g["stream"], g_device=g["device"], g_kind=g["kind"], g_name=g_codes,
         g_names=[str(n) for n in g_names],
         g_ts=g["ts"], g_dur=g["dur"], g_bytes=g["bytes"], g_launch=g["launch"],
         g_lat=g["lat"], g_gap=g["gap"], g_cross=g["cross"], g_cgap=g["cgap"],
-        g_anchor=g["anchor"], g_step=g["step"], stream_keys=g["keys"],
+        g_anchor=g["anchor"], g_step=g["step"],
         launch_us=g["launch_us"],
     )
 
@@ -380,7 +378,7 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
     best = np.full(len(cand), -1)
     best_gap = np.full(len(cand), np.inf)
     groups = [np.arange(len(submitted))] + [np.flatnonzero(g["stream"] == s)
-                                             for s in range(len(g["keys"]))]
+                                             for s in range(int(g["stream"].max(initial=-1)) + 1)]
     for members in groups:
         if not len(members):
             continue
@@ -428,11 +426,10 @@ def _gpu_ops(model: TraceModel, w0: float, w1: float) -> pd.DataFrame:
 def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
     """Each op's launch node, stream chain and cross-stream wait, with every slack measured."""
     stream_id = gpu["stream"].fillna(-1.0).to_numpy(dtype=float)
-    dev_codes, devs = pd.factorize(gpu["device"], sort=False)
+    dev_codes, _ = pd.factorize(gpu["device"], sort=False)
     sid_codes, sids = pd.factorize(stream_id, sort=False)
-    combined, first_of = np.unique(dev_codes * (len(sids) + 1) + sid_codes, return_index=True)
-    stream = np.searchsorted(combined, dev_codes * (len(sids) + 1) + sid_codes).astype(np.int64)
-    keys = [(str(devs[dev_codes[i]]), float(sids[sid_codes[i]])) for i in first_of]
+    key = dev_codes * (len(sids) + 1) + sid_codes
+    stream = np.searchsorted(np.unique(key), key).astype(np.int64)
     order = np.lexsort((gpu["ts"].to_numpy(), stream))
     gpu = gpu.iloc[order].reset_index(drop=True)
     stream = stream[order]
@@ -497,7 +494,7 @@ def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
         "name": gpu["name"].astype(str).to_numpy(dtype=object), "ts": ts, "dur": dur,
         "bytes": gpu["bytes"].to_numpy(dtype=float), "launch": launch, "lat": lat,
         "gap": gap, "cross": cross, "cgap": cgap, "anchor": anchor,
-        "step": gpu["step"].to_numpy(), "keys": keys, "launch_us": launch_us,
+        "step": gpu["step"].to_numpy(), "launch_us": launch_us,
         "submit": submit, "reach": _reach(launch_ts, stream, cross),
         "correlation": gpu["correlation"].to_numpy(dtype=float),
     }

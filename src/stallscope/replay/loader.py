@@ -26,7 +26,7 @@ from stallscope.replay.graph import LOADER, Graph
 
 # Receiving one batch from a worker (queue get, unpickling, fetching each tensor's shared-memory
 # handle from the worker, mapping it). Measured on this project's 2-core VM with batches of 32
-# images and labels, workers always ahead (benchmarks/bench_replay.py --fetch): median 2.0 ms
+# images and labels, workers always ahead (benchmarks/bench_replay.py fetch): median 2.0 ms
 # at 0.02 MB, 2.2-2.3 ms at 1.6 MB, 3.0-3.3 ms at 6.3 MB, 5.4 ms at 19.3 MB. Bare metal is
 # faster: the kineto ResNet50 trace with 4 workers (V100 DGX) shows 1.4 ms at 19.3 MB, so on
 # such hosts this cost, and the prediction, is pessimistic by a few ms per step.
@@ -75,6 +75,13 @@ class LoaderFacts:
             window_cpu_us=_num(host.get("recorded_cpu_us")),
         )
 
+    def workers_now(self, loader_kind: str | None) -> int | None:
+        """The training loader's worker count: as `run` recorded it, else 0 for a trace whose
+        fetches are single-process, else unknown."""
+        if self.workers is not None:
+            return self.workers
+        return 0 if loader_kind == "single-process" else None
+
     @property
     def cpu_share(self) -> float | None:
         """How much of an in-process fetch computed rather than waited (0..1)."""
@@ -112,8 +119,7 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     loads = np.flatnonzero(g.h_kind == LOADER)
     if not len(loads):
         raise NotModelled("no DataLoader fetches on the stepping thread to replay")
-    workers_now = facts.workers if facts.workers is not None else (
-        0 if loader_kind == "single-process" else None)
+    workers_now = facts.workers_now(loader_kind)
     if workers_now is None:
         raise NotModelled("the DataLoader already uses workers, and how many is not in the "
                           "trace (record it with `stallscope run`)")

@@ -19,7 +19,15 @@ from markupsafe import Markup, escape
 from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
 from stallscope.report.json_writer import report_data
-from stallscope.report.labels import floor_phrase, ms, pct_of, plan_of, saving_label, steps_phrase
+from stallscope.report.labels import (
+    floor_phrase,
+    ms,
+    pct_of,
+    plan_of,
+    saving_label,
+    steps_phrase,
+    with_before,
+)
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
 
@@ -218,10 +226,7 @@ def _saving_view(report: Report, f: Finding) -> dict[str, Any]:
     kind, text = saving_label(f)
     plan = plan_of(report, f.trace)
     entry = report.plan_entry(f)
-    before = None
-    if entry is not None and plan is not None:
-        i = plan["entries"].index(entry)
-        before = plan["entries"][i - 1]["predicted_step_us"] if i else plan["measured_step_us"]
+    before = next((b for e, b in with_before(plan) if e is entry), None) if plan else None
     return {
         "kind": kind,
         "text": text,
@@ -243,11 +248,8 @@ def _fix_plan(report: Report) -> dict[str, Any] | None:
     mine = [(i, f) for i, f in enumerate(report.findings, 1) if f.trace == plan["trace"]]
     card = {f.id: i for i, f in mine}
     alone = {f.id: f.predicted_step_us for _, f in mine}
-    entries, before = [], plan["measured_step_us"]
-    for e in plan["entries"]:
-        entries.append({**e, "before_us": before, "card": card.get(e["id"]),
-                        "alone_us": alone.get(e["id"])})
-        before = e["predicted_step_us"]
+    entries = [{**e, "before_us": before, "card": card.get(e["id"]),
+                "alone_us": alone.get(e["id"])} for e, before in with_before(plan)]
     floor = floor_phrase(plan)
     return {
         "plan": plan,
@@ -267,10 +269,8 @@ def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
     """A waterfall in SVG units: the measured step, then each change's cumulative predicted
     step, the time it takes off drawn beside it, and the floor as a dashed line."""
     rows = [("measured", plan["measured_step_us"], None, None)]
-    before = plan["measured_step_us"]
-    for i, e in enumerate(plan["entries"], 1):
-        rows.append((f"{i}. {e['change']}", e["predicted_step_us"], before, e["saving_pct"]))
-        before = e["predicted_step_us"]
+    rows += [(f"{i}. {e['change']}", e["predicted_step_us"], before, e["saving_pct"])
+             for i, (e, before) in enumerate(with_before(plan), 1)]
     labels = [(full, full if len(full) <= MAX_LABEL_CHARS else
                full[: MAX_LABEL_CHARS - 1] + "\u2026") for full, *_ in rows]
     # Labels are set at 11 units but sized as 12-unit text: changes are monospace-like

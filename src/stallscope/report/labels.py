@@ -51,6 +51,13 @@ def steps_phrase(report: Report, plan: dict[str, Any]) -> str:
     return f"{names} ({len(used)} step{'s' if len(used) != 1 else ''})"
 
 
+def with_before(plan: dict[str, Any]) -> list[tuple[dict[str, Any], float]]:
+    """Each plan entry with the step predicted before it (the measured step for the first):
+    every writer shows an entry as before -> after."""
+    befores = [plan["measured_step_us"], *(e["predicted_step_us"] for e in plan["entries"])]
+    return list(zip(plan["entries"], befores, strict=False))
+
+
 def pct_of(plan: dict[str, Any], us: float) -> float:
     """`us` as a change from the plan's measured step, in % (negative: faster)."""
     measured = plan["measured_step_us"] or 1.0

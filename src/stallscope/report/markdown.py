@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
-from stallscope.report.labels import floor_phrase, ms, pct_of, plan_of, saving_label, steps_phrase
+from stallscope.report.labels import (
+    floor_phrase,
+    ms,
+    pct_of,
+    plan_of,
+    saving_label,
+    steps_phrase,
+    with_before,
+)
 from stallscope.text import md, md_code
 
 
@@ -33,12 +41,10 @@ def _plan_lines(report: Report) -> list[str]:
         f"{ms(plan['replayed_step_us'])} ms).",
         "",
     ]
-    before = plan["measured_step_us"]
-    for i, e in enumerate(plan["entries"], 1):
+    for i, (e, before) in enumerate(with_before(plan), 1):
         lines.append(f"{i}. {md(e['change'])} ({md(e['id'])}): {ms(before)} -> "
                      f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
         lines += [f"   - assumes: {md(a)}" for a in e["assumptions"]]
-        before = e["predicted_step_us"]
     lines += ["", f"Floor: {ms(plan['floor_us'])} ms per step, the "
               f"{floor_phrase(plan)} once every change is made; no change in this "
               "plan goes below it.", ""]

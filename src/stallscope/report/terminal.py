@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
-from stallscope.report.labels import floor_phrase, ms, pct_of, saving_label
+from stallscope.report.labels import floor_phrase, ms, pct_of, saving_label, with_before
 from stallscope.text import MAX_TERMINAL, plain
 
 MAX_FINDINGS = 6
@@ -81,12 +81,9 @@ def _plan_lines(report: Report) -> list[str]:
     of = f" for {_p(plan['trace'])}" if len(report.traces) > 1 else ""
     out = [f"  fix plan{of} (replayed predictions, medians of {len(plan['steps_used'])} "
            f"step(s), measured {ms(plan['measured_step_us'])} ms):"]
-    before = plan["measured_step_us"]
-    for i, e in enumerate(plan["entries"], 1):
-        if i <= MAX_PLAN_ENTRIES:
-            out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> "
-                       f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
-        before = e["predicted_step_us"]
+    for i, (e, before) in enumerate(with_before(plan)[:MAX_PLAN_ENTRIES], 1):
+        out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> "
+                   f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
     if len(plan["entries"]) > MAX_PLAN_ENTRIES:
         out.append(f"    ... and {len(plan['entries']) - MAX_PLAN_ENTRIES} more in the report")
     out.append(f"    floor {ms(plan['floor_us'])} ms ({floor_phrase(plan)})")
