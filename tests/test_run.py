@@ -261,9 +261,10 @@ def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
     assert loader["dataset"] == "SyntheticImages (1024 items)"
     assert loader["batches_recorded"] == 5
     # What the replay needs and the profiler cannot show: each fetch's cost, measured in-process
-    # (this loader computes: its thread's CPU is most of its wall time), 32 images of 3x64x64.
+    # (this loader computes, so its thread's CPU time is measured and never exceeds the wall
+    # time; how much of the wall it is depends on what else takes the cores), 32 images.
     assert loader["fetch_wall_us"] > 0
-    assert 0.5 * loader["fetch_wall_us"] <= loader["fetch_cpu_us"] <= 1.05 * loader["fetch_wall_us"]
+    assert 0 < loader["fetch_cpu_us"] <= 1.05 * loader["fetch_wall_us"]
     assert loader["fetch_bytes"] == 5 * (32 * 3 * 64 * 64 * 4 + 32 * 8)
     # ...and the trace itself carries it, so `analyze` of the trace alone knows it too.
     (trace,) = (tmp_path / "out" / "tensorboard").rglob("*.pt.trace.json.gz")
