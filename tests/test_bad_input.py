@@ -106,11 +106,12 @@ def test_events_with_missing_fields_or_wrong_types_are_counted_and_left_out(tmp_
     ]
     report = analysed(tmp_path, write_doc(tmp_path / "odd.pt.trace.json", doc))
     (trace,) = report["traces"]
-    # The readable event with odd args is kept without its args; the rest are left out.
-    assert trace["skipped_events"] == 5
+    # An odd name or args field costs only itself: those two events are kept (name "", args
+    # NaN); the events without a usable time and the non-events are left out.
+    assert trace["skipped_events"] == 4
     assert any("wrong-typed or out-of-range fields" in n for n in report["notes"])
     assert any("non-numeric time" in n for n in report["notes"])
-    assert load_trace(tmp_path / "odd.pt.trace.json").events.shape[0] == good + 1
+    assert load_trace(tmp_path / "odd.pt.trace.json").events.shape[0] == good + 2
 
 
 @pytest.mark.parametrize(("dur", "phrase"), [

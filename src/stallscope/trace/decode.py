@@ -11,9 +11,16 @@ A cut is a candidate `}, {` between two events. It is accepted only when the chu
 decodes as a complete list of events, so a `}, {` inside a string or a nested object can never
 split an event: such a chunk fails to decode and an earlier candidate is tried.
 
-Anything the streaming path does not understand (a top level that is not an object, no
-`traceEvents` key) is handed to the caller as `None`, which then decodes the whole document to
-say precisely what is wrong.
+Two forms are read (the Chrome trace event format allows both): the object form
+`{"traceEvents": [...], ...metadata}` that torch.profiler writes, and the array form `[...]`
+(older `export_chrome_trace`), which has no metadata and may lack its closing `]`. Anything else
+(a top level that is neither, no `traceEvents` key) is handed to the caller as `None`, which then
+decodes the whole document to say precisely what is wrong.
+
+Odd fields cost only themselves. A chunk decodes into typed structs; only when that fails (an id
+written as a hex string, `"stream": "0x0"` in ROCm traces) is it decoded again with the `args`
+fields untyped and converted one by one, and only when that fails too is it read event by event,
+where a field of the wrong type is dropped and the rest of the event kept.
 """
 
 from __future__ import annotations
@@ -55,6 +62,15 @@ ARG_FIELDS = tuple(Args.__struct_fields__)
 _NO_ARGS = Args()
 
 
+class LooseArgs(msgspec.Struct, frozen=True, gc=False):
+    """`Args` as written, for a chunk where one is not a number: converted by `_number`."""
+
+    correlation: Any = None
+    device: Any = None
+    stream: Any = None
+    bytes: Any = None
+
+
 class Event(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
@@ -64,6 +80,19 @@ class Event(msgspec.Struct, gc=False):
     ts: float = NAN
     dur: float = 0.0  # Chrome's reading of a complete event without a duration
     args: Args = _NO_ARGS
+
+
+class LooseEvent(msgspec.Struct, gc=False):
+    """`Event` with untyped `args` fields; turned into an `Event` by `_tidy`."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = NAN
+    dur: float = 0.0
+    args: LooseArgs = LooseArgs()
 
 
 class Metadata(msgspec.Struct):
@@ -80,6 +109,8 @@ _COMPLETE = "X".__eq__
 _get = {f: attrgetter(f) for f in (*Event.__struct_fields__, *ARG_FIELDS)}
 _EVENTS = msgspec.json.Decoder(list[Event], strict=False)
 _EVENT = msgspec.json.Decoder(Event, strict=False)
+_LOOSE_EVENTS = msgspec.json.Decoder(list[LooseEvent], strict=False)
+_LOOSE_EVENT = msgspec.json.Decoder(LooseEvent, strict=False)
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY = msgspec.json.Decoder()
 _META = msgspec.json.Decoder(Metadata)
@@ -165,6 +196,8 @@ class Decoded:
     columns: Columns
     metadata: Metadata
     truncated: bool = False  # the text ended inside `traceEvents`; the events before were kept
+    array: bool = False  # the array form: a top-level list of events, no metadata
+    unclosed: bool = False  # an array form without its closing `]`; every event in it was read
 
 
 def stream_decode(fh: BinaryIO, on_progress: Any = None) -> Decoded | None:
@@ -175,21 +208,23 @@ def stream_decode(fh: BinaryIO, on_progress: Any = None) -> Decoded | None:
     reader = _Reader(fh, on_progress)
     blocks = iter(reader)
     head = bytearray()
-    match = None
+    start = None
     try:
         for block in blocks:
             search_from = max(0, len(head) - 32)
             head += block
-            match = _find_events_key(head, search_from)
-            if match is not None:
+            start = _find_events(head, search_from)
+            if start is not None:
                 break
     except _NotStreamable:
         return None
-    if match is None:
+    if start is None:
         return None
-    prefix = bytes(head[: match.start()])
+    # The object form's text before `"traceEvents": [` is kept to read its metadata at the end;
+    # the array form has none (prefix None).
+    prefix = None if start.array else bytes(head[: start.prefix_end])
     buf = bytearray(b"[")
-    buf += head[match.end():]
+    buf += head[start.events:]
     del head
     cols = Columns()
     while True:
@@ -238,9 +273,23 @@ class _Reader:
             yield block
 
 
-def _find_events_key(head: bytearray, search_from: int) -> re.Match[bytes] | None:
-    """The top-level `"traceEvents": [` in the text read so far, or None if not read yet."""
+@dataclass
+class _Start:
+    """Where the events begin: just after the opening `[` of the event list."""
+
+    events: int
+    prefix_end: int = 0  # object form: the end of the text before `"traceEvents"`
+    array: bool = False
+
+
+def _find_events(head: bytearray, search_from: int) -> _Start | None:
+    """The start of the event list in the text read so far, or None if not read yet.
+
+    Object form: the top-level `"traceEvents": [`. Array form: the `[` that opens the file.
+    """
     lead = bytes(head[:64]).lstrip(_WS)
+    if lead.startswith(b"["):
+        return _Start(events=head.index(b"[") + 1, array=True)
     if lead and not lead.startswith(b"{"):
         raise _NotStreamable
     for match in _KEY.finditer(head, search_from):
@@ -249,7 +298,7 @@ def _find_events_key(head: bytearray, search_from: int) -> re.Match[bytes] | Non
             _ANY.decode(prefix + b'"traceEvents":null}')
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             continue
-        return match
+        return _Start(events=match.end(), prefix_end=match.start())
     return None
 
 
@@ -290,15 +339,27 @@ def _decode_events(buf: bytearray, end: int, cols: Columns) -> list[Event] | Non
 def _events_in(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
     try:
         return _EVENTS.decode(text)
-    except msgspec.ValidationError:  # an odd field somewhere: split, then read event by event
-        try:
+    except msgspec.ValidationError:  # an odd field somewhere
+        try:  # most often an id written as text ("0x0"): read the args untyped
+            return list(map(_tidy, _LOOSE_EVENTS.decode(text)))
+        except msgspec.ValidationError:
+            pass
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # odd text too
+            return _mended(text, exc, cols)
+        try:  # elsewhere: split, then read event by event
             raws = _RAWS.decode(text)
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             return None
         return lenient_events(raws, cols)
-    except UnicodeDecodeError:  # a name with bytes that are not UTF-8: keep it, marked
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        return _mended(text, exc, cols)
+
+
+def _mended(text: bytes | memoryview, exc: Exception, cols: Columns) -> list[Event] | None:
+    """The events of a chunk whose text msgspec refused, once mended; None if it cannot be."""
+    if isinstance(exc, UnicodeDecodeError):  # a name with bytes that are not UTF-8: keep it
         repaired = bytes(text).decode("utf-8", "replace").encode("utf-8")
-    except msgspec.DecodeError:
+    else:
         # Not a whole list (a cut inside an event), or an escaped lone surrogate ("\ud800",
         # from a name cut mid-character), which msgspec refuses: mend that and try again.
         repaired, n = _LONE_SURROGATE.subn(rb"\\ufffd", bytes(text))
@@ -313,8 +374,8 @@ def _events_in(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
 def lenient_events(items: list[Any], cols: Columns) -> list[Event]:
     """Events one by one, for a chunk where some field is odd: keep every event that reads.
 
-    `items` are undecoded events (msgspec.Raw) or decoded JSON values. An event whose `args`
-    alone are odd is kept without them; one that cannot be read at all is counted.
+    `items` are undecoded events (msgspec.Raw) or decoded JSON values. A field of the wrong type
+    costs only itself (`_salvage`); an event that cannot be read at all is counted.
     """
     events = []
     for item in items:
@@ -325,24 +386,91 @@ def lenient_events(items: list[Any], cols: Columns) -> list[Event]:
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
                 pass
             try:
+                events.append(_tidy(_LOOSE_EVENT.decode(item)))
+                continue
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+                pass
+            try:
                 item = _ANY.decode(item)
             except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
                 cols.unreadable += 1  # e.g. a number out of range (1e999)
                 continue
-        try:
-            events.append(msgspec.convert(item, Event, strict=False))
-            continue
-        except (msgspec.ValidationError, TypeError):
-            pass
-        if isinstance(item, dict) and "args" in item:  # keep the event, drop its odd args
+        else:
             try:
-                bare = {k: v for k, v in item.items() if k != "args"}
-                events.append(msgspec.convert(bare, Event, strict=False))
+                events.append(msgspec.convert(item, Event, strict=False))
                 continue
             except (msgspec.ValidationError, TypeError):
                 pass
-        cols.unreadable += 1
+        event = _salvage(item)
+        if event is None:
+            cols.unreadable += 1
+        else:
+            events.append(event)
     return events
+
+
+def _number(value: Any) -> float:
+    """An `args` id or size as a float: numbers, decimal or hex text (`"0x7"`); else NaN."""
+    if isinstance(value, bool) or value is None:
+        return NAN
+    try:
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                return float(text)
+            except ValueError:
+                return float(int(text, 0))  # 0x.., 0o.., 0b..
+    except (ValueError, OverflowError):
+        pass
+    return NAN
+
+
+def _loose_args(values: Any) -> Args:
+    return Args(*(_number(getattr(values, f)) for f in ARG_FIELDS))
+
+
+def _tidy(event: LooseEvent) -> Event:
+    """A `LooseEvent` as an `Event`, its `args` converted to numbers."""
+    return Event(event.ph, event.cat, event.name, event.pid, event.tid, event.ts, event.dur,
+                 _loose_args(event.args))
+
+
+_FIELD_TYPES: dict[str, Any] = {
+    "ph": str, "cat": str, "name": str, "pid": int | str, "tid": int | str,
+    "ts": float, "dur": float,
+}
+_NEEDED = frozenset({"ph", "pid", "tid"})  # without these an event has no phase or thread
+
+
+def _salvage(item: Any) -> Event | None:
+    """An event whose fields are read one by one: a field of the wrong type is dropped alone.
+
+    A dropped name or category reads as "" (a number as its text); a dropped time or duration as
+    NaN, so that a complete event is counted with the bad times; a dropped `args` field as NaN.
+    An odd phase, process or thread leaves nothing to place the event by: None.
+    """
+    if not isinstance(item, dict):
+        return None
+    fields: dict[str, Any] = {}
+    for key, kind in _FIELD_TYPES.items():
+        if key not in item:
+            continue
+        value = item[key]
+        try:
+            fields[key] = msgspec.convert(value, kind, strict=False)
+        except (msgspec.ValidationError, TypeError):
+            if key in _NEEDED:
+                return None
+            if kind is float:
+                fields[key] = NAN
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                fields[key] = str(value)
+    args = item.get("args")
+    if isinstance(args, dict):
+        fields["args"] = Args(*(_number(args.get(f)) for f in ARG_FIELDS))
+    return Event(**fields)
 
 
 def _last_boundary(buf: bytearray, before: int) -> int:
@@ -364,8 +492,10 @@ def _last_boundary(buf: bytearray, before: int) -> int:
         pos = brace
 
 
-def _finish(buf: bytearray, prefix: bytes, cols: Columns) -> Decoded:
+def _finish(buf: bytearray, prefix: bytes | None, cols: Columns) -> Decoded:
     """The end of the file: the last events, the closing `]` and any keys after the array."""
+    if prefix is None:
+        return _finish_array(buf, cols)
     pos = len(buf)
     while True:
         close = buf.rfind(b"]", 0, pos)
@@ -386,8 +516,50 @@ def _finish(buf: bytearray, prefix: bytes, cols: Columns) -> Decoded:
                     return Decoded(cols, meta)
         pos = close
     # No closing bracket: the file was cut off. Keep every whole event before the cut.
-    _cut(buf, cols)
+    _keep_whole_events(buf, cols)
     return Decoded(cols, _prefix_metadata(prefix), truncated=True)
+
+
+def _finish_array(buf: bytearray, cols: Columns) -> Decoded:
+    """The end of an array-form file: `]`, or none (which the Chrome format allows)."""
+    end = _end_of_text(buf, len(buf))
+    closed = end > 0 and buf[end - 1] == ord("]")
+    if closed:
+        del buf[end:]  # whitespace after the array
+        if (events := _decode_events(buf, end - 1, cols)) is not None:
+            cols.add(events)
+            return Decoded(cols, Metadata(), array=True)
+        end = _end_of_text(buf, end - 1)  # e.g. a trailing comma before `]`
+    whole = _keep_whole_events(buf, cols, end)
+    # A comma before `]` is forgiven; a missing `]` is said (the last step may be cut short).
+    return Decoded(cols, Metadata(), truncated=not whole, array=True,
+                   unclosed=whole and not closed)
+
+
+def _keep_whole_events(buf: bytearray, cols: Columns, end: int | None = None) -> bool:
+    """Every whole event in `buf[:end]`, text cut off at `end`. True if none was cut off.
+
+    The text may end just after an event (with or without a comma): then every event is read.
+    Otherwise the last event is incomplete, and the events before its `}, {` are kept.
+    """
+    end = _end_of_text(buf, len(buf) if end is None else end)
+    if end > 0 and buf[end - 1] == ord(","):
+        end = _end_of_text(buf, end - 1)
+    if end > 1 and buf[end - 1] == ord("}"):
+        del buf[end:]
+        buf += b"]"
+        if (events := _events_in(buf, cols)) is not None:
+            cols.add(events)
+            return True
+    _cut(buf, cols)
+    return False
+
+
+def _end_of_text(buf: bytearray, end: int) -> int:
+    """`end` moved back over whitespace."""
+    while end > 0 and buf[end - 1] in _WS:
+        end -= 1
+    return end
 
 
 def _prefix_metadata(prefix: bytes) -> Metadata:

@@ -1,5 +1,8 @@
 """Load Kineto traces (torch.profiler JSON, optionally gzipped) into columnar event tables.
 
+Both forms of the Chrome trace event format are read: an object with `traceEvents` (what
+torch.profiler writes) and a bare array of events (older `export_chrome_trace`, no metadata).
+
 Files are streamed through `decode` (a chunk of events at a time) so that memory follows the
 columns, not the text. Only complete events (`ph: "X"`) and the few `args` fields the analysis
 reads become columns; legacy category names (2020-21 traces: `Operator`, `Runtime`, `Kernel`,
@@ -120,6 +123,8 @@ def load_trace(path: Path, on_progress: Any = None) -> Trace:
         decoded = _whole_document(path)
     if decoded.truncated and decoded.columns.seen == 0:
         raise InputError(f"{path}: truncated: the file ends before its first complete event")
+    if decoded.array and decoded.columns.seen == 0:
+        raise InputError(f"{path}: not a trace (top level is a list holding no events)")
     return _build(path, decoded)
 
 
@@ -137,7 +142,12 @@ def _whole_document(path: Path) -> Decoded:
             repaired = True
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(obj, dict):
+    if isinstance(obj, list):  # the array form: events only
+        obj = {"traceEvents": obj}
+        array = True
+    elif isinstance(obj, dict):
+        array = False
+    else:
         raise InputError(f"{path}: not a Kineto trace (top level is a {type(obj).__name__})")
     if not isinstance(obj.get("traceEvents"), list):
         raise InputError(f"{path}: not a Kineto trace (no 'traceEvents' list)")
@@ -147,7 +157,7 @@ def _whole_document(path: Path) -> Decoded:
     meta = msgspec.convert(
         {k: obj.get(k) for k in Metadata.__struct_fields__}, Metadata, strict=False
     )
-    return Decoded(cols, meta)
+    return Decoded(cols, meta, array=array)
 
 
 # A duration longer than this many times the span of all event starts (and over a minute) is
@@ -197,7 +207,7 @@ def _build(path: Path, decoded: Decoded) -> Trace:
         distributed=dist,
         capture=meta.stallscope if isinstance(meta.stallscope, dict) else {},
         skipped_events=cols.unreadable + cols.bad_times + implausible,
-        truncated=decoded.truncated,
+        truncated=decoded.truncated or decoded.unclosed,
         notes=_load_notes(path, decoded, implausible, len(frame)),
         args=args,
     )
@@ -211,6 +221,12 @@ def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int) -> li
             f"{path.name} ends early (cut off while being written or copied): the {kept:,} "
             "complete events before the cut were analysed, so the last step may be missing "
             "work."
+        )
+    if decoded.unclosed:
+        notes.append(
+            f"{path.name} is a list of events without its closing ']' (the Chrome trace format "
+            f"allows it; a profiler stopped while writing leaves the same): its {kept:,} "
+            "complete events were analysed, so the last step may be missing work."
         )
     if cols.unreadable:
         notes.append(f"{_events(cols.unreadable)} of {path.name} were left out: missing, "
