@@ -83,3 +83,20 @@ def test_recorded_version_picks_the_spelling(tmp_path: Path):
     assert "set_float32_matmul_precision" not in s_old
     assert "set_float32_matmul_precision" in s_new and "torch 2.4.1" in s_new
     assert "torch 2.x" in s_unknown
+
+
+def test_stallscope_run_records_the_torch_version_in_the_trace_and_report(tmp_path: Path):
+    import torch
+
+    from tests.test_run import PROBE, report_of, stallscope
+
+    (tmp_path / "train.py").write_text(PROBE)
+    proc = stallscope("run", "train.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "stallscope-train"
+    trace = load_trace(next(out.rglob("*.pt.trace.json*")))
+    assert trace.torch_info.source == "recorded"
+    assert trace.torch_version == parse_version(torch.__version__)
+    label = f"torch {torch.__version__} (recorded by stallscope run)"
+    assert report_of(out)["environment"]["torch_versions"] == [label]
+    assert f"**Recorded with:** {label}" in (out / "report.md").read_text().replace("\\", "")
