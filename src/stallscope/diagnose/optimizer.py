@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
-from stallscope.diagnose.advice import for_torch, has
+from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel, name_matches, per_name
@@ -253,6 +253,9 @@ def _foreach_advice(model: TraceModel, name: str) -> tuple[str, str]:
            f"optimizer = torch.optim.{name}(model.parameters(), ..., fused=True)"
            if fused else "").rstrip("\n")
     ).rstrip("\n")
+    if torch_version(model) is None:  # the user's torch may be older than the spelling
+        snippet += (f"\n# torch < 1.12 has no foreach argument: "
+                    f"torch.optim._multi_tensor.{name}")
     how = (
         f"Construct {name} with foreach=True (the default on CUDA since torch 2.0 unless "
         "foreach=False, differentiable=True or non-CUDA parameters force the loop)"
