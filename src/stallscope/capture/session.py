@@ -189,6 +189,8 @@ class CaptureSession:
         self._meta_added = True
         meta: dict[str, Any] = {
             "tool": f"stallscope {__version__}",
+            # Kineto does not record it; advice is spelled for this version (trace/version.py).
+            "torch": torch.__version__,
             "step_source": self.driver.source,
             "incomplete_step": self.incomplete_step,
         }

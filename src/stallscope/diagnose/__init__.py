@@ -9,6 +9,7 @@ from stallscope.diagnose.allocator import allocator_churn
 from stallscope.diagnose.blocking import blocking_h2d_copy
 from stallscope.diagnose.comm import comm_bound
 from stallscope.diagnose.copies import pageable_h2d_copy
+from stallscope.diagnose.d2h import pageable_d2h_copy
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.idle import gpu_idle
@@ -27,6 +28,7 @@ Rule = Callable[[TraceModel, RunContext | None], Assessment]
 RULES: list[Rule] = [
     dataloader_bound,
     pageable_h2d_copy,
+    pageable_d2h_copy,
     host_device_sync,
     blocking_h2d_copy,
     gpu_idle,

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel, name_matches
@@ -114,10 +115,13 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
             "bucket sizes, drop_last=True)."
         ),
         snippet=(
-            "# before the first CUDA allocation (or in the shell):\n"
-            "import os\n"
-            'os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")\n'
-            "\n"
+            f"{for_torch(model)}\n"
+            + ("# before the first CUDA allocation (or in the shell):\n"
+               "import os\n"
+               'os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")\n'
+               if has(model, (2, 1)) else
+               "# expandable_segments needs torch >= 2.1: here, keep shapes stable instead\n")
+            + "\n"
             "for step, (x, y) in enumerate(loader):\n"
             "    ...\n"
             "    # torch.cuda.empty_cache()   # remove: frees the cache the next step refills"

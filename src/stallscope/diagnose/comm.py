@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.intervals import Timeline
@@ -116,7 +117,10 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     )
     if sharded:
         snippet = (
-            "from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel\n"
+            f"{for_torch(model)}"
+            + ("" if has(model, (1, 13)) else
+               ": FullyShardedDataParallel with these arguments needs torch >= 1.13")
+            + "\nfrom torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel\n"
             "model = FullyShardedDataParallel(\n"
             "    model,\n"
             "    forward_prefetch=True,\n"

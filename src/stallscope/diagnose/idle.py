@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.intervals import Timeline
@@ -116,7 +117,7 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         )
     cause = _idle_cause(loader_us, idle, rest_host, rest_other, rest_unknown)
     evidence["dominant_cause"] = cause
-    rec, snippet, precondition = _idle_advice(cause, evidence, rest_host, rest_other)
+    rec, snippet, precondition = _idle_advice(model, cause, evidence, rest_host, rest_other)
     title = f"The GPU is idle {idle_pct:.1f}% of each step" + {
         "dataloader": ", mostly while the host waits for the DataLoader",
         "host-wait": ", waiting for the host to launch work",
@@ -247,12 +248,34 @@ def _idle_cause(
     return "mixed"
 
 
-_LAUNCH_SNIPPET = (
-    "# Fewer, larger launches: fuse small ops and replay the step as a CUDA graph\n"
-    "model = torch.compile(model, mode=\"reduce-overhead\")  # CUDA graphs + fusion\n"
-    "# and/or a larger batch per step, so each kernel does more work per launch:\n"
-    "loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, ...)"
-)
+def _launch_snippet(model: TraceModel) -> str:
+    """Fewer launches, spelled for the trace's torch: torch.compile from 2.0, CUDA graphs
+    (make_graphed_callables) from 1.10, only a larger batch before that."""
+    bigger = (
+        "# and/or a larger batch per step, so each kernel does more work per launch:\n"
+        "loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, ...)"
+    )
+    if has(model, (2, 0)):
+        return (
+            f"{for_torch(model)}\n"
+            "# Fewer, larger launches: fuse small ops and replay the step as a CUDA graph\n"
+            "model = torch.compile(model, mode=\"reduce-overhead\")  # CUDA graphs + fusion\n"
+            + bigger
+        )
+    if has(model, (1, 10)):
+        return (
+            f"{for_torch(model)} (torch.compile needs 2.0)\n"
+            "# Replay the forward and backward as CUDA graphs (static shapes, no host sync):\n"
+            "model = torch.cuda.make_graphed_callables(model, (sample_inputs,))\n" + bigger
+        )
+    return (
+        f"{for_torch(model)}\n"
+        "# torch.compile (2.0) and CUDA graphs (1.10) are not in this torch: upgrading gives\n"
+        "# both. In this version, a larger batch per step makes each launch do more work:\n"
+        "loader = torch.utils.data.DataLoader(dataset, batch_size=2 * batch_size, ...)"
+    )
+
+
 _DEPENDENCY_SNIPPET = (
     "# Find what the queued work waits on: cross-stream waits, events, other devices\n"
     "# e.g. do not make the compute stream wait on a side stream before it must:\n"
@@ -265,7 +288,7 @@ _DEPENDENCY_SNIPPET = (
 
 
 def _idle_advice(
-    cause: str, ev: dict, rest_host: float, rest_other: float
+    model: TraceModel, cause: str, ev: dict, rest_host: float, rest_other: float
 ) -> tuple[str, str, str]:
     steps = ev["steps"]
     host_part = (
@@ -277,11 +300,20 @@ def _idle_advice(
         f"gaps with work already queued ({ms(rest_other / steps)} ms per step: it waited on a "
         "stream/event dependency or another device, or the step ended before the next launch)"
     )
+    if has(model, (2, 0)):
+        fewer = ("launch fewer, larger kernels (torch.compile fuses elementwise ops; "
+                 "mode=\"reduce-overhead\" also replays the step as a CUDA graph, removing "
+                 "per-kernel launch cost)")
+    elif has(model, (1, 10)):
+        fewer = ("launch fewer, larger kernels (this torch has CUDA graphs, "
+                 "torch.cuda.make_graphed_callables, which remove per-kernel launch cost; "
+                 "torch.compile needs torch 2.0)")
+    else:
+        fewer = ("launch fewer, larger kernels (torch.compile and CUDA graphs need a newer "
+                 "torch than the one that recorded this trace: 2.0 and 1.10)")
     launch = (
-        "Keep the GPU fed: launch fewer, larger kernels (torch.compile fuses elementwise ops; "
-        "mode=\"reduce-overhead\" also replays the step as a CUDA graph, removing per-kernel "
-        "launch cost), raise the batch size so each kernel does more work, and remove host work "
-        "between launches (Python-side bookkeeping, .item()/.cpu() calls)."
+        f"Keep the GPU fed: {fewer}, raise the batch size so each kernel does more work, and "
+        "remove host work between launches (Python-side bookkeeping, .item()/.cpu() calls)."
     )
     dependency = (
         "Look for what the queued work waited on: cudaStreamWaitEvent/wait_stream between "
@@ -296,10 +328,10 @@ def _idle_advice(
             + (f"mostly {host_part}. {launch}" if rest_host >= rest_other
                else f"mostly {other_part}. {dependency}")
         )
-        snippet = _LAUNCH_SNIPPET if rest_host >= rest_other else _DEPENDENCY_SNIPPET
+        snippet = _launch_snippet(model) if rest_host >= rest_other else _DEPENDENCY_SNIPPET
     elif cause == "host-wait":
         rec = f"The idle time is mostly {host_part}. {launch}"
-        snippet = _LAUNCH_SNIPPET
+        snippet = _launch_snippet(model)
     elif cause == "other":
         rec = f"The idle time is mostly {other_part}. {dependency}"
         snippet = _DEPENDENCY_SNIPPET
@@ -311,10 +343,10 @@ def _idle_advice(
             + (f"most are {host_part}. {launch}" if rest_host >= rest_other
                else f"most are {other_part}. {dependency}")
         )
-        snippet = _LAUNCH_SNIPPET if rest_host >= rest_other else _DEPENDENCY_SNIPPET
+        snippet = _launch_snippet(model) if rest_host >= rest_other else _DEPENDENCY_SNIPPET
     else:
         rec = f"The idle time splits between {host_part} and {other_part}. {launch} {dependency}"
-        snippet = _LAUNCH_SNIPPET
+        snippet = _launch_snippet(model)
     if ev["idle_during_sync_pct"] >= 25.0:
         rec += (
             f" During {ev['idle_during_sync_pct']:.0f}% of the idle time the host was blocked "

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel, name_matches, per_name
@@ -185,21 +186,7 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     }
     known = name in FOREACH_CLASSES
     if known:
-        fused = name in FUSED_CLASSES
-        snippet = (
-            f"optimizer = torch.optim.{name}(model.parameters(), ..., foreach=True)\n"
-            + (f"# or, all parameters on CUDA, torch >= 2.0: one fused kernel\n"
-               f"optimizer = torch.optim.{name}(model.parameters(), ..., fused=True)\n"
-               if fused else "")
-            + f"# torch < 1.12 has no foreach argument: torch.optim._multi_tensor.{name}"
-        )
-        how = (
-            f"Construct {name} with foreach=True (the default on CUDA since torch 2.0 unless "
-            "foreach=False, differentiable=True or non-CUDA parameters force the loop)"
-            + (", or fused=True" if fused else "")
-            + ": the update then runs as a few multi-tensor kernels instead of one set per "
-            "parameter."
-        )
+        snippet, how = _foreach_advice(model, name)
     else:
         snippet = (
             f"# in {name}.step(): update all parameters with one multi-tensor call per op\n"
@@ -242,3 +229,38 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
         docs=DOCS,
     )
     return Assessment.found(finding)
+
+
+def _foreach_advice(model: TraceModel, name: str) -> tuple[str, str]:
+    """The multi-tensor optimizer for the trace's torch: the `foreach=` argument from 1.12
+    (`fused=` for Adam/AdamW from 2.0), `torch.optim._multi_tensor` before."""
+    if not has(model, (1, 12)):
+        snippet = (
+            f"{for_torch(model)}: no foreach= argument yet\n"
+            f"optimizer = torch.optim._multi_tensor.{name}(model.parameters(), ...)"
+        )
+        how = (
+            f"Construct the multi-tensor {name} (torch.optim._multi_tensor.{name}; torch 1.12 "
+            "made it the foreach=True argument): the update then runs as a few multi-tensor "
+            "kernels instead of one set per parameter."
+        )
+        return snippet, how
+    fused = name in FUSED_CLASSES and has(model, (2, 0))
+    snippet = (
+        f"{for_torch(model)}\n"
+        f"optimizer = torch.optim.{name}(model.parameters(), ..., foreach=True)\n"
+        + (f"# or, all parameters on CUDA: one fused kernel\n"
+           f"optimizer = torch.optim.{name}(model.parameters(), ..., fused=True)"
+           if fused else "").rstrip("\n")
+    ).rstrip("\n")
+    if torch_version(model) is None:  # the user's torch may be older than the spelling
+        snippet += (f"\n# torch < 1.12 has no foreach argument: "
+                    f"torch.optim._multi_tensor.{name}")
+    how = (
+        f"Construct {name} with foreach=True (the default on CUDA since torch 2.0 unless "
+        "foreach=False, differentiable=True or non-CUDA parameters force the loop)"
+        + (", or fused=True" if fused else "")
+        + ": the update then runs as a few multi-tensor kernels instead of one set per "
+        "parameter."
+    )
+    return snippet, how

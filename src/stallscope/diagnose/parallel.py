@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel
@@ -96,7 +97,8 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
         evidence=evidence,
         recommendation=recommendation,
         snippet=(
-            "# train.py, launched with: torchrun --nproc_per_node=<gpus> train.py\n"
+            f"{for_torch(model)}\n"
+            f"# train.py, launched with: {_launcher(model)} --nproc_per_node=<gpus> train.py\n"
             "import os, torch, torch.distributed as dist\n"
             "dist.init_process_group(\"nccl\")\n"
             "local_rank = int(os.environ[\"LOCAL_RANK\"])\n"
@@ -148,3 +150,8 @@ def _peer_bytes(model: TraceModel) -> float:
     peer = g[(g["kind"] == "memcpy") & (g["step"] >= 0)
              & g["name"].str.match(r"^Memcpy (?:PtoP|DtoD)")]
     return float(peer["bytes"].fillna(0).sum())
+
+
+def _launcher(model: TraceModel) -> str:
+    """torchrun from torch 1.10; before, torch.distributed.launch setting LOCAL_RANK."""
+    return "torchrun" if has(model, (1, 10)) else "python -m torch.distributed.launch --use_env"

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.advice import autocast, for_torch, grad_scaler, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel, per_name
@@ -208,7 +209,8 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
             f"No tensor-core kernels: fp32 GEMM/convolution takes {fp32_share:.0f}% of GPU "
             "compute time"
         )
-    if ampere:
+    bf16 = has(model, (1, 10))  # bf16 autocast on CUDA came with torch.autocast in 1.10
+    if ampere and bf16:
         rec = (
             f"This GPU (compute capability {major}) has tensor cores, but {fp32_share:.0f}% of "
             "the compute kernel time is matrix multiplies and convolutions in fp32 on the CUDA "
@@ -217,33 +219,40 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
             "tensor cores instead."
         )
         snippet = (
+            f"{for_torch(model)}\n"
             "# bf16 mixed precision (Ampere and later):\n"
-            "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16):\n"
+            f"with {autocast(model, 'bfloat16')}:\n"
             "    loss = loss_fn(model(inputs), targets)\n"
             "loss.backward()\n"
             "optimizer.step()\n"
             "\n"
             "# or, keeping fp32 tensors, TF32 tensor cores for matmuls and convolutions:\n"
-            "torch.set_float32_matmul_precision(\"high\")  # cuda.matmul.allow_tf32 = True\n"
-            "torch.backends.cudnn.allow_tf32 = True"
+            + _tf32_line(model)
+            + "torch.backends.cudnn.allow_tf32 = True"
         )
     else:
+        why = ("this GPU has no bf16 or TF32 tensor cores" if not ampere
+               else "bf16 autocast needs torch >= 1.10; TF32 is the other fp32-storage option")
         rec = (
             f"This GPU (compute capability {major}) has fp16 tensor cores, but "
             f"{fp32_share:.0f}% of the compute kernel time is matrix multiplies and "
             "convolutions in fp32 on the CUDA cores. Run the forward pass and loss under fp16 "
-            "autocast with a gradient scaler (this GPU has no bf16 or TF32 tensor cores)."
+            f"autocast with a gradient scaler ({why})."
         )
         snippet = (
-            "scaler = torch.amp.GradScaler(\"cuda\")\n"
+            f"{for_torch(model)}\n"
+            f"scaler = {grad_scaler(model)}\n"
             "for inputs, targets in loader:\n"
             "    optimizer.zero_grad(set_to_none=True)\n"
-            "    with torch.autocast(device_type=\"cuda\", dtype=torch.float16):\n"
+            f"    with {autocast(model, 'float16')}:\n"
             "        loss = loss_fn(model(inputs), targets)\n"
             "    scaler.scale(loss).backward()\n"
             "    scaler.step(optimizer)\n"
             "    scaler.update()"
         )
+        if ampere:
+            snippet += "\n\n# or, keeping fp32 tensors, TF32 tensor cores:\n" + _tf32_line(
+                model).rstrip("\n")
     snippet += (
         "\n\n# convolutions: channels_last lets cuDNN pick tensor-core kernels without "
         "transposes\nmodel = model.to(memory_format=torch.channels_last)"
@@ -272,3 +281,11 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
         docs=DOCS,
     )
     return Assessment.found(finding)
+
+
+def _tf32_line(model: TraceModel) -> str:
+    """TF32 for fp32 matmuls: set_float32_matmul_precision from torch 1.12, the flag before."""
+    if has(model, (1, 12)):
+        return "torch.set_float32_matmul_precision(\"high\")  # cuda.matmul.allow_tf32 = True\n"
+    return "torch.backends.cuda.matmul.allow_tf32 = True  # torch < 1.12\n"
+

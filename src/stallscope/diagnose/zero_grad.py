@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel, per_name
@@ -73,10 +74,12 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
                 f"zero_grad() fills the gradients with zeros ({per_call} kernel launches per "
                 f"call, {share:.1f}% of the step). Setting the gradients to None "
                 "instead costs no kernel at all: the next backward allocates and writes them "
-                "fresh. It is the default from torch 2.0 on; this trace passes "
-                "set_to_none=False or comes from an older torch."
+                "fresh. " + _default_said(model)
             ),
-            snippet="optimizer.zero_grad(set_to_none=True)  # the default since torch 2.0",
+            snippet=(
+                f"{for_torch(model)}\n"
+                "optimizer.zero_grad(set_to_none=True)  # the default since torch 2.0"
+            ),
             precondition=(
                 "No code reads .grad between zero_grad() and backward() expecting zeros (a "
                 "None gradient raises there), and no optimizer step runs on parameters "
@@ -102,3 +105,16 @@ def _launches_inside(model: TraceModel, calls: pd.DataFrame) -> np.ndarray:
         hi = np.searchsorted(ts, group["end"].to_numpy(), side="left")
         counts[calls.index.get_indexer(group.index)] = hi - lo
     return counts
+
+
+def _default_said(model: TraceModel) -> str:
+    """Why the gradients were zeroed, given the trace's torch (the default changed in 2.0)."""
+    info = model.trace.torch_info
+    if info.version is None:
+        return ("It is the default from torch 2.0 on; this trace passes set_to_none=False or "
+                "comes from an older torch.")
+    if has(model, (2, 0)):
+        return (f"Its torch ({info.text}) already defaults to set_to_none=True, so the code "
+                "passes set_to_none=False (or zeroes the gradients itself).")
+    return (f"Its torch ({info.text}) still defaults to set_to_none=False (the default changed "
+            "in 2.0), so pass it explicitly.")

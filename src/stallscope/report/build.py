@@ -120,6 +120,7 @@ def build_report(
                 "rank": model.trace.rank,
                 "world_size": model.trace.world_size,
                 "schema": model.trace.schema,
+                "torch_version": model.trace.torch_info.label,
                 "steps_source": model.steps_source,
                 "gpu_devices": model.gpu_devices,
                 "dataloader": model.loader_kind,
@@ -321,5 +322,7 @@ def _environment(models: list[TraceModel]) -> dict[str, Any]:
         "devices": devices,
         "distributed": {k: dist.get(k) for k in ("backend", "world_size") if k in dist},
         "trace_schemas": sorted({m.trace.schema for m in models}),
+        # The torch that recorded the traces, and how it is known: advice is spelled for it.
+        "torch_versions": sorted({m.trace.torch_info.label for m in models}),
         "analyzed_with": {"python": platform.python_version()},
     }

@@ -118,6 +118,9 @@ def render_markdown(report: Report) -> str:
     """The whole report.md: plain Markdown a ticket system renders, trace text escaped."""
     s = report.summary
     lines = ["# stallscope report", "", f"**Verdict:** {md(report.verdict)}", ""]
+    versions = report.environment.get("torch_versions") or []
+    if versions:
+        lines += [f"**Recorded with:** {md('; '.join(versions))}", ""]
     run = report.run
     if run and run.get("overrides"):
         forced = ", ".join(f"`{md_code(f'{k}={v}')}`" for k, v in run["overrides"].items())

@@ -31,6 +31,7 @@ from stallscope.trace.decode import (
     lenient_events,
     stream_decode,
 )
+from stallscope.trace.version import TorchVersion, read_torch_version
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
@@ -71,6 +72,16 @@ class Trace:
     def world_size(self) -> int | None:
         size = self.distributed.get("world_size")
         return size if isinstance(size, int) else None
+
+    @property
+    def torch_info(self) -> TorchVersion:
+        """The torch that recorded this trace, and how that is known (trace/version.py)."""
+        return read_torch_version(self.capture, self.schema)
+
+    @property
+    def torch_version(self) -> tuple[int, int] | None:
+        """(major, minor) of the torch that recorded this trace; None when unknown."""
+        return self.torch_info.version
 
     @property
     def label(self) -> str:

@@ -1,0 +1,111 @@
+"""`pageable-d2h-copy`: device-to-host copies into pageable memory that cost step time.
+
+Results fetched to the host every step (`.cpu()`, `.numpy()`, `.tolist()`, `.item()`) land in
+pageable memory: the host blocks for the transfer and a staging copy. Only the transfer itself
+is counted here (the model's `copy_us`): host time the call spent waiting for queued GPU work
+before its copy started is a synchronisation, counted by `host-device-sync` (the real
+`a100_80gb_rank0of16_queue_len` trace waits 147 ms for 704-byte copies that take 2 us).
+"""
+
+from __future__ import annotations
+
+from stallscope.capture.context import RunContext
+from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, pct
+from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.trace.model import TraceModel
+
+RULE_ID = "pageable-d2h-copy"
+# Share of step wall time the host spends in the transfers themselves (waits excluded).
+COPY_SHARE_THRESHOLD_PCT = 2.0
+DOCS = PINNED_MEMORY_DOCS
+
+
+def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> Assessment:
+    if not model.has_gpu:
+        return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
+    copies = model.copies
+    d2h = copies[(copies["direction"] == "DtoH") & (copies["step"] >= 0)]
+    pageable = d2h[d2h["dst"] == "Pageable"]
+    if pageable.empty:
+        return Assessment(
+            RULE_ID, "clear",
+            "No device-to-host copies into pageable memory inside the steps."
+            if d2h.empty or set(d2h["dst"]) <= {"Pinned", "Device"} else
+            f"Device-to-host copies go to {', '.join(sorted(set(d2h['dst'])))} memory, not "
+            "Pageable.",
+        )
+    n = len(model.steps)
+    total = model.total_step_us
+    copy_us = float(pageable["copy_us"].sum())
+    waited = float(pageable["wait_us"].sum())
+    share = pct(copy_us, total)
+    if share < COPY_SHARE_THRESHOLD_PCT:
+        return Assessment(
+            RULE_ID, "clear",
+            f"Device-to-host copies into pageable memory hold the host {share:.2f}% of step "
+            f"time in the transfers themselves (threshold {COPY_SHARE_THRESHOLD_PCT:.0f}%)"
+            + (f"; the {ms(waited / n):.1f} ms per step their calls waited for queued GPU work "
+               "is host-device-sync" if waited > copy_us else "") + ".",
+        )
+    nbytes = float(pageable["bytes"].fillna(0).sum())
+    gpu_us = float(pageable["dur_gpu"].sum())
+    gbps = round(nbytes / gpu_us / 1e3, 2) if gpu_us > 0 else 0.0
+    evidence = {
+        "copies": len(pageable),
+        "copies_per_step": round(len(pageable) / n, 1),
+        "bytes_per_step": int(nbytes / n),
+        "achieved_gbps": gbps,
+        "gpu_copy_ms_per_step": ms(gpu_us / n),
+        "host_copy_ms_per_step": ms(copy_us / n),
+        "host_copy_share_pct": share,
+        "host_wait_for_queue_ms_per_step": ms(waited / n),
+        "ops": sorted({o for o in pageable["top_op"].tolist() + pageable["op"].tolist() if o}),
+    }
+    finding = Finding(
+        id=RULE_ID,
+        title=(
+            f"Device-to-host copies into pageable memory take {share:.1f}% of each step "
+            f"({nbytes / n / 1e6:.2f} MB per step at {gbps:.1f} GB/s)"
+        ),
+        evidence=evidence,
+        recommendation=(
+            "Results are copied from the GPU into pageable (ordinary) host memory every step "
+            "(.cpu(), .numpy(), .tolist(), .item() on outputs or metrics): the host blocks for "
+            "each transfer and the driver stages it through a bounce buffer. Keep the results "
+            "on the GPU and fetch them every N steps, or copy into a pinned buffer with "
+            "non_blocking=True and synchronise once where the values are read. Host time the "
+            "calls spent waiting for earlier GPU work is not counted here (see "
+            "host-device-sync)."
+        ),
+        snippet=(
+            "# keep per-step results on the GPU; fetch every N steps\n"
+            "outputs = []\n"
+            "for step, (x, y) in enumerate(loader):\n"
+            "    out = model(x)\n"
+            "    ...\n"
+            "    outputs.append(out.detach())          # no copy, no sync\n"
+            "    if step % N == 0:\n"
+            "        host = torch.cat(outputs).cpu()   # one transfer per N steps\n"
+            "        outputs.clear()\n"
+            "\n"
+            "# or, needed on the host every step: a pinned buffer, one sync\n"
+            "buf = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)\n"
+            "buf.copy_(out.detach(), non_blocking=True)\n"
+            "...  # launch the next step's work first\n"
+            "torch.cuda.current_stream().synchronize()  # then read buf"
+        ),
+        precondition=(
+            "Fetching every N steps helps only when the host does not need each step's values "
+            "at once; when it does (e.g. every step's predictions are written out), the pinned "
+            "buffer with non_blocking=True overlaps the transfer with the next step's launches "
+            "but the host must still synchronise before reading it. Pinned memory is "
+            "page-locked RAM: reuse one buffer rather than pinning each result."
+        ),
+        estimated_saving_pct=share,
+        saving_basis=(
+            "upper bound: the host time blocked in these transfers (not the time their calls "
+            "waited for queued GPU work), if they are removed or fully overlapped"
+        ),
+        docs=DOCS,
+    )
+    return Assessment.found(finding)
