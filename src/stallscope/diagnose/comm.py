@@ -1,7 +1,11 @@
-"""`comm-bound`: collective kernels (NCCL/RCCL) that run while no compute kernel runs beside
-them on the same device. That *exposed* communication lengthens the step one-for-one, whereas
-collectives that overlap compute are free; exposed collectives also absorb the wait for the
-slowest rank.
+"""`comm-bound`: collectives that run while no compute runs beside them. On GPUs these are
+NCCL/RCCL kernels on a device with no compute kernel running; on CPU (gloo, or MPI/UCC) they are
+the backend's host ranges (`gloo:all_reduce`) while the process runs no compute op. That
+*exposed* communication lengthens the step one-for-one, whereas collectives that overlap compute
+are free; exposed collectives also absorb the wait for the slowest rank. The advice follows the
+collective: gradient all-reduce (DDP buckets, no_sync, compression), all-to-all (embedding
+sharding: pipeline the next batch's all-to-all), point-to-point (pipeline stages: more
+micro-batches), all-gather/reduce-scatter (FSDP prefetch).
 """
 
 from __future__ import annotations
@@ -28,19 +32,37 @@ TOP_COLLECTIVES = 5
 COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)
 COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 COMM_DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
+# CPU collectives: the backend's host range around each collective (`gloo:all_reduce`).
+HOST_COLLECTIVE = re.compile(r"^(gloo|mpi|ucc):([A-Za-z_]+)", re.IGNORECASE)
+# (Both matched at the start of a name, as name_matches does.)
+# Host ops that are communication or waiting for it, not compute to hide a collective under.
+NOT_COMPUTE = re.compile(r".*(?:c10d::|record_param_comms|ProcessGroup)|(?:.*::)?wait\b|"
+                         r"(?:gloo|nccl|mpi|ucc):", re.IGNORECASE)
+# Host ranges that say a job's send/recv kernels carry an all-to-all (NCCL runs all-to-all as
+# grouped send/recv: `nccl:all_to_all`, `c10d::alltoall_base_`, TorchRec's KJTAllToAll).
+ALL_TO_ALL_OP = re.compile(r".*all_?to_?all", re.IGNORECASE)
+ALL_TO_ALL = {"AllToAll", "all_to_all", "alltoall", "all_to_all_single", "alltoall_base"}
+P2P = {"SendRecv", "Send", "Recv", "send", "recv", "sendrecv"}
+SHARDED = {"AllGather", "ReduceScatter", "all_gather", "reduce_scatter", "_allgather_base",
+           "_reduce_scatter_base", "all_gather_into_tensor", "reduce_scatter_tensor"}
 
 
 def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
-    if not model.has_gpu:
-        return Assessment(RULE_ID, "not_assessed",
-                          "No GPU activity in the trace: no collective kernels to measure.")
     world = model.trace.world_size
-    kernels = model.gpu[model.gpu["kind"] == "kernel"]
-    is_comm = name_matches(kernels["name"].astype("category"), COMM_NAME).to_numpy()
-    comm_all = kernels[is_comm]
     if not model.steps or model.total_step_us <= 0:
         return Assessment(RULE_ID, "not_assessed", "No step windows to measure in.")
+    kernels = model.gpu[model.gpu["kind"] == "kernel"] if model.has_gpu else model.gpu
+    is_comm = (name_matches(kernels["name"].astype("category"), COMM_NAME).to_numpy()
+               if len(kernels) else np.zeros(0, dtype=bool))
+    comm_all = kernels[is_comm]
     if comm_all.empty:
+        host = _host_comm(model)
+        if host is not None:
+            return _assess(model, host, where="host", backend=host["backend"])
+        if not model.has_gpu:
+            return Assessment(RULE_ID, "not_assessed",
+                              "No GPU activity and no CPU collectives (gloo/MPI/UCC ranges) in "
+                              "the trace: no communication to measure.")
         if world is not None and world > 1:
             return Assessment(
                 RULE_ID, "clear",
@@ -49,26 +71,45 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
             )
         return Assessment(RULE_ID, "not_assessed",
                           "No collective communication in the trace (single-process GPU run).")
-    total = model.total_step_us
-    n = len(model.steps)
     results = {dev: _exposed_comm(model, kernels[kernels["device"] == dev],
                                   is_comm[(kernels["device"] == dev).to_numpy()])
                for dev in sorted(set(comm_all["device"]))}
     dev = max(results, key=lambda d: results[d]["exposed"])
     r = results[dev]
-    comm, exposed = r["comm"], r["exposed"]
+    r["device"] = dev
+    if _host_names(model, ALL_TO_ALL_OP):  # NCCL runs all-to-all as grouped send/recv kernels
+        for c in r["top"]:
+            if c["collective"] in P2P:
+                c["collective"] = "AllToAll"
+    return _assess(model, r, where="device", backend="nccl")
+
+
+def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
+    """The verdict and advice for measured collective time `r` (from kernels or host ranges)."""
+    total = model.total_step_us
+    n = len(model.steps)
+    world = model.trace.world_size
+    comm, exposed, compute = r["comm"], r["exposed"], r["compute"]
+    place = f"device {r['device']}" if where == "device" else "the host"
     if comm <= 0:
         return Assessment(RULE_ID, "clear",
-                          "Collective kernels run only outside the profiled steps.")
+                          "Collectives run only outside the profiled steps.")
     share = pct(exposed, total)
+    # Overlap hides a collective only under compute that exists: never more than the step's
+    # non-communication compute on the same device (or process).
+    hideable = min(exposed, compute)
     evidence = {
-        "device": dev,
+        "where": where,
+        "backend": backend,
+        "device": r.get("device"),
         "world_size": world,
         "comm_ms_per_step": ms(comm / n),
         "comm_share_pct": pct(comm, total),
         "exposed_ms_per_step": ms(exposed / n),
         "exposed_share_pct": share,
         "overlap_pct": pct(comm - exposed, comm),
+        "compute_ms_per_step": ms(compute / n),
+        "hideable_share_pct": pct(hideable, total),
         "exposed_ms_by_step": [ms(x) for x in r["per_step"]],
         "top_collectives": r["top"],
         "steps": n,
@@ -76,58 +117,35 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     if share < EXPOSED_THRESHOLD_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"Collectives take {evidence['comm_share_pct']:.1f}% of step time on device {dev}, "
+            f"Collectives take {evidence['comm_share_pct']:.1f}% of step time on {place}, "
             f"{evidence['overlap_pct']:.0f}% of it overlapped with compute; exposed "
             f"{share:.1f}% (threshold {EXPOSED_THRESHOLD_PCT:.0f}%).",
         )
-    kinds = [c["collective"] for c in r["top"]]
-    sharded = any(k in ("AllGather", "ReduceScatter") for k in kinds[:2])
-    p2p = bool(kinds) and kinds[0] in ("SendRecv", "Send", "Recv")
+    pattern = _pattern([c["collective"] for c in r["top"]])
+    evidence["pattern"] = pattern
+    rec, snippet = ADVICE[pattern](backend)
+    snippet = _for_version(model, pattern, snippet)
+    saving, basis = hideable, (
+        f"upper bound: the collective time on {place} during which no compute ran, capped "
+        "by the step's other compute there (what the collective could hide under); part of "
+        "it may be waiting for slower ranks, which overlap does not remove")
+    if backend == "gloo" and pattern == "all-reduce" and exposed / 2 > hideable:
+        saving, basis = exposed / 2, (
+            "upper bound: half the exposed all-reduce time, if fp16 compression halves the "
+            "bytes gloo moves (more than overlap could hide under the step's "
+            f"{ms(compute / n)} ms of other compute); time spent waiting for slower ranks "
+            "does not shrink")
     rec = (
-        f"Collectives run with no compute beside them for {share:.1f}% of each step "
-        f"({ms(exposed / n)} ms; largest, exposed ms summed over the {n} steps: "
+        f"{backend} collectives run with no compute beside them on {place} for {share:.1f}% of "
+        f"each step ({ms(exposed / n)} ms; largest, exposed ms summed over the {n} steps: "
         + ", ".join(f"{c['collective']} {c['exposed_ms']} ms" for c in r["top"][:3])
-        + "). Overlap them with compute: for DDP let gradient buckets start all-reducing "
-        "during backward (bucket_cap_mb sized so the first buckets fire early, "
-        "gradient_as_bucket_view=True), and with gradient accumulation skip the all-reduce on "
-        "all but the last micro-step with no_sync()."
+        + f"). The step has {ms(compute / n)} ms of other compute per step to hide them under"
+        + (" (less than the exposed time: overlap alone cannot hide it all). "
+           if compute < exposed else ". ")
+        + rec
+        + " An exposed collective also spins while it waits for the slowest rank: compare step "
+        "and loader times across ranks (rank-imbalance) before tuning."
     )
-    if sharded:
-        rec += (" AllGather/ReduceScatter dominate (FSDP/ZeRO): enable forward and backward "
-                "prefetch so the next shard's all-gather runs under the current compute.")
-    if p2p:
-        rec += (" Point-to-point SendRecv dominates (pipeline parallelism or all-to-all): more "
-                "micro-batches shrink the pipeline bubble the transfers sit in.")
-    rec += (" An exposed collective also spins while it waits for the slowest rank: compare "
-            "step and loader times across ranks (rank-imbalance) before tuning buckets.")
-    snippet = (
-        "model = torch.nn.parallel.DistributedDataParallel(\n"
-        "    model, device_ids=[local_rank],\n"
-        "    bucket_cap_mb=25,                  # try 10-50: smaller starts overlap sooner\n"
-        "    gradient_as_bucket_view=True,\n"
-        ")\n"
-        "for i, batch in enumerate(loader):\n"
-        "    sync_now = (i + 1) % accum_steps == 0\n"
-        "    ctx = contextlib.nullcontext() if sync_now else model.no_sync()\n"
-        "    with ctx:\n"
-        "        loss = model(batch).loss / accum_steps\n"
-        "        loss.backward()\n"
-        "    if sync_now:\n"
-        "        optimizer.step(); optimizer.zero_grad(set_to_none=True)"
-    )
-    if sharded:
-        snippet = (
-            f"{for_torch(model)}"
-            + ("" if has(model, (1, 13)) else
-               ": FullyShardedDataParallel with these arguments needs torch >= 1.13")
-            + "\nfrom torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel\n"
-            "model = FullyShardedDataParallel(\n"
-            "    model,\n"
-            "    forward_prefetch=True,\n"
-            "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
-            "    limit_all_gathers=True,\n"
-            ")"
-        )
     finding = Finding(
         id=RULE_ID,
         title=f"Collective communication is exposed for {share:.1f}% of each step",
@@ -141,41 +159,189 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
             "slower rank moves elsewhere unless the straggler is fixed. no_sync() applies only "
             "with gradient accumulation."
         ),
-        estimated_saving_pct=share,
-        saving_basis=(
-            f"upper bound: the collective time on device {dev} during which no compute kernel "
-            "ran, if all of it were hidden under compute; part of it may be waiting for slower "
-            "ranks, which overlap does not remove"
-        ),
+        estimated_saving_pct=pct(saving, total),
+        saving_basis=basis,
         docs=COMM_DOCS,
     )
     return Assessment.found(finding)
 
 
-def _exposed_comm(model: TraceModel, kernels: pd.DataFrame, is_comm: np.ndarray) -> dict:
-    """Collective time, and the part of it with no compute kernel running, inside the steps."""
+def _all_reduce_advice(backend: str) -> tuple[str, str]:
+    rec = (
+        "Gradient all-reduce (DDP): let buckets start all-reducing during backward "
+        "(bucket_cap_mb sized so the first buckets fire early, gradient_as_bucket_view=True), "
+        "and with gradient accumulation skip the all-reduce on all but the last micro-step with "
+        "no_sync(): the bytes sent per optimizer step fall by the accumulation factor."
+    )
+    if backend == "gloo":
+        rec += (
+            " These are gloo all-reduces on the CPU: the gradients cross the network through "
+            "the host, so bytes matter most. Compress them with DDP's fp16 communication hook "
+            "(half the bytes), point gloo at the fastest interface (GLOO_SOCKET_IFNAME), and "
+            "on GPU nodes use the nccl backend instead."
+        )
+    snippet = (
+        "model = torch.nn.parallel.DistributedDataParallel(\n"
+        "    model,\n"
+        "    bucket_cap_mb=25,                  # try 10-50: smaller starts overlap sooner\n"
+        "    gradient_as_bucket_view=True,\n"
+        ")\n"
+    )
+    if backend == "gloo":
+        snippet += (
+            "from torch.distributed.algorithms.ddp_comm_hooks import default_hooks\n"
+            "model.register_comm_hook(None, default_hooks.fp16_compress_hook)  # half the bytes\n"
+        )
+    snippet += (
+        "for i, batch in enumerate(loader):\n"
+        "    sync_now = (i + 1) % accum_steps == 0\n"
+        "    ctx = contextlib.nullcontext() if sync_now else model.no_sync()\n"
+        "    with ctx:\n"
+        "        loss = model(batch).loss / accum_steps\n"
+        "        loss.backward()\n"
+        "    if sync_now:\n"
+        "        optimizer.step(); optimizer.zero_grad(set_to_none=True)"
+    )
+    return rec, snippet
+
+
+def _all_to_all_advice(backend: str) -> tuple[str, str]:
+    rec = (
+        "All-to-all dominates (sharded embeddings exchanging lookups: NCCL runs it as send/recv "
+        "kernels). Its output is needed by the very next op, so overlap within the step cannot "
+        "hide it and DDP bucket settings do not touch it. Overlap it across batches instead: "
+        "pipeline the next batch's input all-to-all under this batch's dense compute "
+        "(TorchRec TrainPipelineSparseDist); send fewer bytes (quantized communication: fp16 "
+        "or bf16 forward/backward all-to-all); and rebalance the sharding plan (table-wise vs "
+        "row/column-wise) so no rank receives far more rows than the others."
+    )
+    snippet = (
+        "from torchrec.distributed.train_pipeline import TrainPipelineSparseDist\n"
+        "pipeline = TrainPipelineSparseDist(model, optimizer, device)  # batch i+1's all-to-all\n"
+        "it = iter(loader)                                            # under batch i's compute\n"
+        "while True:\n"
+        "    try:\n"
+        "        pipeline.progress(it)\n"
+        "    except StopIteration:\n"
+        "        break"
+    )
+    return rec, snippet
+
+
+def _send_recv_advice(backend: str) -> tuple[str, str]:
+    rec = (
+        "Point-to-point send/recv dominates (pipeline parallelism: activations and gradients "
+        "between stages). Each exposed transfer is a stage waiting for its neighbour: split the "
+        "batch into more micro-batches (the pipeline bubble is (stages - 1) / (micro-batches + "
+        "stages - 1) of the step), use an interleaved 1F1B schedule, and balance the stages' "
+        "compute so no stage waits on a slower one. DDP bucket settings do not touch these."
+    )
+    snippet = (
+        "from torch.distributed.pipelining import ScheduleInterleaved1F1B\n"
+        "schedule = ScheduleInterleaved1F1B(stages, n_microbatches=4 * num_stages,\n"
+        "                                   loss_fn=loss_fn)\n"
+        "schedule.step(x, target=y)"
+    )
+    return rec, snippet
+
+
+def _sharded_advice(backend: str) -> tuple[str, str]:
+    rec = (
+        "AllGather/ReduceScatter dominate (FSDP/ZeRO): enable forward and backward prefetch so "
+        "the next shard's all-gather runs under the current compute."
+    )
+    snippet = (
+        "from torch.distributed.fsdp import BackwardPrefetch, FullyShardedDataParallel\n"
+        "model = FullyShardedDataParallel(\n"
+        "    model,\n"
+        "    forward_prefetch=True,\n"
+        "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
+        "    limit_all_gathers=True,\n"
+        ")"
+    )
+    return rec, snippet
+
+
+# The torch release each pattern's snippet needs (FSDP's prefetch arguments 1.13,
+# torch.distributed.pipelining 2.4); the all-reduce and all-to-all snippets run on any torch
+# that has DDP's no_sync() / TorchRec.
+SNIPPET_NEEDS = {"sharded": ((1, 13), "FullyShardedDataParallel with these arguments"),
+                 "send-recv": ((2, 4), "torch.distributed.pipelining")}
+
+
+def _for_version(model: TraceModel, pattern: str, snippet: str) -> str:
+    """The snippet headed by the torch it is written for, and what it needs when that is newer
+    than the trace's torch."""
+    head = for_torch(model)
+    need = SNIPPET_NEEDS.get(pattern)
+    if need is not None and not has(model, need[0]):
+        head += f": {need[1]} needs torch >= {need[0][0]}.{need[0][1]}"
+    return f"{head}\n{snippet}"
+
+
+# pattern -> advice (recommendation, snippet) for a backend
+ADVICE = {"all-reduce": _all_reduce_advice, "all-to-all": _all_to_all_advice,
+          "send-recv": _send_recv_advice, "sharded": _sharded_advice}
+
+
+def _pattern(kinds: list[str]) -> str:
+    """Which communication pattern dominates, from the collectives ranked by exposed time."""
+    top = kinds[0] if kinds else ""
+    if top in ALL_TO_ALL:
+        return "all-to-all"
+    if top in P2P:
+        return "send-recv"
+    if any(k in SHARDED for k in kinds[:2]):
+        return "sharded"
+    return "all-reduce"
+
+
+def _host_names(model: TraceModel, pattern: re.Pattern[str]) -> bool:
+    ops = model.ops
+    return bool(len(ops)) and bool(name_matches(ops["name"], pattern).any())
+
+
+def _host_comm(model: TraceModel) -> dict | None:
+    """CPU collectives (gloo/MPI/UCC host ranges) in the steps, and the part of them during
+    which the process ran no compute op; None when there are none."""
+    ops = model.ops
+    if not len(ops):
+        return None
+    is_coll = name_matches(ops["name"], HOST_COLLECTIVE).to_numpy()
+    coll = ops[is_coll & (ops["step"].to_numpy() >= 0)]
+    if coll.empty:
+        return None
+    names = coll["name"].astype(str)
+    is_compute = ((ops["cat"].astype(str) == "cpu_op").to_numpy()
+                  & ~name_matches(ops["name"], NOT_COMPUTE).to_numpy() & ~is_coll)
+    compute = ops[is_compute]
+    found = names.str.extract(HOST_COLLECTIVE.pattern, flags=re.IGNORECASE)
+    r = _exposed(model, coll, compute, found[1].fillna(names).to_numpy())
+    r["backend"] = str(found[0].dropna().str.lower().mode().iloc[0])
+    return r
+
+
+def _exposed(model: TraceModel, comm: pd.DataFrame, compute: pd.DataFrame,
+             kinds: np.ndarray) -> dict:
+    """Collective time, the part of it with no compute running, and the compute time, inside
+    the steps; the collectives ranked by exposed time."""
     windows = model.windows
-    comm = kernels[is_comm]
-    compute = kernels[~is_comm]
-    c_iv = (comm["ts"].to_numpy(), comm["end"].to_numpy())
-    k_iv = (compute["ts"].to_numpy(), compute["end"].to_numpy())
+    c_iv = (comm["ts"].to_numpy(dtype=float), comm["end"].to_numpy(dtype=float))
+    k_iv = (compute["ts"].to_numpy(dtype=float), compute["end"].to_numpy(dtype=float))
     tl = Timeline.from_intervals((windows[:, 0], windows[:, 1]), c_iv, k_iv)
     bucket = tl.bucket(windows[:, 0], windows[:, 1])
     comm_m = tl.cover(*c_iv) & (bucket >= 0)
-    exposed_m = comm_m & ~tl.cover(*k_iv)
+    compute_m = tl.cover(*k_iv) & (bucket >= 0)
+    exposed_m = comm_m & ~compute_m
     n = len(windows)
     per_step = tl.sum_by(exposed_m, bucket, n)
-    # Exposed time inside each collective kernel, by prefix sums over the segments.
+    # Exposed time inside each collective, by prefix sums over the segments.
     prefix = np.concatenate([[0.0], np.cumsum(np.where(exposed_m, tl.lengths, 0.0))])
     inside = np.concatenate([[0.0], np.cumsum(np.where(comm_m, tl.lengths, 0.0))])
     lo = np.searchsorted(tl.edges, c_iv[0], side="left")
     hi = np.searchsorted(tl.edges, c_iv[1], side="left")
-    kind = comm["name"].str.extract(COLLECTIVE.pattern, flags=re.IGNORECASE)[0]
-    table = pd.DataFrame({
-        "collective": kind.fillna(comm["name"].str.slice(0, 40)).to_numpy(),
-        "exposed": prefix[hi] - prefix[lo],
-        "us": inside[hi] - inside[lo],
-    })
+    table = pd.DataFrame({"collective": kinds, "exposed": prefix[hi] - prefix[lo],
+                          "us": inside[hi] - inside[lo]})
     table = table[table["us"] > 0]
     top = (table.groupby("collective")
            .agg(count=("us", "size"), us=("us", "sum"), exposed=("exposed", "sum"))
@@ -183,7 +349,17 @@ def _exposed_comm(model: TraceModel, kernels: pd.DataFrame, is_comm: np.ndarray)
     return {
         "comm": float(tl.sum_by(comm_m, bucket, n).sum()),
         "exposed": float(per_step.sum()),
+        "compute": float(tl.sum_by(compute_m, bucket, n).sum()),
         "per_step": per_step,
         "top": [{"collective": str(k), "count": int(row["count"]), "comm_ms": ms(row["us"]),
                  "exposed_ms": ms(row["exposed"])} for k, row in top.iterrows()],
     }
+
+
+def _exposed_comm(model: TraceModel, kernels: pd.DataFrame, is_comm: np.ndarray) -> dict:
+    """Collective kernel time on one device, the part with no compute kernel running, and the
+    device's compute kernel time, inside the steps."""
+    comm = kernels[is_comm]
+    kind = comm["name"].str.extract(COLLECTIVE.pattern, flags=re.IGNORECASE)[0]
+    kinds = kind.fillna(comm["name"].str.slice(0, 40)).to_numpy()
+    return _exposed(model, comm, kernels[~is_comm], kinds)

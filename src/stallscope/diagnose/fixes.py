@@ -363,6 +363,13 @@ WHAT_IF: dict[str, tuple[Fix, Callable[[str], bool], str]] = {
 
 def no_change_reason(finding: Any, model: TraceModel) -> str:
     """Why `changes_for` gave nothing for this finding, in the report's words."""
+    if finding.id == "comm-bound":
+        ev = finding.evidence or {}
+        if ev.get("where") == "host":
+            return "the replay models GPU collectives only, not CPU (gloo/MPI) ones"
+        return (f"its advice for {ev.get('pattern')} communication (pipelining it across "
+                "batches or stages) is not a change the replay models: overlap within the step "
+                "cannot hide a collective whose output the next op needs")
     if finding.id == "dataloader-bound":
         return ("the rule could not size a worker count (the loader already has workers and "
                 "the trace does not say how many, or the cores are already busy)")
@@ -379,6 +386,9 @@ def changes_for(finding: Any, model: TraceModel) -> list[Change]:
     if fid == "dataloader-bound":
         n = ev.get("suggested_num_workers")
         return [Change("num_workers", str(int(n)))] if isinstance(n, int) and n > 0 else []
+    if fid == "comm-bound" and (ev.get("where") == "host"
+                                or ev.get("pattern") in ("all-to-all", "send-recv")):
+        return []  # see no_change_reason
     if fid in ("pageable-h2d-copy", "blocking-h2d-copy"):
         c = model.copies
         pageable = ((c["direction"] == "HtoD") & (c["src"] == "Pageable")).any()

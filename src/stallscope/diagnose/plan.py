@@ -247,7 +247,8 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
 
 
 def _median(r: Replay, used: slice) -> float:
-    return float(np.median(r.step_us[used]))
+    """Median step over the steps used, each paced by the GPU when the host ran ahead of it."""
+    return float(np.median(r.paced_step_us[used]))
 
 
 def _floor(g: Graph, r: Replay, used: slice) -> float:

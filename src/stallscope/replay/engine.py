@@ -31,10 +31,23 @@ class Replay:
     host_end: np.ndarray
     gpu_start: np.ndarray
     gpu_end: np.ndarray
+    # Per step, the latest end of the GPU ops recorded in it (NaN when it has none).
+    gpu_done: np.ndarray | None = None
 
     @property
     def median_step_us(self) -> float:
         return float(np.median(self.step_us)) if len(self.step_us) else 0.0
+
+    @property
+    def paced_step_us(self) -> np.ndarray:
+        """Each step as long as the slower of the host and the GPU: the host's step, or the
+        time the GPU took to finish this step's work after the previous step's, if longer.
+        A host that no longer waits (sync=off) runs ahead of a busy GPU and its own steps
+        shrink, but the queue then grows every step: the rate a user measures is the GPU's."""
+        if self.gpu_done is None or len(self.step_us) < 2:
+            return self.step_us
+        period = np.concatenate([[np.nan], np.diff(self.gpu_done)])
+        return np.fmax(self.step_us, period)
 
 
 def replay(graph: Graph) -> Replay:
@@ -209,4 +222,17 @@ class _Run:
         wait_heads = heads[self.wait_seg]
         host_end[wait_heads] = self.seg_end[self.wait_seg]
         steps = host_start[g.step_end] - host_start[g.step_start]
-        return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end)
+        return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end,
+                      _gpu_done(g, self.gpu_end, len(steps)))
+
+
+def _gpu_done(g: Graph, gpu_end: np.ndarray, n: int) -> np.ndarray:
+    """Per step, the latest replayed end of the GPU ops that started inside it as recorded;
+    NaN for none."""
+    done = np.full(n, np.nan)
+    starts, ends = g.h_ts[g.step_start], g.h_rec_end[g.step_end]
+    step = np.searchsorted(starts, g.g_ts, side="right") - 1
+    inside = (step >= 0) & (g.g_ts < ends[np.clip(step, 0, None)])
+    if inside.any():
+        np.fmax.at(done, step[inside], gpu_end[inside])
+    return done

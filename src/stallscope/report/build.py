@@ -77,9 +77,12 @@ class Report:
         entry = self.plan_entry(top)
         if top.severity == "info":
             said = "is predicted to save" if entry else "can save at most"
+            how = (f" ({entry['change']}: {self.plan['measured_step_us'] / 1000:.1f} -> "
+                   f"{entry['predicted_step_us'] / 1000:.1f} ms per step)"
+                   if entry is not None and self.plan is not None else "")
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
-                f"{said} {top.estimated_saving_pct:.1f}% of step time."
+                f"{said} {top.estimated_saving_pct:.1f}% of step time{how}."
             )
         if entry is not None and self.plan is not None:
             return (
