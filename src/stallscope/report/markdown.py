@@ -118,6 +118,8 @@ def render_markdown(report: Report) -> str:
     """The whole report.md: plain Markdown a ticket system renders, trace text escaped."""
     s = report.summary
     lines = ["# stallscope report", "", f"**Verdict:** {md(report.verdict)}", ""]
+    if report.workload_note:
+        lines += [f"*{md(report.workload_note)}*", ""]
     run = report.run
     if run and run.get("overrides"):
         forced = ", ".join(f"`{md_code(f'{k}={v}')}`" for k, v in run["overrides"].items())
