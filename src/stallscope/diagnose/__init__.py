@@ -12,6 +12,7 @@ from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.d2h import pageable_d2h_copy
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.gpu_bound import gpu_bound
 from stallscope.diagnose.idle import gpu_idle
 from stallscope.diagnose.optimizer import single_tensor_optimizer
 from stallscope.diagnose.parallel import dataparallel
@@ -40,6 +41,7 @@ RULES: list[Rule] = [
     zero_grad_kernels,
     worker_startup,
     cpu_oversubscription,
+    gpu_bound,
 ]
 
 

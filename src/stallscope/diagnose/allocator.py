@@ -110,7 +110,7 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
         title=title,
         evidence=evidence,
         recommendation=(
-            cause + " Remove torch.cuda.empty_cache() from the training loop, let the "
+            cause + " Remove torch.cuda.empty_cache() from the step loop, let the "
             "allocator map memory in growable segments, and keep shapes stable (pad to a few "
             "bucket sizes, drop_last=True)."
         ),

@@ -55,7 +55,8 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
     advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n)
     evidence.update(advice.evidence)
     saving = pct(min(bound / n, advice.saving_us), total / n)
-    title = f"Training waits on the DataLoader for {wait_pct:.1f}% of each step"
+    who, unit = ("Inference", "batch") if model.workload == "inference" else ("Training", "step")
+    title = f"{who} waits on the DataLoader for {wait_pct:.1f}% of each {unit}"
     finding = Finding(
         id=RULE_ID,
         title=title,
@@ -162,7 +163,7 @@ def _advice(
             f"workers{', and all CPU work spread over the cores' if not model.has_gpu else ''}); "
             "never more than the loader wait"
         )
-    where = "Loading runs in the training process" if workers_now == 0 else "The workers lag"
+    where = "Loading runs in the main process" if workers_now == 0 else "The workers lag"
     return _Advice(
         f"{_where(info, change)}{where}: {why}. Keep the workers alive across epochs.",
         _snippet(info, change),

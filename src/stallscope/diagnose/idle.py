@@ -12,6 +12,8 @@ fix belong to `dataloader-bound`.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -20,7 +22,7 @@ from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches
+from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches, per_name
 
 RULE_ID = "gpu-idle"
 
@@ -33,6 +35,14 @@ IDLE_THRESHOLD_PCT = 10.0
 DOMINANT_SHARE = 0.6
 # How many of the largest idle gaps to list as evidence.
 TOP_GAPS = 5
+# A host-wait gap whose host ran this long (us) before launching the work that ended it was
+# not launch overhead: a launch costs the host ~5-10 us and an ATen op's dispatch ~10-20 us, so
+# 100 us without a launch is several ops' worth of host time that launched nothing (data
+# preprocessing, tokenisation, Python bookkeeping, CPU tensor ops).
+CPU_WORK_MIN_GAP_US = 100.0
+TOP_HOST_OPS = 5
+# Runtime calls that issue GPU work: an op during which one is made launched something.
+ISSUING_CALL = re.compile(r"Launch|Memcpy|Memset")
 
 # Idle gap causes: the next GPU work was launched after the GPU went idle (the host was late);
 # it had been launched before (it waited on a dependency, or the step ended); its launch is not
@@ -46,7 +56,7 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
     if not model.steps or model.total_step_us <= 0:
         return Assessment(RULE_ID, "not_assessed", "No step windows to measure idle time in.")
-    windows = _idle_windows(model)
+    windows = idle_windows(model)
     total = float((windows[:, 1] - windows[:, 0]).sum())
     if total <= 0:
         return Assessment(RULE_ID, "not_assessed", "No GPU work inside the analysed window.")
@@ -116,11 +126,22 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
             "no ProfilerStep markers: the span from the first to the last GPU activity"
         )
     cause = _idle_cause(loader_us, idle, rest_host, rest_other, rest_unknown)
+    # Without recorded host ops nothing says what the host did (legacy GPU-only exports).
+    cpu_gaps = _cpu_work_gaps(gaps) if len(model.ops) else gaps.iloc[0:0]
+    cpu_us = float(cpu_gaps["cpu_work_us"].sum())
+    if cpu_us > 0:
+        evidence["cpu_work_share_pct"] = pct(cpu_us, total)
+        evidence["cpu_work_ms_per_step"] = ms(cpu_us / n)
+        evidence["cpu_work_ops"] = _cpu_work_ops(model, gaps, cpu_gaps, n)
+    if cause in ("host-wait", "mixed") and cpu_us >= DOMINANT_SHARE * rest_host > 0:
+        cause = "host-cpu-work"
     evidence["dominant_cause"] = cause
     rec, snippet, precondition = _idle_advice(model, cause, evidence, rest_host, rest_other)
     title = f"The GPU is idle {idle_pct:.1f}% of each step" + {
         "dataloader": ", mostly while the host waits for the DataLoader",
         "host-wait": ", waiting for the host to launch work",
+        "host-cpu-work": ", while the host does CPU work that launches nothing"
+        + _ops_named(evidence),
         "other": ", with work queued behind dependencies or after the step's last kernel",
         "launch-unknown": "",
         "mixed": "",
@@ -144,7 +165,7 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
     return Assessment.found(finding)
 
 
-def _idle_windows(model: TraceModel) -> np.ndarray:
+def idle_windows(model: TraceModel) -> np.ndarray:
     """The step windows; without ProfilerStep markers, the span of GPU activity instead of the
     whole trace (whose setup and teardown would otherwise count as idle GPU time)."""
     windows = model.windows
@@ -163,7 +184,9 @@ def idle_gaps(model: TraceModel, dev: str, windows: np.ndarray | None = None) ->
     Columns: gap (gap index), step, us (idle length inside the step), offset_us (piece start
     from the step start), kind (one of GAP_KINDS), next_name (the GPU work that ended the gap),
     loader_us / sync_us (part of the piece during which the stepping thread waited in
-    DataLoader.__next__ / a synchronising call).
+    DataLoader.__next__ / a synchronising call), cpu_work_us (part of a host-wait piece before
+    the launch that ended the gap, outside those waits and outside runtime calls: the host was
+    doing something other than launching), start_us (the piece's start in trace time).
     """
     windows = model.windows if windows is None else windows
     g = model.gpu[model.gpu["device"] == dev].sort_values("ts", kind="stable")
@@ -194,12 +217,27 @@ def idle_gaps(model: TraceModel, dev: str, windows: np.ndarray | None = None) ->
         np.concatenate([syncs["end"].to_numpy(), (copies["ts"] + copies["wait_us"]).to_numpy()]),
     )
     loader_iv = _loader_intervals(model)
+    # Host-wait gaps, up to the launch of the work that ends them: the host ran something
+    # other than that launch (the only launch a host-wait gap can hold: any earlier one would
+    # have ended the gap).
+    hw = kind_code == 0
+    pre_iv = (gap_start[hw], np.minimum(launch[hw], gap_end[hw]))
+    # Time inside a runtime call is the CUDA runtime's (a slow launch, an allocation), not CPU
+    # work of the user's.
+    rt_iv = (model.runtime["ts"].to_numpy(dtype=float), model.runtime["end"].to_numpy(dtype=float))
+    # Host time inside an op that launched GPU work is that op's dispatch and Python glue
+    # (launch overhead); CPU work is time in ops that launched nothing, or in no op at all.
+    quiet, launching = split_ops(model)
+    quiet_iv = (quiet["ts"].to_numpy(dtype=float), quiet["end"].to_numpy(dtype=float))
+    busy_iv = (launching["ts"].to_numpy(dtype=float), launching["end"].to_numpy(dtype=float))
     tl = Timeline.from_intervals((windows[:, 0], windows[:, 1]), (gap_start, gap_end),
-                                 sync_iv, loader_iv)
+                                 sync_iv, loader_iv, pre_iv, rt_iv, quiet_iv, busy_iv)
     bucket = tl.bucket(windows[:, 0], windows[:, 1])
     in_gap = tl.cover(gap_start, gap_end) & (bucket >= 0)
     seg_gap = np.searchsorted(gap_start, tl.starts, side="right") - 1
     loader_m, sync_m = tl.cover(*loader_iv), tl.cover(*sync_iv)
+    pre_m = tl.cover(*pre_iv) & ~loader_m & ~sync_m & ~tl.cover(*rt_iv)
+    pre_m &= tl.cover(*quiet_iv) | ~tl.cover(*busy_iv)
     seg = pd.DataFrame({
         "gap": seg_gap[in_gap],
         "step": bucket[in_gap],
@@ -207,16 +245,88 @@ def idle_gaps(model: TraceModel, dev: str, windows: np.ndarray | None = None) ->
         "start": tl.starts[in_gap],
         "loader_us": np.where(loader_m[in_gap], tl.lengths[in_gap], 0.0),
         "sync_us": np.where(sync_m[in_gap] & ~loader_m[in_gap], tl.lengths[in_gap], 0.0),
+        "cpu_work_us": np.where(pre_m[in_gap], tl.lengths[in_gap], 0.0),
     })
     out = seg.groupby(["gap", "step"], sort=True).agg(
         us=("us", "sum"), start=("start", "min"), loader_us=("loader_us", "sum"),
-        sync_us=("sync_us", "sum"),
+        sync_us=("sync_us", "sum"), cpu_work_us=("cpu_work_us", "sum"),
     ).reset_index()
     gi = out["gap"].to_numpy()
     out["offset_us"] = out["start"].to_numpy() - windows[out["step"].to_numpy(), 0]
     out["kind"] = kinds[kind_code[gi]]
     out["next_name"] = names[gi]
-    return out.drop(columns="start")
+    out = out.rename(columns={"start": "start_us"})
+    # The CPU-work segments themselves (disjoint, in time order), for naming what ran in them.
+    cpu_seg = pre_m & in_gap
+    out.attrs["cpu_work_segments"] = (tl.starts[cpu_seg], tl.edges[1:][cpu_seg],
+                                      seg_gap[cpu_seg])
+    return out
+
+
+def split_ops(model: TraceModel) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The stepping thread's ops split into those during which no thread of the process issued
+    a launch, copy or memset (CPU work) and those during which one did (autograd launches the
+    backward from its own thread, so `loss.backward()` on the stepping thread counts as
+    launching)."""
+    ops = model.ops
+    if model.main_tid is not None and len(ops):
+        ops = ops[ops["tid"].astype(str) == str(model.main_tid)]
+    rt = model.runtime
+    issues = per_name(rt["name"], lambda s: bool(ISSUING_CALL.search(s))).to_numpy(dtype=bool)
+    ts = np.sort(rt["ts"].to_numpy(dtype=float)[issues])
+    inside = (np.searchsorted(ts, ops["end"].to_numpy(dtype=float), side="left")
+              - np.searchsorted(ts, ops["ts"].to_numpy(dtype=float), side="left"))
+    return ops[inside == 0], ops[inside > 0]
+
+
+def _cpu_work_gaps(gaps: pd.DataFrame) -> pd.DataFrame:
+    """The host-wait pieces of gaps whose host ran at least CPU_WORK_MIN_GAP_US before the
+    launch that ended them (outside DataLoader and sync waits)."""
+    per_gap = gaps.groupby("gap")["cpu_work_us"].transform("sum")
+    return gaps[(gaps["kind"] == "host-wait") & (per_gap >= CPU_WORK_MIN_GAP_US)
+                & (gaps["cpu_work_us"] > 0)]
+
+
+def _cpu_work_ops(model: TraceModel, gaps: pd.DataFrame, cpu_gaps: pd.DataFrame,
+                  n: int) -> list[dict]:
+    """The stepping thread's host ops by their time inside the CPU-work part of the gaps
+    (ops nest, so a parent and its child both count), plus the time no recorded op covers."""
+    ops, _ = split_ops(model)
+    seg_start, seg_end, seg_gap = gaps.attrs["cpu_work_segments"]
+    mine = np.isin(seg_gap, cpu_gaps["gap"].to_numpy())
+    starts, ends = seg_start[mine], seg_end[mine]
+    # Covered length up to t over these disjoint intervals, so an op's overlap is a difference.
+    before = np.concatenate([[0.0], np.cumsum(ends - starts)])
+
+    def covered(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, t, side="right") - 1
+        inside = np.where(i >= 0, np.clip(t - starts[np.clip(i, 0, None)], 0.0,
+                                          (ends - starts)[np.clip(i, 0, None)]), 0.0)
+        return before[np.clip(i, 0, None)] * (i >= 0) + inside
+
+    out = []
+    if len(ops):
+        overlap = covered(ops["end"].to_numpy(dtype=float)) - covered(
+            ops["ts"].to_numpy(dtype=float))
+        by_name = pd.Series(overlap, index=ops.index).groupby(
+            ops["name"].astype(str)).sum()
+        for name, us in by_name[by_name > 0].nlargest(TOP_HOST_OPS).items():
+            out.append({"op": name[:100], "ms_per_step": ms(us / n)})
+        tl = Timeline.from_intervals((starts, ends), (ops["ts"].to_numpy(), ops["end"].to_numpy()))
+        bare = tl.cover(starts, ends) & ~tl.cover(ops["ts"].to_numpy(), ops["end"].to_numpy())
+        bare_us = float(tl.lengths[bare].sum())
+    else:
+        bare_us = float((ends - starts).sum())
+    if bare_us > 0:
+        out.append({"op": "(no recorded op: Python code or untraced work)",
+                    "ms_per_step": ms(bare_us / n)})
+    return sorted(out, key=lambda r: -r["ms_per_step"])[:TOP_HOST_OPS]
+
+
+def _ops_named(ev: dict) -> str:
+    ops = [("Python code or untraced work" if o["op"].startswith("(") else o["op"])
+           for o in ev.get("cpu_work_ops", [])[:2]]
+    return f" ({', '.join(ops)})" if ops else ""
 
 
 def _loader_intervals(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
@@ -276,6 +386,16 @@ def _launch_snippet(model: TraceModel) -> str:
     )
 
 
+_CPU_WORK_SNIPPET = (
+    "# Do per-sample CPU work in the Dataset, where DataLoader workers run it in parallel\n"
+    "class Prepared(torch.utils.data.Dataset):\n"
+    "    def __getitem__(self, i):\n"
+    "        return preprocess(self.raw[i])  # tokenise / decode / resize here\n"
+    "loader = torch.utils.data.DataLoader(Prepared(raw), batch_size=bs, num_workers=4,\n"
+    "                                     pin_memory=True, persistent_workers=True)\n"
+    "for batch in loader:  # no preprocessing between here and the model call\n"
+    "    out = model(batch.to(device, non_blocking=True))"
+)
 _DEPENDENCY_SNIPPET = (
     "# Find what the queued work waits on: cross-stream waits, events, other devices\n"
     "# e.g. do not make the compute stream wait on a side stream before it must:\n"
@@ -320,7 +440,19 @@ def _idle_advice(
         "streams, a synchronising call before the next launch, or a peer device; move waits as "
         "late as possible and keep independent work launched ahead of them."
     )
-    if cause == "dataloader":
+    if cause == "host-cpu-work":
+        ops = ", ".join(f"{o['op']} {o['ms_per_step']} ms" for o in ev.get("cpu_work_ops", []))
+        rec = (
+            f"For {ev['cpu_work_ms_per_step']} ms per step ({ev['cpu_work_share_pct']:.1f}% of "
+            "step time) the GPU had nothing to run while the stepping thread did CPU work that "
+            f"launched no GPU work (per step: {ops}). This is not launch overhead: CUDA graphs, "
+            "torch.compile or fewer kernels would not remove it. Take that work off the critical "
+            "path: do preprocessing, tokenisation and image processing in the Dataset or "
+            "collate_fn so DataLoader workers (num_workers > 0) prepare the next batch while "
+            "the GPU runs this one, precompute it once, or move it onto the GPU."
+        )
+        snippet = _CPU_WORK_SNIPPET
+    elif cause == "dataloader":
         rec = (
             f"{ev['idle_during_dataloader_pct']:.0f}% of the GPU's idle time is the host waiting "
             "for the next batch: that cause and its fix are reported by `dataloader-bound`. "

@@ -253,6 +253,24 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
         if ampere:
             snippet += "\n\n# or, keeping fp32 tensors, TF32 tensor cores:\n" + _tf32_line(
                 model).rstrip("\n")
+    if model.workload == "inference":
+        dtype = "bfloat16" if ampere and bf16 else "float16"
+        rec = (
+            f"This GPU (compute capability {major}) has tensor cores, but {fp32_share:.0f}% of "
+            "the compute kernel time is matrix multiplies and convolutions in fp32 on the CUDA "
+            f"cores. Run the model under {dtype.replace('bfloat', 'bf')} autocast (or convert "
+            "its weights with model.half() / model.to(torch.bfloat16))"
+            + ("; or, keeping fp32, let cuBLAS and cuDNN use TF32 tensor cores." if ampere
+               else ".")
+        )
+        no_grad = "torch.inference_mode()" if has(model, (1, 9)) else "torch.no_grad()"
+        snippet = (
+            f"{for_torch(model)}\n"
+            f"with {no_grad}, {autocast(model, dtype)}:\n"
+            "    outputs = model(batch)"
+            + ("\n\n# or, keeping fp32 tensors, TF32 tensor cores:\n"
+               + _tf32_line(model).rstrip("\n") if ampere else "")
+        )
     snippet += (
         "\n\n# convolutions: channels_last lets cuDNN pick tensor-core kernels without "
         "transposes\nmodel = model.to(memory_format=torch.channels_last)"
@@ -264,8 +282,11 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
         recommendation=rec,
         snippet=snippet,
         precondition=(
-            "The model's numerics must tolerate reduced precision (validate the loss curve and "
-            "metrics against an fp32 run); the gain is on the GEMM/conv kernels only, so it "
+            "The model's numerics must tolerate reduced precision ("
+            + ("compare its outputs with an fp32 run on held-out inputs"
+               if model.workload == "inference"
+               else "validate the loss curve and metrics against an fp32 run")
+            + "); the gain is on the GEMM/conv kernels only, so it "
             "shows in step time only while the GPU is the bottleneck (here it is busy "
             f"{pct(busiest, total):.0f}% of the step). Tensor cores want dimensions that are "
             "multiples of 8; convolutions want channels_last."

@@ -97,7 +97,7 @@ def host_device_sync(model: TraceModel, _context: RunContext | None = None) -> A
             f"it waits, largest first: {said}." + why + " Keep metrics on the GPU and read "
             "them every N steps, outside the hot loop."
         ),
-        snippet=(
+        snippet=_INFERENCE_SNIPPET if model.workload == "inference" else (
             "running_loss = torch.zeros((), device=device)\n"
             "for step, (x, y) in enumerate(loader):\n"
             "    loss = criterion(model(x), y)\n"
@@ -199,3 +199,16 @@ def _sources(model: TraceModel) -> list[dict]:
             item["gpu_copy_us_max"] = float(row["gpu_max"])
         out.append(item)
     return out
+
+
+# Inference has no loss to accumulate: keep the batch's outputs on the GPU and bring them to
+# the host once per several batches, not one `.item()`/`.cpu()` per request.
+_INFERENCE_SNIPPET = (
+    "pending = []\n"
+    "for i, batch in enumerate(requests):\n"
+    "    with torch.inference_mode():\n"
+    "        pending.append(model(batch.to(device, non_blocking=True)))  # stays on the GPU\n"
+    "    if len(pending) == 8:  # one sync per 8 batches, not per request\n"
+    "        results = torch.cat(pending).cpu()\n"
+    "        pending.clear()"
+)

@@ -22,7 +22,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
     if model.has_gpu:
         return Assessment(
             RULE_ID, "not_assessed",
-            "GPU training: this rule judges CPU training, where the step's compute runs on "
+            "A GPU run: this rule judges CPU-only runs, where the step's compute runs on "
             "the same cores as the loader workers.",
         )
     if not model.steps:
@@ -70,7 +70,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             f"{cores} core(s) leave the step's compute {100 * excess:.0f}% short of CPU while "
             "the workers run, and the trace shows them running (the step waits "
             f"{evidence['loader_wait_share_pct']:.1f}% on batches); OpenMP barriers can make "
-            "the real loss larger, idle workers smaller"
+            "the real cost larger, idle workers smaller"
         )
     else:
         saving = 0.0
@@ -98,7 +98,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             f"# or, before Python starts: OMP_NUM_THREADS={fit} python train.py"
         ),
         precondition=(
-            "CPU training whose loader workers are busy while the step computes; with fewer "
+            "A CPU-only run whose loader workers are busy while the step computes; with fewer "
             "intra-op threads each op is less parallel, so check the step time after the change."
         ),
         estimated_saving_pct=saving,

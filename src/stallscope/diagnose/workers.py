@@ -57,7 +57,7 @@ def worker_startup(model: TraceModel, context: RunContext | None = None) -> Asse
     if context is not None and context.dataloaders and not multi_loaders:
         return Assessment(
             RULE_ID, "clear",
-            "Every DataLoader of the run loads in the training process (num_workers=0): no "
+            "Every DataLoader of the run loads in the main process (num_workers=0): no "
             "worker processes to start.",
         )
     bounds = _boundaries(model)
@@ -221,8 +221,8 @@ def _startup_finding(
     if saving < STARTUP_MATERIAL_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"Workers are re-spawned each epoch ({ms(cost):.1f} ms), {saving:.2f}% of training "
-            f"time (material from {STARTUP_MATERIAL_PCT:.0f}%).",
+            f"Workers are re-spawned each epoch ({ms(cost):.1f} ms), {saving:.2f}% of the "
+            f"run's step time (material from {STARTUP_MATERIAL_PCT:.0f}%).",
         )
     rebuilt = context is not None and bool(multi_loaders) and info is None
     if rebuilt:

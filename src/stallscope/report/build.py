@@ -14,6 +14,7 @@ import numpy as np
 from stallscope import __version__
 from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
+from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.plan import Plan
 from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
 from stallscope.report.timeline import step_timeline
@@ -69,6 +70,15 @@ class Report:
         return shlex.join(["stallscope", "analyze", *map(str, self.source.get("paths", []))])
 
     @property
+    def workload_note(self) -> str | None:
+        """One line when every trace is inference: its steps are batches of requests."""
+        kinds = {t.get("workload") for t in self.traces}
+        if kinds != {"inference"}:
+            return None
+        return ("Workload: inference (forward passes only, no backward pass in the trace): each "
+                "step is one batch of requests.")
+
+    @property
     def verdict(self) -> str:
         """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
         top = self.top_finding
@@ -76,6 +86,10 @@ class Report:
             return "No bottleneck found by the rules that could be assessed."
         entry = self.plan_entry(top)
         if top.severity == "info":
+            bound = next((f for f in self.findings if f.id == "gpu-bound" and not f.caused_by),
+                         None)
+            if bound is not None:
+                return gpu_bound_verdict(bound)
             said = "is predicted to save" if entry else "can save at most"
             how = (f" ({entry['change']}: {self.plan['measured_step_us'] / 1000:.1f} -> "
                    f"{entry['predicted_step_us'] / 1000:.1f} ms per step)"
@@ -125,6 +139,7 @@ def build_report(
                 "schema": model.trace.schema,
                 "torch_version": model.trace.torch_info.label,
                 "steps_source": model.steps_source,
+                "workload": model.workload,
                 "gpu_devices": model.gpu_devices,
                 "dataloader": model.loader_kind,
                 "skipped_events": model.trace.skipped_events,

@@ -121,6 +121,8 @@ def render_markdown(report: Report) -> str:
     versions = report.environment.get("torch_versions") or []
     if versions:
         lines += [f"**Recorded with:** {md('; '.join(versions))}", ""]
+    if report.workload_note:
+        lines += [f"*{md(report.workload_note)}*", ""]
     run = report.run
     if run and run.get("overrides"):
         forced = ", ".join(f"`{md_code(f'{k}={v}')}`" for k, v in run["overrides"].items())

@@ -19,6 +19,7 @@ import pandas as pd
 
 from stallscope.trace.intervals import Timeline, enclosing, exclusive
 from stallscope.trace.load import Trace
+from stallscope.trace.workload import workload_of
 
 HOST_CATEGORIES = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
 GPU_CATEGORIES = ("kernel", "memcpy", "memset", "idle")
@@ -91,6 +92,7 @@ class TraceModel:
     #      excluded
     ops: pd.DataFrame = field(default_factory=pd.DataFrame)
     main_tid: str | None = None  # the thread that steps
+    workload: str = "unknown"  # "training", "inference" or "unknown" (trace/workload.py)
 
     @property
     def windows(self) -> np.ndarray:
@@ -186,6 +188,7 @@ def build_model(trace: Trace) -> TraceModel:
         runtime=runtime_table,
         ops=op_table,
         main_tid=main_tid,
+        workload=workload_of(op_table, gpu_table),
     )
 
 
