@@ -72,6 +72,9 @@ class Report:
     def verdict(self) -> str:
         """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
         top = self.top_finding
+        too_little = [t["too_little"] for t in self.traces if t.get("too_little")]
+        if top is None and too_little and len(too_little) == len(self.traces):
+            return f"Too little to judge: {too_little[0]}."
         if top is None:
             return "No bottleneck found by the rules that could be assessed."
         entry = self.plan_entry(top)
@@ -126,6 +129,9 @@ def build_report(
                 "skipped_events": model.trace.skipped_events,
                 "summary": _summary(steps),
                 "notes": model.notes,
+                "startup": model.startup,
+                "set_aside_steps": model.set_aside,
+                "too_little": model.too_little,
                 "plan": _plan_dict(plan),
             }
         )
