@@ -32,6 +32,18 @@ def test_iterations_inferred_from_optimizer_step_on_gp100() -> None:
     assert any("inferred from 'Optimizer.step#SGD.step'" in n for n in model.notes)
 
 
+def test_the_replay_follows_the_inferred_iterations() -> None:
+    from stallscope.diagnose.plan import make_plan
+
+    model = build_model(load_trace(real_trace("hta/gp100_gpu_user_annotation.pt.trace.json.gz")))
+    plan = make_plan(model, diagnose(model), None)
+    assert plan is not None
+    # One replayed iteration (~1.5 ms), not the 10 ms whole trace the replay saw before.
+    assert 1400 < plan.measured_step_us < 1700
+    assert plan.measured_step_us == pytest.approx(
+        np.median([s.duration_us for s in model.steps]), rel=0.05)
+
+
 def test_iterations_inferred_from_dataloader_in_cpu_inference_loop() -> None:
     path = SAMPLES / "cpu-inference-loop.pt.trace.json.gz"
     model = build_model(load_trace(path))
@@ -76,12 +88,14 @@ def test_fewer_than_three_steps_are_all_kept_and_said() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "kernels"), [("a100_triton_kernel_small", 1), ("a100_event_sync_small", 4)]
+    ("name", "kernels"), [("a100_triton_kernel_small", 1), ("a100_event_sync_small", 4),
+     ("legacy_schema_inference_rank1", 4)]
 )
 def test_tiny_windows_are_too_little_to_judge(name: str, kernels: int) -> None:
     path = real_trace(f"hta/{name}.pt.trace.json.gz")
     verdict = _verdict(path)
     assert verdict.startswith(f"Too little to judge: {kernels} kernel(s)")
+    assert "us of GPU work in a " in verdict
     assert "prof.step()" in verdict
     assert "idle" not in verdict
     model = build_model(load_trace(path))

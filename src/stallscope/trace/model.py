@@ -340,7 +340,7 @@ def _too_little(gpu: pd.DataFrame, windows: np.ndarray) -> str | None:
     span = float(windows[-1, 1] - windows[0, 0])
     return (
         f"{kernels} kernel(s) and {len(inside) - kernels} other GPU operation(s), "
-        f"{busy:.1f} us of GPU work in a {span / 1e6:.3g} s window (fewer than {MIN_GPU_OPS} "
+        f"{busy:.1f} us of GPU work in a {_duration(span)} window (fewer than {MIN_GPU_OPS} "
         "GPU operations cannot be one training step); record several steps of the training "
         "loop, calling prof.step() after each"
     )
@@ -436,6 +436,11 @@ def _steps(
     return steps
 
 
+def _duration(us: float) -> str:
+    """A span as a person reads it: seconds from 1 s, else milliseconds."""
+    return f"{us / 1e6:.1f} s" if us >= 1e6 else f"{us / 1000:.2f} ms"
+
+
 def _step_windows(
     ev: pd.DataFrame, notes: list[str]
 ) -> tuple[np.ndarray, list[str], str | None, str | None, Iterations | None]:
@@ -461,11 +466,12 @@ def _step_windows(
         # A step cannot outlast the start of the next one.
         ends = np.minimum(ends, np.append(starts[1:], np.inf))
         keep = ends > starts
-        steps = steps[keep]
-        names_out = [f"ProfilerStep#{n}" for n in steps["number"]]
-        main = steps[["pid", "tid"]].astype(str).value_counts().idxmax()
-        return (np.column_stack([starts[keep], ends[keep]]), names_out, main[0], main[1],
-                None)
+        if keep.any():  # else only empty markers: treated as no markers
+            steps = steps[keep]
+            names_out = [f"ProfilerStep#{n}" for n in steps["number"]]
+            main = steps[["pid", "tid"]].astype(str).value_counts().idxmax()
+            return (np.column_stack([starts[keep], ends[keep]]), names_out, main[0], main[1],
+                    None)
     host = ev[ev["cat"].isin(HOST_CATS)]
     body = ev[ev["cat"] != "Trace"]
     if len(body) == 0:
