@@ -40,13 +40,15 @@ def test_resnet50_multi_process_loader_is_not_dataloader_bound(name: str):
     assert verdict["dataloader-bound"] == "clear"
 
 
-def test_alexnet_pageable_htod_is_reported_with_its_bandwidth():
+def test_alexnet_pageable_htod_is_start_up_not_a_step_cost():
     report = analyze_paths([real_trace("hta/a100_alexnet_pageable_htod.pt.trace.json.gz")])
-    (f,) = findings(report, "pageable-h2d-copy")
-    # README: 150 MB at ~4.3 GB/s; all copies together average 4.4 GB/s.
-    assert 3.8 <= f.evidence["achieved_gbps"] <= 4.8
-    assert f.evidence["largest_copy_bytes"] == 150994944
-    assert "pin_memory=True" in f.snippet and "non_blocking=True" in f.snippet
+    # README: 150 MB at ~4.3 GB/s, but every copy is a one-off upload before the first forward
+    # (the measured forward copies nothing): start-up, said as such, not a step's bottleneck.
+    assert not findings(report, "pageable-h2d-copy")
+    (trace,) = report.traces
+    what = trace["startup"]["what"]
+    assert "16 host-to-device copies from pageable memory" in what
+    assert "at 4." in what and "GB/s" in what
     # The trace has no ProfilerStep markers: the report must say how it coped.
     assert any("No ProfilerStep" in n for n in report.notes)
 

@@ -66,6 +66,9 @@ def diagnose(model: TraceModel, context: RunContext | None = None) -> list[Asses
     out = []
     for rule in RULES:
         a = rule(model, context)
+        if model.too_little and a.finding is not None:
+            # Nothing in the window is a training step: no finding about it can be acted on.
+            a = Assessment(a.rule, "not_assessed", f"Too little to judge: {model.too_little}.")
         a.trace = model.trace.label
         if a.finding is not None:
             a.finding.trace = model.trace.label

@@ -121,7 +121,7 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         evidence["idle_share_pct_by_device"] = {
             d: pct(u, total) for d, u in idle_by_device.items()
         }
-    if model.steps_source != "ProfilerStep":
+    if model.steps_source == "whole-trace":
         evidence["window"] = (
             "no ProfilerStep markers: the span from the first to the last GPU activity"
         )
@@ -167,9 +167,10 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
 
 def idle_windows(model: TraceModel) -> np.ndarray:
     """The step windows; without ProfilerStep markers, the span of GPU activity instead of the
-    whole trace (whose setup and teardown would otherwise count as idle GPU time)."""
+    whole trace (whose setup and teardown would otherwise count as idle GPU time). Inferred
+    iterations are steps like ProfilerStep ones."""
     windows = model.windows
-    if model.steps_source == "ProfilerStep" or model.gpu.empty:
+    if model.steps_source != "whole-trace" or model.gpu.empty:
         return windows
     lo, hi = float(model.gpu["ts"].min()), float(model.gpu["end"].max())
     clipped = np.column_stack([np.maximum(windows[:, 0], lo), np.minimum(windows[:, 1], hi)])

@@ -82,18 +82,24 @@ class Report:
     def verdict(self) -> str:
         """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
         top = self.top_finding
+        too_little = [t["too_little"] for t in self.traces if t.get("too_little")]
+        if top is None and too_little and len(too_little) == len(self.traces):
+            return f"Too little to judge: {too_little[0]}."
         if top is None:
             return "No bottleneck found by the rules that could be assessed."
         entry = self.plan_entry(top)
         if top.severity == "info":
             bound = next((f for f in self.findings if f.id == "gpu-bound" and not f.caused_by),
                          None)
-            if bound is not None:
-                return gpu_bound_verdict(bound)
-            said = "is predicted to save" if entry else "can save at most"
             how = (f" ({entry['change']}: {self.plan['measured_step_us'] / 1000:.1f} -> "
                    f"{entry['predicted_step_us'] / 1000:.1f} ms per step)"
                    if entry is not None and self.plan is not None else "")
+            if bound is not None:
+                # The plan's first entry is still what to try first; say what it buys.
+                first = (f" First in the fix plan: {top.title[0].lower()}{top.title[1:]}"
+                         f"{how}." if how else "")
+                return gpu_bound_verdict(bound) + first
+            said = "is predicted to save" if entry else "can save at most"
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
                 f"{said} {top.estimated_saving_pct:.1f}% of step time{how}."
@@ -145,6 +151,9 @@ def build_report(
                 "skipped_events": model.trace.skipped_events,
                 "summary": _summary(steps),
                 "notes": model.notes,
+                "startup": model.startup,
+                "set_aside_steps": model.set_aside,
+                "too_little": model.too_little,
                 "plan": _plan_dict(plan),
             }
         )

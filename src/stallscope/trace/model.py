@@ -1,6 +1,8 @@
 """From a columnar trace to the quantities the rules reason about.
 
-Steps come from `ProfilerStep#N` ranges; without them the whole trace is one window. Each step's
+Steps come from `ProfilerStep#N` ranges; without them iterations are inferred from what repeats on
+the busiest thread, else the whole trace is one window; start-up and a one-off first step are set
+aside (trace/windows.py). Each step's
 wall time is split, without overlap, into host categories (see docs/metrics.md), and each GPU's
 busy time is split into kernel / memcpy / memset / idle over the same window. Host copy calls are
 joined to their GPU copies by correlation id so that a long `cudaMemcpyAsync` can be told apart:
@@ -19,6 +21,14 @@ import pandas as pd
 
 from stallscope.trace.intervals import Timeline, enclosing, exclusive
 from stallscope.trace.load import Trace
+from stallscope.trace.windows import (
+    Iterations,
+    Startup,
+    describe_startup,
+    first_step_outlier,
+    infer_iterations,
+    startup_calls,
+)
 from stallscope.trace.workload import workload_of
 
 HOST_CATEGORIES = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
@@ -48,6 +58,14 @@ HOST_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cu
 
 # Runtime calls shorter than this (us) are not attributed to CPU ops: they cannot matter.
 MIN_NAMED_CALL_US = 20.0
+# A multi-process window (no steps) whose first GPU work comes this long (us) after its start
+# begins with start-up (process, data and model set-up), not with work the user repeats.
+STARTUP_GAP_US = 1_000_000.0
+# Fewer GPU operations (kernels, copies, memsets) than this in the judged steps is too little to
+# judge a training step: one forward, backward and optimizer update of even a one-layer model
+# launches more, so such a window holds a test or a fragment whose idle share is set by fixed
+# per-call latencies (launch, context, sync) that no change to a training loop addresses.
+MIN_GPU_OPS = 10
 # A host copy call that ends this close (us) to the start of its GPU copy, or later, waited for it.
 CLOCK_TOLERANCE_US = 2.0
 
@@ -73,7 +91,7 @@ class TraceModel:
 
     trace: Trace
     steps: list[Step]
-    steps_source: str  # "ProfilerStep" or "whole-trace"
+    steps_source: str  # "ProfilerStep", "inferred: <marker>" or "whole-trace"
     has_gpu: bool
     gpu_devices: list[str]
     loader_kind: str | None  # "single-process", "multi-process", "datapipe" or None
@@ -93,6 +111,12 @@ class TraceModel:
     ops: pd.DataFrame = field(default_factory=pd.DataFrame)
     main_tid: str | None = None  # the thread that steps
     workload: str = "unknown"  # "training", "inference" or "unknown" (trace/workload.py)
+    # One-off start-up set aside before the steady-state window (Startup.to_dict()), or None.
+    startup: dict[str, Any] | None = None
+    # Recorded steps left out of the verdict: name, start_us, end_us, duration_us, reason.
+    set_aside: list[dict[str, Any]] = field(default_factory=list)
+    # Why the judged window holds too little GPU work to judge a training step, or None.
+    too_little: str | None = None
 
     @property
     def windows(self) -> np.ndarray:
@@ -117,7 +141,9 @@ class TraceModel:
 def build_model(trace: Trace) -> TraceModel:
     ev = trace.events
     notes: list[str] = []
-    windows, step_names, main_pid, main_tid = _step_windows(ev, notes)
+    windows, step_names, main_pid, main_tid, inferred = _step_windows(ev, notes)
+    if inferred is not None:
+        step_names = inferred.names
     cut = trace.capture.get("incomplete_step")
     if cut in step_names and len(step_names) > 1:
         keep = [n != cut for n in step_names]
@@ -126,14 +152,23 @@ def build_model(trace: Trace) -> TraceModel:
     elif cut in step_names:
         notes.append(f"The only recorded step, {cut}, was cut short when the script ended.")
     notes.extend(trace.notes)
-    source = "ProfilerStep" if step_names else "whole-trace"
+    source = "ProfilerStep" if step_names and inferred is None else "whole-trace"
+    if inferred is not None:
+        source = f"inferred: {inferred.marker}"
+        notes.append(
+            f"No ProfilerStep#N markers: {len(windows)} iterations were inferred from "
+            f"'{inferred.marker}', which repeats every {inferred.period_us / 1000:.1f} ms "
+            "(median) on the busiest thread; call prof.step() each iteration to mark them "
+            "exactly."
+        )
     if not len(windows):
         notes.append(f"{trace.path.name} holds no timed events that span any time: nothing in "
                      "it was analysed.")
     elif source == "whole-trace":
         notes.append(
-            "No ProfilerStep#N markers (prof.step() was not called): the whole trace is "
-            "analysed as one window, so per-step figures are for that window."
+            "No ProfilerStep#N markers (prof.step() was not called) and nothing repeats "
+            "regularly on the busiest thread: the trace is analysed as one window, so per-step "
+            "figures are for that window."
         )
     host = ev[ev["pid"] == main_pid] if main_pid is not None else ev.iloc[0:0]
     loader = host[(host["tid"] == main_tid) & name_matches(host["name"], LOADER_NAME)]
@@ -157,6 +192,10 @@ def build_model(trace: Trace) -> TraceModel:
     ops = host[(host["cat"] == "cpu_op") & ~name_matches(host["name"], NOT_AN_OP)]
     for table in (copies, syncs):
         table["op"], table["top_op"] = _enclosing_ops(ops, table)
+    windows, startup = _set_aside_startup(windows, source, runtime, ops, gpu, copies, notes)
+    windows, step_names, set_aside = _set_aside_outliers(
+        windows, step_names, runtime.assign(correlation=args.loc[runtime.index, "correlation"]),
+        gpu, source, notes)
 
     steps = _steps(windows, step_names, loader, copies, syncs, gpu, gpu_devices)
     copies["step"] = _step_of(copies["ts"].to_numpy(), windows)
@@ -174,6 +213,10 @@ def build_model(trace: Trace) -> TraceModel:
     # Names stay categorical: tens of thousands of ops, a few hundred distinct names.
     op_table = op_table.assign(step=_step_of(op_table["ts"].to_numpy(), windows))
     op_table = op_table.reset_index(drop=True)
+    workload = workload_of(op_table, gpu_table)
+    too_little = _too_little(gpu_table, windows, workload) if has_gpu else None
+    if too_little:
+        notes.append(f"Too little to judge: {too_little}.")
     return TraceModel(
         trace=trace,
         steps=steps,
@@ -188,7 +231,125 @@ def build_model(trace: Trace) -> TraceModel:
         runtime=runtime_table,
         ops=op_table,
         main_tid=main_tid,
-        workload=workload_of(op_table, gpu_table),
+        workload=workload,
+        startup=startup.to_dict() if startup else None,
+        set_aside=set_aside,
+        too_little=too_little,
+    )
+
+
+def _set_aside_startup(
+    windows: np.ndarray, source: str, runtime: pd.DataFrame, ops: pd.DataFrame,
+    gpu: pd.DataFrame, copies: pd.DataFrame, notes: list[str],
+) -> tuple[np.ndarray, Startup | None]:
+    """Start-up before the steady-state window: initialisation calls (context creation, library
+    set-up, module loading) before the first step, or, in a one-window trace, up to the end of
+    the last of them and of a long wait for the first GPU work. The window is trimmed so the
+    rules never judge start-up as the step's bottleneck."""
+    if not len(windows) or runtime.empty:
+        return windows, None
+    whole = source == "whole-trace"
+    origin = float(windows[0, 0])
+    calls = startup_calls(runtime, None if whole else float(windows[0, 0]))
+    if whole:
+        calls = calls[calls["end"] < windows[0, 1]]
+    start = float(calls["end"].max()) if len(calls) else origin
+    gap = 0.0
+    if whole and len(gpu):
+        first_gpu = float(gpu.loc[gpu["ts"] >= start, "ts"].min()) if (
+            gpu["ts"] >= start).any() else start
+        if first_gpu - start >= STARTUP_GAP_US:
+            gap, start = first_gpu - start, first_gpu
+    if not len(calls) and not gap:
+        return windows, None
+    if len(calls):
+        inner, outer = _enclosing_ops(ops, calls.reset_index(drop=True))
+        calls = calls.assign(op=inner, top_op=outer)
+    rows, what = describe_startup(calls, float(runtime["ts"].min()), gap)
+    if whole:
+        what += _startup_copies(copies[copies["ts"] < start])
+    end = start if whole else float(windows[0, 0])
+    startup = Startup(origin if whole else float(runtime["ts"].min()), end, rows, what)
+    if whole:
+        windows = windows.copy()
+        windows[0, 0] = start
+    notes.append(
+        f"Start-up set aside: {startup.duration_us / 1e6:.2f} s before the steady-state window "
+        f"({what}). One-off costs are not steps: the rules judge only what follows."
+    )
+    return windows, startup
+
+
+def _startup_copies(copies: pd.DataFrame) -> str:
+    """Host-to-device copies made during start-up (model and data upload), as a phrase."""
+    h2d = copies[copies["direction"] == "HtoD"]
+    if h2d.empty:
+        return ""
+    moved, took = float(h2d["bytes"].sum()), float(h2d["dur_gpu"].sum())
+    pageable = " from pageable memory" if (h2d["src"] == "Pageable").all() else ""
+    rate = f" at {moved / took / 1e3:.1f} GB/s" if took > 0 else ""
+    return (f"; {len(h2d)} host-to-device copies{pageable} ({moved / 1e6:.0f} MB{rate}, "
+            f"{took / 1000:.1f} ms on the GPU), one-off uploads")
+
+
+def _set_aside_outliers(
+    windows: np.ndarray, names: list[str], runtime: pd.DataFrame, gpu: pd.DataFrame,
+    source: str, notes: list[str],
+) -> tuple[np.ndarray, list[str], list[dict[str, Any]]]:
+    """Leave a one-off first step out of the verdict (trace/windows.py says which)."""
+    if source == "whole-trace" or not len(windows):
+        return windows, names, []
+    n = len(windows)
+    if n < 3:
+        notes.append(
+            f"Only {n} step(s) to judge: all are kept, none set aside as an outlier (that needs "
+            "3 or more); record more steps so a one-off first step can be told apart."
+        )
+        return windows, names, []
+    durations = windows[:, 1] - windows[:, 0]
+    reason = first_step_outlier(durations, _pre_window_busy(windows[0], runtime, gpu))
+    if reason is None:
+        return windows, names, []
+    label = names[0] if names else "the first step"
+    dropped = {"name": label, "start_us": round(float(windows[0, 0]), 3),
+               "end_us": round(float(windows[0, 1]), 3),
+               "duration_us": round(float(durations[0]), 3), "reason": reason}
+    notes.append(f"{label} is left out of the verdict: {reason}.")
+    return windows[1:], names[1:], [dropped]
+
+
+def _pre_window_busy(window: np.ndarray, runtime: pd.DataFrame, gpu: pd.DataFrame) -> float:
+    """GPU time inside `window` taken by work launched before the window began (merged)."""
+    if gpu.empty or runtime.empty:
+        return 0.0
+    early = runtime.loc[runtime["ts"] < window[0], "correlation"]
+    if early.empty:
+        return 0.0
+    g = gpu[gpu["correlation"].isin(early.dropna().to_numpy())]
+    lo = np.clip(g["ts"].to_numpy(), window[0], window[1])
+    hi = np.clip(g["end"].to_numpy(), window[0], window[1])
+    if not len(lo):
+        return 0.0
+    tl = Timeline.from_intervals((lo, hi))
+    return float(tl.lengths[tl.cover(lo, hi)].sum())
+
+
+def _too_little(gpu: pd.DataFrame, windows: np.ndarray, workload: str) -> str | None:
+    """What the judged window holds, when it is too little GPU work to judge a step."""
+    inside = gpu[gpu["step"] >= 0]
+    if len(inside) >= MIN_GPU_OPS or not len(windows):
+        return None
+    kernels = int((inside["kind"] == "kernel").sum())
+    busy = float(inside["dur"].sum())
+    span = float(windows[-1, 1] - windows[0, 0])
+    return (
+        f"{kernels} kernel(s) and {len(inside) - kernels} other GPU operation(s), "
+        f"{busy:.1f} us of GPU work in a {_duration(span)} window (fewer than {MIN_GPU_OPS} "
+        + ("GPU operations cannot be one batch of a model's inference); record several "
+           "batches of the inference loop, calling prof.step() after each"
+           if workload == "inference" else
+           "GPU operations cannot be one training step); record several steps of the training "
+           "loop, calling prof.step() after each")
     )
 
 
@@ -282,9 +443,14 @@ def _steps(
     return steps
 
 
+def _duration(us: float) -> str:
+    """A span as a person reads it: seconds from 1 s, else milliseconds."""
+    return f"{us / 1e6:.1f} s" if us >= 1e6 else f"{us / 1000:.2f} ms"
+
+
 def _step_windows(
     ev: pd.DataFrame, notes: list[str]
-) -> tuple[np.ndarray, list[str], str | None, str | None]:
+) -> tuple[np.ndarray, list[str], str | None, str | None, Iterations | None]:
     """Step windows [start, end) in trace time, their names ([] for the whole-trace window),
     and the (pid, tid) of the thread that steps. Odd step markers are noted, not hidden."""
     is_step = name_matches(ev["name"], STEP_NAME) & ev["cat"].isin(["user_annotation", "cpu_op"])
@@ -307,21 +473,27 @@ def _step_windows(
         # A step cannot outlast the start of the next one.
         ends = np.minimum(ends, np.append(starts[1:], np.inf))
         keep = ends > starts
-        steps = steps[keep]
-        names_out = [f"ProfilerStep#{n}" for n in steps["number"]]
-        main = steps[["pid", "tid"]].astype(str).value_counts().idxmax()
-        return np.column_stack([starts[keep], ends[keep]]), names_out, main[0], main[1]
+        if keep.any():  # else only empty markers: treated as no markers
+            steps = steps[keep]
+            names_out = [f"ProfilerStep#{n}" for n in steps["number"]]
+            main = steps[["pid", "tid"]].astype(str).value_counts().idxmax()
+            return (np.column_stack([starts[keep], ends[keep]]), names_out, main[0], main[1],
+                    None)
     host = ev[ev["cat"].isin(HOST_CATS)]
     body = ev[ev["cat"] != "Trace"]
     if len(body) == 0:
-        return np.empty((0, 2)), [], None, None
+        return np.empty((0, 2)), [], None, None, None
     window = np.array([[body["ts"].min(), body["end"].max()]])
     if not window[0, 1] > window[0, 0]:  # events of no duration: no time to break down
-        return np.empty((0, 2)), [], None, None
+        return np.empty((0, 2)), [], None, None, None
     if len(host) == 0:
-        return window, [], None, None
+        return window, [], None, None, None
     busiest = host.groupby(["pid", "tid"], observed=True)["dur"].sum().idxmax()
-    return window, [], str(busiest[0]), str(busiest[1])
+    mine = host[(host["pid"] == busiest[0]) & (host["tid"] == busiest[1])]
+    inferred = infer_iterations(mine)
+    if inferred is not None:
+        return inferred.windows, [], str(busiest[0]), str(busiest[1]), inferred
+    return window, [], str(busiest[0]), str(busiest[1]), None
 
 
 def per_name(names: pd.Series, fn: Callable[[str], Any]) -> pd.Series:
