@@ -61,10 +61,13 @@ def test_resnet_num_workers_0_vs_4_is_faster_and_resolves_dataloader_bound(tmp_p
     assert data["gpu"] and data["gpu"][0]["delta_busy_pct"] > 0  # the GPU is busier
     unchanged = {r["id"]: r for r in data["findings"]["unchanged"]}
     assert "no-mixed-precision" in unchanged
-    # While the step waits on the loader, faster kernels win nothing (the replay says so);
-    # once it no longer waits, they do.
-    assert unchanged["no-mixed-precision"]["saving_before_pct"] == 0
-    assert unchanged["no-mixed-precision"]["saving_after_pct"] > 0
+    # While the step waits on the loader, faster kernels win little: their saving is their
+    # share of the fix plan after the workers fix (the replay says a few percent, from the
+    # input copy's sync waiting for the GPU to drain); once the loader no longer waits, they
+    # win more.
+    amp = unchanged["no-mixed-precision"]
+    assert amp["saving_before_pct"] < 5
+    assert amp["saving_after_pct"] > 0
     assert "Faster" in data["verdict"]
     assert 'id="findings-resolved"' in html and "dataloader-bound" in html
     assert "### Resolved (1)" in md and "`dataloader-bound`" in md

@@ -79,6 +79,20 @@ class Report:
                 "step is one batch of requests.")
 
     @property
+    def verdict_id(self) -> str:
+        """What the verdict line speaks of, for machines: a finding id, or one of
+        `too-little-to-judge`, `no-finding`, `no-bottleneck` (every finding is minor)."""
+        top = self.top_finding
+        if top is None:
+            whole = [t for t in self.traces if t.get("too_little")]
+            return ("too-little-to-judge" if whole and len(whole) == len(self.traces)
+                    else "no-finding")
+        if top.severity == "info":
+            bound = any(f.id == "gpu-bound" and not f.caused_by for f in self.findings)
+            return "gpu-bound" if bound else "no-bottleneck"
+        return top.id
+
+    @property
     def verdict(self) -> str:
         """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
         top = self.top_finding

@@ -23,8 +23,11 @@ def _clean(value: Any) -> Any:
 
 
 def report_data(report: Report) -> dict[str, Any]:
-    """The report as JSON-ready data (also what the HTML page embeds)."""
-    return _clean(report.to_dict())
+    """The report as JSON-ready data (also what the HTML page embeds), with the verdict line
+    and what it speaks of (`verdict.id`: a finding id or a no-finding kind)."""
+    data = report.to_dict()
+    data["verdict"] = {"text": report.verdict, "id": report.verdict_id}
+    return _clean(data)
 
 
 def render_json(report: Report) -> str:
