@@ -8,9 +8,9 @@ thread finished something was released by it (backward starts when the main thre
 graph, the main thread resumes when backward ends): that is an edge, found by timing. A runtime
 call that returned right after the GPU work submitted before it finished (a stream or device
 sync, a blocking copy, the implicit sync in cudaFree) waited for it: another edge, also found by
-timing, so these waits are covered without a list of names. (A launch blocked by a full launch
-queue returns when the oldest queued op ends, not the last: that wait is not found, and the
-call keeps its recorded length.)
+timing, so these waits are covered without a list of names. A launch call blocked by a full
+launch queue returns when the oldest queued op ends, not the last: such a call (a launch made
+with about a thousand ops pending) waits for the op that ended just before it returned.
 
 GPU: each stream is a chain; an op starts no earlier than its launch call (by correlation id)
 plus the launch latency, and no earlier than the previous op on its stream; an op that waited
@@ -23,6 +23,7 @@ durations or removes edges, and the replay shows what follows (see docs/replay.m
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -52,6 +53,12 @@ TYPICAL_CAP_US = 30.0
 CLOCK_US = 2.0
 # A GPU op that starts within this (us) of being able to was not held back by anything else.
 READY_US = 10.0
+# The CUDA driver queues about 1,024 launches; a launch made with that many ops pending blocks
+# until one finishes. hta/v100_rank0_ns_resolution's 696 long launch calls return with 1,019-
+# 1,021 ops pending, 5-7 us after an op ends; its short ones and those of every other shared
+# trace have far fewer pending (median 0-560) or do not outlast their name's typical call.
+QUEUE_FULL_DEPTH = 900
+LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:Ext)?(?:Module)?Launch|^(?:cuda|hip)GraphLaunch")
 # Fallbacks when a trace shows too few clean examples to measure them.
 DEFAULT_LAUNCH_US = 5.0
 DEFAULT_STREAM_GAP_US = 1.5
@@ -152,6 +159,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     g = _link_gpu(gpu, host)
     _find_releases(host)
     _find_waits(host, g)
+    _find_queue_waits(host, g)
     markers = np.flatnonzero(host["kind"] == MARK)  # one per boundary time, in order
     step_start = markers[np.searchsorted(markers_ts, starts)]
     step_end = markers[np.searchsorted(markers_ts, ends)]
@@ -403,6 +411,40 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
     host["wait"][n] = best[has]
     host["ret"][n] = best_gap[has]
     host["dur"][n] = np.minimum(typical[long][has], host["dur"][n])
+
+
+def _find_queue_waits(host: dict[str, np.ndarray], g: dict) -> None:
+    """A launch call that lasted well beyond its name's typical length while the launch queue
+    was full (QUEUE_FULL_DEPTH ops submitted before it still pending when it returned) waited
+    for a slot: for the op that ended last before it returned. Faster GPU work then frees the
+    slot sooner, and the host launches sooner."""
+    calls = np.flatnonzero((host["kind"] == CALL) & (host["wait"] < 0))
+    if not len(calls) or not len(g["ts"]):
+        return
+    launch = np.array([bool(LAUNCH_CALL.match(n)) for n in host["names"]], dtype=bool)
+    calls = calls[launch[host["name"][calls]]]
+    cand = calls[host["dur"][calls] > host["typical"][calls] + WAIT_MARGIN_US]
+    if not len(cand):
+        return
+    c_ts, c_end = host["ts"][cand], host["end"][cand]
+    g_end = g["ts"] + g["dur"]
+    submitted = np.sort(g["submit"])
+    by_end = np.argsort(g_end, kind="stable")
+    ends = g_end[by_end]
+    # Ops submitted before the call, less those ended by its return (those ended by then were
+    # submitted before it: its thread was inside the call).
+    pending = (np.searchsorted(submitted, c_ts, side="left")
+               - np.searchsorted(ends, c_end, side="right"))
+    j = np.searchsorted(ends, c_end + CLOCK_US, side="right") - 1
+    ok = (pending >= QUEUE_FULL_DEPTH) & (j >= 0)
+    op = by_end[np.clip(j, 0, None)]
+    gap = c_end - g_end[op]
+    ok &= (g_end[op] > c_ts) & (gap <= RETURN_US) & (g["submit"][op] < c_ts)
+    ok &= g["reach"][op] <= c_ts
+    n = cand[ok]
+    host["wait"][n] = op[ok]
+    host["ret"][n] = gap[ok]
+    host["dur"][n] = np.minimum(host["typical"][n], host["dur"][n])
 
 
 def _running_argmax(values: np.ndarray) -> np.ndarray:

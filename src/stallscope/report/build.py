@@ -78,6 +78,12 @@ class Report:
         return ("Workload: inference (forward passes only, no backward pass in the trace): each "
                 "step is one batch of requests.")
 
+    def _gpu_bound(self, top: Finding) -> Finding | None:
+        """The gpu-bound finding of the headline's trace: when the GPU is the bound, the first
+        line says so before naming the first fix."""
+        return next((f for f in self.findings if f.id == "gpu-bound" and not f.caused_by
+                     and f.trace == top.trace), None)
+
     @property
     def verdict_id(self) -> str:
         """What the verdict line speaks of, for machines: a finding id, or one of
@@ -87,10 +93,9 @@ class Report:
             whole = [t for t in self.traces if t.get("too_little")]
             return ("too-little-to-judge" if whole and len(whole) == len(self.traces)
                     else "no-finding")
-        if top.severity == "info":
-            bound = any(f.id == "gpu-bound" and not f.caused_by for f in self.findings)
-            return "gpu-bound" if bound else "no-bottleneck"
-        return top.id
+        if self._gpu_bound(top) is not None:
+            return "gpu-bound"
+        return "no-bottleneck" if top.severity == "info" else top.id
 
     @property
     def verdict(self) -> str:
@@ -102,27 +107,27 @@ class Report:
         if top is None:
             return "No bottleneck found by the rules that could be assessed."
         entry = self.plan_entry(top)
+        replayed = (f"the replay predicts {self.plan['measured_step_us'] / 1000:.1f} -> "
+                    f"{entry['predicted_step_us'] / 1000:.1f} ms per step"
+                    if entry is not None and self.plan is not None else "")
+        bound = self._gpu_bound(top)
+        if bound is not None:
+            # The GPU is the bound; the fix plan's first entry is still what to try first.
+            first = (f" Fix first: {entry['change']} ({top.title[0].lower()}{top.title[1:]}); "
+                     f"{replayed} ({top.estimated_saving_pct:.1f}% less)."
+                     if replayed and top is not bound else "")
+            return gpu_bound_verdict(bound) + first
         if top.severity == "info":
-            bound = next((f for f in self.findings if f.id == "gpu-bound" and not f.caused_by),
-                         None)
-            how = (f" ({entry['change']}: {self.plan['measured_step_us'] / 1000:.1f} -> "
-                   f"{entry['predicted_step_us'] / 1000:.1f} ms per step)"
-                   if entry is not None and self.plan is not None else "")
-            if bound is not None:
-                # The plan's first entry is still what to try first; say what it buys.
-                first = (f" First in the fix plan: {top.title[0].lower()}{top.title[1:]}"
-                         f"{how}." if how else "")
-                return gpu_bound_verdict(bound) + first
             said = "is predicted to save" if entry else "can save at most"
+            how = f" ({entry['change']}: {replayed.removeprefix('the replay predicts ')})" if (
+                replayed) else ""
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
                 f"{said} {top.estimated_saving_pct:.1f}% of step time{how}."
             )
-        if entry is not None and self.plan is not None:
+        if replayed:
             return (
-                f"{top.title}. Fix first: {entry['change']}; the replay predicts "
-                f"{self.plan['measured_step_us'] / 1000:.1f} -> "
-                f"{entry['predicted_step_us'] / 1000:.1f} ms per step "
+                f"{top.title}. Fix first: {entry['change']}; {replayed} "
                 f"({top.estimated_saving_pct:.1f}% less)."
             )
         return (
