@@ -140,6 +140,8 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     context.traces = [str(p) for p in session.traces]
     context.dataloaders = list(session.watcher.loaders)
     context.environment = {**environment(), "activities": session.activities}
+    if session.host_load:
+        context.environment["host"] = dict(session.host_load)
     context.notes.extend(ending.notes)
     context.notes.extend(session.watcher.notes)
     if context.overrides and not session.watcher.loaders:

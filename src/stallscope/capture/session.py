@@ -26,6 +26,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from stallscope import __version__, progress
+from stallscope.capture import hostload
 from stallscope.capture.facts import environment
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.steps import StepDriver
@@ -82,6 +83,10 @@ class CaptureSession:
         self._meta_added = False
         self._window: tuple[float, float] | None = None  # wall, process CPU at recording start
         self._cpu: dict[str, Any] = {}  # cores and threads, read when recording starts
+        # Cores' busy time and this process tree's CPU, read just before recording starts and
+        # at its last step boundary (hostload.py): the other load on the machine meanwhile.
+        self._load_start: hostload.CpuSample | None = None
+        self.host_load: dict[str, Any] = {}
         self._hook: Any = None
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -110,6 +115,7 @@ class CaptureSession:
             if self.sched.is_recording(step):
                 self.recorded = step - self.sched.warmup
                 self.incomplete_step = f"ProfilerStep#{step}"
+                self._read_load_end()
                 self._add_metadata()
             self.done = True
             self.prof.stop()  # writes the trace when recording had begun
@@ -140,11 +146,17 @@ class CaptureSession:
         if not self._started:
             self._started = True
             self._report_progress(None)
+            if self.sched.is_recording(0):
+                self._load_start = hostload.sample()
             self.prof.start()
         else:
             self._report_progress(self.prof.step_num)
             if self.sched.is_recording(self.prof.step_num):
+                if self.prof.step_num + 1 >= self.sched.profiled:
+                    self._read_load_end()  # the last recorded step ends with this boundary
                 self._add_metadata()  # the measurements so far; the last call is kept
+            elif self._load_start is None and self.sched.is_recording(self.prof.step_num + 1):
+                self._load_start = hostload.sample()  # in the warmup step, not a recorded one
             self.prof.step()  # writes the trace after the last recorded step
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
         if self.watcher.recording and self._window is None:
@@ -164,6 +176,10 @@ class CaptureSession:
                 raise StopScript()
             if self.run_to_end:
                 progress.say("recording done: the script runs on to its end (--run-to-end)")
+
+    def _read_load_end(self) -> None:
+        if self._load_start is not None and not self.host_load:
+            self.host_load = hostload.other_load(self._load_start, hostload.sample())
 
     def _report_progress(self, ended: int | None) -> None:
         """Say when the profiler starts, when recording starts, and each step recorded, at the
@@ -201,6 +217,7 @@ class CaptureSession:
                 "torch_threads": cpu["torch_threads"],
                 "recorded_wall_us": round((time.perf_counter() - self._window[0]) * 1e6, 1),
                 "recorded_cpu_us": round((time.process_time() - self._window[1]) * 1e6, 1),
+                **self.host_load,
             }
             meta["loaders"] = [
                 {"call_site": d.call_site, "num_workers": d.num_workers,

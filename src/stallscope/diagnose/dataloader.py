@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.hostload import other_load
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "dataloader-bound"
@@ -57,13 +58,18 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
     saving = pct(min(bound / n, advice.saving_us), total / n)
     who, unit = ("Inference", "batch") if model.workload == "inference" else ("Training", "step")
     title = f"{who} waits on the DataLoader for {wait_pct:.1f}% of each {unit}"
+    precondition = advice.precondition
+    busy = other_load(model, context)  # others held the cores: the sizing assumed them free
+    if busy is not None:
+        evidence["other_cpu_share_pct"] = busy.share_pct
+        precondition = f"{precondition} {busy.caveat}"
     finding = Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
         recommendation=advice.recommendation,
         snippet=advice.snippet,
-        precondition=advice.precondition,
+        precondition=precondition,
         estimated_saving_pct=saving,
         saving_basis=advice.basis,
         docs=DOCS,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.hostload import other_load
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "cpu-oversubscription"
@@ -54,6 +55,17 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
         "host_compute_ms_per_step": ms(compute / n),
         "step_ms_mean": ms(total / n),
     }
+    busy = other_load(model, context)
+    if busy is not None:
+        evidence["other_cpu_share_pct"] = busy.share_pct
+    if demand <= cores and busy is not None:
+        # Not "clear": the cores were contended, only not by this run's threads.
+        return Assessment(
+            RULE_ID, "not_assessed",
+            f"{threads} intra-op thread(s) + {workers} loader worker(s) fit the {cores} core(s) "
+            f"this process may use, but {busy.clause}: any contention came from them, not from "
+            "this run's threads. Re-record on a quiet machine to judge.",
+        )
     if demand <= cores:
         return Assessment(
             RULE_ID, "clear",
@@ -80,6 +92,15 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             "the thread count below"
         )
     where = f"{loader.call_site}: " if loader else ""
+    precondition = (
+        "A CPU-only run whose loader workers are busy while the step computes; with fewer "
+        "intra-op threads each op is less parallel, so check the step time after the change."
+    )
+    if busy is not None:
+        # Others' load is not this run's threads': say so rather than count it as theirs.
+        basis += (f"; {busy.clause}, so part of the contention the step saw was theirs, which "
+                  "no thread setting here removes")
+        precondition += f" {busy.caveat}"
     finding = Finding(
         id=RULE_ID,
         title=(
@@ -97,10 +118,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             f"torch.set_num_threads({fit})  # cores ({cores}) - num_workers ({workers})\n"
             f"# or, before Python starts: OMP_NUM_THREADS={fit} python train.py"
         ),
-        precondition=(
-            "A CPU-only run whose loader workers are busy while the step computes; with fewer "
-            "intra-op threads each op is less parallel, so check the step time after the change."
-        ),
+        precondition=precondition,
         estimated_saving_pct=saving,
         saving_basis=basis,
         docs=OVERSUB_DOCS,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from stallscope.capture.hostload import OtherLoad, load_from
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import LOADER, Graph
 
@@ -50,6 +51,7 @@ class LoaderFacts:
     cores: int | None  # cores this process may use
     window_wall_us: float | None  # the recorded steps
     window_cpu_us: float | None  # CPU time of the whole process over them
+    other_load: OtherLoad | None = None  # other processes held the cores (capture/hostload.py)
 
     @classmethod
     def from_capture(cls, capture: dict[str, Any]) -> LoaderFacts:
@@ -73,6 +75,7 @@ class LoaderFacts:
             cores=cores if isinstance(cores, int) and cores > 0 else None,
             window_wall_us=_num(host.get("recorded_wall_us")),
             window_cpu_us=_num(host.get("recorded_cpu_us")),
+            other_load=load_from(host),
         )
 
     def workers_now(self, loader_kind: str | None) -> int | None:
@@ -154,6 +157,10 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     s = 1.0 if share is None else share
     notes.append(f"{facts.cores} core(s) shared by the step's own work ({u:.1f} cores busy "
                  f"while it ran) and the workers' loading ({s:.0%} of a fetch was CPU)")
+    if facts.other_load is not None:
+        notes.append(f"{facts.other_load.clause}: the prediction assumes the {facts.cores} "
+                     "core(s) are free for this run, which they were not then (lower "
+                     "confidence)")
     first = replay(g).step_us
     k = np.maximum(step_us - _per_step(g, loads, load), 1.0)  # the step's own work, per step
     need = (u * k + s * _per_step(g, loads, load)) / facts.cores

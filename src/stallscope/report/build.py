@@ -15,6 +15,7 @@ from stallscope import __version__
 from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
+from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.plan import Plan
 from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
 from stallscope.report.timeline import step_timeline
@@ -178,6 +179,9 @@ def build_report(
         )
         prefix = f"{model.trace.label}: " if multi else ""
         notes.extend(prefix + n for n in model.notes)
+        busy = other_load(model)  # the one note; the findings it affects carry a caveat
+        if busy is not None:
+            notes.append(prefix + busy.note)
     flat = [a for group in assessments for a in group]
     for entry in traces:
         entry["findings"] = [f.id for f in ranked_findings(flat) if f.trace == entry["label"]]

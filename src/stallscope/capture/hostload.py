@@ -1,0 +1,168 @@
+"""Other load on the machine while the steps were recorded: the cores' busy time against this
+process tree's CPU time.
+
+The trace sees only the training process, so a loader that lags because another job holds the
+cores looks exactly like a loader that is too slow. `stallscope run` reads, at the start and
+at the end of the recorded window, the busy time of the cores this job may use (psutil per-CPU
+times, all states but idle and iowait; steal counts as busy: a hypervisor gave the core to
+someone else) and the CPU time of this process tree: the root process, its live descendants
+(DataLoader workers) and the descendants already ended and reaped (the kernel adds their
+times to their parent's `children_user/children_system`, which are counted too). So a worker
+that ends inside the window is counted in full by the difference of the two reads. Lost: a
+descendant that ended but was not yet reaped by the end read is still listed (a zombie keeps
+its times); one reaped by a process outside the tree (re-parented to init) is lost, and its
+CPU then reads as other load. Reads have the kernel's tick resolution (10 ms per process).
+
+Niced work: when this process runs at normal priority (nice <= 0), the cores' `nice` time
+(processes at a lower priority, which yield the cores to ours: a niced process gets about a
+tenth of a contended core) is left out of the busy time; when this process is niced itself,
+it competes with them as equals and their time counts.
+
+The tree's root is this process; under torchrun (LOCAL_WORLD_SIZE > 1) it is the launcher (this
+process's parent), so the other local ranks, which share the host by design, are not counted
+as other load. The cores are the root's CPU affinity mask. Reading costs a scan of /proc (about
+3 ms with 80 processes), done twice: just before recording starts, and at the last recorded
+step boundary (inside the last recorded step).
+
+Also here, torch-free for the rules and the replay: whether the load was material (OtherLoad).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """One read: wall clock, the cores' busy and total time, and the tree's CPU time (s)."""
+
+    wall: float
+    busy: float
+    total: float
+    tree: float
+    cores: int  # CPUs added up in busy and total
+    niced_excluded: bool = False  # busy leaves out the cores' `nice` time (see above)
+
+
+def _root() -> psutil.Process:
+    from stallscope.capture.facts import local_processes  # torch: only when measuring
+
+    me = psutil.Process()
+    if local_processes() > 1:
+        parent = me.parent()
+        if parent is not None:
+            return parent
+    return me
+
+
+def _cpus(root: psutil.Process) -> list[int]:
+    try:
+        return sorted(root.cpu_affinity() or [])
+    except (AttributeError, psutil.Error, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def _process_cpu(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+    except psutil.Error:
+        return 0.0  # ended between listing and reading: its time reaches its parent's children_*
+    return t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system",
+                                                                           0.0)
+
+
+def sample() -> CpuSample | None:
+    """Read the cores and the tree now; None where psutil cannot (no /proc)."""
+    try:
+        root = _root()
+        cpus = _cpus(root)
+        per_cpu = psutil.cpu_times(percpu=True)
+        skip_nice = psutil.Process().nice() <= 0
+        tree = _process_cpu(root) + sum(_process_cpu(c) for c in root.children(recursive=True))
+    except (psutil.Error, OSError):
+        return None
+    busy = total = 0.0
+    for i in cpus:
+        if i >= len(per_cpu):
+            continue
+        t = per_cpu[i]._asdict()
+        # Linux counts guest time inside user already.
+        all_ = sum(t.values()) - t.get("guest", 0.0) - t.get("guest_nice", 0.0)
+        idle = t.get("idle", 0.0) + t.get("iowait", 0.0)
+        if skip_nice:
+            idle += t.get("nice", 0.0)  # lower-priority work: it yields to ours
+        total += all_
+        busy += all_ - idle
+    return CpuSample(time.perf_counter(), busy, total, tree, len(cpus), skip_nice)
+
+
+def other_load(start: CpuSample | None, end: CpuSample | None) -> dict[str, Any]:
+    """The window's figures for the trace's `host` metadata; {} when either read failed.
+
+    other_cpu_share_pct: the cores' busy time not spent by this tree, as a share of the cores'
+    capacity over the window (their total time: wall x cores)."""
+    if start is None or end is None or end.wall <= start.wall:
+        return {}
+    busy = max(end.busy - start.busy, 0.0)
+    tree = max(end.tree - start.tree, 0.0)
+    capacity = max(end.total - start.total, 0.0) or (end.wall - start.wall) * end.cores
+    other = max(busy - tree, 0.0)
+    return {
+        "load_cores": end.cores,
+        "other_niced_excluded": end.niced_excluded,
+        "system_busy_us": round(busy * 1e6, 1),
+        "tree_cpu_us": round(tree * 1e6, 1),
+        "other_cpu_us": round(other * 1e6, 1),
+        "capacity_us": round(capacity * 1e6, 1),
+        "other_cpu_share_pct": round(100.0 * other / capacity, 1) if capacity > 0 else 0.0,
+    }
+
+
+# Share of the cores' capacity (wall time x cores, over the recorded window) that processes
+# outside this run took, from which the report says CPU-dependent advice is less certain.
+# A quarter: on 2 cores, half a core taken away, enough to slow loading workers or intra-op
+# threads sized to the cores. On this project's 2-core VM, busy loops on every core read 80%.
+OTHER_LOAD_PCT = 25.0
+
+
+@dataclass(frozen=True)
+class OtherLoad:
+    """Material other load: the share of the cores' capacity others took, and on how many."""
+
+    share_pct: float
+    cores: int | None
+
+    @property
+    def clause(self) -> str:
+        on = f"the {self.cores} core(s) this run may use" if self.cores else "the cores"
+        return (f"other processes took {self.share_pct:.0f}% of the capacity of {on} while "
+                "the steps were recorded")
+
+    @property
+    def note(self) -> str:
+        """The report's one note about it."""
+        return (
+            f"Other load: {self.clause} (this run's processes excluded; threshold "
+            f"{OTHER_LOAD_PCT:.0f}%). Advice that sizes CPU work to the cores (DataLoader "
+            "workers, threads, the replay's worker predictions) assumes they are this run's: "
+            "it is less certain here; re-record on a quiet machine to confirm."
+        )
+
+    @property
+    def caveat(self) -> str:
+        """A sentence for a finding's precondition or basis."""
+        return (f"Lower confidence: {self.clause}, so fewer cores were free than this advice "
+                "assumes; re-measure on a quiet machine.")
+
+
+def load_from(host: dict[str, Any]) -> OtherLoad | None:
+    share = host.get("other_cpu_share_pct")
+    if not isinstance(share, int | float) or isinstance(share, bool) or share < OTHER_LOAD_PCT:
+        return None
+    cores = host.get("load_cores")
+    return OtherLoad(float(share), cores if isinstance(cores, int) and cores > 0 else None)
