@@ -128,6 +128,9 @@ def other_load(start: CpuSample | None, end: CpuSample | None) -> dict[str, Any]
 # A quarter: on 2 cores, half a core taken away, enough to slow loading workers or intra-op
 # threads sized to the cores. On this project's 2-core VM, busy loops on every core read 80%.
 OTHER_LOAD_PCT = 25.0
+# Below this much of others' CPU over the window the share is mostly the reads' 10 ms ticks
+# (one per core and per process at each end), so no note is made however large the share.
+MIN_OTHER_CPU_US = 100_000.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,9 @@ class OtherLoad:
 def load_from(host: dict[str, Any]) -> OtherLoad | None:
     share = host.get("other_cpu_share_pct")
     if not isinstance(share, int | float) or isinstance(share, bool) or share < OTHER_LOAD_PCT:
+        return None
+    other = host.get("other_cpu_us")
+    if isinstance(other, int | float) and other < MIN_OTHER_CPU_US:
         return None
     cores = host.get("load_cores")
     return OtherLoad(float(share), cores if isinstance(cores, int) and cores > 0 else None)
