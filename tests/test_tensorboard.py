@@ -70,7 +70,9 @@ def test_run_writes_scalars_and_findings_beside_the_trace(tmp_path: Path):
     assert len(list(run_dir.glob("*.pt.trace.json.gz"))) == 1
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     acc = read_events(run_dir)
-    assert len(report["steps"]) == 3
+    # 3 steps recorded: each judged, or set aside with its reason (a one-off first step)
+    aside = report["traces"][0]["set_aside_steps"]
+    assert len(report["steps"]) + len(aside) == 3 and len(report["steps"]) >= 2
     assert_scalars_match(acc, report["steps"])
     # The verdict the terminal summary leads with is the text's headline.
     verdict = next(ln for ln in proc.stdout.splitlines() if ln.startswith("stallscope: "))
