@@ -44,6 +44,29 @@ MAX_WORKERS_LISTED = 64
 BOUNDS = ("waiting", "cpu-bound", "collate/transfer-bound", "main-process-bound")
 
 _account: _WorkerAccount | None = None  # this worker's totals; None in the training process
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+_sched_ok = True
+
+
+def runq_us() -> float | None:
+    """Time this thread has spent runnable but waiting for a core (Linux schedstat), in us.
+
+    This is what splits "off the CPU" in two: a fetch off the CPU because it waits on storage
+    is blocked; one off the CPU because other processes hold the cores is runnable. Without it a
+    CPU-bound loader on a busy machine would look like it waits. None where not available."""
+    global _sched_ok
+    if not _sched_ok:
+        return None
+    try:
+        fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+        try:
+            data = os.read(fd, 128)
+        finally:
+            os.close(fd)
+        return int(data.split()[1]) / 1000.0
+    except (OSError, ValueError, IndexError):
+        _sched_ok = False
+        return None
 
 
 class TimedCollate:
@@ -106,6 +129,7 @@ class _WorkerAccount:
         self.fetch_cpu_us = 0.0
         self.collate_wall_us = 0.0
         self.collate_cpu_us = 0.0
+        self.fetch_runq_us: float | None = 0.0  # None once schedstat is unavailable
         self.start_wall = time.monotonic()
         self.start_cpu = time.process_time()
         self.last_flush = 0.0
@@ -133,6 +157,7 @@ class _WorkerAccount:
             "process_cpu_us": (time.process_time() - self.start_cpu) * 1e6,
             "fetch_wall_us": self.fetch_wall_us, "fetch_cpu_us": self.fetch_cpu_us,
             "collate_wall_us": self.collate_wall_us, "collate_cpu_us": self.collate_cpu_us,
+            "fetch_runq_us": self.fetch_runq_us,
         }
         if self._proc is not None:
             try:
@@ -166,12 +191,18 @@ def _start_worker(path: Path, worker_id: int) -> None:
 def _timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
     def fetch(self: Any, index: Any) -> Any:
         acct = _account
+        runq = runq_us()
         wall, cpu = time.perf_counter(), time.thread_time()
         out = orig(self, index)  # StopIteration and the dataset's errors pass through
         if acct is not None:
             try:
                 acct.fetch_wall_us += (time.perf_counter() - wall) * 1e6
                 acct.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
+                after = runq_us()
+                if runq is None or after is None or acct.fetch_runq_us is None:
+                    acct.fetch_runq_us = None
+                else:
+                    acct.fetch_runq_us += after - runq
                 acct.batches += 1
                 acct.after_batch()
             except Exception:
@@ -203,7 +234,7 @@ def read_workers(folder: Path, key: str) -> dict[int, dict[str, Any]]:
 
 
 _SUMMED = ("batches", "wall_us", "process_cpu_us", "fetch_wall_us", "fetch_cpu_us",
-           "collate_wall_us", "collate_cpu_us", "read_bytes", "read_chars")
+           "collate_wall_us", "collate_cpu_us", "read_bytes", "read_chars", "fetch_runq_us")
 
 
 def window(now: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
@@ -232,7 +263,8 @@ def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, f
     """The anatomy of one loader over the recording, with its class (`bound`).
 
     `main`: the training process's recorded fetches: batches, wall_us and cpu_us of `__next__`
-    (thread CPU), collate_wall_us / collate_cpu_us (collate run there, num_workers=0).
+    (thread CPU), runq_us (runnable, waiting for a core), collate_wall_us / collate_cpu_us
+    (collate run there, num_workers=0).
     """
     n_main = main.get("batches", 0) or 0
     out: dict[str, Any] = {"where": "workers" if num_workers > 0 else "main process"}
@@ -246,6 +278,7 @@ def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, f
         collate_c = main.get("collate_cpu_us", 0.0)
         fetch_w = max(main["wall_us"] - collate_w, 0.0)
         fetch_c = max(main["cpu_us"] - collate_c, 0.0)
+        runq, whole = main.get("runq_us"), main["wall_us"]
         n = n_main
     else:
         made = [w for w in workers if (w.get("batches") or 0) > 0]
@@ -257,6 +290,10 @@ def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, f
         collate_c = sum(w.get("collate_cpu_us", 0.0) for w in made)
         fetch_w = max(sum(w["fetch_wall_us"] for w in made) - collate_w, 0.0)
         fetch_c = max(sum(w["fetch_cpu_us"] for w in made) - collate_c, 0.0)
+        queued = [w.get("fetch_runq_us") for w in made]
+        runq = (sum(queued) if all(isinstance(q, int | float) for q in queued)  # type: ignore[misc]
+                else None)
+        whole = sum(w["fetch_wall_us"] for w in made)
         out["workers_reporting"] = len(made)
         out["workers"] = [_worker_row(w) for w in made[:MAX_WORKERS_LISTED]]
         reads = [w.get("read_bytes") for w in made]
@@ -271,6 +308,11 @@ def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, f
         "fetch_cpu_share": _share(fetch_c, fetch_w),
         "cpu_busy_share": _share(fetch_c + collate_c, fetch_w + collate_w),
     })
+    if isinstance(runq, int | float):
+        # Of a batch's whole loading (fetch and collate): waiting for a core, and blocked
+        # (storage, network, sleep): what is neither on a core nor queued for one.
+        out["runq_share"] = _share(runq, whole)
+        out["blocked_share"] = _share(whole - (fetch_c + collate_c) - runq, whole)
     out["bound"] = classify(num_workers, out)
     return out
 
@@ -295,8 +337,10 @@ def classify(num_workers: int, a: dict[str, Any]) -> str | None:
 
     main-process-bound first: with workers, a `__next__` that computes (unpickling, pinning,
     collate in the training process) more than it waits is the training process's own cost.
-    Then collate over half of a batch's time; then the fetch's CPU share splits waiting (storage,
-    network) from CPU-bound (decode, augmentation)."""
+    Then collate over half of a batch's time; then waiting (storage, network: blocked for at
+    least half of the loading) from CPU-bound (decode, augmentation: on a core, or runnable and
+    queued for one because the cores are busy). Without schedstat, the CPU share alone decides,
+    which a busy machine can make look like waiting."""
     fetch, collate = a.get("fetch_ms_per_batch"), a.get("collate_ms_per_batch") or 0.0
     if fetch is None:
         return None
@@ -310,6 +354,9 @@ def classify(num_workers: int, a: dict[str, Any]) -> str | None:
         return None
     if collate >= COLLATE_SHARE * total:
         return "collate/transfer-bound"
+    blocked = a.get("blocked_share")
+    if blocked is not None:
+        return "waiting" if blocked >= 1.0 - WAITING_CPU_SHARE else "cpu-bound"
     share = a.get("fetch_cpu_share")
     if share is not None and share < WAITING_CPU_SHARE:
         return "waiting"

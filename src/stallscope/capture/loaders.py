@@ -84,7 +84,7 @@ class LoaderWatcher:
                 workers = anatomy.window(anatomy.read_workers(self._folder, tap.key), tap.base)
             main = {"batches": info.batches_recorded, "wall_us": info.fetch_wall_us,
                     "cpu_us": info.fetch_cpu_us, "collate_wall_us": tap.collate_wall_us,
-                    "collate_cpu_us": tap.collate_cpu_us}
+                    "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us}
             info.anatomy = anatomy.summarise(info.num_workers, workers, main)
             info.bound = info.anatomy.get("bound")
         except Exception as exc:  # the anatomy is lost, never the run
@@ -131,6 +131,7 @@ class LoaderWatcher:
                     collate = tap.collate if tap is not None else None
                     if collate is not None:
                         cw, cc = collate.main_wall_us, collate.main_cpu_us
+                    runq = anatomy.runq_us() if tap is not None else None
                     wall, cpu = time.perf_counter(), time.thread_time()
                     proc = time.process_time()
                     batch = orig_next(it)
@@ -138,6 +139,9 @@ class LoaderWatcher:
                     info.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
                     info.fetch_process_cpu_us += (time.process_time() - proc) * 1e6
                     info.fetch_bytes += tensor_bytes(batch)
+                    if runq is not None and tap.runq_us is not None:
+                        after = anatomy.runq_us()
+                        tap.runq_us = None if after is None else tap.runq_us + after - runq
                     if collate is not None:  # collate in this process (num_workers=0)
                         tap.collate_wall_us += collate.main_wall_us - cw
                         tap.collate_cpu_us += collate.main_cpu_us - cc
@@ -221,6 +225,7 @@ class _Tap:
     collate: anatomy.TimedCollate | None
     collate_wall_us: float = 0.0  # recorded fetches only
     collate_cpu_us: float = 0.0
+    runq_us: float | None = 0.0  # the fetching thread runnable but off a core; None: unknown
     base: dict[int, dict[str, Any]] = field(default_factory=dict)  # workers at recording start
 
 

@@ -114,8 +114,8 @@ class LoaderClass:
             return {}
         a = self.anatomy
         out = {"loader_bound": self.bound}
-        for key in ("fetch_ms_per_batch", "fetch_cpu_share", "collate_ms_per_batch",
-                    "cpu_busy_share", "main_cpu_ms_per_batch"):
+        for key in ("fetch_ms_per_batch", "fetch_cpu_share", "blocked_share", "runq_share",
+                    "collate_ms_per_batch", "cpu_busy_share", "main_cpu_ms_per_batch"):
             if isinstance(a.get(key), int | float):
                 out[f"loader_{key}"] = a[key]
         return out
@@ -133,10 +133,16 @@ class LoaderClass:
                     "or on local NVMe, tmpfs or /dev/shm) or read from faster storage.")
         if self.bound == "cpu-bound":
             cap = f"the {cores} core(s)" if cores else "the free cores"
-            return (f" Loading computes: measured {where}, {100 * (share or 1):.0f}% of a "
-                    f"batch's {fetch:.1f} ms fetch is CPU, so workers beyond {cap} only "
-                    "contend. Make samples cheaper: decode at the target size (pillow-simd for "
-                    "PIL decode), lighter or GPU-side augmentation, or cache decoded samples.")
+            runq = a.get("runq_share")
+            queued = (f" ({100 * runq:.0f}% runnable but waiting for a core: the cores are "
+                      "saturated)" if isinstance(runq, int | float) and runq >= 0.1 else "")
+            on = 1.0 - a["blocked_share"] if isinstance(a.get("blocked_share"), int | float) \
+                else (share or 1.0)
+            return (f" Loading computes: measured {where}, a batch's {fetch:.1f} ms fetch is "
+                    f"{100 * on:.0f}% on a core or queued for one{queued}, so workers beyond "
+                    f"{cap} only contend. Make samples cheaper: decode at the target size "
+                    "(pillow-simd for PIL decode), lighter or GPU-side augmentation, or cache "
+                    "decoded samples.")
         if self.bound == "collate/transfer-bound":
             return (f" collate_fn takes {a.get('collate_ms_per_batch', 0):.1f} ms of a batch's "
                     f"{(fetch or 0) + (a.get('collate_ms_per_batch') or 0):.1f} ms {where}: "
