@@ -54,14 +54,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--work", type=int, default=12, help="blur passes per sample")
     parser.add_argument("--num-workers", type=int, default=0)
-    parser.add_argument("--mp-context", choices=("fork", "spawn"), default=None)
     args = parser.parse_args()
 
     torch.manual_seed(0)
     dataset = SyntheticImages(args.samples, args.work)
     loader = DataLoader(
-        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers,
-        multiprocessing_context=args.mp_context if args.num_workers else None,
+        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers
     )
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -16,6 +16,7 @@ import pytest
 
 from stallscope.capture import anatomy
 from stallscope.capture.anatomy import classify, summarise
+from stallscope.commands.tune_plan import baseline_from_report, worker_counts
 
 from .conftest import ROOT
 
@@ -85,7 +86,8 @@ def _finding(report: dict) -> dict:
 
 def _trace_loaders(out: Path) -> list[dict]:
     trace = next(out.rglob("*.pt.trace.json.gz"))
-    meta = json.loads(gzip.open(trace, "rt").read())["stallscope"]
+    with gzip.open(trace, "rt") as f:
+        meta = json.load(f)["stallscope"]
     return json.loads(meta)["loaders"] if isinstance(meta, str) else meta["loaders"]
 
 
@@ -122,6 +124,23 @@ def test_worker_whose_folder_vanished_stops_writing_without_raising(tmp_path: Pa
     acct.batches = 1
     acct.after_batch()  # the folder does not exist: no exception, and no further attempts
     assert acct.broken
+
+
+def _tune_report(bound: str) -> dict:
+    loader = {"call_site": "train.py:9", "num_workers": 0, "batches_recorded": 5,
+              "bound": bound, "anatomy": {"bound": bound, "blocked_share": 0.95}}
+    finding = {"id": "dataloader-bound", "evidence": {"suggested_num_workers": 8}}
+    return {"dataloaders": [loader], "findings": [finding],
+            "environment": {"captured": {"cpu": {"cores_per_process": 2}}}}
+
+
+def test_tune_tries_counts_beyond_the_cores_only_for_a_waiting_loader() -> None:
+    waiting = baseline_from_report(_tune_report("waiting"))
+    assert worker_counts(waiting)[0] == 8 and max(worker_counts(waiting)) == 8
+    assert 4 in worker_counts(waiting)
+    assert any("waiting on storage" in n and "beyond the 2 core(s)" in n for n in waiting.notes)
+    busy = baseline_from_report(_tune_report("cpu-bound"))
+    assert max(worker_counts(busy)) == 2
 
 
 # ----------------------------------------------------------------------- under stallscope run

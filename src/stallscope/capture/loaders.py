@@ -79,9 +79,15 @@ class LoaderWatcher:
         if tap is None or self._folder is None:
             return info.anatomy
         try:
-            workers: list[dict[str, Any]] = []
-            if info.num_workers > 0:
-                workers = anatomy.window(anatomy.read_workers(self._folder, tap.key), tap.base)
+            now = time.monotonic()
+            if info.num_workers > 0 and now - tap.read_at >= anatomy.READ_S:
+                # Reading the workers' files costs ~0.1 ms: at most every READ_S, so that a
+                # short step does not pay it each time (the last read may miss the last
+                # READ_S of the recording; the anatomy is per-batch means and shares).
+                tap.read_at = now
+                tap.workers = anatomy.window(anatomy.read_workers(self._folder, tap.key),
+                                             tap.base)
+            workers = tap.workers
             main = {"batches": info.batches_recorded, "wall_us": info.fetch_wall_us,
                     "cpu_us": info.fetch_cpu_us, "collate_wall_us": tap.collate_wall_us,
                     "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us}
@@ -227,6 +233,8 @@ class _Tap:
     collate_cpu_us: float = 0.0
     runq_us: float | None = 0.0  # the fetching thread runnable but off a core; None: unknown
     base: dict[int, dict[str, Any]] = field(default_factory=dict)  # workers at recording start
+    workers: list[dict[str, Any]] = field(default_factory=list)  # their window, as last read
+    read_at: float = float("-inf")  # time.monotonic() of that read
 
 
 @dataclass
