@@ -163,8 +163,16 @@ def test_waiting_loader_is_told_to_use_workers_beyond_the_cores(tmp_path: Path) 
         f["evidence"]["projected_step_ms"], rel=0.5)
     # cpu-oversubscription does not contradict it: the waiting workers count by CPU share.
     assert not any(g["id"] == "cpu-oversubscription" for g in report["findings"])
-    # The trace alone carries the class.
+    # The trace alone carries the class, and `analyze` of it gives the same advice.
     assert _trace_loaders(tmp_path / "out")[0]["anatomy"]["bound"] == "waiting"
+    trace = next((tmp_path / "out").rglob("*.pt.trace.json.gz"))
+    alone = subprocess.run([sys.executable, "-m", "stallscope", "analyze", "-q", "-o",
+                            str(tmp_path / "alone"), str(trace)], capture_output=True, text=True,
+                           timeout=120)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    g = _finding(json.loads((tmp_path / "alone" / "report.json").read_text()))
+    assert g["evidence"]["loader_bound"] == "waiting"
+    assert g["evidence"]["suggested_num_workers"] == n
 
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.replay.loader import LoaderFacts
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "dataloader-bound"
@@ -57,8 +58,14 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
     loader_info = context.training_loader() if context else None
     cores = context.cores_per_process if context else None
     klass = LoaderClass.of(model, loader_info)
+    workers_hint = None
+    if context is None and klass.bound:
+        # A trace recorded by `run` with the anatomy, analysed alone: its metadata has the
+        # worker count and cores too, so the advice is the one `run` gave.
+        facts = LoaderFacts.from_capture(model.trace.capture)
+        workers_hint, cores = facts.workers, facts.cores
     advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n,
-                     klass=klass)
+                     klass=klass, workers_hint=workers_hint)
     evidence.update(advice.evidence)
     saving = pct(min(bound / n, advice.saving_us), total / n)
     who, unit = ("Inference", "batch") if model.workload == "inference" else ("Training", "step")
@@ -168,7 +175,7 @@ class _Advice:
 
 def _advice(
     model: TraceModel, info: LoaderInfo | None, cores: int | None, step: float, wait: float,
-    load: float, klass: LoaderClass | None = None,
+    load: float, klass: LoaderClass | None = None, workers_hint: int | None = None,
 ) -> _Advice:
     """How many workers, from the measured load/compute ratio and the cores this process has.
 
@@ -180,7 +187,8 @@ def _advice(
     share = klass.cpu_share
     compute = max(step - wait, 1.0)
     single = model.loader_kind == "single-process"
-    workers_now = info.num_workers if info else (0 if single else None)
+    workers_now = info.num_workers if info else (
+        workers_hint if workers_hint is not None else (0 if single else None))
     upper_basis = (
         "upper bound: the loader wait with no GPU work running, if fully overlapped; "
         "never below the busiest GPU's busy time"
