@@ -42,6 +42,11 @@ class LoaderInfo:
     fetch_cpu_us: float = 0.0
     fetch_process_cpu_us: float = 0.0
     fetch_bytes: float = 0.0
+    # Inside the loader over the recording (capture/anatomy.py): fetch and collate wall/CPU per
+    # batch, per worker, the wait in the training process; `bound` is its class: waiting,
+    # cpu-bound, collate/transfer-bound or main-process-bound (None: not measured).
+    anatomy: dict[str, Any] = field(default_factory=dict)
+    bound: str | None = None
 
     @property
     def measured(self) -> dict[str, float] | None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from stallscope.capture import anatomy
 from stallscope.capture.context import LoaderInfo
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -47,10 +50,53 @@ class LoaderWatcher:
         self.loaders: list[LoaderInfo] = []
         self.overrides: dict[str, Any] = dict(overrides or {})
         self.notes: list[str] = []  # overrides dropped or reset, one line each, no repeats
-        self.recording = False
+        self._recording = False
         self._on_batch = on_batch
         self._pid = os.getpid()
         self._saved: list[tuple[type, str, Any]] = []
+        # Anatomy (capture/anatomy.py): the folder the workers write their totals into, and
+        # per loader (by id of its LoaderInfo) the wrappers and the training process's figures.
+        self._folder: Path | None = None
+        self._taps: dict[int, _Tap] = {}
+
+    @property
+    def recording(self) -> bool:
+        return self._recording
+
+    @recording.setter
+    def recording(self, value: bool) -> None:
+        """Set by the session at each step boundary; the start of recording is the baseline of
+        the workers' totals, so the anatomy covers the recorded steps."""
+        if value and not self._recording and self._folder is not None:
+            for tap in self._taps.values():
+                tap.base = anatomy.read_workers(self._folder, tap.key)
+        self._recording = value
+
+    def anatomy_of(self, info: LoaderInfo) -> dict[str, Any]:
+        """The loader's anatomy over the recording so far (also kept in `info.anatomy` and
+        `info.bound`); the last one computed once the hooks are removed. Never raises."""
+        tap = self._taps.get(id(info))
+        if tap is None or self._folder is None:
+            return info.anatomy
+        try:
+            now = time.monotonic()
+            if info.num_workers > 0 and now - tap.read_at >= anatomy.READ_S:
+                # Reading the workers' files costs ~0.1 ms: at most every READ_S, so that a
+                # short step does not pay it each time (the last read may miss the last
+                # READ_S of the recording; the anatomy is per-batch means and shares).
+                tap.read_at = now
+                tap.workers = anatomy.window(anatomy.read_workers(self._folder, tap.key),
+                                             tap.base)
+            workers = tap.workers
+            main = {"batches": info.batches_recorded, "wall_us": info.fetch_wall_us,
+                    "cpu_us": info.fetch_cpu_us, "collate_wall_us": tap.collate_wall_us,
+                    "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us}
+            info.anatomy = anatomy.summarise(info.num_workers, workers, main)
+            info.bound = info.anatomy.get("bound")
+        except Exception as exc:  # the anatomy is lost, never the run
+            info.anatomy = {"lost": f"{type(exc).__name__}: {exc}"}
+            info.bound = None
+        return info.anatomy
 
     def install(self) -> None:
         loader_cls = torch.utils.data.DataLoader
@@ -87,6 +133,11 @@ class LoaderWatcher:
                 info.batches += 1
                 if watcher.recording:
                     info.batches_recorded += 1
+                    tap = watcher._taps.get(id(info))
+                    collate = tap.collate if tap is not None else None
+                    if collate is not None:
+                        cw, cc = collate.main_wall_us, collate.main_cpu_us
+                    runq = anatomy.runq_us() if tap is not None else None
                     wall, cpu = time.perf_counter(), time.thread_time()
                     proc = time.process_time()
                     batch = orig_next(it)
@@ -94,6 +145,12 @@ class LoaderWatcher:
                     info.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
                     info.fetch_process_cpu_us += (time.process_time() - proc) * 1e6
                     info.fetch_bytes += tensor_bytes(batch)
+                    if runq is not None and tap.runq_us is not None:
+                        after = anatomy.runq_us()
+                        tap.runq_us = None if after is None else tap.runq_us + after - runq
+                    if collate is not None:  # collate in this process (num_workers=0)
+                        tap.collate_wall_us += collate.main_wall_us - cw
+                        tap.collate_cpu_us += collate.main_cpu_us - cc
                     return batch
             return orig_next(it)
 
@@ -104,11 +161,18 @@ class LoaderWatcher:
         ):
             self._saved.append((cls, name, cls.__dict__[name]))
             setattr(cls, name, fn)
+        try:
+            self._folder = Path(tempfile.mkdtemp(prefix="stallscope-anatomy-"))
+        except OSError:  # no temporary folder: no worker anatomy, the rest as before
+            self._folder = None
 
     def uninstall(self) -> None:
         for cls, name, fn in reversed(self._saved):
             setattr(cls, name, fn)
         self._saved.clear()
+        if self._folder is not None:  # workers still running find it gone and stop writing
+            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = None
 
     def _note(self, site: str, notes: list[str]) -> None:
         for text in notes:
@@ -139,6 +203,38 @@ class LoaderWatcher:
         # DataLoader refuses a few attributes after construction, not a private one.
         object.__setattr__(loader, _ATTR, info)
         self.loaders.append(info)
+        self._tap(loader, info)
+
+    def _tap(self, loader: Any, info: LoaderInfo) -> None:
+        """Wrap the loader's collate_fn and worker_init_fn (capture/anatomy.py). A loader that
+        cannot be wrapped runs unwrapped: it loses its anatomy, nothing else."""
+        key = f"l{len(self.loaders)}"
+        try:
+            collate = anatomy.TimedCollate(loader.collate_fn)
+            init = None
+            if loader.num_workers > 0 and self._folder is not None:
+                init = anatomy.WorkerInit(loader.worker_init_fn, str(self._folder), key)
+            loader.collate_fn = collate
+            if init is not None:
+                loader.worker_init_fn = init
+        except Exception as exc:
+            info.anatomy = {"lost": f"the loader could not be wrapped ({type(exc).__name__})"}
+            return
+        self._taps[id(info)] = _Tap(key, collate)
+
+
+@dataclass
+class _Tap:
+    """One loader's anatomy wrappers and what the training process measured itself."""
+
+    key: str  # the prefix of its workers' files
+    collate: anatomy.TimedCollate | None
+    collate_wall_us: float = 0.0  # recorded fetches only
+    collate_cpu_us: float = 0.0
+    runq_us: float | None = 0.0  # the fetching thread runnable but off a core; None: unknown
+    base: dict[int, dict[str, Any]] = field(default_factory=dict)  # workers at recording start
+    workers: list[dict[str, Any]] = field(default_factory=list)  # their window, as last read
+    read_at: float = float("-inf")  # time.monotonic() of that read
 
 
 @dataclass

@@ -225,7 +225,7 @@ class CaptureSession:
                  "fetch_wall_us": round(d.fetch_wall_us, 1),
                  "fetch_cpu_us": round(d.fetch_cpu_us, 1),
                  "fetch_process_cpu_us": round(d.fetch_process_cpu_us, 1),
-                 "fetch_bytes": d.fetch_bytes}
+                 "fetch_bytes": d.fetch_bytes, "anatomy": self.watcher.anatomy_of(d)}
                 for d in self.watcher.loaders if d.batches_recorded
             ]
         self.prof.add_metadata_json("stallscope", json.dumps(meta))

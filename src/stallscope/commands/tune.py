@@ -154,7 +154,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         usage="stallscope tune [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
         description="Run the script as it is (the baseline), then with DataLoader settings "
         "chosen from what the baseline measured (num_workers up to the cores this process may "
-        "use, persistent_workers, pin_memory when a GPU is used, prefetch_factor), each in a "
+        "use, or up to 4 per core when the loader waits on storage, persistent_workers, "
+        "pin_memory when a GPU is used, prefetch_factor), each in a "
         f"fresh `stallscope run --set ...` process for {RUN_STEPS} recorded steps and repeated; "
         "writes tune.json, tune.md and tune.html with the fastest configuration, its measured "
         "speedup with the spread, and the constructor change at the DataLoader's call site.",

@@ -2,6 +2,8 @@
 
 The sweep is driven by what the baseline measured, not by a fixed grid: worker counts up to the
 cores this process may use (more workers than cores only adds contention on a CPU-bound loader),
+and beyond them, up to WAITING_WORKERS_PER_CORE per core, when `run` measured the loader as
+waiting on storage (its workers mostly blocked, off the cores: capture/anatomy.py),
 the `dataloader-bound` finding's own suggestion, `persistent_workers` whenever there are workers
 (re-spawning them every epoch is pure cost), `pin_memory` only when a GPU was used (pinned
 memory only speeds host-to-device copies), then `prefetch_factor` 2 vs 4 on the best worker
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope.capture.overrides import Overrides, key_rank
+from stallscope.diagnose.dataloader import WAITING_WORKERS_PER_CORE
 
 # Beyond a handful of cores, every count would cost a run each; powers of two cover the curve.
 DENSE_UP_TO = 4
@@ -31,6 +34,12 @@ class Baseline:
     loader: dict[str, Any]  # the DataLoader that drew the most batches: the training loader
     loader_bound: bool
     notes: list[str] = field(default_factory=list)
+    bound: str | None = None  # the loader's class measured by `run` (capture/anatomy.py)
+
+    @property
+    def max_workers(self) -> int:
+        """The most workers worth trying: the cores, or beyond them for a waiting loader."""
+        return self.cores * (WAITING_WORKERS_PER_CORE if self.bound == "waiting" else 1)
 
     @property
     def call_site(self) -> str:
@@ -62,6 +71,17 @@ def baseline_from_report(report: dict[str, Any]) -> Baseline:
             "the baseline shows no dataloader-bound finding: loading is not what the step waits "
             "on, so the sweep is unlikely to find a large speedup"
         )
+    bound = loader.get("bound") if isinstance(loader.get("bound"), str) else None
+    if bound == "waiting":
+        a = loader.get("anatomy") or {}
+        blocked = a.get("blocked_share")
+        how = (f"{100 * blocked:.0f}% of its loading blocked, off the CPU"
+               if isinstance(blocked, int | float) else "its loading mostly off the CPU")
+        notes.append(
+            f"the baseline measured the loader waiting on storage ({how}): worker counts beyond "
+            f"the {max(cores, 1)} core(s) are tried, up to {WAITING_WORKERS_PER_CORE} per core, "
+            "since a waiting worker takes little CPU"
+        )
     return Baseline(
         cores=max(cores, 1),
         gpu_used=bool(captured.get("gpus")),
@@ -69,6 +89,7 @@ def baseline_from_report(report: dict[str, Any]) -> Baseline:
         loader=loader,
         loader_bound=finding is not None,
         notes=notes,
+        bound=bound,
     )
 
 
@@ -76,15 +97,18 @@ def worker_counts(base: Baseline) -> list[int]:
     """Worker counts to measure, the finding's suggestion first, then from most to fewest.
 
     Up to `DENSE_UP_TO` cores every count is tried; above it, powers of two and the core count.
+    A waiting loader also gets twice and `WAITING_WORKERS_PER_CORE` times the cores.
     """
     cores = base.cores
     if cores <= DENSE_UP_TO:
         counts = set(range(1, cores + 1))
     else:
         counts = {2**k for k in range(cores.bit_length()) if 2**k <= cores} | {cores}
+    if base.max_workers > cores:
+        counts |= {2 * cores, base.max_workers}
     first = []
     if base.suggested_num_workers and base.suggested_num_workers > 0:
-        first = [min(base.suggested_num_workers, max(cores, 1))]
+        first = [min(base.suggested_num_workers, base.max_workers)]
     rest = sorted(counts - set(first), reverse=True)
     return first + rest
 

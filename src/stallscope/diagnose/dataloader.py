@@ -9,6 +9,7 @@ from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
+from stallscope.replay.loader import LoaderFacts
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "dataloader-bound"
@@ -18,6 +19,10 @@ WAIT_THRESHOLD_PCT = 5.0
 # Below this share of the step, a projected gain from more workers is within noise: no advice.
 MIN_GAIN = 0.02
 DOCS = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
+# A loader that waits on storage takes little CPU per worker: its workers may outnumber the
+# cores, up to this many per core (each still holds memory and a process; beyond it the gain
+# is usually the storage's own limit, which more workers do not lift).
+WAITING_WORKERS_PER_CORE = 4
 
 
 def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
@@ -53,7 +58,15 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
     bound = wait if not model.has_gpu else min(wait, max(total - busiest_gpu_us(model), 0.0))
     loader_info = context.training_loader() if context else None
     cores = context.cores_per_process if context else None
-    advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n)
+    klass = LoaderClass.of(model, loader_info)
+    workers_hint = None
+    if context is None and klass.bound:
+        # A trace recorded by `run` with the anatomy, analysed alone: its metadata has the
+        # worker count and cores too, so the advice is the one `run` gave.
+        facts = LoaderFacts.from_capture(model.trace.capture)
+        workers_hint, cores = facts.workers, facts.cores
+    advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n,
+                     klass=klass, workers_hint=workers_hint)
     evidence.update(advice.evidence)
     saving = pct(min(bound / n, advice.saving_us), total / n)
     who, unit = ("Inference", "batch") if model.workload == "inference" else ("Training", "step")
@@ -78,6 +91,85 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
 
 
 @dataclass
+class LoaderClass:
+    """What `stallscope run` measured inside the training loader (capture/anatomy.py): its
+    class and figures, from the run context or, for a trace analysed alone, its metadata."""
+
+    bound: str | None
+    anatomy: dict
+
+    @classmethod
+    def of(cls, model: TraceModel, info: LoaderInfo | None) -> LoaderClass:
+        if info is not None:
+            return cls(info.bound, info.anatomy or {})
+        loaders = [d for d in model.trace.capture.get("loaders") or [] if isinstance(d, dict)]
+        busiest = max(loaders, key=lambda d: d.get("batches") or 0, default={})
+        anatomy = busiest.get("anatomy") if isinstance(busiest.get("anatomy"), dict) else {}
+        bound = anatomy.get("bound")
+        return cls(bound if isinstance(bound, str) else None, anatomy)
+
+    @property
+    def cpu_share(self) -> float:
+        """CPU share of a batch's loading (fetch and collate): the cores one worker takes."""
+        v = self.anatomy.get("cpu_busy_share")
+        return float(v) if isinstance(v, int | float) and self.bound == "waiting" else 1.0
+
+    @property
+    def worker_load_us(self) -> float | None:
+        """One batch's fetch and collate wall time inside a worker, as measured."""
+        a = self.anatomy
+        if a.get("where") != "workers" or not isinstance(a.get("fetch_ms_per_batch"), int | float):
+            return None
+        return 1000.0 * (a["fetch_ms_per_batch"] + (a.get("collate_ms_per_batch") or 0.0))
+
+    def evidence(self) -> dict:
+        if not self.bound:
+            return {}
+        a = self.anatomy
+        out = {"loader_bound": self.bound}
+        for key in ("fetch_ms_per_batch", "fetch_cpu_share", "blocked_share", "runq_share",
+                    "collate_ms_per_batch", "cpu_busy_share", "main_cpu_ms_per_batch"):
+            if isinstance(a.get(key), int | float):
+                out[f"loader_{key}"] = a[key]
+        return out
+
+    def sentence(self, cores: int | None) -> str:
+        """Why the class says what it says, and its own fixes."""
+        a = self.anatomy
+        where = "in the workers" if a.get("where") == "workers" else "in the training process"
+        share = a.get("fetch_cpu_share")
+        fetch = a.get("fetch_ms_per_batch")
+        if self.bound == "waiting":
+            return (f" Loading waits on storage or the network: measured {where}, a batch's "
+                    f"fetch takes {fetch:.1f} ms of which {100 * (share or 0):.0f}% is CPU, so "
+                    "workers need not have a core each. Also cache the samples (in memory, "
+                    "or on local NVMe, tmpfs or /dev/shm) or read from faster storage.")
+        if self.bound == "cpu-bound":
+            cap = f"the {cores} core(s)" if cores else "the free cores"
+            runq = a.get("runq_share")
+            queued = (f" ({100 * runq:.0f}% runnable but waiting for a core: the cores are "
+                      "saturated)" if isinstance(runq, int | float) and runq >= 0.1 else "")
+            on = 1.0 - a["blocked_share"] if isinstance(a.get("blocked_share"), int | float) \
+                else (share or 1.0)
+            return (f" Loading computes: measured {where}, a batch's {fetch:.1f} ms fetch is "
+                    f"{100 * on:.0f}% on a core or queued for one{queued}, so workers beyond "
+                    f"{cap} only contend. Make samples cheaper: decode at the target size "
+                    "(pillow-simd for PIL decode), lighter or GPU-side augmentation, or cache "
+                    "decoded samples.")
+        if self.bound == "collate/transfer-bound":
+            return (f" collate_fn takes {a.get('collate_ms_per_batch', 0):.1f} ms of a batch's "
+                    f"{(fetch or 0) + (a.get('collate_ms_per_batch') or 0):.1f} ms {where}: "
+                    "make it cheaper (return ready-stacked tensors from the dataset's "
+                    "__getitems__, fewer and larger tensors, smaller dtypes).")
+        if self.bound == "main-process-bound":
+            return (f" The training process itself spends {a.get('main_cpu_ms_per_batch', 0):.1f}"
+                    " ms of CPU per batch receiving it (unpickling, shared-memory mapping, "
+                    "pinning): send fewer, larger tensors in smaller dtypes (uint8 images, "
+                    "normalised on the GPU).")
+        return ""
+
+
+@dataclass
 class _Advice:
     recommendation: str
     snippet: str
@@ -89,12 +181,20 @@ class _Advice:
 
 def _advice(
     model: TraceModel, info: LoaderInfo | None, cores: int | None, step: float, wait: float,
-    load: float,
+    load: float, klass: LoaderClass | None = None, workers_hint: int | None = None,
 ) -> _Advice:
-    """How many workers, from the measured load/compute ratio and the cores this process has."""
+    """How many workers, from the measured load/compute ratio and the cores this process has.
+
+    A loader measured as waiting on storage (capture/anatomy.py) takes only its CPU share of a
+    core per worker, so its workers may outnumber the cores (up to WAITING_WORKERS_PER_CORE per
+    core); any other loader is capped at the cores, as the replay (replay/loader.py) models."""
+    klass = klass or LoaderClass(None, {})
+    waiting = klass.bound == "waiting"
+    share = klass.cpu_share
     compute = max(step - wait, 1.0)
     single = model.loader_kind == "single-process"
-    workers_now = info.num_workers if info else (0 if single else None)
+    workers_now = info.num_workers if info else (
+        workers_hint if workers_hint is not None else (0 if single else None))
     upper_basis = (
         "upper bound: the loader wait with no GPU work running, if fully overlapped; "
         "never below the busiest GPU's busy time"
@@ -119,16 +219,18 @@ def _advice(
         )
     # One worker's time per batch: measured in-process for a single-process loader; with W
     # workers that cannot keep up, each delivers one batch every W steps.
-    per_batch = load if workers_now == 0 else workers_now * step
+    per_batch = load if workers_now == 0 else (klass.worker_load_us or workers_now * step)
     ideal = math.ceil(per_batch / compute) + (1 if workers_now == 0 else 0)
-    workers = ideal if cores is None else max(1, min(ideal, cores))
-    evidence: dict = {"suggested_num_workers": workers, "ideal_num_workers": ideal}
+    cap = None if cores is None else cores * (WAITING_WORKERS_PER_CORE if waiting else 1)
+    workers = ideal if cap is None else max(1, min(ideal, cap))
+    evidence: dict = {"suggested_num_workers": workers, "ideal_num_workers": ideal,
+                      **klass.evidence()}
     if cores is not None:
         evidence["cores_per_process"] = cores
     projected = max(compute, per_batch / workers)
     if cores is not None and not model.has_gpu:
-        # CPU training: the step's own compute and the workers share the same cores.
-        projected = max(projected, (compute + per_batch) / cores)
+        # CPU training: the step's own compute and the workers' CPU share the same cores.
+        projected = max(projected, (compute + share * per_batch) / cores)
     if workers <= workers_now or step - projected < MIN_GAIN * step:
         # Every core already has work: more workers would only contend for them.
         busy = (
@@ -140,7 +242,7 @@ def _advice(
             f"core(s) and {busy}: more worker processes would compete for the same cores "
             "rather than overlap. Make each sample cheaper (lighter or GPU-side transforms and "
             "decoding, caching decoded samples), read from faster storage, or give the process "
-            "more cores (fewer processes per host).",
+            f"more cores (fewer processes per host).{klass.sentence(cores)}",
             f"# {info.call_site if info else 'the DataLoader'}: loading competes with the step "
             f"for {cores} core(s)\n"
             "# - cache decoded samples, or move augmentation to the GPU\n"
@@ -159,22 +261,33 @@ def _advice(
         f"other step work, so {ideal} worker process(es) (load/compute rounded up"
         f"{', plus one spare' if workers_now == 0 else ''}) can prepare batches ahead of the step"
     )
-    if cores is not None and workers < ideal:
-        why += f"; capped at the {cores} core(s) this process may use"
+    if waiting and cores is not None and workers > cores:
+        why += (f"; more than the {cores} core(s), as each worker mostly waits "
+                f"({100 * share:.0f}% of its time on CPU)")
+    if cap is not None and workers < ideal:
+        why += (f"; capped at {WAITING_WORKERS_PER_CORE} per core" if waiting
+                else f"; capped at the {cores} core(s) this process may use")
     basis = upper_basis
     if cores is not None:
+        cpu_work = "all CPU work spread over the cores"
+        if waiting:
+            cpu_work += f", loading counted at its {share:.0%} CPU share"
         basis = (
             f"estimate: with {workers} worker(s) on {cores} core(s) a step takes about "
             f"{ms(projected):.1f} ms (the largest of the other step work, loading spread over the "
-            f"workers{', and all CPU work spread over the cores' if not model.has_gpu else ''}); "
+            f"workers{', and ' + cpu_work if not model.has_gpu else ''}); "
             "never more than the loader wait"
         )
     where = "Loading runs in the main process" if workers_now == 0 else "The workers lag"
     return _Advice(
-        f"{_where(info, change)}{where}: {why}. Keep the workers alive across epochs.",
+        f"{_where(info, change)}{where}: {why}. Keep the workers alive across epochs."
+        f"{klass.sentence(cores)}",
         _snippet(info, change),
-        f"{workers} CPU core(s) free for loading in this process (cores per process, after the "
-        "other ranks on the host); a picklable dataset; transforms that do not touch the GPU."
+        (f"Storage that serves {workers} concurrent readers as fast as one (the measured wait is "
+         "per read, not a bandwidth limit); memory for the extra worker processes; a picklable "
+         "dataset." if waiting and cores is not None and workers > cores else
+         f"{workers} CPU core(s) free for loading in this process (cores per process, after the "
+         "other ranks on the host); a picklable dataset; transforms that do not touch the GPU.")
         + (" pin_memory helps only with .to(device, non_blocking=True)." if "pin_memory" in change
            else ""),
         max(step - projected, 0.0),

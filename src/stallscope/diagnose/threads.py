@@ -5,6 +5,8 @@ core count nor the thread settings, so the rule needs the RunContext of `stallsc
 
 from __future__ import annotations
 
+import math
+
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
@@ -39,8 +41,15 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
         )
     loader = context.training_loader()
     workers = loader.num_workers if loader else 0
-    # torch sets one intra-op thread in each DataLoader worker process.
-    demand = threads + workers
+    # torch sets one intra-op thread in each DataLoader worker process. A loader measured as
+    # waiting on storage (capture/anatomy.py) keeps its workers off the cores most of the time:
+    # they count by the CPU share measured inside them, as dataloader-bound sizes them.
+    worker_cores = float(workers)
+    share = (loader.anatomy or {}).get("cpu_busy_share") if loader else None
+    if loader is not None and loader.bound == "waiting" and isinstance(share, int | float):
+        worker_cores = workers * float(share)
+    busy_workers = math.ceil(worker_cores - 1e-9)
+    demand = threads + busy_workers
     total = model.total_step_us
     n = len(model.steps)
     wait = sum(s.loader_wait_us for s in model.steps)
@@ -70,11 +79,13 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
         return Assessment(
             RULE_ID, "clear",
             f"{threads} intra-op thread(s) + {workers} loader worker(s) fit the {cores} core(s) "
-            "this process may use.",
+            "this process may use"
+            + (f" (the workers wait on storage: together they keep {worker_cores:.1f} core(s) "
+               "busy)." if busy_workers < workers else "."),
         )
     excess = (demand - cores) / demand
     symptom = evidence["loader_wait_share_pct"] >= OVERSUB_WAIT_SYMPTOM_PCT
-    fit = max(cores - workers, 1)
+    fit = max(cores - busy_workers, 1)
     if symptom:
         saving = pct(excess * compute / n, total / n)
         basis = (

@@ -52,6 +52,11 @@ class LoaderFacts:
     window_wall_us: float | None  # the recorded steps
     window_cpu_us: float | None  # CPU time of the whole process over them
     other_load: OtherLoad | None = None  # other processes held the cores (capture/hostload.py)
+    # Inside the loader (capture/anatomy.py): its class, and, measured in the workers, the CPU
+    # share of a batch's loading and its fetch + collate wall time.
+    bound: str | None = None
+    worker_cpu_share: float | None = None
+    worker_load_us: float | None = None
 
     @classmethod
     def from_capture(cls, capture: dict[str, Any]) -> LoaderFacts:
@@ -66,6 +71,10 @@ class LoaderFacts:
 
         workers = busiest.get("num_workers")
         cores = host.get("cores_per_process")
+        anatomy = busiest.get("anatomy") if isinstance(busiest.get("anatomy"), dict) else {}
+        in_workers = anatomy.get("where") == "workers"
+        fetch_ms = _num(anatomy.get("fetch_ms_per_batch"))
+        bound = anatomy.get("bound")
         return cls(
             workers=workers if isinstance(workers, int) else None,
             fetch_wall_us=per_batch("fetch_wall_us"),
@@ -76,6 +85,11 @@ class LoaderFacts:
             window_wall_us=_num(host.get("recorded_wall_us")),
             window_cpu_us=_num(host.get("recorded_cpu_us")),
             other_load=load_from(host),
+            bound=bound if isinstance(bound, str) else None,
+            worker_cpu_share=_num(anatomy.get("cpu_busy_share")) if in_workers else None,
+            worker_load_us=(1000.0 * (fetch_ms + (_num(anatomy.get("collate_ms_per_batch"))
+                                                  or 0.0))
+                            if in_workers and fetch_ms else None),
         )
 
     def workers_now(self, loader_kind: str | None) -> int | None:
@@ -87,9 +101,12 @@ class LoaderFacts:
 
     @property
     def cpu_share(self) -> float | None:
-        """How much of an in-process fetch computed rather than waited (0..1)."""
+        """How much of a fetch computed rather than waited (0..1): in the process when it
+        loaded there, else as measured inside the workers."""
         if self.fetch_wall_us and self.fetch_cpu_us is not None and self.workers == 0:
             return float(np.clip(self.fetch_cpu_us / self.fetch_wall_us, 0.0, 1.0))
+        if self.worker_cpu_share is not None:
+            return float(np.clip(self.worker_cpu_share, 0.0, 1.0))
         return None
 
     def compute_cores(self, loader_us_per_step: float, steps: int) -> float | None:
@@ -134,6 +151,10 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
         load = g.h_dur[loads].copy()  # each batch as it loaded in-process
         notes.append("each batch takes a worker as long as it took the training process "
                      "(measured per batch)")
+    elif facts.worker_load_us:
+        load = np.full(len(loads), facts.worker_load_us)
+        notes.append(f"each batch takes a worker {facts.worker_load_us / 1000:.1f} ms (fetch and "
+                     "collate, measured inside the workers)")
     else:
         load = np.full(len(loads), workers_now * float(np.median(step_us)))
         notes.append(f"the {workers_now} workers now deliver one batch per step, so each "
@@ -145,7 +166,7 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     g.h_dur[loads] = np.minimum(fetch, g.h_dur[loads]) if workers_now else fetch
     g.h_after[loads[1:]] = loads[:-1]
     g.h_ret[loads[1:]] = load[1:] / n
-    share = facts.cpu_share if workers_now == 0 else None
+    share = facts.cpu_share
     if facts.cores is None:
         notes.append("the workers are assumed to get CPU cores of their own (the trace does "
                      "not say how many cores the process had)")
