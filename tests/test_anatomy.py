@@ -63,11 +63,11 @@ CHAINED = textwrap.dedent(
 )
 
 
-def _run(tmp_path: Path, target: Path, *args: str, env: dict[str, str] | None = None
-         ) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _run(tmp_path: Path, target: Path, *args: str, env: dict[str, str] | None = None,
+         steps: int = 4) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "stallscope", "run", "-q", "-o", str(out), "--steps", "4",
+        [sys.executable, "-m", "stallscope", "run", "-q", "-o", str(out), "--steps", str(steps),
          str(target), *args],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
         env={**os.environ, **(env or {})},
@@ -180,7 +180,9 @@ def test_workers_report_their_anatomy_and_the_users_hooks_still_run(tmp_path: Pa
                                                                     ctx: str) -> None:
     script = tmp_path / "chained.py"
     script.write_text(CHAINED)
-    _, report = _run(tmp_path, script, ctx)
+    # 24 steps of ~8 ms: the window outlasts the workers' 0.1 s between writes, so each worker
+    # reports inside it (4 steps could end before any worker wrote again).
+    _, report = _run(tmp_path, script, ctx, steps=24)
     a = _loader(report)["anatomy"]
     assert a["where"] == "workers" and a["workers_reporting"] >= 1, a
     assert {w["worker_id"] for w in a["workers"]} <= {0, 1}
