@@ -100,5 +100,6 @@ def test_inference_findings_give_inference_advice(tmp_path: Path):
     assert not TRAINING_WORDS.search(text), TRAINING_WORDS.search(text)
     assert found["dataloader-bound"].title.startswith("Inference waits on the DataLoader")
     assert "each batch" in found["dataloader-bound"].title
+    assert found["host-device-sync"].title.endswith("of each batch")
     assert "inference_mode" in found["no-mixed-precision"].snippet
     assert "GradScaler" not in found["no-mixed-precision"].snippet

@@ -25,6 +25,7 @@ from stallscope.diagnose.allocator import enclosing_ops
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
+from stallscope.trace.workload import step_word
 
 RULE_ID = "blocking-h2d-copy"
 # Share of step time the host spends blocked in overlappable HtoD transfers. 1% is the floor of
@@ -90,7 +91,8 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     finding = Finding(
         id=RULE_ID,
         title=(
-            f"The host blocks for host-to-device copies {share:.1f}% of each step "
+            f"The host blocks for host-to-device copies {share:.1f}% of each "
+            f"{step_word(model.workload)} "
             f"({ms(blocked / n):.2f} ms) although they could overlap"
         ),
         evidence=evidence,

@@ -13,6 +13,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel
+from stallscope.trace.workload import step_word
 
 RULE_ID = "pageable-d2h-copy"
 # Share of step wall time the host spends in the transfers themselves (waits excluded).
@@ -64,7 +65,8 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
     finding = Finding(
         id=RULE_ID,
         title=(
-            f"Device-to-host copies into pageable memory take {share:.1f}% of each step "
+            f"Device-to-host copies into pageable memory take {share:.1f}% of each "
+            f"{step_word(model.workload)} "
             f"({nbytes / n / 1e6:.2f} MB per step at {gbps:.1f} GB/s)"
         ),
         evidence=evidence,

@@ -23,6 +23,7 @@ from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches, per_name
+from stallscope.trace.workload import step_word
 
 RULE_ID = "gpu-idle"
 
@@ -137,7 +138,7 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         cause = "host-cpu-work"
     evidence["dominant_cause"] = cause
     rec, snippet, precondition = _idle_advice(model, cause, evidence, rest_host, rest_other)
-    title = f"The GPU is idle {idle_pct:.1f}% of each step" + {
+    title = f"The GPU is idle {idle_pct:.1f}% of each {step_word(model.workload)}" + {
         "dataloader": ", mostly while the host waits for the DataLoader",
         "host-wait": ", waiting for the host to launch work",
         "host-cpu-work": ", while the host does CPU work that launches nothing"

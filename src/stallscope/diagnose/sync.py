@@ -10,6 +10,7 @@ from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
+from stallscope.trace.workload import step_word
 
 RULE_ID = "host-device-sync"
 # Share of step wall time the host is blocked waiting on the GPU.
@@ -74,7 +75,7 @@ def host_device_sync(model: TraceModel, _context: RunContext | None = None) -> A
     }
     causes = list(dict.fromkeys(c for c in (_cause(s) for s in sources) if c))
     said = "; ".join(causes) or "explicit synchronisation calls"
-    title = f"The host waits for the GPU {share:.1f}% of each step"
+    title = f"The host waits for the GPU {share:.1f}% of each {step_word(model.workload)}"
     copies_waiting = [
         s for s in sources if s["kind"] == "copy-wait" and not s["call"].endswith("HtoD")
     ]
