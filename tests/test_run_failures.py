@@ -184,11 +184,13 @@ def assert_partial_report(tmp_path: Path, status: int, ended: str) -> dict:
 
 @pytest.mark.parametrize(
     ("context", "mode", "cause"),
+    # torch words a worker's exit "(pid N) exited unexpectedly with exit code 1" or, when its
+    # queue timeout notices first, "(pid(s) N) exited unexpectedly": a race inside torch.
     [
         ("fork", "worker-kill", "is killed by signal: Killed"),
-        ("fork", "worker-exit", "exited unexpectedly with exit code 1"),
+        ("fork", "worker-exit", "exited unexpectedly"),
         ("spawn", "worker-kill", "is killed by signal: Killed"),
-        ("global", "worker-exit", "exited unexpectedly with exit code 1"),
+        ("global", "worker-exit", "exited unexpectedly"),
     ],
 )
 def test_a_dying_worker_keeps_status_1_a_partial_report_and_names_the_cause(
