@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -17,6 +18,7 @@ import pytest
 from stallscope.capture import anatomy
 from stallscope.capture.anatomy import classify, summarise
 from stallscope.commands.tune_plan import baseline_from_report, worker_counts
+from stallscope.report.anatomy_view import loader_views, segments
 
 from .conftest import ROOT
 
@@ -173,6 +175,26 @@ def test_waiting_loader_is_told_to_use_workers_beyond_the_cores(tmp_path: Path) 
     g = _finding(json.loads((tmp_path / "alone" / "report.json").read_text()))
     assert g["evidence"]["loader_bound"] == "waiting"
     assert g["evidence"]["suggested_num_workers"] == n
+    # The report's DataLoader section draws where a batch's time goes: mostly blocked.
+    page = (tmp_path / "out" / "report.html").read_text()
+    block = page[page.index('id="loader-anatomy"'):page.index("<h3>Environment")]
+    assert 'data-bound="waiting"' in block and "blocked (storage, network, sleep)" in block
+    widths = dict(re.findall(r'title="([^:"]+): [0-9.]+ ms \(([0-9.]+)%\)"', block))
+    assert float(widths["blocked (storage, network, sleep)"]) > 50, widths
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Inside the DataLoaders" in md and "**waiting**" in md
+
+
+def test_anatomy_bar_splits_a_batch_into_measured_parts() -> None:
+    a = {"fetch_ms_per_batch": 10.0, "fetch_cpu_ms_per_batch": 2.0, "runq_share": 0.1,
+         "collate_ms_per_batch": 2.0, "transfer_ms_per_batch": 1.0}
+    parts = {p["key"]: p["ms"] for p in segments(a)}
+    # 10 ms fetch = 2 on a core + 1.2 queued (10% of fetch+collate) + 6.8 blocked.
+    assert parts == {"compute": 2.0, "queued": 1.2, "blocked": 6.8, "collate": 2.0,
+                     "transfer": 1.0}
+    assert sum(p["pct"] for p in segments(a)) == pytest.approx(100.0, abs=0.2)
+    assert segments({"where": "workers", "lost": "killed"}) == []
+    assert loader_views([{"call_site": "t.py:1", "anatomy": {}}]) == []
 
 
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])

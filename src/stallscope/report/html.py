@@ -17,6 +17,7 @@ import jinja2
 from markupsafe import Markup, escape
 
 from stallscope.diagnose.finding import Finding
+from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
@@ -131,6 +132,7 @@ def render_html(report: Report) -> str:
         reproduce=report.reproduce_command,
         trace_files=[t["path"] for t in report.traces],
         gpus=_gpu_lines(report.environment.get("devices", [])),
+        loader_views=loader_views(report.dataloaders),
     )
 
 

@@ -4,6 +4,7 @@ for a ticket."""
 from __future__ import annotations
 
 from stallscope.diagnose.finding import Finding
+from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
 from stallscope.report.labels import (
     floor_phrase,
@@ -187,6 +188,7 @@ def render_markdown(report: Report) -> str:
             lines += [f"*Docs:* <{top.docs}>", ""]
     else:
         lines += ["No findings.", ""]
+    lines += _anatomy_lines(report)
     if len(report.traces) > 1:
         lines += [
             "## Per rank" if report.ranks else "## Per trace",
@@ -225,3 +227,29 @@ def render_markdown(report: Report) -> str:
         lines.append("")
     lines += [f"*stallscope {report.stallscope_version}*", ""]
     return "\n".join(lines)
+
+
+def _anatomy_lines(report: Report) -> list[str]:
+    """Inside each DataLoader, in words: where one batch's loading time goes (measured)."""
+    views = loader_views(report.dataloaders)
+    if not views:
+        return []
+    lines = ["## Inside the DataLoaders", "",
+             "Measured in the workers and the training process, per batch, over the recorded "
+             "steps.", ""]
+    for v in views:
+        site = f"`{md_code(str(v['call_site']))}`"
+        if not v["segments"]:
+            lines.append(f"- {site}: not measured inside ({md(str(v['lost']))}).")
+            continue
+        parts = ", ".join(f"{p['label']} {p['ms']:.2f} ms" for p in v["segments"])
+        klass = f" **{md(v['bound'])}**" if v["bound"] else ""
+        line = (f"- {site}{klass}: one batch's loading takes {v['total_ms']:.2f} ms "
+                f"(measured in the {md(str(v['where']))}): {md(parts)}.")
+        top = v["top"][:2]
+        if top:
+            line += " Top functions: " + "; ".join(
+                f"{100 * (t.get('share') or 0):.0f}% {md(str(t.get('category')))} at "
+                f"`{md_code(str(t.get('site')))}`" for t in top) + "."
+        lines.append(line)
+    return lines + [""]
