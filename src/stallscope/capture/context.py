@@ -79,6 +79,8 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     # `run --set KEY=VALUE`: DataLoader constructor overrides requested for every loader.
     overrides: dict[str, Any] = field(default_factory=dict)
+    # The memory budget ended recording early (capture/budget.py Cut.to_dict()), or None.
+    recording_cut: dict[str, Any] | None = None
 
     @property
     def partial(self) -> bool:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stallscope.capture import budget
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
 from stallscope.capture.session import CaptureSession, Schedule, StopScript
@@ -49,6 +50,7 @@ class CaptureOptions:
     # `--set KEY=VALUE`, validated: applied to every DataLoader the script builds.
     overrides: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None  # `--timeout`: seconds from the script's start
+    max_record_mb: float = budget.DEFAULT_MB  # `--max-record-mb`; 0: no limit
 
 
 @dataclass
@@ -71,7 +73,7 @@ def capture(
 ) -> int:
     """Run `target` under the profiler, fill in `context`, return `conclude(context, why)`."""
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
-                             options.overrides)
+                             options.overrides, options.max_record_mb)
     context.overrides = dict(options.overrides)
     context.steps_requested = options.sched.steps
     watchdog: Watchdog | None = None
@@ -143,6 +145,9 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     if session.host_load:
         context.environment["host"] = dict(session.host_load)
     context.notes.extend(ending.notes)
+    if session.budget.cut is not None:
+        context.recording_cut = session.budget.cut.to_dict()
+        context.notes.append(session.budget.cut.text(context.steps_requested))
     context.notes.extend(session.watcher.notes)
     if context.overrides and not session.watcher.loaders:
         context.notes.append("--set was given but the script built no torch DataLoader: "

@@ -26,7 +26,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from stallscope import __version__, progress
-from stallscope.capture import hostload
+from stallscope.capture import budget, hostload
 from stallscope.capture.facts import environment
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.steps import StepDriver
@@ -65,6 +65,7 @@ class CaptureSession:
         worker: str,
         run_to_end: bool,
         overrides: Mapping[str, Any] | None = None,
+        max_record_mb: float = budget.DEFAULT_MB,
     ) -> None:
         self.sched = sched
         self.trace_dir = trace_dir
@@ -88,6 +89,7 @@ class CaptureSession:
         self._load_start: hostload.CpuSample | None = None
         self.host_load: dict[str, Any] = {}
         self._hook: Any = None
+        self.budget = budget.RecordingBudget(max_record_mb, self._cut_mid_step)
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -109,6 +111,7 @@ class CaptureSession:
 
     def finish(self) -> None:
         """Remove the hooks and, if the script ended mid-recording, write what was recorded."""
+        self.budget.end()
         self._remove_hooks()
         if self._started and not self.done:
             step = self.prof.step_num
@@ -152,7 +155,12 @@ class CaptureSession:
         else:
             self._report_progress(self.prof.step_num)
             if self.sched.is_recording(self.prof.step_num):
-                if self.prof.step_num + 1 >= self.sched.profiled:
+                last = self.prof.step_num + 1 >= self.sched.profiled
+                done = self.prof.step_num - self.sched.warmup + 1  # recorded steps, this one too
+                if not last and not self.budget.next_step_fits(done):
+                    self._end_recording(done)  # the next step would not fit the budget
+                    return
+                if last:
                     self._read_load_end()  # the last recorded step ends with this boundary
                 self._add_metadata()  # the measurements so far; the last call is kept
             elif self._load_start is None and self.sched.is_recording(self.prof.step_num + 1):
@@ -160,22 +168,50 @@ class CaptureSession:
             self.prof.step()  # writes the trace after the last recorded step
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
         if self.watcher.recording and self._window is None:
+            self.budget.begin()
             self._window = (time.perf_counter(), time.process_time())
             self._cpu = environment()["cpu"]  # once: the metadata is refreshed every step
         if self.watcher.recording and not self._meta_added:
             self._add_metadata()  # only kept while Kineto records
         if self.prof.step_num >= self.sched.profiled:  # the trace was written by this step()
             self.recorded = self.sched.steps
-            self.done = True
-            self.watcher.recording = False
-            self.prof.stop()
-            self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
-            if not self.run_to_end and threading.current_thread() is threading.main_thread():
-                self.stop_requested = True
-                progress.say("recording done: stopping the script")
-                raise StopScript()
-            if self.run_to_end:
-                progress.say("recording done: the script runs on to its end (--run-to-end)")
+            self._stop_recording()
+
+    def _end_recording(self, recorded: int) -> None:
+        """End recording at this boundary with `recorded` complete steps (the budget's cut):
+        `prof.stop()` closes the step that ends here and writes the trace."""
+        self.recorded = recorded
+        self._read_load_end()
+        self._add_metadata()
+        progress.say(f"memory budget: recording ends after {recorded} step(s)")
+        self._stop_recording()
+
+    def _cut_mid_step(self) -> None:
+        """The budget ran out inside a step (main thread, from the budget's signal): write the
+        steps recorded so far and the part of this one, marked cut, then stop as at the end."""
+        if self.done or not self._started:
+            return
+        step = self.prof.step_num
+        self.recorded = max(step - self.sched.warmup, 0)
+        self.incomplete_step = f"ProfilerStep#{step}"
+        self.budget.mark_mid_step(self.recorded)
+        self._read_load_end()
+        self._add_metadata()
+        progress.say("memory budget spent mid-step: writing what was recorded")
+        self._stop_recording()
+
+    def _stop_recording(self) -> None:
+        self.done = True
+        self.watcher.recording = False
+        self.budget.end()
+        self.prof.stop()
+        self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
+        if not self.run_to_end and threading.current_thread() is threading.main_thread():
+            self.stop_requested = True
+            progress.say("recording done: stopping the script")
+            raise StopScript()
+        if self.run_to_end:
+            progress.say("recording done: the script runs on to its end (--run-to-end)")
 
     def _read_load_end(self) -> None:
         if self._load_start is not None and not self.host_load:
@@ -210,6 +246,8 @@ class CaptureSession:
             "step_source": self.driver.source,
             "incomplete_step": self.incomplete_step,
         }
+        if self.budget.cut is not None:
+            meta["recording_cut"] = self.budget.cut.to_dict()
         if self._window is not None:
             cpu = self._cpu
             meta["host"] = {

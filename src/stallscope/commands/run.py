@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 NAME = "run"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
 
+# The recording's memory budget (capture/budget.py, which cannot be imported here: torch).
+DEFAULT_RECORD_MB = 2048
 # How long rank 0 waits, after its own script ended, for the other ranks to report.
 RANK_WAIT_S = 120.0
 
@@ -73,6 +75,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="pass KEY=VALUE to every DataLoader the script builds, instead of the script's own "
         f"value, without editing it; repeatable; KEY is one of {', '.join(OVERRIDE_KEYS)}, "
         "VALUE a whole number or true/false",
+    )
+    run.add_argument(
+        "--max-record-mb", type=whole_number(0), default=DEFAULT_RECORD_MB, metavar="MB",
+        help="memory the recording may add to the training process (the profiler keeps every "
+        "event until the trace is written); past it recording ends with the steps recorded so "
+        f"far, and the report says so; 0 for no limit (default {DEFAULT_RECORD_MB})",
     )
     run.add_argument("--run-to-end", action="store_true",
                      help="let the script finish after recording instead of stopping it")
@@ -122,7 +130,7 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
         world_size=launch.world_size if launch.distributed else None,
     )
     options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps), args.step_on,
-                             args.run_to_end, overrides, args.timeout)
+                             args.run_to_end, overrides, args.timeout, args.max_record_mb)
     progress.say(
         f"running {target.name} under the profiler: {args.skip} step(s) skipped, "
         f"{args.warmup} warm-up, {args.steps} recorded"

@@ -271,6 +271,8 @@ def attach_run(
         "world_size": first.world_size,
         # `run --set`: DataLoader arguments forced for this run; {} when the script's own.
         "overrides": dict(first.overrides),
+        # The memory budget ended recording early on some rank (capture/budget.py), or None.
+        "recording_cut": next((c.recording_cut for c in contexts if c.recording_cut), None),
         "trace_dir": str(trace_dir),
         "tensorboard_command": f"tensorboard --logdir {shlex.quote(str(logdir))}",
         "ranks": [
@@ -292,9 +294,11 @@ def attach_run(
     for c in contexts:
         report.notes.extend(c.notes)
     if report.run["partial"]:
+        why = (f"the script {_ended_phrase(report.run)}" if not report.run["recording_cut"]
+               else "the memory budget (--max-record-mb) ended recording")
         report.notes.insert(
             0,
-            f"Partial: the script {_ended_phrase(report.run)} after "
+            f"Partial: {why} after "
             f"{report.run['steps_recorded']} of {first.steps_requested} recorded step(s).",
         )
 

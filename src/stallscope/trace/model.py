@@ -145,12 +145,15 @@ def build_model(trace: Trace) -> TraceModel:
     if inferred is not None:
         step_names = inferred.names
     cut = trace.capture.get("incomplete_step")
+    why = ("by the recording's memory budget" if isinstance(
+        trace.capture.get("recording_cut"), dict) else "when the script ended")
     if cut in step_names and len(step_names) > 1:
         keep = [n != cut for n in step_names]
         windows, step_names = windows[keep], [n for n in step_names if n != cut]
-        notes.append(f"{cut} was cut short when the script ended, so it is left out.")
+        notes.append(f"{cut} was cut short {why}, so it is left out.")
     elif cut in step_names:
-        notes.append(f"The only recorded step, {cut}, was cut short when the script ended.")
+        notes.append(f"The only recorded step, {cut}, was cut short {why}: its figures are "
+                     "for the part recorded.")
     notes.extend(trace.notes)
     source = "ProfilerStep" if step_names and inferred is None else "whole-trace"
     if inferred is not None:
