@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import stallscope
-from tests.conftest import SAMPLES, run_cli, write_trace
+from tests.conftest import ROOT, SAMPLES, run_cli, write_trace
 
 LOADER_BOUND = SAMPLES / "cpu-loader-bound.pt.trace.json.gz"
 REPORT_FILES = {"report.json", "report.html", "report.md"}
@@ -289,3 +289,16 @@ def test_the_first_marker_outranks_the_optimizer_and_loader_guesses() -> None:
     chosen.on_marker()  # `--step-on optimizer` was asked for: markers do not count
     assert boundaries == ["marker", "marker"]
 
+
+def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Python API", 1)[1].split("\n### ", 1)[0]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "sample_traces").symlink_to(SAMPLES)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.startswith("Training waits on the DataLoader for 84.7% of each step.")
+    assert "dataloader-bound high" in printed and "num_workers=" in printed
+    assert {p.name for p in (tmp_path / "stallscope-report").iterdir()} == REPORT_FILES
