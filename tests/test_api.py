@@ -175,8 +175,9 @@ def test_profile_with_manual_steps_and_out_dir(tmp_path: Path) -> None:
 
 def test_profile_that_records_nothing_says_why(tmp_path: Path) -> None:
     with pytest.raises(stallscope.StallscopeError, match="call session.step()"), \
-            stallscope.profile():
+            stallscope.profile() as idle:
         sum(range(1000))
+    assert idle.trace_dir is not None and not idle.trace_dir.parent.parent.exists()  # no litter
     with pytest.raises(stallscope.StallscopeError, match="before recording began"), \
             stallscope.profile(skip=2) as session:
         for _ in range(2):

@@ -14,6 +14,7 @@ by `session.trace_dir`) so the report's trace and TensorBoard command stay valid
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -66,6 +67,7 @@ class ProfileSession:
         self.trace_dir: Path | None = None
         self._capture: CaptureSession | None = None
         self._stopped = False
+        self._temporary: Path | None = None  # the folder made for the traces without out_dir
 
     # ------------------------------------------------------------------------ while it runs
 
@@ -83,7 +85,10 @@ class ProfileSession:
 
         if self.out_dir is not None:  # refused now, not after the loop has run
             prepare_out_dir(self.out_dir, force=True)
-        base = self.out_dir or Path(tempfile.mkdtemp(prefix="stallscope-profile-"))
+        if self.out_dir is None:
+            self._temporary = Path(tempfile.mkdtemp(prefix="stallscope-profile-"))
+        base = self.out_dir or self._temporary
+        assert base is not None
         self.trace_dir = base / "tensorboard" / "profile"
         worker = Launch.from_env().worker
         if self.trace_dir.is_dir():  # an earlier session's traces from this host: replaced
@@ -138,6 +143,8 @@ class ProfileSession:
         ctx = RunContext(command=[], target=TARGET, steps_requested=self.steps)
         describe(capture, ctx, Ending(ended, status))
         if not capture.traces:
+            if self._temporary is not None:  # nothing in it worth keeping
+                shutil.rmtree(self._temporary, ignore_errors=True)
             raise NoStepsError(self._no_steps(ctx))
         assert self.trace_dir is not None
         report = analyze_paths(list(capture.traces),

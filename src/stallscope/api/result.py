@@ -20,7 +20,7 @@ from stallscope.report.build import Report as _Report
 from stallscope.text import plain
 
 # The frame's height: about the first screen of the page (verdict, step chart, first finding);
-# the rest scrolls inside it, and the frame can be resized by dragging its corner.
+# the rest scrolls inside it.
 FRAME_HEIGHT_PX = 720
 
 
@@ -91,7 +91,7 @@ class Report:
             '<div class="stallscope-report">'
             f'<p><strong>stallscope:</strong> {html.escape(plain(self.verdict))}</p>'
             f'<iframe title="stallscope report" sandbox srcdoc="{page}" '
-            f'style="width:100%;height:{FRAME_HEIGHT_PX}px;border:1px solid #ccc;resize:vertical">'
+            f'style="width:100%;height:{FRAME_HEIGHT_PX}px;border:1px solid #ccc">'
             "</iframe></div>"
         )
 
