@@ -1,7 +1,8 @@
 """The package layout is the pipeline (GUIDE §2), and imports flow one way through it.
 
     commands -> report -> diagnose -> replay -> trace      capture beside trace
-    (cli above all; errors, progress, outputs, fanout and text below all)
+    (cli and the Python API above all, side by side; errors, progress, outputs, fanout, text
+    and the step marker below all)
 
 Every import of a stallscope module is read with `ast`, function-level (lazy) imports included,
 since a lazy import is how an upward dependency usually hides. A lower layer importing a higher
@@ -25,14 +26,20 @@ PACKAGE = ROOT / "src" / "stallscope"
 # independent of each other.
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.progress",
-              "stallscope.outputs", "stallscope.fanout")},
+              "stallscope.outputs", "stallscope.fanout", "stallscope.marker")},
     {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",)},
     {"replay": ("stallscope.replay",)},
     {"diagnose": ("stallscope.diagnose",)},
     {"report": ("stallscope.report",)},
     {"commands": ("stallscope.commands",)},
-    {"front door": ("stallscope.cli", "stallscope.__main__")},
+    {"front door": ("stallscope.cli", "stallscope.__main__"),
+     "api": ("stallscope.api", "stallscope.integrations")},
 ]
+# The package root offers the Python API (`stallscope.analyze`, `.profile`, `.Report`) through
+# a lazy module `__getattr__` (PEP 562): `import stallscope` loads none of it, and every stage
+# may still import the root for `__version__`. That one edge, from the root to the API and
+# only inside a function or an `if TYPE_CHECKING:` block, is the facade, not a dependency.
+FACADE = {("stallscope", "stallscope.api")}
 # Third-party packages only one stage may load at module level (GUIDE §2: only the capture
 # imports torch, so `analyze` starts fast without CUDA; the trace and rules never render HTML).
 OWNED = {"torch": "stallscope.capture", "jinja2": "stallscope.report"}
@@ -102,6 +109,8 @@ def violations(modules: dict[str, str]) -> list[str]:
             if owner is not None:
                 if top and not (module == owner or module.startswith(owner + ".")):
                     problems.append(f"{where}: only {owner} may import it at module level")
+                continue
+            if (module, name) in FACADE and not top:
                 continue
             graph[module].add(name)
             if name == "stallscope.cli" and module != "stallscope.__main__":
@@ -180,6 +189,12 @@ def test_every_module_says_what_it_is_for() -> None:
         ("stallscope.diagnose.idle", "import torch\n", "only stallscope.capture may import"),
         ("stallscope.trace.load", "import jinja2\n", "only stallscope.report may import"),
         ("stallscope.trace.model", "from stallscope.trace import load\n", None),  # allowed
+        # the root's facade must stay lazy: at module level it would load the whole pipeline
+        ("stallscope", "from stallscope.api import analyze\n", "upward, from base to api"),
+        ("stallscope.capture.session", "from stallscope.api import Report\n",
+         "upward, from capture to api"),
+        ("stallscope.commands.run", "from stallscope.integrations import lightning\n",
+         "upward, from commands to api"),
     ],
 )
 def test_a_planted_import_is_caught(module: str, planted: str, expected: str | None) -> None:

@@ -66,7 +66,7 @@ class RunContext:
     target: str  # the script path or module name
     rank: int | None = None
     world_size: int | None = None
-    step_source: str | None = None  # "optimizer" or "dataloader"; None when no step was seen
+    step_source: str | None = None  # optimizer, dataloader or marker; None: no step seen
     steps_requested: int = 0
     steps_recorded: int = 0  # complete steps in the trace
     boundaries_seen: int = 0  # step boundaries seen over the whole run

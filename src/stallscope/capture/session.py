@@ -25,7 +25,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from stallscope import __version__, progress
+from stallscope import __version__, marker, progress
 from stallscope.capture import budget, hostload
 from stallscope.capture.facts import environment
 from stallscope.capture.loaders import LoaderWatcher
@@ -108,6 +108,7 @@ class CaptureSession:
     def start(self) -> None:
         self.watcher.install()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        marker.install(self.on_marker)
 
     def finish(self) -> None:
         """Remove the hooks and, if the script ended mid-recording, write what was recorded."""
@@ -132,6 +133,7 @@ class CaptureSession:
 
     def _remove_hooks(self) -> None:
         self.watcher.uninstall()
+        marker.uninstall(self.on_marker)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -139,6 +141,11 @@ class CaptureSession:
     def _on_optimizer_step(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if os.getpid() == self._pid:
             self.driver.on_optimizer_step(optimizer)
+
+    def on_marker(self) -> None:
+        """`stallscope.step()` in this process (not in a forked DataLoader worker)."""
+        if os.getpid() == self._pid:
+            self.driver.on_marker()
 
     def _boundary(self) -> None:
         if self.done:

@@ -5,6 +5,10 @@ torch.optim optimizer, at each batch of a DataLoader. An optimizer hook runs ins
 optimizer's own profiler range, so a boundary placed there would cut that range in two; the
 boundary is therefore held until the next batch is fetched, which is where a hand-written
 `prof.step()` sits too. Loops with no DataLoader at all fall back to the hook itself.
+
+`stallscope.step()` (marker.py) is the loop's own say: once one is seen (auto mode, or mode
+"marker" for the framework callbacks, which place the markers themselves) markers alone place
+the boundaries.
 """
 
 from __future__ import annotations
@@ -14,14 +18,15 @@ from typing import Any
 
 from stallscope.capture.context import LoaderInfo
 
-MODES = ("auto", "optimizer", "dataloader")
+MODES = ("auto", "optimizer", "dataloader", "marker")
 # In auto mode, batches drawn with no optimizer.step() before batches become the steps:
 # generous, so that gradient accumulation over up to this many batches is still one step.
 AUTO_FALLBACK_BATCHES = 16
 
 
 class StepDriver:
-    """Turns optimizer steps and DataLoader batches into calls of `on_boundary()`."""
+    """Turns optimizer steps, DataLoader batches and step markers into calls of
+    `on_boundary()`."""
 
     def __init__(self, mode: str, on_boundary: Callable[[], None]) -> None:
         if mode not in MODES:
@@ -36,7 +41,7 @@ class StepDriver:
         self._batches_without_step = 0
 
     def on_optimizer_step(self, optimizer: Any) -> None:
-        if self.source == "dataloader":
+        if self.source in ("dataloader", "marker") or self.mode == "marker":
             return
         if self._optimizer is None:
             # Several optimizers (GANs, per-module optimizers): the first one to step drives.
@@ -53,6 +58,8 @@ class StepDriver:
             self._pending = True
 
     def on_batch(self, loader: LoaderInfo) -> None:
+        if self.source == "marker" or self.mode == "marker":
+            return
         if self.source == "optimizer":
             if self._pending:
                 self._pending = False
@@ -69,3 +76,15 @@ class StepDriver:
             self._loader = loader  # the first loader to yield drives the steps
         if loader is self._loader:
             self._on_boundary()
+
+    def on_marker(self) -> None:
+        """`stallscope.step()`: in auto mode the first marker outranks what was guessed so far
+        (an optimizer boundary still held for the next batch is dropped: the marker is that
+        boundary); `--step-on optimizer|dataloader` chose otherwise and ignores markers."""
+        if self.mode not in ("auto", "marker"):
+            return
+        if self.source != "marker":
+            self.source = "marker"
+            self._pending = False
+            self.direct = False
+        self._on_boundary()

@@ -338,8 +338,8 @@ def no_steps_reason(ctx: RunContext) -> str:
     if ctx.step_source is None:
         return (
             "no step recorded: the script never called optimizer.step() on a torch.optim "
-            "optimizer nor drew a batch from a torch DataLoader; call "
-            "torch.profiler.profile(...).step() in your loop and use `stallscope analyze`"
+            "optimizer nor drew a batch from a torch DataLoader; call stallscope.step() at the "
+            "end of each iteration (a no-op when stallscope is not running)"
         )
     return (
         "no step recorded: the script ended before recording began (during the --skip and "
