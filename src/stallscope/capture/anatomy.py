@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stallscope.capture import sampler
+
 # A worker writes its totals at most this often (seconds): a batch costs two clock reads and
 # two schedstat reads (~25 us); a write (~0.4 ms with psutil's I/O counters, measured on this
 # project's 2-core VM) is amortised over every batch made in the interval. The training process
@@ -160,7 +162,7 @@ class _WorkerAccount:
             "process_cpu_us": (time.process_time() - self.start_cpu) * 1e6,
             "fetch_wall_us": self.fetch_wall_us, "fetch_cpu_us": self.fetch_cpu_us,
             "collate_wall_us": self.collate_wall_us, "collate_cpu_us": self.collate_cpu_us,
-            "fetch_runq_us": self.fetch_runq_us,
+            "fetch_runq_us": self.fetch_runq_us, "stack": sampler.export(),
         }
         if self._proc is not None:
             try:
@@ -181,6 +183,7 @@ def _start_worker(path: Path, worker_id: int) -> None:
     """Count this worker's fetches: wrap the fetcher classes' `fetch` in this process only."""
     global _account
     _account = _WorkerAccount(path, worker_id)
+    sampler.start()  # where the fetches' time goes (capture/sampler.py); None: no figures
     from torch.utils.data._utils import fetch as fetch_mod
 
     for cls in (fetch_mod._MapDatasetFetcher, fetch_mod._IterableDatasetFetcher):
@@ -196,7 +199,12 @@ def _timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
         acct = _account
         runq = runq_us()
         wall, cpu = time.perf_counter(), time.thread_time()
-        out = orig(self, index)  # StopIteration and the dataset's errors pass through
+        smp = sampler.begin()  # this thread's stack is sampled while it fetches
+        try:
+            out = orig(self, index)  # StopIteration and the dataset's errors pass through
+        finally:
+            if smp is not None:
+                smp.end()
         if acct is not None:
             try:
                 acct.fetch_wall_us += (time.perf_counter() - wall) * 1e6
@@ -253,6 +261,7 @@ def window(now: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]]
                 a, b = cur.get(k), before.get(k)
                 if isinstance(a, int | float) and isinstance(b, int | float):
                     delta[k] = a - b
+            delta["stack"] = sampler.subtract(cur.get("stack"), before.get("stack"))
         out.append(delta)
     return out
 
@@ -316,6 +325,8 @@ def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, f
         # (storage, network, sleep): what is neither on a core nor queued for one.
         out["runq_share"] = _share(runq, whole)
         out["blocked_share"] = _share(whole - (fetch_c + collate_c) - runq, whole)
+    if (stack := sampler.summary(workers if num_workers > 0 else [main])) is not None:
+        out["stack"] = stack  # shares of the fetches' sampled stacks (capture/sampler.py)
     out["bound"] = classify(num_workers, out)
     return out
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from stallscope.capture import anatomy
+from stallscope.capture import anatomy, sampler
 from stallscope.capture.context import LoaderInfo
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -90,7 +90,8 @@ class LoaderWatcher:
             workers = tap.workers
             main = {"batches": info.batches_recorded, "wall_us": info.fetch_wall_us,
                     "cpu_us": info.fetch_cpu_us, "collate_wall_us": tap.collate_wall_us,
-                    "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us}
+                    "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us,
+                    "stack": sampler.export(tap.stack)}
             info.anatomy = anatomy.summarise(info.num_workers, workers, main)
             info.bound = info.anatomy.get("bound")
         except Exception as exc:  # the anatomy is lost, never the run
@@ -140,7 +141,14 @@ class LoaderWatcher:
                     runq = anatomy.runq_us() if tap is not None else None
                     wall, cpu = time.perf_counter(), time.thread_time()
                     proc = time.process_time()
-                    batch = orig_next(it)
+                    smp = None  # num_workers=0: sample this thread's stack while it fetches
+                    if tap is not None and info.num_workers == 0 and sampler.start():
+                        smp = sampler.begin(tap.stack)
+                    try:
+                        batch = orig_next(it)
+                    finally:
+                        if smp is not None:
+                            smp.end()
                     info.fetch_wall_us += (time.perf_counter() - wall) * 1e6
                     info.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
                     info.fetch_process_cpu_us += (time.process_time() - proc) * 1e6
@@ -170,6 +178,7 @@ class LoaderWatcher:
         for cls, name, fn in reversed(self._saved):
             setattr(cls, name, fn)
         self._saved.clear()
+        sampler.stop()  # the training process's sampler (num_workers=0 loaders), if started
         if self._folder is not None:  # workers still running find it gone and stop writing
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -235,6 +244,7 @@ class _Tap:
     base: dict[int, dict[str, Any]] = field(default_factory=dict)  # workers at recording start
     workers: list[dict[str, Any]] = field(default_factory=list)  # their window, as last read
     read_at: float = float("-inf")  # time.monotonic() of that read
+    stack: dict[tuple[Any, ...], int] = field(default_factory=dict)  # num_workers=0 samples
 
 
 @dataclass

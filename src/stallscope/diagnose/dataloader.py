@@ -23,6 +23,33 @@ DOCS = "https://pytorch.org/docs/stable/data.html#multi-process-data-loading"
 # cores, up to this many per core (each still holds memory and a process; beyond it the gain
 # is usually the storage's own limit, which more workers do not lift).
 WAITING_WORKERS_PER_CORE = 4
+# Sampled stacks (capture/sampler.py): a second line is named when it holds at least this share
+# of the samples, a second category's fix given when it holds at least this share.
+SECOND_LINE_SHARE = 0.1
+SECOND_CATEGORY_SHARE = 0.25
+# The fix for what the sampled fetches spend their time in, by category.
+_GPU_SIDE = ("move augmentation to the GPU (on the batch, after .to(device)), use cheaper "
+             "transforms, or cache the deterministic part of the pipeline's output")
+CATEGORY_FIX = {
+    "image decode (PIL)": (
+        "decode at the target size: img.draft('RGB', size) right after Image.open decodes a "
+        "JPEG at 1/2 to 1/8 scale, Image.reduce() or resize(..., reducing_gap=2.0) for other "
+        "formats; pillow-simd decodes and resizes faster; or cache decoded samples"),
+    "image decode (cv2)": (
+        "decode at reduced size: cv2.imread(path, cv2.IMREAD_REDUCED_COLOR_2) (or _4, _8; "
+        "the same flags for cv2.imdecode), or cache decoded samples"),
+    "transforms": _GPU_SIDE,
+    "numpy": _GPU_SIDE,
+    "torch ops": _GPU_SIDE,
+    "file reads": ("cache the samples (in memory, or on local NVMe, tmpfs or /dev/shm), or "
+                   "pack small files into larger shards"),
+    "sleep/wait": ("cache the samples locally (in memory, local NVMe, tmpfs or /dev/shm), or "
+                   "fetch them in bulk rather than one request per sample"),
+    "collate": ("make collate_fn cheaper: return ready-stacked tensors from the dataset's "
+                "__getitems__, fewer and larger tensors, smaller dtypes"),
+    "your code": "that time is in your own Python: make those lines cheaper or cache their output",
+}
+WAITING_MORE_WORKERS = "; workers that wait overlap, so more of them than cores help"
 
 
 def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
@@ -131,7 +158,54 @@ class LoaderClass:
                     "collate_ms_per_batch", "cpu_busy_share", "main_cpu_ms_per_batch"):
             if isinstance(a.get(key), int | float):
                 out[f"loader_{key}"] = a[key]
+        top = self.top_lines
+        if top:
+            out["loader_top_function"] = f"{top[0]['function']} ({top[0]['site']})"
+            out["loader_top_category"] = self.top_categories[0]
         return out
+
+    @property
+    def top_lines(self) -> list[dict]:
+        """The sampled stacks' lines, most samples first (capture/sampler.py); [] without."""
+        stack = self.anatomy.get("stack")
+        top = stack.get("top") if isinstance(stack, dict) else None
+        if not self.top_categories:
+            return []
+        return [t for t in top or [] if isinstance(t, dict) and t.get("function")
+                and t.get("site") and isinstance(t.get("share"), int | float)]
+
+    @property
+    def top_categories(self) -> list[str]:
+        """The sampled categories worth a fix: the first, and the second when it holds at
+        least SECOND_CATEGORY_SHARE of the samples."""
+        stack = self.anatomy.get("stack")
+        cats = stack.get("categories") if isinstance(stack, dict) else None
+        if not cats or not isinstance(cats[0], dict) or not cats[0].get("category"):
+            return []
+        out = [cats[0]["category"]]
+        if len(cats) > 1 and (cats[1].get("share") or 0) >= SECOND_CATEGORY_SHARE:
+            out.append(cats[1]["category"])
+        return out
+
+    def stack_sentence(self) -> str:
+        """Where the samples put the time (one or two lines, with their shares) and the fix
+        for what they do; "" without stack figures: then the class's own advice stands."""
+        top = self.top_lines
+        if not top:
+            return ""
+        named = [top[0]] + [t for t in top[1:2] if t["share"] >= SECOND_LINE_SHARE]
+        where = ", ".join(f"{100 * t['share']:.0f}% in {t['function']} ({t['site']}, "
+                          f"{t.get('category')})" for t in named)
+        fixes = []
+        for category in self.top_categories:
+            fix = CATEGORY_FIX.get(category, CATEGORY_FIX["your code"])
+            if category in ("file reads", "sleep/wait") and self.bound == "waiting":
+                fix += WAITING_MORE_WORKERS
+            if fix not in fixes:
+                fixes.append(fix)
+        samples = self.anatomy["stack"].get("samples")
+        return (f" Sampled stacks of the fetches ({samples} samples): {where}. "
+                + " ".join(f"{f[0].upper()}{f[1:]}." for f in fixes))
 
     def sentence(self, cores: int | None) -> str:
         """Why the class says what it says, and its own fixes."""
@@ -139,11 +213,13 @@ class LoaderClass:
         where = "in the workers" if a.get("where") == "workers" else "in the training process"
         share = a.get("fetch_cpu_share")
         fetch = a.get("fetch_ms_per_batch")
+        sampled = self.stack_sentence()
         if self.bound == "waiting":
             return (f" Loading waits on storage or the network: measured {where}, a batch's "
                     f"fetch takes {fetch:.1f} ms of which {100 * (share or 0):.0f}% is CPU, so "
-                    "workers need not have a core each. Also cache the samples (in memory, "
-                    "or on local NVMe, tmpfs or /dev/shm) or read from faster storage.")
+                    "workers need not have a core each."
+                    + (sampled or " Also cache the samples (in memory, or on local NVMe, tmpfs "
+                       "or /dev/shm) or read from faster storage."))
         if self.bound == "cpu-bound":
             cap = f"the {cores} core(s)" if cores else "the free cores"
             runq = a.get("runq_share")
@@ -153,9 +229,10 @@ class LoaderClass:
                 else (share or 1.0)
             return (f" Loading computes: measured {where}, a batch's {fetch:.1f} ms fetch is "
                     f"{100 * on:.0f}% on a core or queued for one{queued}, so workers beyond "
-                    f"{cap} only contend. Make samples cheaper: decode at the target size "
-                    "(pillow-simd for PIL decode), lighter or GPU-side augmentation, or cache "
-                    "decoded samples.")
+                    f"{cap} only contend."
+                    + (sampled or " Make samples cheaper: decode at the target size "
+                       "(pillow-simd for PIL decode), lighter or GPU-side augmentation, or "
+                       "cache decoded samples."))
         if self.bound == "collate/transfer-bound":
             return (f" collate_fn takes {a.get('collate_ms_per_batch', 0):.1f} ms of a batch's "
                     f"{(fetch or 0) + (a.get('collate_ms_per_batch') or 0):.1f} ms {where}: "
