@@ -273,7 +273,7 @@ class CaptureSession:
                  "fetch_bytes": d.fetch_bytes, "anatomy": self.watcher.anatomy_of(d)}
                 for d in self.watcher.loaders if d.batches_recorded
             ]
-        self.prof.add_metadata_json("stallscope", json.dumps(meta))
+        self.prof.add_metadata_json("stallscope", metadata_text(meta))
 
     def _on_trace_ready(self, prof: Any) -> None:
         # Other ranks write into the same folder at the same moment: only this worker's files.
@@ -284,3 +284,25 @@ class CaptureSession:
         self.traces.extend(written)
         for path in written:
             progress.say(f"trace written: {path.name} ({progress.size_text(path.stat().st_size)})")
+
+
+def _kineto_safe(value: Any) -> Any:
+    """Kineto writes metadata with every backslash turned into a slash: an escaped quote
+    (a call site or a source line holding `"`) would break the whole trace file. Strings lose
+    their quotes and backslashes instead (`"` -> `'`, `\\` -> `/`)."""
+    if isinstance(value, str):
+        text = value.replace("\\", "/").replace('"', "'")
+        return "".join(c if c >= " " and c != "\x7f" else " " for c in text)
+    if isinstance(value, dict):
+        return {_kineto_safe(k): _kineto_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_kineto_safe(v) for v in value]
+    return value
+
+
+def metadata_text(meta: dict[str, Any]) -> str:
+    """stallscope's metadata as Kineto can write it: JSON with no backslash anywhere (no
+    escaped quotes or control characters: those become spaces; non-ASCII text written as
+    itself rather than as \\u escapes)."""
+    return json.dumps(_kineto_safe(meta), ensure_ascii=False)
+
