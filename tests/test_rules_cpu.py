@@ -157,3 +157,30 @@ def test_samples_exist():
     for name in ("cpu-worker-startup", "cpu-persistent-workers"):
         path = Path(SAMPLES / f"{name}.pt.trace.json.gz")
         assert path.stat().st_size < 300_000
+
+
+def test_workers_and_threads_come_as_one_change():
+    """A CPU run whose loader needs workers on cores the step's threads already use: the loader
+    advice sets both (a spawn script was once told "2 workers" in one finding and
+    "set_num_threads(1) instead" in another, where only both together were best)."""
+    from stallscope.diagnose.dataloader import dataloader_bound
+
+    model = sample("cpu-loader-bound.pt.trace.json.gz")
+    ctx = context(cores=2, threads=2, workers=0)
+    f = dataloader_bound(model, ctx).finding
+    assert f.evidence["suggested_num_workers"] >= 1
+    assert f.evidence["suggested_torch_threads"] == 1
+    assert "torch.set_num_threads(1)" in f.snippet and "num_workers=" in f.snippet
+    # Nothing says "threads instead": the current 2 threads + 0 workers fit the 2 cores.
+    assert cpu_oversubscription(model, ctx).status == "clear"
+    # Already oversubscribed (2 threads + 1 worker on 2 cores) and told to add workers: the
+    # oversubscription check points at the one change instead of a second piece of advice.
+    over = context(cores=2, threads=2, workers=1)
+    g = dataloader_bound(model, over).finding
+    assert g.evidence["suggested_num_workers"] == 2 and g.evidence["suggested_torch_threads"] == 1
+    a = cpu_oversubscription(model, over)
+    assert a.status == "not_assessed" and "Folded into dataloader-bound" in a.detail
+    assert "torch.set_num_threads(1)" in a.detail
+    # Enough cores for both: no thread change.
+    roomy = dataloader_bound(model, context(cores=16, threads=2, workers=0)).finding
+    assert "suggested_torch_threads" not in roomy.evidence

@@ -92,8 +92,10 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
         # worker count and cores too, so the advice is the one `run` gave.
         facts = LoaderFacts.from_capture(model.trace.capture)
         workers_hint, cores = facts.workers, facts.cores
+    threads = (context.environment.get("cpu", {}) or {}).get("torch_threads") if context else None
     advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n,
-                     klass=klass, workers_hint=workers_hint)
+                     klass=klass, workers_hint=workers_hint,
+                     threads=threads if isinstance(threads, int) else None)
     evidence.update(advice.evidence)
     saving = pct(min(bound / n, advice.saving_us), total / n)
     who, unit = ("Inference", "batch") if model.workload == "inference" else ("Training", "step")
@@ -259,6 +261,7 @@ class _Advice:
 def _advice(
     model: TraceModel, info: LoaderInfo | None, cores: int | None, step: float, wait: float,
     load: float, klass: LoaderClass | None = None, workers_hint: int | None = None,
+    threads: int | None = None,
 ) -> _Advice:
     """How many workers, from the measured load/compute ratio and the cores this process has.
 
@@ -331,6 +334,12 @@ def _advice(
         )
     evidence["projected_step_ms"] = ms(projected)
     change = {"num_workers": workers, "persistent_workers": True}
+    # CPU training: the workers take cores from the step's intra-op threads. When the two would
+    # want more cores than the process has, the thread count is part of the same change (one
+    # piece of advice, not a second finding saying "fewer threads instead").
+    fit = step_threads(workers, share, cores, threads) if not model.has_gpu else None
+    if fit is not None:
+        evidence["suggested_torch_threads"] = fit
     if model.has_gpu and not (info and info.pin_memory):
         change["pin_memory"] = True
     why = (
@@ -356,10 +365,18 @@ def _advice(
             "never more than the loader wait"
         )
     where = "Loading runs in the main process" if workers_now == 0 else "The workers lag"
+    threads_text, threads_code = "", ""
+    if fit is not None:
+        threads_text = (
+            f" With {workers} worker(s) beside {threads} intra-op thread(s) on {cores} core(s) "
+            f"they would preempt each other: set torch.set_num_threads({fit}) in the same change "
+            "(the two together, not either alone).")
+        threads_code = (f"\n+torch.set_num_threads({fit})  # {cores} core(s) shared with "
+                        f"{workers} loader worker(s)")
     return _Advice(
         f"{_where(info, change)}{where}: {why}. Keep the workers alive across epochs."
-        f"{klass.sentence(cores)}",
-        _snippet(info, change),
+        f"{threads_text}{klass.sentence(cores)}",
+        _snippet(info, change) + threads_code,
         (f"Storage that serves {workers} concurrent readers as fast as one (the measured wait is "
          "per read, not a bandwidth limit); memory for the extra worker processes; a picklable "
          "dataset." if waiting and cores is not None and workers > cores else
@@ -400,3 +417,17 @@ def _snippet(info: LoaderInfo | None, change: dict) -> str:
         f"-DataLoader(..., {before})\n"
         f"+DataLoader(..., {after})"
     )
+
+
+def step_threads(workers: int, share: float, cores: int | None, threads: int | None
+                 ) -> int | None:
+    """The intra-op threads that fit beside `workers` loader workers (each busy `share` of its
+    time) on `cores`; None when the current thread count already fits or a figure is unknown.
+    torch runs one thread in each worker; cpu-oversubscription sizes its advice the same way."""
+    if cores is None or threads is None:
+        return None
+    busy = math.ceil(workers * share - 1e-9)
+    if threads + busy <= cores:
+        return None
+    return max(cores - busy, 1)
+

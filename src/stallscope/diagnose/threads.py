@@ -9,6 +9,7 @@ import math
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
+from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.trace.model import TraceModel
@@ -67,6 +68,16 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
     busy = other_load(model, context)
     if busy is not None:
         evidence["other_cpu_share_pct"] = busy.share_pct
+    joint = dataloader_bound(model, context).finding if demand > cores else None
+    if joint is not None and "suggested_torch_threads" in joint.evidence:
+        # One piece of advice: the loader's change sets the workers and the threads together.
+        return Assessment(
+            RULE_ID, "not_assessed",
+            f"Folded into dataloader-bound's change: num_workers="
+            f"{joint.evidence['suggested_num_workers']} with torch.set_num_threads("
+            f"{joint.evidence['suggested_torch_threads']}), so that the workers and the step's "
+            f"threads fit the {cores} core(s) together.",
+        )
     if demand <= cores and busy is not None:
         # Not "clear": the cores were contended, only not by this run's threads.
         return Assessment(
