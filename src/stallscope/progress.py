@@ -56,12 +56,14 @@ class Progress:
 
 
 _current = Progress(False)
+_quiet = False  # `-q`: warnings are silenced too
 
 
 def configure(quiet: bool, default: bool | None) -> Progress:
     """Set the reporter for this command. `default`: True for `run`, None (decide from the
     inputs) for `analyze`. Returns it, for callers that prefer a handle."""
-    global _current
+    global _current, _quiet
+    _quiet = quiet
     forced = os.environ.get(ENV, "").strip()
     if quiet:
         enabled: bool | None = False
@@ -84,6 +86,18 @@ def consider_inputs(files: Iterable[Path]) -> None:
 def say(message: str) -> None:
     """Report one step of the work (no-op unless progress is on)."""
     _current.say(message)
+
+
+def warn(message: str) -> None:
+    """A warning the user must see while the script runs: shown unless `-q`, even where
+    progress lines are off by default."""
+    if _quiet:
+        return
+    try:
+        sys.stderr.write(f"{PREFIX}warning: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def active() -> bool:

@@ -81,6 +81,8 @@ class RunContext:
     overrides: dict[str, Any] = field(default_factory=dict)
     # The memory budget ended recording early (capture/budget.py Cut.to_dict()), or None.
     recording_cut: dict[str, Any] | None = None
+    # What drove the steps, phase by phase: [{"driver", "from_boundary"}] (capture/steps.py).
+    step_phases: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def partial(self) -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 from stallscope.capture import budget
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
-from stallscope.capture.session import CaptureSession, Schedule, StopScript
+from stallscope.capture.session import NO_STEP_S, CaptureSession, Schedule, StopScript
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
@@ -51,6 +51,7 @@ class CaptureOptions:
     overrides: dict[str, Any] = field(default_factory=dict)
     timeout: float | None = None  # `--timeout`: seconds from the script's start
     max_record_mb: float = budget.DEFAULT_MB  # `--max-record-mb`; 0: no limit
+    no_step_s: float | None = NO_STEP_S  # `--no-step-warning`
 
 
 @dataclass
@@ -73,7 +74,7 @@ def capture(
 ) -> int:
     """Run `target` under the profiler, fill in `context`, return `conclude(context, why)`."""
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
-                             options.overrides, options.max_record_mb)
+                             options.overrides, options.max_record_mb, options.no_step_s)
     context.overrides = dict(options.overrides)
     context.steps_requested = options.sched.steps
     watchdog: Watchdog | None = None
@@ -145,6 +146,16 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     if session.host_load:
         context.environment["host"] = dict(session.host_load)
     context.notes.extend(ending.notes)
+    phases = session.driver.phases
+    context.step_phases = [{"driver": d, "from_boundary": at + 1} for d, at in phases]
+    if len(phases) > 1:
+        start = session.sched.skip + session.sched.warmup + 1  # the first recorded boundary
+        active = [d for d, at in phases if at < start][-1] if phases[0][1] < start else None
+        chain = ", then ".join(f"{d} (from step boundary {at + 1})" for d, at in phases)
+        context.notes.append(
+            f"The script ran in {len(phases)} phases; steps followed {chain}."
+            + (f" Recording began at step boundary {start}, in the phase of {active}."
+               if active and session.recorded else ""))
     if session.budget.cut is not None:
         context.recording_cut = session.budget.cut.to_dict()
         context.notes.append(session.budget.cut.text(context.steps_requested))

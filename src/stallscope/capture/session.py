@@ -31,6 +31,9 @@ from stallscope.capture.facts import environment
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.steps import StepDriver
 
+# `run --no-step-warning`: seconds without a step boundary before stallscope says so.
+NO_STEP_S = 60.0
+
 
 class StopScript(BaseException):
     """Raised in the training loop once the requested steps are recorded (see --run-to-end)."""
@@ -66,6 +69,7 @@ class CaptureSession:
         run_to_end: bool,
         overrides: Mapping[str, Any] | None = None,
         max_record_mb: float = budget.DEFAULT_MB,
+        no_step_s: float | None = NO_STEP_S,
     ) -> None:
         self.sched = sched
         self.trace_dir = trace_dir
@@ -90,6 +94,8 @@ class CaptureSession:
         self.host_load: dict[str, Any] = {}
         self._hook: Any = None
         self.budget = budget.RecordingBudget(max_record_mb, self._cut_mid_step)
+        self._no_step_s = no_step_s
+        self._no_step_timer: threading.Timer | None = None
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
@@ -109,9 +115,32 @@ class CaptureSession:
         self.watcher.install()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
+        if self._no_step_s:
+            self._no_step_timer = threading.Timer(self._no_step_s, self._no_step_yet)
+            self._no_step_timer.daemon = True
+            self._no_step_timer.start()
+
+    def _no_step_yet(self) -> None:
+        """Say at once when no step boundary has come after `no_step_s`: a loop with neither an
+        optimizer nor a DataLoader would otherwise run to its end in silence (25 minutes for
+        pytorch/examples word_language_model) before "no step recorded"."""
+        if self.boundaries or self.done:
+            return
+        d = self.driver
+        loaders = self.watcher.loaders
+        seen = (f"{len(loaders)} DataLoader(s) built, {d.batches} batch(es) drawn"
+                if loaders else "no torch DataLoader built")
+        progress.warn(
+            f"no training step seen after {self._no_step_s:g} s ({seen}, "
+            f"{d.optimizer_steps} optimizer.step() call(s)). If the loop has neither a "
+            "torch.optim optimizer nor a DataLoader, mark each iteration with "
+            "`import stallscope; stallscope.step()`; or pass --step-on dataloader. "
+            "The script keeps running (--no-step-warning SECONDS changes this wait).")
 
     def finish(self) -> None:
         """Remove the hooks and, if the script ended mid-recording, write what was recorded."""
+        if self._no_step_timer is not None:
+            self._no_step_timer.cancel()
         self.budget.end()
         self._remove_hooks()
         if self._started and not self.done:

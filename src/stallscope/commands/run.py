@@ -82,6 +82,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "event until the trace is written); past it recording ends with the steps recorded so "
         f"far, and the report says so; 0 for no limit (default {DEFAULT_RECORD_MB})",
     )
+    run.add_argument(
+        "--no-step-warning", type=seconds, default=60.0, metavar="SECONDS",
+        help="say on stderr when no training step has been seen this many seconds after the "
+        "script started, with what was seen and how to mark steps (default 60)",
+    )
     run.add_argument("--run-to-end", action="store_true",
                      help="let the script finish after recording instead of stopping it")
     run.add_argument(
@@ -130,7 +135,8 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
         world_size=launch.world_size if launch.distributed else None,
     )
     options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps), args.step_on,
-                             args.run_to_end, overrides, args.timeout, args.max_record_mb)
+                             args.run_to_end, overrides, args.timeout, args.max_record_mb,
+                             args.no_step_warning)
     progress.say(
         f"running {target.name} under the profiler: {args.skip} step(s) skipped, "
         f"{args.warmup} warm-up, {args.steps} recorded"
