@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallscope.capture import sampler
+from stallscope.capture import sampler, transfer
 
 # A worker writes its totals at most this often (seconds): a batch costs two clock reads and
 # two schedstat reads (~25 us); a write (~0.4 ms with psutil's I/O counters, measured on this
@@ -164,6 +164,7 @@ class _WorkerAccount:
             "collate_wall_us": self.collate_wall_us, "collate_cpu_us": self.collate_cpu_us,
             "fetch_runq_us": self.fetch_runq_us, "stack": sampler.export(),
         }
+        data["made"] = transfer.ring_of(self)  # capture/transfer.py: the last batches' ends
         if self._proc is not None:
             try:
                 io = self._proc.io_counters()
@@ -215,6 +216,7 @@ def _timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
                 else:
                     acct.fetch_runq_us += after - runq
                 acct.batches += 1
+                transfer.made(acct, time.monotonic())  # capture/transfer.py: its end time
                 acct.after_batch()
             except Exception:
                 pass

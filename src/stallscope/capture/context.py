@@ -44,7 +44,8 @@ class LoaderInfo:
     fetch_bytes: float = 0.0
     # Inside the loader over the recording (capture/anatomy.py): fetch and collate wall/CPU per
     # batch, per worker, the wait in the training process; `bound` is its class: waiting,
-    # cpu-bound, collate/transfer-bound or main-process-bound (None: not measured).
+    # cpu-bound, collate/transfer-bound or main-process-bound (None: not measured); and
+    # (capture/transfer.py) shipping and pinning per batch, bursts, worker restarts.
     anatomy: dict[str, Any] = field(default_factory=dict)
     bound: str | None = None
 

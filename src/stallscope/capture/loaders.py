@@ -13,6 +13,7 @@ override is dropped with a note, because crashing the user's script would measur
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import shutil
@@ -25,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import torch.utils.data
-from torch.utils.data.dataloader import _BaseDataLoaderIter
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
-from stallscope.capture import anatomy, sampler
+from stallscope.capture import anatomy, sampler, transfer
 from stallscope.capture.context import LoaderInfo
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
@@ -58,6 +59,10 @@ class LoaderWatcher:
         # per loader (by id of its LoaderInfo) the wrappers and the training process's figures.
         self._folder: Path | None = None
         self._taps: dict[int, _Tap] = {}
+        # Batches between the workers and the step (capture/transfer.py): when recording
+        # started (time.monotonic()), and the pin-memory threads' pin_memory() calls.
+        self._record_start = float("inf")
+        self._pins = transfer.PinLedger()
 
     @property
     def recording(self) -> bool:
@@ -70,6 +75,12 @@ class LoaderWatcher:
         if value and not self._recording and self._folder is not None:
             for tap in self._taps.values():
                 tap.base = anatomy.read_workers(self._folder, tap.key)
+        if value and self._record_start == float("inf"):
+            self._record_start = time.monotonic()
+        if not value:
+            for tap in self._taps.values():
+                tap.transfer.stopped()
+        self._pins.active = value
         self._recording = value
 
     def anatomy_of(self, info: LoaderInfo) -> dict[str, Any]:
@@ -85,14 +96,16 @@ class LoaderWatcher:
                 # short step does not pay it each time (the last read may miss the last
                 # READ_S of the recording; the anatomy is per-batch means and shares).
                 tap.read_at = now
-                tap.workers = anatomy.window(anatomy.read_workers(self._folder, tap.key),
-                                             tap.base)
+                files = anatomy.read_workers(self._folder, tap.key)
+                tap.workers = anatomy.window(files, tap.base)
+                tap.transfer.update(files, self._record_start)
             workers = tap.workers
             main = {"batches": info.batches_recorded, "wall_us": info.fetch_wall_us,
                     "cpu_us": info.fetch_cpu_us, "collate_wall_us": tap.collate_wall_us,
                     "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us,
                     "stack": sampler.export(tap.stack)}
             info.anatomy = anatomy.summarise(info.num_workers, workers, main)
+            info.anatomy.update(tap.transfer.figures(info.num_workers, info.anatomy))
             info.bound = info.anatomy.get("bound")
         except Exception as exc:  # the anatomy is lost, never the run
             info.anatomy = {"lost": f"{type(exc).__name__}: {exc}"}
@@ -104,6 +117,7 @@ class LoaderWatcher:
         watcher = self
         orig_init, orig_iter = loader_cls.__init__, loader_cls.__iter__
         orig_next = _BaseDataLoaderIter.__next__
+        orig_get = _MultiProcessingDataLoaderIter._try_get_data
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
             if os.getpid() != watcher._pid or _ATTR in loader.__dict__:
@@ -125,7 +139,23 @@ class LoaderWatcher:
             info = loader.__dict__.get(_ATTR)
             if info is not None:
                 it.__dict__[_ATTR] = info
+                tap = watcher._taps.get(id(info))
+                if tap is not None and os.getpid() == watcher._pid:
+                    with contextlib.suppress(Exception):  # the figures are lost, not the loader
+                        tap.transfer.iterated(it, watcher.recording, watcher._pins)
             return it
+
+        def _try_get_data(it: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            got = orig_get(it, *args, **kwargs)
+            info = it.__dict__.get(_ATTR)
+            if info is not None and got[0]:
+                ret = time.monotonic()
+                tap = watcher._taps.get(id(info))
+                if tap is not None:
+                    with contextlib.suppress(Exception):
+                        tap.transfer.received(it, got[1], start, ret, watcher.recording)
+            return got
 
         def __next__(it: Any) -> Any:  # noqa: N807
             info = it.__dict__.get(_ATTR)
@@ -149,9 +179,12 @@ class LoaderWatcher:
                     finally:
                         if smp is not None:
                             smp.end()
-                    info.fetch_wall_us += (time.perf_counter() - wall) * 1e6
+                    end = time.perf_counter()
+                    info.fetch_wall_us += (end - wall) * 1e6
                     info.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
                     info.fetch_process_cpu_us += (time.process_time() - proc) * 1e6
+                    if tap is not None:
+                        tap.transfer.waited(wall, end)
                     info.fetch_bytes += tensor_bytes(batch)
                     if runq is not None and tap.runq_us is not None:
                         after = anatomy.runq_us()
@@ -166,9 +199,12 @@ class LoaderWatcher:
             (loader_cls, "__init__", __init__),
             (loader_cls, "__iter__", __iter__),
             (_BaseDataLoaderIter, "__next__", __next__),
+            (_MultiProcessingDataLoaderIter, "_try_get_data", _try_get_data),
         ):
             self._saved.append((cls, name, cls.__dict__[name]))
             setattr(cls, name, fn)
+        with contextlib.suppress(Exception):  # no pin figures, the rest as before
+            self._pins.install()
         try:
             self._folder = Path(tempfile.mkdtemp(prefix="stallscope-anatomy-"))
         except OSError:  # no temporary folder: no worker anatomy, the rest as before
@@ -179,6 +215,7 @@ class LoaderWatcher:
             setattr(cls, name, fn)
         self._saved.clear()
         sampler.stop()  # the training process's sampler (num_workers=0 loaders), if started
+        self._pins.uninstall()
         if self._folder is not None:  # workers still running find it gone and stop writing
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -245,6 +282,7 @@ class _Tap:
     workers: list[dict[str, Any]] = field(default_factory=list)  # their window, as last read
     read_at: float = float("-inf")  # time.monotonic() of that read
     stack: dict[tuple[Any, ...], int] = field(default_factory=dict)  # num_workers=0 samples
+    transfer: transfer.TransferTap = field(default_factory=transfer.TransferTap)
 
 
 @dataclass

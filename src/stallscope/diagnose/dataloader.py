@@ -50,6 +50,13 @@ CATEGORY_FIX = {
     "your code": "that time is in your own Python: make those lines cheaper or cache their output",
 }
 WAITING_MORE_WORKERS = "; workers that wait overlap, so more of them than cores help"
+# A bursty loader (capture/transfer.py) gets a deeper queue, up to this prefetch_factor: each
+# step holds prefetch_factor x num_workers batches in memory.
+MAX_PREFETCH_FACTOR = 16
+# A main-process-bound loader on a GPU run gets a background thread when receiving the batches
+# (transfer_ms_per_batch: the batch was ready, the training process shipped it) is at least
+# this share of its wait per batch: more workers cannot shorten that part.
+RECEIVE_SHARE = 0.5
 
 
 def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
@@ -151,13 +158,32 @@ class LoaderClass:
             return None
         return 1000.0 * (a["fetch_ms_per_batch"] + (a.get("collate_ms_per_batch") or 0.0))
 
+    @property
+    def transfer_ms(self) -> float | None:
+        """Median time per batch the training process waited for a ready batch to be shipped
+        (pickling, queue, unpickling, pinning), measured by `run` (capture/transfer.py)."""
+        v = self.anatomy.get("transfer_ms_per_batch")
+        return float(v) if isinstance(v, int | float) else None
+
+    def _shipping(self) -> str:
+        t = self.transfer_ms
+        if t is None:
+            return ""
+        ready = self.anatomy.get("ready_to_received_ms")
+        sat = (f" (ready in a worker a median {ready['median']:.1f} ms before it was received)"
+               if isinstance(ready, dict) and isinstance(ready.get("median"), int | float)
+               else "")
+        return (f" Shipping a ready batch to the training process (pickling, the queue, "
+                f"unpickling, pinning) takes a median {t:.1f} ms of its wait{sat}.")
+
     def evidence(self) -> dict:
         if not self.bound:
             return {}
         a = self.anatomy
         out = {"loader_bound": self.bound}
         for key in ("fetch_ms_per_batch", "fetch_cpu_share", "blocked_share", "runq_share",
-                    "collate_ms_per_batch", "cpu_busy_share", "main_cpu_ms_per_batch"):
+                    "collate_ms_per_batch", "cpu_busy_share", "main_cpu_ms_per_batch",
+                    "transfer_ms_per_batch", "pin_ms_per_batch", "worker_starts"):
             if isinstance(a.get(key), int | float):
                 out[f"loader_{key}"] = a[key]
         top = self.top_lines
@@ -239,12 +265,12 @@ class LoaderClass:
             return (f" collate_fn takes {a.get('collate_ms_per_batch', 0):.1f} ms of a batch's "
                     f"{(fetch or 0) + (a.get('collate_ms_per_batch') or 0):.1f} ms {where}: "
                     "make it cheaper (return ready-stacked tensors from the dataset's "
-                    "__getitems__, fewer and larger tensors, smaller dtypes).")
+                    f"__getitems__, fewer and larger tensors, smaller dtypes).{self._shipping()}")
         if self.bound == "main-process-bound":
             return (f" The training process itself spends {a.get('main_cpu_ms_per_batch', 0):.1f}"
                     " ms of CPU per batch receiving it (unpickling, shared-memory mapping, "
                     "pinning): send fewer, larger tensors in smaller dtypes (uint8 images, "
-                    "normalised on the GPU).")
+                    f"normalised on the GPU).{self._shipping()}")
         return ""
 
 
@@ -288,8 +314,6 @@ def _advice(
             "loader = torch.utils.data.DataLoader(\n"
             "    dataset, batch_size=...,\n"
             "    num_workers=<more, if cores are idle>,\n"
-            "    persistent_workers=True,\n"
-            "    prefetch_factor=4,\n"
             ")",
             "More workers help only while CPU cores are free; if the cores are saturated, make "
             "loading cheaper instead.",
@@ -297,6 +321,12 @@ def _advice(
             upper_basis,
             {},
         )
+    if workers_now and klass.anatomy.get("bursty"):
+        deeper = _prefetch_advice(info, klass, workers_now, wait)
+        if deeper is not None:
+            return deeper
+    if workers_now and model.has_gpu and _receive_bound(klass, wait):
+        return _background_advice(info, klass, wait)
     # One worker's time per batch: measured in-process for a single-process loader; with W
     # workers that cannot keep up, each delivers one batch every W steps.
     per_batch = load if workers_now == 0 else (klass.worker_load_us or workers_now * step)
@@ -333,7 +363,11 @@ def _advice(
             evidence,
         )
     evidence["projected_step_ms"] = ms(projected)
-    change = {"num_workers": workers, "persistent_workers": True}
+    change: dict = {"num_workers": workers}
+    if workers_now == 0:
+        # New worker processes: without it they restart each epoch. For a loader that has
+        # workers already, `worker-startup` says it, with the restarts it measured.
+        change["persistent_workers"] = True
     # CPU training: the workers take cores from the step's intra-op threads. When the two would
     # want more cores than the process has, the thread count is part of the same change (one
     # piece of advice, not a second finding saying "fewer threads instead").
@@ -374,7 +408,8 @@ def _advice(
         threads_code = (f"\n+torch.set_num_threads({fit})  # {cores} core(s) shared with "
                         f"{workers} loader worker(s)")
     return _Advice(
-        f"{_where(info, change)}{where}: {why}. Keep the workers alive across epochs."
+        f"{_where(info, change)}{where}: {why}."
+        f"{' Keep the workers alive across epochs.' if workers_now == 0 else ''}"
         f"{threads_text}{klass.sentence(cores)}",
         _snippet(info, change) + threads_code,
         (f"Storage that serves {workers} concurrent readers as fast as one (the measured wait is "
@@ -431,3 +466,142 @@ def step_threads(workers: int, share: float, cores: int | None, threads: int | N
         return None
     return max(cores - busy, 1)
 
+def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
+                     wait: float) -> _Advice | None:
+    """A bursty loader (capture/transfer.py): its workers keep up on average, and the step
+    waits on the slow batches only. A slow batch holds up its worker for `slow_fetch_ms`;
+    meanwhile the step consumes one batch per `compute_ms_per_batch`, so the batches in flight
+    (prefetch_factor x num_workers) must cover that: prefetch_factor >= (slow + compute) /
+    (num_workers x compute). None when the current depth already covers it."""
+    a = klass.anatomy
+    slow, compute = a.get("slow_fetch_ms"), a.get("compute_ms_per_batch")
+    if not isinstance(slow, int | float) or not isinstance(compute, int | float) or compute <= 0:
+        return None
+    now = info.prefetch_factor if info and info.prefetch_factor else None
+    current = now or 2  # torch's default with workers
+    need = math.ceil((slow + compute) / (workers * compute))
+    if need <= current:
+        return None
+    depth = min(need, MAX_PREFETCH_FACTOR)
+    capped = (f" (capped at {MAX_PREFETCH_FACTOR}: {need} would cover it; the rest needs "
+              "the slow samples made cheaper or cached)" if need > depth else "")
+    p50, p90 = a.get("fetch_ms_p50") or 0.0, a.get("fetch_ms_p90") or 0.0
+    where = f"{info.call_site} " if info else ""
+    recommendation = (
+        f"{where}DataLoader(num_workers={workers}, prefetch_factor={current}): the workers keep "
+        f"up on average ({workers} x {compute:.1f} ms of other step work per batch >= "
+        f"{a.get('fetch_ms_mean', 0):.1f} ms mean fetch), but some batches are slow: a "
+        f"batch's fetch takes {p50:.1f} ms at the median and {p90:.1f} ms at p90 "
+        f"({p90 / p50 if p50 else 0:.0f}x), the slow ones {slow:.1f} ms, and the step waits on "
+        f"{100 * (a.get('waited_share') or 0):.0f}% of the batches only. A deeper queue hides "
+        f"them: prefetch_factor={depth} keeps {depth * workers} batches in flight, "
+        f"{depth * workers * compute:.0f} ms of steps against a {slow:.0f} ms slow batch{capped}."
+        " More workers are not needed for the mean."
+    )
+    snippet = (f"# {info.call_site}  ({info.dataset}, batch_size={info.batch_size})\n"
+               if info else "") + (
+        f"-DataLoader(..., num_workers={workers}, prefetch_factor={now or 'default (2)'})\n"
+        f"+DataLoader(..., num_workers={workers}, prefetch_factor={depth})")
+    per_batch = info.measured["bytes"] if info and info.measured else None
+    memory = (f" ({max(depth * workers * per_batch / 1e6, 0.1):.1f} MB at the measured batch "
+              "size)" if per_batch else "")
+    evidence = {"loader_bursty": True, "suggested_prefetch_factor": depth,
+                **{f"loader_{k}": a[k] for k in ("fetch_ms_p50", "fetch_ms_p90", "fetch_ms_mean",
+                                                 "slow_fetch_ms", "waited_share",
+                                                 "compute_ms_per_batch", "wait_ms_p50",
+                                                 "wait_ms_p90")
+                   if isinstance(a.get(k), int | float)},
+                **klass.evidence()}
+    return _Advice(
+        recommendation,
+        snippet,
+        f"Memory for {depth * workers} batches in flight{memory}; slow batches spread over the "
+        "workers (a worker's slow batch still delays that worker's next ones); the dataset's "
+        "slowness is per batch, not a storage that slows down for everyone at once.",
+        wait,
+        "upper bound: the step's wait for the DataLoader, if the deeper queue hid every slow "
+        "batch",
+        evidence,
+    )
+
+
+def _receive_bound(klass: LoaderClass, wait_us: float) -> bool:
+    """The training process's own receiving is most of its wait: batches ready in the workers,
+    shipped while the step waits (capture/transfer.py). More workers cannot shorten that."""
+    t = klass.transfer_ms
+    per_batch = klass.anatomy.get("wait_ms_per_batch")
+    return (klass.bound == "main-process-bound" and t is not None
+            and isinstance(per_batch, int | float) and per_batch > 0
+            and t >= RECEIVE_SHARE * per_batch and wait_us > 0)
+
+
+BACKGROUND_SNIPPET = """import queue
+import threading
+
+
+class BackgroundLoader:
+    \"\"\"Receive the next batches in a thread while the GPU runs the step.\"\"\"
+
+    def __init__(self, loader, depth=2):
+        self.loader, self.depth = loader, depth
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        batches, end = queue.Queue(self.depth), object()
+
+        def fill():
+            try:
+                for batch in self.loader:
+                    batches.put(batch)
+            except BaseException as exc:  # raised again in the training loop
+                batches.put(exc)
+            batches.put(end)
+
+        threading.Thread(target=fill, daemon=True).start()
+        while (batch := batches.get()) is not end:
+            if isinstance(batch, BaseException):
+                raise batch
+            yield batch
+
+
+"""
+
+
+def _background_advice(info: LoaderInfo | None, klass: LoaderClass, wait: float) -> _Advice:
+    """Main-process-bound on a GPU run: receiving the batches (unpickling, shared-memory
+    mapping, pinning) sits between the steps on the stepping thread; a thread that iterates
+    the loader overlaps it with the GPU's work (the BackgroundGenerator / DataLoaderX
+    pattern)."""
+    a = klass.anatomy
+    t = klass.transfer_ms or 0.0
+    per_batch = a.get("wait_ms_per_batch") or 0.0
+    ready = a.get("ready_to_received_ms")
+    sat = (f"; the batches were ready in the workers a median {ready['median']:.1f} ms before"
+           if isinstance(ready, dict) and isinstance(ready.get("median"), int | float) else "")
+    where = f"{info.call_site} " if info else ""
+    recommendation = (
+        f"{where}Receiving each batch costs the training process a median {t:.1f} ms "
+        f"(unpickling, shared-memory mapping, pinning) of its {per_batch:.1f} ms wait per "
+        f"batch{sat}: the workers keep up, and more of them would not shorten it. Receive the "
+        "next batch in a background thread while the GPU runs the step (the BackgroundGenerator"
+        " / DataLoaderX pattern). Fewer, larger tensors in smaller dtypes (uint8 images, "
+        "normalised on the GPU) make receiving cheaper too."
+    )
+    call = f"  # {info.call_site}" if info else ""
+    snippet = (BACKGROUND_SNIPPET + f"loader = BackgroundLoader(torch.utils.data.DataLoader(...))"
+               f"{call}")
+    return _Advice(
+        recommendation,
+        snippet,
+        "A GPU step long enough to hide the receiving (the stepping thread then waits on the GPU, "
+        "not in Python); unpickling holds the GIL, so a step whose own Python work is the limit "
+        "gains less; the wrapped loader iterated from one thread only.",
+        min(t * 1000.0, wait),
+        "upper bound: the receiving measured in the training process per batch, if all of it "
+        "overlapped the GPU's work",
+        {"background_thread": True, "loader_transfer_ms_per_batch": t,
+         **({"loader_ready_to_received_ms": ready} if isinstance(ready, dict) else {}),
+         **klass.evidence()},
+    )

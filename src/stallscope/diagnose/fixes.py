@@ -371,6 +371,11 @@ def no_change_reason(finding: Any, model: TraceModel) -> str:
                 "batches or stages) is not a change the replay models: overlap within the step "
                 "cannot hide a collective whose output the next op needs")
     if finding.id == "dataloader-bound":
+        ev = finding.evidence or {}
+        if "suggested_prefetch_factor" in ev:
+            return "the replay does not model prefetch_factor (how many batches are in flight)"
+        if ev.get("background_thread"):
+            return "the replay does not model a thread that receives batches during the step"
         return ("the rule could not size a worker count (the loader already has workers and "
                 "the trace does not say how many, or the cores are already busy)")
     return "its change is not one the replay can model"

@@ -76,13 +76,16 @@ def worker_startup(model: TraceModel, context: RunContext | None = None) -> Asse
                 "worker processes (no new iterator was created: persistent workers).",
             )
         initial = bool(bounds["new_iter"].any())
+        started = _measured_starts(context)
         return Assessment(
             RULE_ID, "not_assessed",
             "The recorded steps hold no epoch boundary"
             + (" (only the run's first iterator, which persistent workers start too)"
                if initial else "")
             + ": the cost of re-spawning workers each epoch was not observed. Record a window "
-            "spanning an epoch boundary to measure it.",
+            "spanning an epoch boundary to measure it."
+            + (f" (`run` saw {started} worker process(es) start while the steps were recorded, "
+               "but the trace does not show where.)" if started else ""),
         )
     return _startup_finding(model, context, bounds, respawns, multi_loaders)
 
@@ -189,6 +192,10 @@ def _startup_finding(
         "boundary_steps": [model.steps[i].name for i in sorted(boundary_steps) if i >= 0],
     }
     info = _non_persistent(context, multi_loaders)
+    started = _measured_starts(context)
+    if started is not None:
+        # Counted by `run` itself (capture/transfer.py): new worker pids while recording.
+        evidence["worker_starts_recorded"] = started
     bpe = None
     if info is not None and info.dataset_len and info.batch_size:
         bpe = math.ceil(info.dataset_len / info.batch_size)
@@ -268,6 +275,17 @@ def _startup_finding(
         docs=STARTUP_DOCS,
     )
     return Assessment.found(finding)
+
+
+def _measured_starts(context: RunContext | None) -> int | None:
+    """Worker processes `run` saw start while the steps were recorded, over the loaders with
+    persistent_workers=False (capture/transfer.py); None without such a measurement."""
+    if context is None:
+        return None
+    counts = [d.anatomy.get("worker_starts") for d in context.dataloaders
+              if d.num_workers > 0 and not d.persistent_workers and d.anatomy]
+    counts = [c for c in counts if isinstance(c, int)]
+    return sum(counts) if counts else None
 
 
 def _non_persistent(
