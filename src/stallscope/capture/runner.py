@@ -24,7 +24,13 @@ from typing import Any
 from stallscope.capture import budget
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
-from stallscope.capture.session import NO_STEP_S, CaptureSession, Schedule, StopScript
+from stallscope.capture.session import (
+    COMPILE_WAIT_MAX,
+    NO_STEP_S,
+    CaptureSession,
+    Schedule,
+    StopScript,
+)
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
@@ -146,6 +152,13 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     if session.host_load:
         context.environment["host"] = dict(session.host_load)
     context.notes.extend(ending.notes)
+    if session.compile_wait:
+        capped = session.compile_wait >= COMPILE_WAIT_MAX
+        context.notes.append(
+            f"Recording began {session.compile_wait} step(s) after --skip: torch.compile was "
+            "still compiling graphs (dynamo's graph count grew in the last skipped step)"
+            + ("; it still was after that many, so recording went ahead: see compile-in-steps."
+               if capped else "."))
     phases = session.driver.phases
     context.step_phases = [{"driver": d, "from_boundary": at + 1} for d, at in phases]
     if len(phases) > 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import warnings
@@ -31,6 +32,11 @@ from stallscope.capture.facts import environment
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.steps import StepDriver
 
+# torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
+# first compilation settles within a step or two; a script that compiles step after step is
+# recompiling (a changing shape), which the recording must show, not wait out (dynamo gives up
+# after 8 recompiles and runs the frame eagerly, and the evidence would be gone).
+COMPILE_WAIT_MAX = 3
 # `run --no-step-warning`: seconds without a step boundary before stallscope says so.
 NO_STEP_S = 60.0
 
@@ -95,6 +101,11 @@ class CaptureSession:
         self._hook: Any = None
         self.budget = budget.RecordingBudget(max_record_mb, self._cut_mid_step)
         self._no_step_s = no_step_s
+        # torch.compile: extra steps skipped because dynamo was still compiling (at most
+        # COMPILE_WAIT_MAX), and its counters when recording began.
+        self.compile_wait = 0
+        self._graphs_seen: int | None = None
+        self._dynamo_start: dict[str, Any] | None = None
         self._no_step_timer: threading.Timer | None = None
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -180,7 +191,8 @@ class CaptureSession:
         if self.done:
             return
         self.boundaries += 1
-        if self.boundaries <= self.sched.skip:
+        if self.boundaries <= self.sched.skip + self.compile_wait:
+            self._wait_for_compile(self.boundaries == self.sched.skip + self.compile_wait)
             return  # the profiler is not touched at all while steps are skipped
         if not self._started:
             self._started = True
@@ -212,6 +224,19 @@ class CaptureSession:
         if self.prof.step_num >= self.sched.profiled:  # the trace was written by this step()
             self.recorded = self.sched.steps
             self._stop_recording()
+
+    def _wait_for_compile(self, last: bool) -> None:
+        """At each skipped boundary, dynamo's graph count (a dict read, only when the script
+        uses torch.compile); at the last one, if a graph was compiled during the step that just
+        ended, skip one more: compilation has not settled and recorded steps would hold it."""
+        graphs = _dynamo_counter("stats", "unique_graphs")
+        if graphs is None:
+            return
+        before, self._graphs_seen = self._graphs_seen or 0, graphs
+        if last and graphs > before and self.compile_wait < COMPILE_WAIT_MAX:
+            self.compile_wait += 1
+            if self.compile_wait == 1:
+                progress.say("torch.compile is still compiling: recording waits for it")
 
     def _end_recording(self, recorded: int) -> None:
         """End recording at this boundary with `recorded` complete steps (the budget's cut):
@@ -284,6 +309,20 @@ class CaptureSession:
         }
         if self.budget.cut is not None:
             meta["recording_cut"] = self.budget.cut.to_dict()
+        dynamo = _dynamo_counters()
+        if dynamo is not None:
+            if self._dynamo_start is None:
+                self._dynamo_start = dynamo
+            start = self._dynamo_start
+            meta["dynamo"] = {
+                "graphs_compiled": dynamo["graphs"] - start["graphs"],
+                "graph_breaks": {k: v - start["breaks"].get(k, 0)
+                                 for k, v in dynamo["breaks"].items()
+                                 if v > start["breaks"].get(k, 0)},
+                "compile_wait_steps": self.compile_wait,
+                "graphs_total": dynamo["graphs"],
+                "recompile_limit": dynamo["limit"],
+            }
         if self._window is not None:
             cpu = self._cpu
             meta["host"] = {
@@ -334,4 +373,30 @@ def metadata_text(meta: dict[str, Any]) -> str:
     escaped quotes or control characters: those become spaces; non-ASCII text written as
     itself rather than as \\u escapes)."""
     return json.dumps(_kineto_safe(meta), ensure_ascii=False)
+
+
+def _dynamo_counter(group: str, key: str) -> int | None:
+    """One of dynamo's counters, when the script uses torch.compile (never imports dynamo)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(utils.counters[group][key]) if utils is not None else None  # type: ignore
+    except Exception:
+        return None
+
+
+def _dynamo_counters() -> dict[str, Any] | None:
+    """Graphs compiled so far and graph breaks by reason (reasons clipped to one line)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return None
+    try:
+        counters = utils.counters  # type: ignore[attr-defined]
+        breaks = {str(k).splitlines()[0][:200]: int(v)
+                  for k, v in dict(counters["graph_break"]).items()}
+        config = sys.modules.get("torch._dynamo.config")
+        limit = getattr(config, "recompile_limit", getattr(config, "cache_size_limit", None))
+        return {"graphs": int(counters["stats"]["unique_graphs"]), "breaks": breaks,
+                "limit": int(limit) if isinstance(limit, int) else None}
+    except Exception:
+        return None
 

@@ -8,6 +8,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.allocator import allocator_churn
 from stallscope.diagnose.blocking import blocking_h2d_copy
 from stallscope.diagnose.comm import comm_bound
+from stallscope.diagnose.compile import compile_in_steps
 from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.d2h import pageable_d2h_copy
 from stallscope.diagnose.dataloader import dataloader_bound
@@ -42,6 +43,7 @@ RULES: list[Rule] = [
     worker_startup,
     cpu_oversubscription,
     gpu_bound,
+    compile_in_steps,
 ]
 
 

@@ -1,0 +1,70 @@
+"""torch.compile under `stallscope run`: recording waits for compilation to settle, and
+recompiles inside the recorded steps are a finding with their compile ids. The eager backend
+keeps dynamo's compile and region ranges without inductor's C++ build."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+COMPILED = textwrap.dedent(
+    """
+    import sys, torch
+    if len(sys.argv) > 1:  # room for every new shape: no fallback to eager while recording
+        torch._dynamo.config.recompile_limit = int(sys.argv[1])
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    fast = torch.compile(model, backend="eager", dynamic=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(30):
+        n = 8 if step < 12 else 8 + step  # from step 12 a new batch size each step
+        x, y = torch.randn(n, 16), torch.randn(n, 1)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(fast(x), y).backward()
+        opt.step()
+    """
+)
+
+
+def _run(tmp_path: Path, *args: str, script_args: tuple[str, ...] = ()) -> dict:
+    script = tmp_path / "train.py"
+    script.write_text(COMPILED)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "stallscope", "run", "-q", "-o", str(out),
+                           "--steps", "4", *args, str(script), *script_args],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((out / "report.json").read_text())
+
+
+def _assessment(report: dict) -> dict:
+    return next(a for a in report["assessments"] if a["rule"] == "compile-in-steps")
+
+
+def test_recording_waits_for_the_first_compilation(tmp_path: Path) -> None:
+    report = _run(tmp_path, "--skip", "1")
+    # The first step compiled: recording waited one more step, and nothing compiled inside.
+    assert any("torch.compile was still compiling" in n for n in report["notes"])
+    a = _assessment(report)
+    assert a["status"] == "clear" and "compiled nothing there" in a["detail"]
+
+
+def test_recompiles_inside_the_recorded_steps_are_a_finding(tmp_path: Path) -> None:
+    report = _run(tmp_path, "--skip", "12", script_args=("64",))
+    f = next(f for f in report["findings"] if f["id"] == "compile-in-steps")
+    ev = f["evidence"]
+    assert ev["steps_with_compilation"] >= 3 and "recompile_limit_hit" not in ev
+    assert all(int(i.split("/")[1]) >= 1 for i in ev["compile_ids"])  # recompiles of frame 0
+    assert ev["compile_share_pct"] > 0 and "mark_dynamic" in f["snippet"]
+    assert "recompiled" in report["verdict"]["text"]
+
+
+def test_recompile_limit_reached_is_said(tmp_path: Path) -> None:
+    # dynamo's default limit (8 recompiles) is reached while recording, or before it.
+    report = _run(tmp_path, "--skip", "12")
+    f = next(f for f in report["findings"] if f["id"] == "compile-in-steps")
+    said = f["evidence"].get("recompile_limit_hit") or "ran no compiled code" in f["title"]
+    assert said, f
+    assert "eager" in f["recommendation"]
