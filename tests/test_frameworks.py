@@ -235,6 +235,21 @@ def test_set_num_workers_reaches_the_loader_trainer_builds(tmp_path: Path) -> No
     assert "Overridden run" in md and "num_workers=2" in md
 
 
+def test_workers_of_the_loader_accelerate_rebuilds_are_measured(tmp_path: Path) -> None:
+    """accelerate hands the rebuilt loader the original's collate_fn and worker_init_fn, which
+    stallscope had wrapped already: its workers must report into the rebuilt loader's anatomy
+    (measured in the workers, waiting on the sleep), and `--set` must say the script's 0."""
+    pytest.importorskip("accelerate")
+    report = run_script(tmp_path, ACCELERATE, "--set", "num_workers=2")
+    loader = training_loader(report)
+    assert loader["framework"] == "accelerate"
+    assert (loader["num_workers"], loader["built_with"]) == (2, {"num_workers": 0})
+    anatomy = loader["anatomy"]
+    assert "lost" not in anatomy, anatomy
+    assert anatomy["where"] == "workers" and anatomy["workers_reporting"] >= 1
+    assert loader["bound"] == "waiting"
+
+
 def test_tune_under_trainer_proposes_training_arguments(tmp_path: Path) -> None:
     """tune measures with `--set` and writes the winning change as the user writes it."""
     pytest.importorskip("transformers")
