@@ -17,7 +17,9 @@ from typing import Any
 class LoaderInfo:
     """One DataLoader the script constructed, as it was configured, and how much it was used."""
 
-    call_site: str  # "train.py:42", relative to the working folder when inside it
+    # The user's own line that built it: "train.py:42", relative to the working folder when
+    # inside it (under a framework, the script's line that led to it: capture/frameworks.py).
+    call_site: str
     num_workers: int
     pin_memory: bool
     batch_size: int | None
@@ -48,6 +50,17 @@ class LoaderInfo:
     # (capture/transfer.py) shipping and pinning per batch, bursts, worker restarts.
     anatomy: dict[str, Any] = field(default_factory=dict)
     bound: str | None = None
+    # Who built it (capture/frameworks.py): the framework between the script and torch
+    # ("transformers.Trainer", "lightning", "accelerate"; None: the script itself), the user's
+    # frame with its function ("train.py:42 in main"), the call whose arguments set this
+    # loader ("DataLoader", or "TrainingArguments" when Trainer built it from them) and where
+    # that call is (None: not found), and the framework's own line that called DataLoader(...)
+    # when it is not the user's (accelerate rebuilds the loader it is given).
+    framework: str | None = None
+    user_site: str | None = None
+    configured_in: str = "DataLoader"
+    settings_site: str | None = None
+    built_at: str | None = None
 
     @property
     def measured(self) -> dict[str, float] | None:

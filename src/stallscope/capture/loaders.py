@@ -28,11 +28,9 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
-from stallscope.capture import anatomy, sampler, transfer
+from stallscope.capture import anatomy, frameworks, sampler, transfer
 from stallscope.capture.context import LoaderInfo
 
-_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-_STALLSCOPE_DIR = str(Path(__file__).resolve().parent.parent)
 _ATTR = "_stallscope_loader"
 
 
@@ -63,6 +61,7 @@ class LoaderWatcher:
         # started (time.monotonic()), and the pin-memory threads' pin_memory() calls.
         self._record_start = float("inf")
         self._pins = transfer.PinLedger()
+        self._arguments = frameworks.ArgumentsWatch()  # where TrainingArguments are built
 
     @property
     def recording(self) -> bool:
@@ -123,7 +122,7 @@ class LoaderWatcher:
             if os.getpid() != watcher._pid or _ATTR in loader.__dict__:
                 orig_init(loader, *args, **kwargs)
                 return
-            site = _call_site(loader)
+            origin = _origin(loader, sys._getframe(1))
             plan = None
             if watcher.overrides:
                 plan = plan_overrides(orig_init, loader, args, kwargs, watcher.overrides)
@@ -131,8 +130,11 @@ class LoaderWatcher:
                 orig_init(loader, *args, **kwargs)
             else:
                 orig_init(*plan.args, **plan.kwargs)
-                watcher._note(site, plan.notes)
-            watcher._register(loader, site, plan)
+            if origin.parent is not None and not _same_data(origin.parent, loader):
+                origin = _origin(loader, sys._getframe(1), rebuilt=False)
+            if plan is not None and origin.parent is None:
+                watcher._note(origin.call_site, plan.notes)  # a rebuild said them already
+            watcher._register(loader, origin, plan)
 
         def __iter__(loader: Any) -> Any:  # noqa: N807
             it = orig_iter(loader)
@@ -209,6 +211,7 @@ class LoaderWatcher:
             self._folder = Path(tempfile.mkdtemp(prefix="stallscope-anatomy-"))
         except OSError:  # no temporary folder: no worker anatomy, the rest as before
             self._folder = None
+        self._arguments.install()
 
     def uninstall(self) -> None:
         for cls, name, fn in reversed(self._saved):
@@ -216,6 +219,7 @@ class LoaderWatcher:
         self._saved.clear()
         sampler.stop()  # the training process's sampler (num_workers=0 loaders), if started
         self._pins.uninstall()
+        self._arguments.uninstall()
         if self._folder is not None:  # workers still running find it gone and stop writing
             shutil.rmtree(self._folder, ignore_errors=True)
             self._folder = None
@@ -226,25 +230,42 @@ class LoaderWatcher:
             if line not in self.notes:  # a loader rebuilt every epoch says it once
                 self.notes.append(line)
 
-    def _register(self, loader: Any, site: str, plan: OverridePlan | None) -> None:
-        dataset = loader.dataset
+    def _register(self, loader: Any, origin: frameworks.Origin,
+                  plan: OverridePlan | None) -> None:
+        parent = _info(origin.parent)
+        # accelerate may wrap an iterable dataset in its shard: the user's own is the one named.
+        dataset = loader.dataset if parent is None else origin.parent.dataset
         try:
             length: int | None = len(dataset)
         except Exception:  # an IterableDataset, or a dataset whose length is unknown
             length = None
         name = type(dataset).__name__
+        batch_size = loader.batch_size
+        overrides = dict(plan.applied) if plan else {}
+        built_with = dict(plan.built_with) if plan else {}
+        if parent is not None:
+            # A rebuild passes a batch_sampler of the original's size, and reads the original's
+            # settings, already overridden: what the script asked for is the original's.
+            batch_size = parent.batch_size if batch_size is None else batch_size
+            overrides.update(parent.overrides)
+            built_with.update(parent.built_with)
         info = LoaderInfo(
-            call_site=site,
+            call_site=origin.call_site,
             num_workers=int(loader.num_workers),
             pin_memory=bool(loader.pin_memory),
-            batch_size=loader.batch_size,
+            batch_size=batch_size,
             prefetch_factor=loader.prefetch_factor,
             persistent_workers=bool(loader.persistent_workers),
             dataset=name if length is None else f"{name} ({length} items)",
             dataset_len=length,
             drop_last=bool(getattr(loader, "drop_last", False)),
-            overrides=dict(plan.applied) if plan else {},
-            built_with=dict(plan.built_with) if plan else {},
+            overrides=overrides,
+            built_with=built_with,
+            framework=origin.framework,
+            user_site=origin.user_site,
+            configured_in=origin.configured_in,
+            settings_site=origin.settings_site,
+            built_at=origin.built_at,
         )
         # DataLoader refuses a few attributes after construction, not a private one.
         object.__setattr__(loader, _ATTR, info)
@@ -256,10 +277,21 @@ class LoaderWatcher:
         cannot be wrapped runs unwrapped: it loses its anatomy, nothing else."""
         key = f"l{len(self.loaders)}"
         try:
-            collate = anatomy.TimedCollate(loader.collate_fn)
+            # A loader rebuilt from another (accelerate's prepare) is handed the original's
+            # functions, already wrapped: wrap the user's own, or its workers would count into
+            # the original's files and its collate twice.
+            own_collate = loader.collate_fn
+            if isinstance(own_collate, anatomy.TimedCollate):
+                own_collate = own_collate.fn
+            own_init = loader.worker_init_fn
+            if isinstance(own_init, anatomy.WorkerInit):
+                own_init = own_init.fn
+            collate = anatomy.TimedCollate(own_collate)
             init = None
             if loader.num_workers > 0 and self._folder is not None:
-                init = anatomy.WorkerInit(loader.worker_init_fn, str(self._folder), key)
+                init = anatomy.WorkerInit(own_init, str(self._folder), key)
+            elif own_init is not loader.worker_init_fn:
+                loader.worker_init_fn = own_init
             loader.collate_fn = collate
             if init is not None:
                 loader.worker_init_fn = init
@@ -401,24 +433,28 @@ def _exhausted(it: Any) -> bool:
         return False
 
 
-def _call_site(loader: Any) -> str:
-    """The user's line that built this loader: the first frame outside torch, stallscope and
-    the constructors of DataLoader subclasses."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        inside = filename.startswith((_TORCH_DIR, _STALLSCOPE_DIR)) or (
-            frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is loader
-        )
-        if not inside and not filename.startswith("<"):
-            return f"{_display_path(filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return "unknown"
-
-
-def _display_path(filename: str) -> str:
-    path = Path(filename)
+def _info(obj: Any) -> LoaderInfo | None:
+    """The watcher's record of a DataLoader built earlier in this run; None for anything else."""
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        return str(path)
+        if isinstance(obj, torch.utils.data.DataLoader):
+            info = obj.__dict__.get(_ATTR)
+            return info if isinstance(info, LoaderInfo) else None
+    except Exception:  # an object whose class or attributes cannot be read is not ours
+        pass
+    return None
+
+
+def _origin(loader: Any, frame: Any, rebuilt: bool = True) -> frameworks.Origin:
+    """Who built `loader` (capture/frameworks.py); never raises: at worst "unknown"."""
+    try:
+        return frameworks.origin(loader, frame, _info if rebuilt else (lambda _: None))
+    except Exception:
+        return frameworks.Origin("unknown")
+
+
+def _same_data(parent: Any, loader: Any) -> bool:
+    """A rebuild serves the original's dataset, or accelerate's shard of it (`.dataset`)."""
+    original = getattr(parent, "dataset", None)
+    data = getattr(loader, "dataset", None)
+    return original is not None and (data is original or getattr(data, "dataset", None)
+                                     is original)

@@ -17,6 +17,7 @@ from typing import Any
 
 from stallscope.capture.overrides import Overrides, key_rank
 from stallscope.diagnose.dataloader import WAITING_WORKERS_PER_CORE
+from stallscope.diagnose.knobs import Knobs
 
 # Beyond a handful of cores, every count would cost a run each; powers of two cover the curve.
 DENSE_UP_TO = 4
@@ -43,7 +44,9 @@ class Baseline:
 
     @property
     def call_site(self) -> str:
-        return str(self.loader.get("call_site") or "")
+        """The line to change: the DataLoader call, or the TrainingArguments under Trainer."""
+        knobs = Knobs.of(self.loader)
+        return knobs.where if knobs is not None else ""
 
 
 def baseline_from_report(report: dict[str, Any]) -> Baseline:
@@ -147,14 +150,20 @@ def _effective(loader: dict[str, Any], key: str) -> Any:
 
 def change_text(loader: dict[str, Any], overrides: Overrides) -> str | None:
     """The constructor change to paste at the call site, only the arguments that differ:
-    `DataLoader(..., num_workers=2, persistent_workers=True)`; None when nothing differs."""
+    `DataLoader(..., num_workers=2, persistent_workers=True)`, spelled as the script sets them
+    (`TrainingArguments(..., dataloader_num_workers=2)` under Trainer: diagnose/knobs.py);
+    None when nothing differs."""
     keys = [k for k in sorted(overrides, key=key_rank) if _effective(loader, k) != overrides[k]]
     if not keys:
         return None
-    return "DataLoader(..., " + ", ".join(f"{k}={overrides[k]!r}" for k in keys) + ")"
+    return _knobs(loader).call_text({k: overrides[k] for k in keys}, spell=repr)
 
 
 def before_text(loader: dict[str, Any], overrides: Overrides) -> str:
     """The same arguments as `change_text`, with the values the script passed (or defaulted)."""
     keys = [k for k in sorted(overrides, key=key_rank) if _effective(loader, k) != overrides[k]]
-    return "DataLoader(..., " + ", ".join(f"{k}={_effective(loader, k)!r}" for k in keys) + ")"
+    return _knobs(loader).call_text({k: _effective(loader, k) for k in keys}, spell=repr)
+
+
+def _knobs(loader: dict[str, Any]) -> Knobs:
+    return Knobs.of(loader) or Knobs("DataLoader", None, None, "unknown", None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.knobs import Knobs
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "pageable-h2d-copy"
@@ -13,7 +14,7 @@ MIN_BYTES_PER_STEP = 1 << 20
 DOCS = PINNED_MEMORY_DOCS
 
 
-def pageable_h2d_copy(model: TraceModel, _context: RunContext | None = None) -> Assessment:
+def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> Assessment:
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
     copies = model.copies
@@ -59,6 +60,10 @@ def pageable_h2d_copy(model: TraceModel, _context: RunContext | None = None) -> 
         f"Host-to-device copies from pageable memory: {nbytes / n / 1e6:.1f} MB per step "
         f"at {gbps:.1f} GB/s"
     )
+    # `stallscope run` knows the training loader: say where to pin in the user's own knobs
+    # (diagnose/knobs.py), unless it already pins (then these copies are not its batches).
+    loader = context.training_loader() if context else None
+    knobs = Knobs.of(loader) if loader is not None and not loader.pin_memory else None
     finding = Finding(
         id=RULE_ID,
         title=title,
@@ -69,8 +74,9 @@ def pageable_h2d_copy(model: TraceModel, _context: RunContext | None = None) -> 
             "batches in the DataLoader and copy them asynchronously so the transfer overlaps "
             "GPU work. Host time the copy call spent waiting for earlier GPU work is not "
             "counted here (see host-device-sync)."
+            + (knobs.pin_sentence() if knobs else "")
         ),
-        snippet=PINNED_COPY_SNIPPET,
+        snippet=knobs.pin_snippet() if knobs else PINNED_COPY_SNIPPET,
         precondition=(
             "Pinning alone overlaps nothing: the copy must also be non_blocking=True. Pinned "
             "memory is page-locked RAM, so pin batches, not a whole in-memory dataset. For a "

@@ -9,6 +9,7 @@ from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
+from stallscope.diagnose.knobs import Knobs
 from stallscope.replay.loader import LoaderFacts
 from stallscope.trace.model import TraceModel
 
@@ -426,32 +427,23 @@ def _advice(
 
 
 def _where(info: LoaderInfo | None, change: dict | None = None) -> str:
-    """`train.py:42 DataLoader(num_workers=0, ...) -> DataLoader(..., num_workers=2)`."""
-    if info is None:
+    """`train.py:42 DataLoader(num_workers=0, ...) -> DataLoader(..., num_workers=2)`, or the
+    TrainingArguments line under transformers.Trainer (diagnose/knobs.py)."""
+    knobs = Knobs.of(info)
+    if info is None or knobs is None:
         return ""
-    now = (
-        f"{info.call_site} DataLoader(num_workers={info.num_workers}, "
-        f"pin_memory={info.pin_memory})"
-    )
-    if change is None:
-        return f"{now}: "
-    return f"{now} -> DataLoader(..., {', '.join(f'{k}={v}' for k, v in change.items())}). "
+    now = {"num_workers": info.num_workers, "pin_memory": info.pin_memory}
+    return f"{knobs.change_line(now, change)}{': ' if change is None else '. '}"
 
 
 def _snippet(info: LoaderInfo | None, change: dict) -> str:
-    after = ", ".join(f"{k}={v}" for k, v in change.items())
-    if info is None:
+    knobs = Knobs.of(info)
+    if info is None or knobs is None:
         args = "".join(f"    {k}={v},\n" for k, v in change.items())
         return f"loader = torch.utils.data.DataLoader(\n    dataset, batch_size=...,\n{args})"
-    before = (
-        f"num_workers={info.num_workers}, pin_memory={info.pin_memory}, "
-        f"persistent_workers={info.persistent_workers}"
-    )
-    return (
-        f"# {info.call_site}  ({info.dataset}, batch_size={info.batch_size})\n"
-        f"-DataLoader(..., {before})\n"
-        f"+DataLoader(..., {after})"
-    )
+    before = {"num_workers": info.num_workers, "pin_memory": info.pin_memory,
+              "persistent_workers": info.persistent_workers}
+    return knobs.diff(f"{info.dataset}, batch_size={info.batch_size}", before, change)
 
 
 def step_threads(workers: int, share: float, cores: int | None, threads: int | None

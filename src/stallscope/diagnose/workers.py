@@ -21,6 +21,7 @@ import pandas as pd
 from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.knobs import Knobs
 from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches, per_name
 
 RULE_ID = "worker-startup"
@@ -243,7 +244,10 @@ def _startup_finding(
             "for epoch in range(epochs):\n    for batch in loader:\n        ..."
         )
     else:
-        where = f"{info.call_site} " if info else ""
+        knobs = Knobs.of(info)
+        where = ""
+        if knobs is not None:
+            where = f"{knobs.where} " + (f"({knobs.how}) " if knobs.how else "")
         recommendation = (
             f"{where}The DataLoader shuts down its worker processes at the end of every epoch "
             f"and forks new ones for the next ({ms(cost):.1f} ms per epoch, of which "
@@ -251,12 +255,14 @@ def _startup_finding(
             "epochs."
         )
         nw = info.num_workers if info else "N"
-        snippet = (
-            f"# {info.call_site}\n" if info else ""
-        ) + (
-            f"-DataLoader(..., num_workers={nw}, persistent_workers=False)\n"
-            f"+DataLoader(..., num_workers={nw}, persistent_workers=True)"
-        )
+        before = {"num_workers": nw, "persistent_workers": False}
+        after = {"num_workers": nw, "persistent_workers": True}
+        if knobs is None:
+            snippet = (f"-DataLoader(..., num_workers={nw}, persistent_workers=False)\n"
+                       f"+DataLoader(..., num_workers={nw}, persistent_workers=True)")
+        else:
+            snippet = (f"# {knobs.where}" + (f"  ({knobs.how})" if knobs.how else "") + "\n"
+                       f"-{knobs.call_text(before)}\n+{knobs.call_text(after)}")
     finding = Finding(
         id=RULE_ID,
         title=f"DataLoader workers are re-spawned every epoch ({ms(cost):.1f} ms each time)",
