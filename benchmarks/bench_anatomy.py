@@ -3,8 +3,10 @@
 While `stallscope run` records, each loader's `collate_fn` and its workers' fetches are timed
 (capture/anatomy.py): two reads of /proc/thread-self/schedstat and a few clock reads per batch
 in the training process, the same per batch in each worker plus a small file written at most
-every 20 ms, and at each step boundary the workers' files read back (the session puts the
-anatomy in the trace's metadata at every recorded step). This times step loops with the
+every 0.1 s, a stack sampler waking every ~20 ms while a fetch runs (capture/sampler.py), each
+batch's receipt timed against its worker's end stamp (capture/transfer.py), and the workers'
+files read back at most every 0.1 s (the session puts the anatomy in the trace's metadata at
+every recorded step). This times step loops with the
 DataLoader hooks recording, with and without the anatomy, in alternating order (wall time: the
 workers run beside the step), and the first condition again as the noise floor.
 

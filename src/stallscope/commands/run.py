@@ -78,9 +78,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--max-record-mb", type=whole_number(0), default=DEFAULT_RECORD_MB, metavar="MB",
-        help="memory the recording may add to the training process (the profiler keeps every "
-        "event until the trace is written); past it recording ends with the steps recorded so "
-        f"far, and the report says so; 0 for no limit (default {DEFAULT_RECORD_MB})",
+        help="memory the recording may add to the training process, writing the trace included "
+        "(the profiler keeps every event until then, and writing takes about 4x what recording "
+        "took); past it recording ends with the steps recorded so far, and the report says so; "
+        f"0 for no limit (default {DEFAULT_RECORD_MB})",
     )
     run.add_argument(
         "--no-step-warning", type=seconds, default=60.0, metavar="SECONDS",
