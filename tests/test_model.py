@@ -69,11 +69,45 @@ def test_loader_wait_excludes_time_the_gpu_was_busy(tmp_path: Path):
     assert s.breakdown_us["dataloader"] == pytest.approx(400)
 
 
+LOADER_NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def tiny_cpu_step(tmp_path: Path, ops: int, steps: int = 1) -> Path:
+    """`steps` CPU-only steps of 1 ms, each a 600 us DataLoader wait and `ops` 30 us ops."""
+    events = []
+    for n in range(steps):
+        t0 = n * 1000
+        events += [step(n + 1, t0, 1000),
+                   {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": t0 + 10,
+                    "dur": 600, "name": LOADER_NEXT}]
+        events += [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1,
+                    "ts": t0 + 620 + 35 * i, "dur": 30} for i in range(ops)]
+    return write_trace(tmp_path / f"synthetic-{ops}-{steps}.pt.trace.json", events, **SYNTH)
+
+
+def test_one_tiny_cpu_step_is_too_little_to_judge(tmp_path: Path):
+    # One step and a handful of events: before, "No bottleneck found" or a finding built on it.
+    report = analyze_paths([tiny_cpu_step(tmp_path, ops=3)])
+    assert report.verdict.startswith(
+        "Too little to judge: 3 CPU operation(s) in 1 step(s) spanning 1.00 ms")
+    assert report.verdict_id == "too-little-to-judge" and not report.findings
+    # Enough operations for a step, or several steps that show what repeats: judged.
+    for ops, steps in ((10, 1), (3, 2)):
+        judged = analyze_paths([tiny_cpu_step(tmp_path, ops=ops, steps=steps)])
+        assert not judged.verdict.startswith("Too little"), (ops, steps)
+        assert judged.findings[0].id == "dataloader-bound"
+
+
 def test_legacy_categories_are_understood(tmp_path: Path):
+    # Two steps: one step of a single event is too little to judge (the test below).
     events = [
-        step(1, 0, 1000, cat="Operator"),
-        {"ph": "X", "cat": "Operator", "pid": 1, "tid": 1, "ts": 10, "dur": 600,
-         "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"},
+        e
+        for n in (1, 2)
+        for e in (
+            step(n, (n - 1) * 1000, 1000, cat="Operator"),
+            {"ph": "X", "cat": "Operator", "pid": 1, "tid": 1, "ts": (n - 1) * 1000 + 10,
+             "dur": 600, "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"},
+        )
     ]
     path = write_trace(tmp_path / "legacy.pt.trace.json", events)
     trace = load_trace(path)
