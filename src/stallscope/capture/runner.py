@@ -27,6 +27,7 @@ from stallscope.capture.session import CaptureSession, Schedule, StopScript
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
+from stallscope.text import clean
 
 TIMED_OUT = "timed out"  # RunContext.ended for `--timeout`; reads as "the script timed out"
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
@@ -259,7 +260,9 @@ def _worker_death() -> str | None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The exception's first line, without the escape sequences (colours) a script may have
+    put in its message: it goes into stallscope's error line and the report."""
+    text = clean(str(exc)).strip()
     line = text.splitlines()[0].strip() if text else ""
     return line if len(line) <= 240 else line[:239] + "…"
 
