@@ -79,10 +79,19 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     # `run --set KEY=VALUE`: DataLoader constructor overrides requested for every loader.
     overrides: dict[str, Any] = field(default_factory=dict)
+    # Whose trace `traces` holds: "stallscope" (its own steps) or "script-profiler" (the
+    # script starts its own profiler and stallscope stepped aside: capture/foreign.py).
+    trace_source: str = "stallscope"
+    # The script's own profiler, when it started one: kind, site, the files it wrote, the copy
+    # analysed (ScriptProfiler.to_dict()); None when it started none.
+    script_profiler: dict[str, Any] | None = None
 
     @property
     def partial(self) -> bool:
-        """Fewer steps recorded than asked for: the report describes only part of a window."""
+        """Fewer steps recorded than asked for: the report describes only part of a window.
+        Never for the script's own trace: its profiler's schedule decided its steps."""
+        if self.trace_source != "stallscope":
+            return False
         return self.steps_recorded < self.steps_requested
 
     @property

@@ -23,6 +23,7 @@ from typing import Any
 
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
+from stallscope.capture.foreign import describe as describe_source
 from stallscope.capture.session import CaptureSession, Schedule, StopScript
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
@@ -138,7 +139,8 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     context.step_source = session.driver.source
     context.boundaries_seen = session.boundaries
     context.steps_recorded = session.recorded
-    context.traces = [str(p) for p in session.traces]
+    describe_source(context, [str(p) for p in session.traces], session.recorded,
+                    session.sched.steps, session.foreign.seen)
     context.dataloaders = list(session.watcher.loaders)
     context.environment = {**environment(), "activities": session.activities}
     if session.host_load:
