@@ -69,11 +69,48 @@ def test_loader_wait_excludes_time_the_gpu_was_busy(tmp_path: Path):
     assert s.breakdown_us["dataloader"] == pytest.approx(400)
 
 
+LOADER_NEXT = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def tiny_cpu_step(tmp_path: Path, ops: int, steps: int = 1, scale: float = 1) -> Path:
+    """`steps` CPU-only steps of 1 ms (times `scale`), each a 600 us DataLoader wait (times
+    `scale`) and `ops` 30 us ops."""
+    events = []
+    for n in range(steps):
+        t0 = n * 1000 * scale
+        events += [step(n + 1, t0, 1000 * scale),
+                   {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": t0 + 10,
+                    "dur": 600 * scale, "name": LOADER_NEXT}]
+        events += [{"ph": "X", "cat": "cpu_op", "name": f"aten::op{i}", "pid": 1, "tid": 1,
+                    "ts": t0 + 620 + 35 * i, "dur": 30} for i in range(ops)]
+    return write_trace(tmp_path / f"synthetic-{ops}-{steps}-{scale}.pt.trace.json", events,
+                       **SYNTH)
+
+
+def test_one_tiny_cpu_step_is_too_little_to_judge(tmp_path: Path):
+    # One step and a handful of events: before, "No bottleneck found" or a finding built on it.
+    report = analyze_paths([tiny_cpu_step(tmp_path, ops=3)])
+    assert report.verdict.startswith(
+        "Too little to judge: 3 CPU operation(s) in one 1.00 ms step")
+    assert report.verdict_id == "too-little-to-judge" and not report.findings
+    # Enough operations for a step, several steps that show what repeats, or one long step
+    # whose few ranges say where its time went (a 12 ms DataLoader wait): judged.
+    for ops, steps, scale in ((10, 1, 1), (3, 2, 1), (3, 1, 20)):
+        judged = analyze_paths([tiny_cpu_step(tmp_path, ops=ops, steps=steps, scale=scale)])
+        assert not judged.verdict.startswith("Too little"), (ops, steps, scale)
+        assert judged.findings[0].id == "dataloader-bound"
+
+
 def test_legacy_categories_are_understood(tmp_path: Path):
+    # Two steps: one step of a single event is too little to judge (the test below).
     events = [
-        step(1, 0, 1000, cat="Operator"),
-        {"ph": "X", "cat": "Operator", "pid": 1, "tid": 1, "ts": 10, "dur": 600,
-         "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"},
+        e
+        for n in (1, 2)
+        for e in (
+            step(n, (n - 1) * 1000, 1000, cat="Operator"),
+            {"ph": "X", "cat": "Operator", "pid": 1, "tid": 1, "ts": (n - 1) * 1000 + 10,
+             "dur": 600, "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"},
+        )
     ]
     path = write_trace(tmp_path / "legacy.pt.trace.json", events)
     trace = load_trace(path)

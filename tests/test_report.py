@@ -20,11 +20,16 @@ HOSTILE = '</script><img src=x onerror=alert(1)>|`rm`\x1b[31m'
 
 
 def hostile_report(tmp_path: Path):
+    # Two steps: a single step of two events is too little to judge (test_model.py).
     events = [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
-         "ts": 0, "dur": 1000},
-        {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 0, "dur": 800,
-         "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"},
+        e
+        for n in (1, 2)
+        for e in (
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1,
+             "tid": 1, "ts": (n - 1) * 1000, "dur": 1000},
+            {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": (n - 1) * 1000,
+             "dur": 800, "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"},
+        )
     ]
     path = write_trace(tmp_path / f"{'x'}.pt.trace.json", events,
                        distributedInfo={"rank": 0, "backend": HOSTILE})

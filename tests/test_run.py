@@ -61,6 +61,8 @@ FAILING = textwrap.dedent(
     for i, (x, y) in enumerate(loader):
         if i == at and mode == "raise":
             raise RuntimeError(f"boom at iteration {i}")
+        if i == at and mode == "colour":  # a message coloured for the terminal, and a title
+            raise RuntimeError(f"\\x1b[1;31mboom\\x1b[0m at \\x1b]0;pwned\\x07iteration {i}")
         if i == at and mode == "exit":
             sys.exit(3)
         if i == at and mode == "interrupt":
@@ -162,6 +164,23 @@ def test_exception_keeps_status_1_and_a_partial_report(tmp_path: Path, entry: st
     assert any("cut short" in n for n in report["notes"])
     assert "Partial run" in (out / "report.html").read_text()
     assert len(list((out / "tensorboard" / "train").glob("*.pt.trace.json.gz"))) == 1
+
+
+def test_colour_codes_in_the_scripts_exception_are_not_repeated(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(FAILING)
+    proc = stallscope("run", "train.py", "colour", "6", cwd=tmp_path)
+    assert proc.returncode == 1
+    # stallscope's own line and the report say the message without the escape sequences: no
+    # ESC byte, and no "[31m" left behind by dropping only that byte. (The traceback above it
+    # is the script's, printed as python prints it.)
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("stallscope:")]
+    assert "(RuntimeError: boom at iteration 6)" in line
+    report = report_of(tmp_path / "stallscope-train")
+    assert "The script raised RuntimeError: boom at iteration 6" in report["notes"]
+    md = (tmp_path / "stallscope-train" / "report.md").read_text()
+    for text in (line, json.dumps(report), md):
+        assert "\x1b" not in text and "\\u001b" not in text
+        assert "[1;31m" not in text and "[0m" not in text and "pwned" not in text
 
 
 def test_sys_exit_3_keeps_status_3(tmp_path: Path) -> None:

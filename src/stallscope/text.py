@@ -21,6 +21,15 @@ MAX_CODE = 20_000
 # Longest string in a terminal line: a screen is read, not scrolled.
 MAX_TERMINAL = 300
 
+# Terminal escape sequences, whole: CSI (colours, cursor moves: ESC [ ... final byte, or the
+# one-byte C1 CSI), OSC (window titles, hyperlinks: ESC ] ... BEL or ESC \; unterminated, only
+# its introducer goes), and the other two-byte ESC sequences. Dropping only the ESC byte would
+# leave "[31m" in the text.
+_ESCAPE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]"
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"
+    r"|\x1b[ -/]*[0-~]"
+)
 # C0 controls but tab and newline, DEL, C1 controls (ESC sequences, BEL, CR, backspace, NUL),
 # and the bidirectional embeddings, overrides and isolates that reorder what follows them.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -41,10 +50,15 @@ def clip(text: str, limit: int) -> str:
     return f"{text[:limit]}… (+{len(text) - limit:,} characters)"
 
 
+def strip_escapes(text: object) -> str:
+    """`text` without terminal escape sequences (colour codes a script put in its messages)."""
+    return _ESCAPE.sub("", str(text))
+
+
 def clean(text: object) -> str:
-    """Controls and bidirectional overrides dropped, undecodable bytes shown as U+FFFD;
-    newlines and tabs kept."""
-    return _SURROGATE.sub("\ufffd", _CONTROL.sub("", str(text)))
+    """Escape sequences, controls and bidirectional overrides dropped, undecodable bytes shown
+    as U+FFFD; newlines and tabs kept."""
+    return _SURROGATE.sub("\ufffd", _CONTROL.sub("", strip_escapes(text)))
 
 
 def plain(text: object, limit: int = MAX_TEXT) -> str:

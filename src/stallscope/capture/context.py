@@ -97,10 +97,19 @@ class RunContext:
     recording_cut: dict[str, Any] | None = None
     # What drove the steps, phase by phase: [{"driver", "from_boundary"}] (capture/steps.py).
     step_phases: list[dict[str, Any]] = field(default_factory=list)
+    # Whose trace `traces` holds: "stallscope" (its own steps) or "script-profiler" (the
+    # script starts its own profiler and stallscope stepped aside: capture/foreign.py).
+    trace_source: str = "stallscope"
+    # The script's own profiler, when it started one: kind, site, the files it wrote, the copy
+    # analysed (ScriptProfiler.to_dict()); None when it started none.
+    script_profiler: dict[str, Any] | None = None
 
     @property
     def partial(self) -> bool:
-        """Fewer steps recorded than asked for: the report describes only part of a window."""
+        """Fewer steps recorded than asked for: the report describes only part of a window.
+        Never for the script's own trace: its profiler's schedule decided its steps."""
+        if self.trace_source != "stallscope":
+            return False
         return self.steps_recorded < self.steps_requested
 
     @property

@@ -24,6 +24,7 @@ from typing import Any
 from stallscope.capture import budget
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
+from stallscope.capture.foreign import describe as describe_source
 from stallscope.capture.session import (
     COMPILE_WAIT_MAX,
     NO_STEP_S,
@@ -34,6 +35,7 @@ from stallscope.capture.session import (
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
+from stallscope.text import clean
 
 TIMED_OUT = "timed out"  # RunContext.ended for `--timeout`; reads as "the script timed out"
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
@@ -146,7 +148,8 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     context.step_source = session.driver.source
     context.boundaries_seen = session.boundaries
     context.steps_recorded = session.recorded
-    context.traces = [str(p) for p in session.traces]
+    describe_source(context, [str(p) for p in session.traces], session.recorded,
+                    session.sched.steps, session.foreign.seen)
     context.dataloaders = list(session.watcher.loaders)
     context.environment = {**environment(), "activities": session.activities}
     if session.host_load:
@@ -288,7 +291,9 @@ def _worker_death() -> str | None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The exception's first line, without the escape sequences (colours) a script may have
+    put in its message: it goes into stallscope's error line and the report."""
+    text = clean(str(exc)).strip()
     line = text.splitlines()[0].strip() if text else ""
     return line if len(line) <= 240 else line[:239] + "…"
 

@@ -7,6 +7,9 @@ is written by `tensorboard_trace_handler` the moment the last one ends. Then, un
 run to the end, the script is stopped by raising `StopScript` from the step hook: a
 BaseException, so the script's `finally` blocks and context managers still run while
 `except Exception` ignores it.
+
+A script that starts its own profiler makes this session step aside for good (foreign.py):
+only one profiler can run in a process.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 from stallscope import __version__, marker, progress
 from stallscope.capture import budget, hostload
 from stallscope.capture.facts import environment
+from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.steps import StepDriver
 
@@ -87,6 +91,9 @@ class CaptureSession:
         self.incomplete_step: str | None = None
         self.done = False
         self.stop_requested = False
+        # The script started its own profiler: this session is stopped and never restarted.
+        self.aside = False
+        self._discard = False  # stopped with no complete step: write no trace
         self.driver = StepDriver(step_on, self._boundary)
         self.watcher = LoaderWatcher(lambda info, _it: self.driver.on_batch(info), overrides)
         self._pid = os.getpid()
@@ -121,11 +128,13 @@ class CaptureSession:
             on_trace_ready=self._on_trace_ready,
             record_shapes=True,
         )
+        self.foreign = ForeignProfilers(self, trace_dir, worker)
 
     def start(self) -> None:
         self.watcher.install()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
+        self.foreign.install()
         if self._no_step_s:
             self._no_step_timer = threading.Timer(self._no_step_s, self._no_step_yet)
             self._no_step_timer.daemon = True
@@ -154,15 +163,70 @@ class CaptureSession:
             self._no_step_timer.cancel()
         self.budget.end()
         self._remove_hooks()
+        self.foreign.uninstall()
         if self._started and not self.done:
-            step = self.prof.step_num
-            if self.sched.is_recording(step):
-                self.recorded = step - self.sched.warmup
-                self.incomplete_step = f"ProfilerStep#{step}"
-                self._read_load_end()
-                self._add_metadata()
-            self.done = True
-            self.prof.stop()  # writes the trace when recording had begun
+            self._stop_early()
+        if self.aside and self.recorded == 0:
+            self.foreign.export_last()
+
+    def _stop_early(self) -> None:
+        """Stop the profiler before the last step: the complete steps are written (with the
+        step it stopped in, marked incomplete)."""
+        self.budget.end()
+        step = self.prof.step_num
+        if self.sched.is_recording(step):
+            self.recorded = step - self.sched.warmup
+            self.incomplete_step = f"ProfilerStep#{step}"
+            self._read_load_end()
+            self._add_metadata()
+        self.done = True
+        self.prof.stop()  # writes the trace when recording had begun
+
+    # ------------------------------------------------------------ the script's own profiler
+
+    def owns(self, prof: Any) -> bool:
+        return prof is self.prof or prof is self.prof.profiler
+
+    def own_running(self) -> bool:
+        return self._started and not self.done
+
+    def wants_script_trace(self) -> bool:
+        return self.recorded < self.sched.steps
+
+    def step_aside(self, site: str, kind: str) -> None:
+        """The script starts its own profiler at `site`: stop this session for good, writing
+        its complete steps (none: no trace), and let the script's session run alone."""
+        if self.aside:
+            return
+        self.aside = True
+        self.budget.end()  # the script's session is not stallscope's to cut
+        if self.done:  # recording was over: nothing to stop
+            progress.say(f"the script starts its own {kind} at {site}: stallscope's recording "
+                         "was over, the script's profiler runs undisturbed")
+            return
+        running = self.own_running()
+        if running:
+            self._discard = self.sched.is_recording(self.prof.step_num) and (
+                self.prof.step_num == self.sched.warmup)
+            self._stop_early()
+        self.done = True
+        self.watcher.recording = False
+        kept = (f"stopped its own after {self.recorded} recorded step(s)" if running
+                else "will not start its own")
+        progress.say(f"the script starts its own {kind} at {site}: only one profiler can run "
+                     f"in a process, so stallscope {kept} and lets the script's run")
+
+    def _after_aside(self) -> None:
+        """Once the script's profiler wrote a trace stallscope can analyse and no session is
+        on, stop the script as after stallscope's own steps (unless --run-to-end)."""
+        if (self.run_to_end or self.stop_requested or self.foreign.seen is None
+                or self.foreign.seen.copy is None or self.foreign.recording()
+                or threading.current_thread() is not threading.main_thread()):
+            return
+        self.stop_requested = True
+        self._remove_hooks()
+        progress.say("the script's profiler wrote its trace: stopping the script")
+        raise StopScript()
 
     def unwritten_steps(self) -> int:
         """Steps the profiler holds in memory and has not written yet (all of them, until the
@@ -189,6 +253,8 @@ class CaptureSession:
 
     def _boundary(self) -> None:
         if self.done:
+            if self.aside:
+                self._after_aside()
             return
         self.boundaries += 1
         if self.boundaries <= self.sched.skip + self.compile_wait:
@@ -344,6 +410,8 @@ class CaptureSession:
         self.prof.add_metadata_json("stallscope", metadata_text(meta))
 
     def _on_trace_ready(self, prof: Any) -> None:
+        if self._discard:
+            return
         # Other ranks write into the same folder at the same moment: only this worker's files.
         pattern = f"{self.worker}.*.pt.trace.json*"
         before = set(self.trace_dir.glob(pattern)) if self.trace_dir.is_dir() else set()

@@ -312,6 +312,9 @@ def ended_text(ctx: RunContext) -> str:
         "terminated": "was terminated",
         "timed out": "was stopped at --timeout",
     }.get(ctx.ended, str(ctx.ended))
+    if ctx.trace_source == "script-profiler":
+        how = how.replace("stopped after recording", "stopped once its profiler wrote a trace")
+        return f"the script {how}; analysing the trace its own profiler wrote"
     return f"the script {how}; {ctx.steps_recorded} step(s) recorded"
 
 
@@ -336,6 +339,15 @@ def analyze_run(contexts: list[RunContext], missing: list[int], plan: RunPlan) -
 
 def no_steps_reason(ctx: RunContext) -> str:
     """Why nothing was recorded, and what to try."""
+    script = ctx.script_profiler
+    if script is not None:
+        return (
+            f"no step recorded: the script starts its own {script['kind']} at {script['site']}"
+            " before stallscope recorded a step (only one profiler can run in a process), and "
+            "its profiler wrote no trace stallscope could read; export one (on_trace_ready="
+            "torch.profiler.tensorboard_trace_handler(DIR), or prof.export_chrome_trace(PATH))"
+            " and run `stallscope analyze` on it, or run without the script's profiler"
+        )
     batches = sum(d.batches for d in ctx.dataloaders)
     if ctx.step_source is None and batches:
         return (

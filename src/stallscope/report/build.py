@@ -268,6 +268,10 @@ def attach_run(
         "step_source": first.step_source,
         "steps_requested": first.steps_requested,
         "steps_recorded": min(c.steps_recorded for c in contexts),
+        # "stallscope", or "script-profiler" when the script started its own profiler and
+        # the trace analysed is the one it wrote (script_profiler: where, which files).
+        "trace_source": first.trace_source,
+        "script_profiler": first.script_profiler,
         "world_size": first.world_size,
         # `run --set`: DataLoader arguments forced for this run; {} when the script's own.
         "overrides": dict(first.overrides),
@@ -286,6 +290,8 @@ def attach_run(
             for c in contexts
         ],
     }
+    if first.trace_source != "stallscope":  # the steps are those of the script's trace
+        report.run["steps_recorded"] = report.summary["steps"]
     report.dataloaders = [
         {"rank": c.rank, **asdict(d)} for c in contexts for d in c.dataloaders
     ]
@@ -301,6 +307,8 @@ def attach_run(
             f"Partial: {why} after "
             f"{report.run['steps_recorded']} of {first.steps_requested} recorded step(s).",
         )
+    if first.script_profiler and first.script_profiler.get("note"):
+        report.notes.insert(0, first.script_profiler["note"])  # which trace this report is of
 
 
 def _ended_phrase(run: dict[str, Any]) -> str:

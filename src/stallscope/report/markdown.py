@@ -132,6 +132,8 @@ def render_markdown(report: Report) -> str:
             f"({forced}), not the script's own.",
             "",
         ]
+    if run and run.get("trace_source") == "script-profiler" and run.get("script_profiler"):
+        lines += [f"> **The script's own profiler:** {md(run['script_profiler']['note'])}", ""]
     if run and (run["partial"] or run["exit_status"]):
         lines += [
             f"> **Partial run:** the script ended ({md(run['ended'])}, exit status "

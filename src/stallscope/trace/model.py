@@ -66,6 +66,15 @@ STARTUP_GAP_US = 1_000_000.0
 # launches more, so such a window holds a test or a fragment whose idle share is set by fixed
 # per-call latencies (launch, context, sync) that no change to a training loop addresses.
 MIN_GPU_OPS = 10
+# The floor for a CPU-only trace of a single short step, counted in host operations (cpu_op
+# and user_annotation ranges of the stepping process, step and DataLoader markers excluded): one
+# training step of even a one-layer model runs dozens (forward, loss, backward, optimizer
+# update), so one step with fewer is a handful of events, not a step whose time can be
+# apportioned. Several steps with few operations each still show what repeats, and a step of
+# TINY_STEP_US or more is long ranges that say where its time went (the real trace
+# hta/cpu_only_rank34of300_gloo: one 210 ms step, two gloo all_reduce of 170 ms): both judged.
+MIN_HOST_OPS = 10
+TINY_STEP_US = 10_000.0
 # A host copy call that ends this close (us) to the start of its GPU copy, or later, waited for it.
 CLOCK_TOLERANCE_US = 2.0
 
@@ -115,7 +124,8 @@ class TraceModel:
     startup: dict[str, Any] | None = None
     # Recorded steps left out of the verdict: name, start_us, end_us, duration_us, reason.
     set_aside: list[dict[str, Any]] = field(default_factory=list)
-    # Why the judged window holds too little GPU work to judge a training step, or None.
+    # Why the judged window holds too little work (GPU work, or host operations in a CPU-only
+    # trace) to judge a training step, or None.
     too_little: str | None = None
 
     @property
@@ -217,7 +227,8 @@ def build_model(trace: Trace) -> TraceModel:
     op_table = op_table.assign(step=_step_of(op_table["ts"].to_numpy(), windows))
     op_table = op_table.reset_index(drop=True)
     workload = workload_of(op_table, gpu_table)
-    too_little = _too_little(gpu_table, windows, workload) if has_gpu else None
+    too_little = (_too_little(gpu_table, windows, workload) if has_gpu
+                  else _too_little_host(op_table, windows))
     if too_little:
         notes.append(f"Too little to judge: {too_little}.")
     return TraceModel(
@@ -353,6 +364,23 @@ def _too_little(gpu: pd.DataFrame, windows: np.ndarray, workload: str) -> str | 
            if workload == "inference" else
            "GPU operations cannot be one training step); record several steps of the training "
            "loop, calling prof.step() after each")
+    )
+
+
+def _too_little_host(ops: pd.DataFrame, windows: np.ndarray) -> str | None:
+    """`_too_little` for a CPU-only trace: what the judged window holds, when it is one short
+    step of a handful of host operations."""
+    n = int((ops["step"] >= 0).sum()) if len(ops) else 0
+    if n >= MIN_HOST_OPS or len(windows) != 1:
+        return None
+    span = float(windows[-1, 1] - windows[0, 0])
+    if span >= TINY_STEP_US:
+        return None
+    # So few operations say nothing of the workload (no backward pass may just be unrecorded).
+    return (
+        f"{n} CPU operation(s) in one {_duration(span)} step (fewer than {MIN_HOST_OPS} "
+        "operations cannot be a training step or a batch of a model's inference); record "
+        "several steps of the loop, calling prof.step() after each"
     )
 
 
