@@ -8,9 +8,14 @@ nothing written. The budget bounds the growth of the process's resident memory w
 - at each recorded step boundary, the growth per step so far predicts the next step's: when it
   would cross the budget, recording ends there, with the complete steps written;
 - within a step, a monitor thread reads the resident size every `POLL_S`; past the budget it
-  asks the main thread (a signal: the profiler can only be stopped from the thread that started
-  it) to stop recording at the next line of the script's own code, and the part of the step
-  recorded so far is written and marked cut.
+  signals the main thread (the profiler can only be stopped from the thread that started it),
+  whose handler stops the script as at the end of recording: it raises StopScript, so every
+  `record_function` range still open (the optimizer's, the script's own) closes while the
+  profiler still runs, and then the part of the step recorded so far is written, marked cut.
+  Stopping the profiler inside such a range instead would leave it to close on a profiler that
+  is gone. Under --run-to-end the script must go on: the profiler is then stopped only when the
+  signal lands in the script's own code, outside torch (rare in op-heavy loops: the boundary
+  check is what bounds those).
 
 Writing the trace costs more than recording it: Kineto materialises every event again to export
 it. Measured here (60,000 small ops in one step, shapes recorded): the process grew 350 MB while
@@ -89,10 +94,11 @@ class Cut:
 
 class RecordingBudget:
     """The budget for one recording. `begin()` when recording starts, `end()` when it ends;
-    `next_step_fits(recorded)` at each recorded boundary; `on_cut` is called in the main thread
-    when the monitor finds the budget spent mid-step."""
+    `next_step_fits(recorded)` at each recorded boundary; `on_cut(frame)` is called in the main
+    thread when the monitor finds the budget spent mid-step, and returns False to be asked again
+    (it may raise to stop the script)."""
 
-    def __init__(self, limit_mb: float, on_cut: Callable[[], None]) -> None:
+    def __init__(self, limit_mb: float, on_cut: Callable[[FrameType | None], bool]) -> None:
         self.limit = limit_mb * 1e6 / EXPORT_FACTOR  # for the recording's own growth
         self.limit_mb = limit_mb
         self.start: int | None = None
@@ -167,23 +173,28 @@ class RecordingBudget:
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        if not self._requested or self._stop.is_set() or not _in_script(frame):
-            return  # the monitor sends again in POLL_S
-        self._stop.set()
-        self._on_cut()
+        if not self._requested or self._stop.is_set():
+            return
+        self._stop.set()  # stays set when on_cut raises (it stops the script)
+        if not self._on_cut(frame):
+            self._stop.clear()  # not here: the monitor sends again in POLL_S
 
 
-def _in_script(frame: FrameType | None) -> bool:
-    """True when the innermost frame is neither torch's nor stallscope's: stopping the
-    profiler there leaves no op or step boundary half-done."""
-    if frame is None:
-        return False
-    name = frame.f_code.co_filename
-    if name.startswith((_TORCH, _OURS)):
-        return False
-    f: FrameType | None = frame
-    while f is not None:  # nor inside one of our hooks further down the stack
+def in_hooks(frame: FrameType | None) -> bool:
+    """True while the main thread is inside stallscope's own hooks (a step boundary, a timed
+    fetch): an exception there would leave the bookkeeping half-done."""
+    f = frame
+    if f is None or f.f_code.co_filename.startswith(_OURS):
+        return True
+    while f is not None:
         if f.f_code.co_filename in _HOOKS:
-            return False
+            return True
         f = f.f_back
-    return True
+    return False
+
+
+def in_script_code(frame: FrameType | None) -> bool:
+    """True when the innermost frame is the script's own (neither torch's nor stallscope's)
+    and no hook is on the stack."""
+    return (frame is not None and not frame.f_code.co_filename.startswith((_TORCH, _OURS))
+            and not in_hooks(frame))

@@ -313,19 +313,32 @@ class CaptureSession:
         progress.say(f"memory budget: recording ends after {recorded} step(s)")
         self._stop_recording()
 
-    def _cut_mid_step(self) -> None:
-        """The budget ran out inside a step (main thread, from the budget's signal): write the
-        steps recorded so far and the part of this one, marked cut, then stop as at the end."""
+    def _cut_mid_step(self, frame: Any) -> bool:
+        """The budget ran out inside a step (main thread, from the budget's signal; see
+        capture/budget.py). Stop the script as at the end of recording: `finish()` then writes
+        the steps recorded so far and the part of this one, marked cut. False: not here (inside
+        stallscope's hooks), ask again."""
         if self.done or not self._started:
-            return
+            return True
+        if budget.in_hooks(frame):
+            return False
         step = self.prof.step_num
-        self.recorded = max(step - self.sched.warmup, 0)
-        self.incomplete_step = f"ProfilerStep#{step}"
-        self.budget.mark_mid_step(self.recorded)
-        self._read_load_end()
-        self._add_metadata()
-        progress.say("memory budget spent mid-step: writing what was recorded")
-        self._stop_recording()
+        if self.run_to_end:  # the script goes on: stop only where no torch range is open
+            if not budget.in_script_code(frame):
+                return False
+            self.recorded = max(step - self.sched.warmup, 0)
+            self.incomplete_step = f"ProfilerStep#{step}"
+            self.budget.mark_mid_step(self.recorded)
+            self._read_load_end()
+            self._add_metadata()
+            progress.say("memory budget spent mid-step: writing what was recorded")
+            self._stop_recording()
+            return True
+        self.budget.mark_mid_step(max(step - self.sched.warmup, 0))
+        self.stop_requested = True
+        progress.say("memory budget spent mid-step: stopping the script to write what was "
+                     "recorded")
+        raise StopScript()
 
     def _stop_recording(self) -> None:
         self.done = True
