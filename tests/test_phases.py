@@ -81,3 +81,24 @@ def test_alternating_optimizers_keep_the_first_driving() -> None:
     for _ in range(PHASE_OPTIMIZER_STEPS + 3):
         d.on_optimizer_step(fresh)
     assert len(d.phases) == 2
+
+
+SLOW_FIRST_STEP = textwrap.dedent(
+    """
+    import time, torch
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.LBFGS([w], max_iter=3)
+    def closure():
+        opt.zero_grad(); time.sleep(1.5); loss = (w - 1).pow(2).sum(); loss.backward()
+        return loss
+    for _ in range(3):
+        opt.step(closure)
+    """
+)
+
+
+def test_a_long_first_step_is_not_mistaken_for_a_loop_without_steps(tmp_path: Path) -> None:
+    proc = _run(tmp_path, SLOW_FIRST_STEP, "--no-step-warning", "2", "--skip", "0",
+                "--steps", "1")
+    assert "the first optimizer.step() has not returned after 2 s" in proc.stderr
+    assert "mark each iteration" not in proc.stderr

@@ -146,6 +146,12 @@ class CaptureSession:
         pytorch/examples word_language_model) before "no step recorded"."""
         if self.boundaries or self.done:
             return
+        if _in_optimizer_step():
+            progress.warn(
+                f"the first optimizer.step() has not returned after {self._no_step_s:g} s: "
+                "steps are long (an LBFGS closure, a large model); recording begins after "
+                f"{self.sched.skip} skipped and {self.sched.warmup} warm-up step(s).")
+            return
         d = self.driver
         loaders = self.watcher.loaders
         seen = (f"{len(loaders)} DataLoader(s) built, {d.batches} batch(es) drawn"
@@ -480,4 +486,15 @@ def _dynamo_counters() -> dict[str, Any] | None:
                 "limit": int(limit) if isinstance(limit, int) else None}
     except Exception:
         return None
+
+
+def _in_optimizer_step() -> bool:
+    """True when the main thread is inside a torch.optim optimizer's step right now."""
+    frame = sys._current_frames().get(threading.main_thread().ident)  # type: ignore[arg-type]
+    marker = os.sep + os.path.join("torch", "optim") + os.sep
+    while frame is not None:
+        if marker in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
