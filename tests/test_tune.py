@@ -40,7 +40,7 @@ def report(cores: int = 2, gpus: list[Any] | None = None, suggested: int | None 
         findings.append({"id": "dataloader-bound",
                          "evidence": {"suggested_num_workers": suggested}})
     return {
-        "summary": {"step_time_us": {"median": step_us}},
+        "summary": {"step_time_us": {"median": step_us, "mean": step_us}},
         "steps": [{"duration_us": step_us} for _ in range(5)],
         "findings": findings,
         "dataloaders": [dict(LOADER)] if loaders is None else loaders,
@@ -230,3 +230,17 @@ def test_candidates_within_noise_of_the_fastest_resolve_to_the_smaller_change():
     machine = Machine({0: 600.0, 1: 330.0, 2: 320.0})
     result = sweep(machine.launch, repeats=1, budget_s=1000, clock=machine.clock)
     assert result["best"]["overrides"] == {"num_workers": 1, "persistent_workers": True}
+
+
+def test_candidates_record_past_the_prefetched_batches_and_two_rounds_of_workers() -> None:
+    """4 workers of a storage-waiting loader deliver batches in rounds (3 fast steps, then one
+    that waits 58 ms): a median step of 3.9 ms against a mean of 17 ms. tune skips the batches
+    the workers prefetch, records two rounds, and compares each run's mean step."""
+    from stallscope.commands.tune import Candidate, RunResult, run_command
+
+    cmd = run_command({"num_workers": 4, "prefetch_factor": 4}, ["t.py"], Path("o"))
+    assert cmd[cmd.index("--skip") + 1] == str(2 + 4 * 4)
+    assert cmd[cmd.index("--steps") + 1] == "8"
+    rounds = [4000.0, 3000.0, 3000.0, 58000.0] * 2
+    run = RunResult(0, 1.0, sum(rounds) / len(rounds), rounds)
+    assert Candidate({"num_workers": 4}, "num_workers", [run]).step_us == 17000.0

@@ -46,6 +46,7 @@ from stallscope.report.tune_writers import (
 NAME = "tune"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
 RUN_STEPS = 5
+RUN_SKIP = 2  # `stallscope run`'s default --skip
 DEFAULT_BUDGET_S = 300.0
 DEFAULT_REPEATS = 3
 # A candidate run that takes this many times the baseline's wall time (plus a margin for
@@ -69,20 +70,20 @@ class RunResult:
 
     exit_status: int
     wall_s: float
-    median_step_us: float | None = None
+    step_us: float | None = None
     steps_us: list[float] = field(default_factory=list)
     error: str | None = None
     report: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
-        return self.exit_status == 0 and self.median_step_us is not None
+        return self.exit_status == 0 and self.step_us is not None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "exit_status": self.exit_status,
             "wall_s": round(self.wall_s, 2),
-            "median_step_us": self.median_step_us,
+            "step_us": self.step_us,
             "steps_us": self.steps_us,
             **({"error": self.error} if self.error else {}),
         }
@@ -98,29 +99,30 @@ class Candidate:
     skipped: str | None = None
 
     @property
-    def medians(self) -> list[float]:
-        return [r.median_step_us for r in self.runs if r.ok and r.median_step_us is not None]
+    def means(self) -> list[float]:
+        """Each successful run's mean step (its throughput)."""
+        return [r.step_us for r in self.runs if r.ok and r.step_us is not None]
 
     @property
-    def median_step_us(self) -> float | None:
-        """Median over the recorded steps of every successful run, pooled: with two repeats
-        a median of two run medians is their mean, and one run slowed by another process on
-        the machine would drag it (measured here: 66 ms and 9516 ms runs of the same script)."""
-        steps = [s for r in self.runs if r.ok for s in r.steps_us]
-        if steps:
-            return statistics.median(steps)
-        return statistics.median(self.medians) if self.medians else None
+    def step_us(self) -> float | None:
+        """The median over runs of each run's mean step. The mean, not the median step: with
+        W workers batches arrive in rounds, W-1 fast steps then one that waits (4 workers of a
+        storage-waiting loader: steps of 3-4 ms and one of 58 ms, a median of 3.9 ms against a
+        mean of 17 ms, the true cost of a batch). The median over runs: one run slowed by
+        another process on the machine does not drag it (measured here: 66 ms and 9516 ms
+        runs of the same script)."""
+        return statistics.median(self.means) if self.means else None
 
     @property
     def spread_us(self) -> list[float] | None:
-        """Lowest and highest per-run median: the range the next run is likely to land in."""
-        return [min(self.medians), max(self.medians)] if self.medians else None
+        """Lowest and highest per-run mean step: the range the next run is likely to land in."""
+        return [min(self.means), max(self.means)] if self.means else None
 
     @property
     def status(self) -> str:
         if self.skipped:
             return "skipped"
-        return "measured" if self.medians else "failed"
+        return "measured" if self.means else "failed"
 
     def as_json(self, baseline: Candidate | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -128,7 +130,7 @@ class Candidate:
             "label": label(self.overrides),
             "stage": self.stage,
             "status": self.status,
-            "median_step_us": _round(self.median_step_us),
+            "step_us": _round(self.step_us),
             "spread_us": [_round(v) for v in self.spread_us] if self.spread_us else None,
             "runs": [r.as_json() for r in self.runs],
         }
@@ -156,7 +158,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "chosen from what the baseline measured (num_workers up to the cores this process may "
         "use, or up to 4 per core when the loader waits on storage, persistent_workers, "
         "pin_memory when a GPU is used, prefetch_factor), each in a "
-        f"fresh `stallscope run --set ...` process for {RUN_STEPS} recorded steps and repeated; "
+        f"fresh `stallscope run --set ...` process for {RUN_STEPS} recorded steps (after the "
+        "batches its workers prefetch) and repeated; "
         "writes tune.json, tune.md and tune.html with the fastest configuration, its measured "
         "speedup with the spread, and the constructor change at the DataLoader's call site.",
     )
@@ -168,8 +171,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "many seconds, estimated from the baseline's time per run; the baseline "
                       f"always runs (default {DEFAULT_BUDGET_S:.0f})")
     tune.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS, metavar="N",
-                      help="runs per configuration; the median over all their recorded steps "
-                      "is compared, the range of their per-run medians is the spread "
+                      help="runs per configuration; the median of their mean steps is compared "
+                      "(a mean: with workers, batches arrive in rounds), the range of their "
+                      "mean steps is the spread "
                       f"(default {DEFAULT_REPEATS})")
     tune.add_argument("--timeout", type=positive_float, metavar="SECONDS",
                       help="stop any run, the baseline included, whose script is still running "
@@ -226,8 +230,28 @@ def run_command(overrides: Overrides, target_argv: list[str], out: Path,
     limit = ["--timeout", f"{timeout:g}"] if timeout is not None else []
     return [
         sys.executable, "-m", "stallscope", "run", "-q", "--force", "-o", str(out),
-        "--steps", str(RUN_STEPS), *limit, *set_arguments(overrides), *target_argv,
+        "--skip", str(skip_for(overrides)), "--steps", str(steps_for(overrides)), *limit,
+        *set_arguments(overrides), *target_argv,
     ]
+
+
+def steps_for(overrides: Overrides) -> int:
+    """Steps to record: at least two rounds of the workers (each round W-1 fast steps and one
+    that waits), so that the mean step is the loader's steady rate."""
+    workers = overrides.get("num_workers")
+    return max(RUN_STEPS, 2 * workers) if isinstance(workers, int) else RUN_STEPS
+
+
+def skip_for(overrides: Overrides) -> int:
+    """Steps to skip before recording a configuration: `run`'s default, plus the batches its
+    workers prefetch (num_workers x prefetch_factor, torch's default 2). Recorded before that
+    queue drains, a loader that cannot keep up looks fast: 4 workers of a storage-waiting loader
+    measured 6.3 ms per step over the prefetched batches, against 17 ms of loading per batch."""
+    workers = overrides.get("num_workers")
+    if not isinstance(workers, int) or workers <= 0:
+        return RUN_SKIP
+    depth = overrides.get("prefetch_factor")
+    return RUN_SKIP + workers * (depth if isinstance(depth, int) and depth > 0 else 2)
 
 
 def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None) -> RunResult:
@@ -260,8 +284,8 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
         except (OSError, ValueError) as exc:
             return RunResult(proc.returncode or 1, wall, error=f"unreadable report.json: {exc}")
     steps = [float(s["duration_us"]) for s in report.get("steps") or []]
-    median = ((report.get("summary") or {}).get("step_time_us") or {}).get("median")
-    return RunResult(proc.returncode, wall, float(median) if median is not None else None,
+    mean = ((report.get("summary") or {}).get("step_time_us") or {}).get("mean")
+    return RunResult(proc.returncode, wall, float(mean) if mean is not None else None,
                      steps, error, report)
 
 
@@ -292,7 +316,7 @@ def sweep(launch: Launcher, repeats: int, budget_s: float,
         _say_run(baseline, run)
         if not run.ok:
             break  # a script that fails once fails again: say so now
-    if not baseline.medians:
+    if not baseline.means:
         first = baseline.runs[0]
         raise TuneError(f"the baseline run failed: {first.error or 'no step was measured'}",
                         first.exit_status or EXIT_USAGE)
@@ -332,32 +356,32 @@ def sweep(launch: Launcher, repeats: int, budget_s: float,
 
 
 def _say_run(cand: Candidate, run: RunResult) -> None:
-    if run.ok and run.median_step_us is not None:
-        progress.say(f"  median step {run.median_step_us / 1000:.1f} ms ({run.wall_s:.0f} s)")
+    if run.ok and run.step_us is not None:
+        progress.say(f"  mean step {run.step_us / 1000:.1f} ms ({run.wall_s:.0f} s)")
     else:
         progress.say(f"  failed with status {run.exit_status}: {run.error}")
 
 
 def _best(baseline: Candidate, candidates: list[Candidate]) -> Candidate:
-    """The measured candidate with the lowest median step, if it beats the baseline's."""
-    measured = [c for c in candidates if c.median_step_us is not None]
-    fastest = min(measured, key=lambda c: c.median_step_us or 0.0, default=None)
-    assert baseline.median_step_us is not None
-    if fastest is None or (fastest.median_step_us or 0.0) >= baseline.median_step_us:
+    """The measured candidate with the lowest step time, if it beats the baseline's."""
+    measured = [c for c in candidates if c.step_us is not None]
+    fastest = min(measured, key=lambda c: c.step_us or 0.0, default=None)
+    assert baseline.step_us is not None
+    if fastest is None or (fastest.step_us or 0.0) >= baseline.step_us:
         return baseline
     # Within TIE_PCT of the fastest is run-to-run noise on a loaded machine (measured: 327,
     # 334 and 340 ms medians swapping places between sweeps); the tie goes to the smaller
     # change, then to fewer worker processes, which cost memory.
-    limit = (fastest.median_step_us or 0.0) * (1 + TIE_PCT / 100)
-    tied = [c for c in measured if (c.median_step_us or 0.0) <= limit]
+    limit = (fastest.step_us or 0.0) * (1 + TIE_PCT / 100)
+    tied = [c for c in measured if (c.step_us or 0.0) <= limit]
     return min(tied, key=lambda c: (len(c.overrides), c.overrides.get("num_workers", 0),
-                                    c.median_step_us or 0.0))
+                                    c.step_us or 0.0))
 
 
 def _speedup(baseline: Candidate, cand: Candidate) -> float | None:
-    if cand.median_step_us is None or baseline.median_step_us is None:
+    if cand.step_us is None or baseline.step_us is None:
         return None
-    return round(baseline.median_step_us / cand.median_step_us, 3)
+    return round(baseline.step_us / cand.step_us, 3)
 
 
 def _speedup_range(baseline: Candidate, best: Candidate) -> list[float] | None:

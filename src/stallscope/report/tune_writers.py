@@ -30,12 +30,12 @@ def headline(result: dict[str, Any]) -> str:
     """One sentence: what to change and what it measured, or that nothing beat the script."""
     best = result["best"]
     if not result["change"]:
-        return (f"No candidate beat the script's own DataLoader settings (median step "
-                f"{_ms(result['baseline']['median_step_us'])}).")
+        return (f"No candidate beat the script's own DataLoader settings (mean step "
+                f"{_ms(result['baseline']['step_us'])}).")
     rng = result["speedup_range"]
     spread = f", {rng[0]:.2f}x-{rng[1]:.2f}x across runs" if rng else ""
-    return (f"{best['label']}: {_x(result['speedup'])} faster steps (median "
-            f"{_ms(best['median_step_us'])} vs {_ms(result['baseline']['median_step_us'])}"
+    return (f"{best['label']}: {_x(result['speedup'])} faster steps (mean "
+            f"{_ms(best['step_us'])} vs {_ms(result['baseline']['step_us'])}"
             f"{spread}).")
 
 
@@ -50,7 +50,7 @@ def render_terminal(result: dict[str, Any], out: Path) -> str:
         lines.append(f"  change at {plain(result['call_site'])}: {plain(result['change'])}")
     for c in _rows(result):
         if c["status"] == "measured":
-            figures = f"{_ms(c['median_step_us']):>10}  [{_spread(c)}]  {_x(c.get('speedup'))}"
+            figures = f"{_ms(c['step_us']):>10}  [{_spread(c)}]  {_x(c.get('speedup'))}"
         else:
             figures = c["status"]
         lines.append(f"  {plain(c['label']):<62} {figures}")
@@ -67,13 +67,14 @@ def render_markdown(result: dict[str, Any]) -> str:
                   f"+{md_code(result['change'])}", "```", ""]
     lines += [
         f"Each configuration ran {result['repeats']} time(s) in a fresh process, "
-        f"{result['steps_per_run']} recorded steps each; median over the steps of all runs, spread "
-        "= lowest-highest per-run median.", "",
-        "| configuration | status | median step | spread | speedup |",
+        f"{result['steps_per_run']} recorded steps each (more with workers: two rounds of "
+        "them); the median over runs of each run's mean step, spread = lowest-highest per-run "
+        "mean.", "",
+        "| configuration | status | mean step | spread | speedup |",
         "|---|---|---:|---:|---:|",
     ]
     for c in _rows(result):
-        lines.append(f"| {md(c['label'])} | {c['status']} | {_ms(c['median_step_us'])} | "
+        lines.append(f"| {md(c['label'])} | {c['status']} | {_ms(c['step_us'])} | "
                      f"{_spread(c)} | {_x(c.get('speedup'))} |")
     lines.append("")
     lines += [f"- {md(n)}" for n in result["notes"]]
@@ -89,9 +90,9 @@ def render_html(result: dict[str, Any]) -> str:
     env.filters["ms"] = _ms
     env.filters["x"] = _x
     rows = [dict(c) for c in _rows(result)]
-    slowest = max((c["median_step_us"] or 0.0 for c in rows), default=0.0) or 1.0
+    slowest = max((c["step_us"] or 0.0 for c in rows), default=0.0) or 1.0
     for c in rows:
-        c["bar_pct"] = round(100.0 * (c["median_step_us"] or 0.0) / slowest, 1)
+        c["bar_pct"] = round(100.0 * (c["step_us"] or 0.0) / slowest, 1)
         c["spread_text"] = _spread(c)
         c["is_best"] = c["label"] == result["best"]["label"]
     return env.get_template("tune.html.j2").render(
