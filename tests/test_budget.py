@@ -56,7 +56,9 @@ def test_budget_ends_recording_at_the_boundary_the_next_step_would_cross(tmp_pat
 
 
 def test_budget_spent_mid_step_writes_the_part_recorded(tmp_path: Path) -> None:
-    _, report = _run(tmp_path, 8000, 8)  # 2 MB of recording
+    # 30000 ops: a step of a second or more, so the monitor (every 0.25 s) finds the 2 MB of
+    # recording spent inside it rather than at its end (8000 ops took 0.3 s on a quiet machine).
+    _, report = _run(tmp_path, 30000, 8)  # 2 MB of recording
     cut = report["run"]["recording_cut"]
     assert cut and cut["mid_step"] is True, cut
     assert report["run"]["steps_recorded"] == 0

@@ -103,14 +103,15 @@ def _line_of(text: str) -> int:
 
 
 def _images(folder: Path) -> Path:
-    """Eight 256x256 JPEGs of noise (slow to decode: nothing compresses away)."""
+    """Eight 512x512 JPEGs of noise (slow to decode: nothing compresses away; ~4 ms each, so
+    that a quiet machine's short recording still holds enough 20 ms samples)."""
     image_mod = pytest.importorskip("PIL.Image")
     import random
 
     folder.mkdir()
     rnd = random.Random(0)
     for i in range(8):
-        img = image_mod.frombytes("RGB", (256, 256), rnd.randbytes(256 * 256 * 3))
+        img = image_mod.frombytes("RGB", (512, 512), rnd.randbytes(512 * 512 * 3))
         img.save(folder / f"{i}.jpg", quality=90)
     return folder
 
