@@ -234,8 +234,8 @@ def test_candidates_within_noise_of_the_fastest_resolve_to_the_smaller_change():
 
 def test_candidates_record_past_the_prefetched_batches_and_two_rounds_of_workers() -> None:
     """4 workers of a storage-waiting loader deliver batches in rounds (3 fast steps, then one
-    that waits 58 ms): a median step of 3.9 ms against a mean of 17 ms. tune skips the batches
-    the workers prefetch, records two rounds, and compares each run's mean step."""
+    that waits 58 ms): a median step of 3.9 ms, where whole rounds average 17 ms. tune skips
+    the batches the workers prefetch, records two rounds, and compares each run's mean step."""
     from stallscope.commands.tune import Candidate, RunResult, run_command
 
     cmd = run_command({"num_workers": 4, "prefetch_factor": 4}, ["t.py"], Path("o"))

@@ -107,8 +107,9 @@ class Candidate:
     def step_us(self) -> float | None:
         """The median over runs of each run's mean step. The mean, not the median step: with
         W workers batches arrive in rounds, W-1 fast steps then one that waits (4 workers of a
-        storage-waiting loader: steps of 3-4 ms and one of 58 ms, a median of 3.9 ms against a
-        mean of 17 ms, the true cost of a batch). The median over runs: one run slowed by
+        storage-waiting loader, measured: steps of 2.7-7.4 ms and one of 57.8 ms, a median of
+        3.9 ms; over whole rounds the mean is the loading per batch over the workers, 68 / 4 =
+        17 ms, the true cost of a batch). The median over runs: one run slowed by
         another process on the machine does not drag it (measured here: 66 ms and 9516 ms
         runs of the same script)."""
         return statistics.median(self.means) if self.means else None

@@ -58,9 +58,10 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
         return Assessment(RULE_ID, "not_assessed",
                           "No torch.compile regions in the recorded steps (an eager model).")
     n = len(model.steps)
-    ids = sorted({m.groups() for name in inside["name"].astype(str)
+    # Over the distinct names (a categorical column's values), not every event.
+    ids = sorted({m.groups() for name in map(str, inside["name"].unique())
                   if "compile_id=" in name and (m := _ID.search(name))}, key=_id_key)
-    frames = sorted({m.group(1) for name in regions["name"].astype(str)
+    frames = sorted({m.group(1) for name in map(str, regions["name"].unique())
                      if (m := _REGION_ID.match(name))})
     breaks = _graph_breaks(model)
     evidence: dict = {"compiled_regions_per_step": round(len(regions) / n, 1),
