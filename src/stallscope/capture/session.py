@@ -282,7 +282,7 @@ class CaptureSession:
                     return
                 if last:
                     self._read_load_end()  # the last recorded step ends with this boundary
-                self._add_metadata()  # the measurements so far; the last call is kept
+                    self._add_metadata()  # the measurements; Kineto keeps the last call's
             elif self._load_start is None and self.sched.is_recording(self.prof.step_num + 1):
                 self._load_start = hostload.sample()  # in the warmup step, not a recorded one
             self.prof.step()  # writes the trace after the last recorded step
@@ -382,8 +382,10 @@ class CaptureSession:
     def _add_metadata(self) -> None:
         """stallscope's facts in the trace itself, so `analyze` of it knows them too: how steps
         were found, and what the replay needs that the profiler cannot see (cores, the CPU the
-        process used, what each loader's fetches cost). Called again at each recorded step
-        boundary: Kineto keeps the last value."""
+        process used, what each loader's fetches cost). Called when recording begins (Kineto
+        keeps only what is added while it records) and again wherever recording ends (Kineto
+        keeps the last value); not at the steps between: the loaders' anatomy reads every
+        worker's file, ~1 ms a step saved (benchmarks/bench_anatomy.py)."""
         self._meta_added = True
         meta: dict[str, Any] = {
             "tool": f"stallscope {__version__}",
