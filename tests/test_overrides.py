@@ -78,7 +78,7 @@ def test_set_takes_a_value_and_the_script_keeps_its_own_set() -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("workers=2", "unknown DataLoader option 'workers'"),
+        ("workers=2", "unknown option 'workers'"),
         ("num_workers=two", "num_workers takes a whole number >= 0"),
         ("num_workers=-1", "num_workers takes a whole number >= 0"),
         ("pin_memory=maybe", "pin_memory takes true or false"),
@@ -178,3 +178,45 @@ def test_positional_arguments_are_overridden_and_refused_combinations_reset(
     notes = "\n".join(report["notes"])
     assert "loaders.py:7: the script's persistent_workers was reset to False" in notes
     assert "loaders.py:8: --set batch_size not applied: the script passes a batch_sampler" in notes
+
+
+THREADS = textwrap.dedent(
+    """
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Probe(Dataset):  # each sample says the thread count its worker runs with
+        def __len__(self): return 64
+        def __getitem__(self, i): return torch.tensor([float(torch.get_num_threads())])
+
+    torch.set_num_threads(2)
+    print("MAIN", torch.get_num_threads(), flush=True)
+    loader = DataLoader(Probe(), batch_size=4, num_workers=1)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x in loader:
+        print("WORKER", int(x[0, 0]), flush=True)
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    """
+)
+
+
+def test_torch_threads_holds_the_step_threads_and_workers_keep_their_own(tmp_path: Path) -> None:
+    """tune measures a worker count with the threads it leaves the step: `--set torch_threads=1`
+    must reach the training process even when the script sets its own, say that it did, and
+    leave each DataLoader worker its single thread (torch sets it through the same call)."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS)
+    out = tmp_path / "out"
+    proc = stallscope("run", "-o", str(out), "--skip", "1", "--steps", "2", "--set",
+                      "torch_threads=1", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "MAIN 1" in proc.stdout
+    assert "WORKER 1" in proc.stdout
+    rep = report_of(out)
+    assert rep["environment"]["captured"]["cpu"]["torch_threads"] == 1
+    notes = " ".join(rep.get("notes") or [])
+    assert "--set torch_threads=1: the script's torch.set_num_threads(2) at threads.py:" in notes
+    assert "nothing was overridden" not in notes  # no DataLoader key was asked for

@@ -90,6 +90,45 @@ def test_the_scripts_own_configuration_is_not_measured_twice():
     ]
 
 
+def _threads(rep: dict[str, Any], threads: int, suggested_threads: int | None = None,
+             bound: str | None = "cpu-bound") -> dict[str, Any]:
+    rep["environment"]["captured"]["cpu"]["torch_threads"] = threads
+    if suggested_threads is not None:
+        rep["findings"][0]["evidence"]["suggested_torch_threads"] = suggested_threads
+    rep["dataloaders"][0]["bound"] = bound
+    return rep
+
+
+def test_computing_workers_come_with_the_threads_they_leave_the_step_on_a_cpu_run():
+    """2 workers beside the step's 2 intra-op threads on 2 cores measured 1.2x on
+    loader_bound.py, 2 workers and 1 thread 1.7x: tune measures the change as advised."""
+    base = baseline_from_report(_threads(report(cores=2, suggested=2), 2, suggested_threads=1))
+    assert worker_candidates(base) == [
+        {"num_workers": 2, "persistent_workers": True, "torch_threads": 1},
+        {"num_workers": 1, "persistent_workers": True, "torch_threads": 1},
+    ]
+    roomy = baseline_from_report(_threads(report(cores=8, suggested=2), 2))
+    assert all("torch_threads" not in c for c in worker_candidates(roomy) if c["num_workers"] <= 6)
+    assert {"num_workers": 8, "persistent_workers": True, "torch_threads": 1} in \
+        worker_candidates(roomy)
+
+
+def test_waiting_workers_and_gpu_runs_keep_the_scripts_threads():
+    waiting = baseline_from_report(_threads(report(cores=2), 2, bound="waiting"))
+    gpu = baseline_from_report(_threads(report(cores=2, gpus=[{"name": "A100"}]), 2))
+    for base in (waiting, gpu):
+        assert all("torch_threads" not in c for c in worker_candidates(base))
+
+
+def test_a_change_with_threads_reads_as_the_call_and_the_set_num_threads_line():
+    best = {"num_workers": 2, "persistent_workers": True, "torch_threads": 1}
+    assert change_text(LOADER, best) == ("DataLoader(..., num_workers=2, persistent_workers=True)"
+                                         "; torch.set_num_threads(1)")
+    assert before_text(LOADER, best, 2) == ("DataLoader(..., num_workers=0, "
+                                            "persistent_workers=False); torch.set_num_threads(2)")
+    assert set_arguments(best)[-2:] == ["--set", "torch_threads=1"]
+
+
 def test_the_training_loader_is_the_one_that_drew_batches():
     val = {**LOADER, "call_site": "train.py:90", "batches_recorded": 0}
     base = baseline_from_report(report(loaders=[val, dict(LOADER)]))
@@ -219,6 +258,9 @@ def test_tune_measures_a_loader_bound_speedup_of_at_least_1_5x(tmp_path: Path):
     assert result["baseline"]["overrides"] == {}
     assert result["best"]["overrides"].get("num_workers", 0) >= 1
     assert result["speedup"] >= 1.5, result
+    # Timed on steps no profiler slowed: at 0 workers it records every loading op in-process.
+    assert all(r["timing"] == "unprofiled" for c in [result["baseline"], *result["candidates"]]
+               for r in c["runs"])
     assert result["call_site"].endswith("loader_bound.py:61")
     html = (out / "tune.html").read_text()
     assert f"{result['speedup']:.2f}x" in html
@@ -235,12 +277,17 @@ def test_candidates_within_noise_of_the_fastest_resolve_to_the_smaller_change():
 def test_candidates_record_past_the_prefetched_batches_and_two_rounds_of_workers() -> None:
     """4 workers of a storage-waiting loader deliver batches in rounds (3 fast steps, then one
     that waits 58 ms): a median step of 3.9 ms, where whole rounds average 17 ms. tune skips
-    the batches the workers prefetch, records two rounds, and compares each run's mean step."""
+    the batches the workers prefetch, times two rounds (unprofiled), and compares each run's
+    mean step."""
     from stallscope.commands.tune import Candidate, RunResult, run_command
 
     cmd = run_command({"num_workers": 4, "prefetch_factor": 4}, ["t.py"], Path("o"))
-    assert cmd[cmd.index("--skip") + 1] == str(2 + 4 * 4)
-    assert cmd[cmd.index("--steps") + 1] == "8"
+    # run's default 2, the 16 prefetched batches, then the 8 steps timed without the profiler;
+    # one profiled step only completes the run.
+    assert cmd[cmd.index("--skip") + 1] == str(2 + 4 * 4 + 8)
+    assert cmd[cmd.index("--steps") + 1] == "1"
+    base = run_command({}, ["t.py"], Path("o"))  # the baseline's findings drive the sweep
+    assert base[base.index("--skip") + 1] == "7" and base[base.index("--steps") + 1] == "5"
     rounds = [4000.0, 3000.0, 3000.0, 58000.0] * 2
     run = RunResult(0, 1.0, sum(rounds) / len(rounds), rounds)
     assert Candidate({"num_workers": 4}, "num_workers", [run]).step_us == 17000.0

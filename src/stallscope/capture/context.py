@@ -84,6 +84,8 @@ class RunContext:
     steps_requested: int = 0
     steps_recorded: int = 0  # complete steps in the trace
     boundaries_seen: int = 0  # step boundaries seen over the whole run
+    # The steps skipped before the profiler started, timed without it (us; capture/session.py)
+    unprofiled_steps_us: list[float] = field(default_factory=list)
     # finished | stopped | exception | exit | interrupted | terminated | timed out
     ended: str = "finished"
     exit_status: int = 0

@@ -1,8 +1,9 @@
-"""DataLoader overrides (`run --set KEY=VALUE`): the keys, their values, how to write them back.
+"""Overrides (`run --set KEY=VALUE`): the keys, their values, how to write them back.
 
-`run` parses them before anything runs, the capture applies them to every DataLoader the script
-builds, `tune` generates them and its page shows the command that reproduces the best; one
-vocabulary for all of them. Plain data, no torch.
+`run` parses them before anything runs, the capture applies the DataLoader keys to every
+DataLoader the script builds and `torch_threads` to the training process (capture/intraop.py),
+`tune` generates them and its page shows the command that reproduces the best; one vocabulary
+for all of them. Plain data, no torch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ from stallscope.errors import StallscopeError
 
 Overrides = dict[str, Any]
 # The order commands and constructor changes list keys in: the order of DataLoader's signature.
-KEY_ORDER = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+KEY_ORDER = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers",
+             "torch_threads")
+# Keys that set the training process, not a DataLoader argument: torch.set_num_threads(N)
+# before the script runs. tune measures a worker count with the threads it leaves the step,
+# since dataloader-bound advises the two as one change when they would not fit the cores.
+PROCESS_KEYS = frozenset({"torch_threads"})
 
 # `run --set`: the DataLoader arguments that can be overridden, each with its value parser.
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
@@ -48,7 +54,13 @@ OVERRIDE_KEYS: dict[str, Callable[[str], Any]] = {
     "persistent_workers": _bool_value,
     "pin_memory": _bool_value,
     "prefetch_factor": _int_value(1),
+    "torch_threads": _int_value(1),
 }
+
+
+def loader_overrides(overrides: Overrides) -> Overrides:
+    """The keys passed to DataLoader constructors (all but PROCESS_KEYS)."""
+    return {k: v for k, v in overrides.items() if k not in PROCESS_KEYS}
 
 
 def parse_overrides(items: list[str]) -> Overrides:
@@ -62,7 +74,7 @@ def parse_overrides(items: list[str]) -> Overrides:
             raise StallscopeError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_workers=4")
         parse = OVERRIDE_KEYS.get(key)
         if parse is None:
-            raise StallscopeError(f"--set {item!r}: unknown DataLoader option {key!r}; one of "
+            raise StallscopeError(f"--set {item!r}: unknown option {key!r}; one of "
                                   f"{', '.join(OVERRIDE_KEYS)}")
         try:
             out[key] = parse(text)

@@ -25,6 +25,8 @@ from stallscope.capture import budget
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import describe as describe_source
+from stallscope.capture.intraop import IntraOpOverride
+from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.session import (
     COMPILE_WAIT_MAX,
     NO_STEP_S,
@@ -94,6 +96,10 @@ def capture(
         )
     restore_sigterm = _sigterm_to_exception()
     sigchld = _handler(signal.SIGCHLD)
+    threads = options.overrides.get("torch_threads")
+    intraop = IntraOpOverride(threads) if threads else None  # run --set torch_threads=N
+    if intraop is not None:
+        intraop.install()
     session.start()
     error: BaseException | None = None
     try:
@@ -106,6 +112,9 @@ def capture(
         _mute_worker_deaths(sigchld)
         restore_sigterm()
         session.finish()
+        if intraop is not None:
+            intraop.uninstall()
+            context.notes.extend(intraop.notes)
     if watchdog is not None and watchdog.landed:
         ending = _timed_out(watchdog)
     elif error is not None:
@@ -147,6 +156,7 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     context.exit_status = ending.status
     context.step_source = session.driver.source
     context.boundaries_seen = session.boundaries
+    context.unprofiled_steps_us = session.unprofiled_steps_us()
     context.steps_recorded = session.recorded
     describe_source(context, [str(p) for p in session.traces], session.recorded,
                     session.sched.steps, session.foreign.seen)
@@ -176,7 +186,7 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
         context.recording_cut = session.budget.cut.to_dict()
         context.notes.append(session.budget.cut.text(context.steps_requested))
     context.notes.extend(session.watcher.notes)
-    if context.overrides and not session.watcher.loaders:
+    if loader_overrides(context.overrides) and not session.watcher.loaders:
         context.notes.append("--set was given but the script built no torch DataLoader: "
                              "nothing was overridden.")
     if session.driver.direct:

@@ -34,6 +34,7 @@ from stallscope.capture import budget, hostload
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
+from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.steps import StepDriver
 
 # torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
@@ -87,6 +88,9 @@ class CaptureSession:
         self.run_to_end = run_to_end
         self.traces: list[Path] = []
         self.boundaries = 0
+        # perf_counter() at each step boundary before the profiler starts: the skipped steps'
+        # durations, which no profiler slowed (`tune` compares configurations on them).
+        self.unprofiled_at: list[float] = []
         self.recorded = 0
         self.incomplete_step: str | None = None
         self.done = False
@@ -95,7 +99,8 @@ class CaptureSession:
         self.aside = False
         self._discard = False  # stopped with no complete step: write no trace
         self.driver = StepDriver(step_on, self._boundary)
-        self.watcher = LoaderWatcher(lambda info, _it: self.driver.on_batch(info), overrides)
+        self.watcher = LoaderWatcher(lambda info, _it: self.driver.on_batch(info),
+                                     loader_overrides(overrides or {}))
         self._pid = os.getpid()
         self._started = False
         self._meta_added = False
@@ -263,6 +268,8 @@ class CaptureSession:
                 self._after_aside()
             return
         self.boundaries += 1
+        if not self._started:
+            self.unprofiled_at.append(time.perf_counter())
         if self.boundaries <= self.sched.skip + self.compile_wait:
             self._wait_for_compile(self.boundaries == self.sched.skip + self.compile_wait)
             return  # the profiler is not touched at all while steps are skipped
@@ -296,6 +303,12 @@ class CaptureSession:
         if self.prof.step_num >= self.sched.profiled:  # the trace was written by this step()
             self.recorded = self.sched.steps
             self._stop_recording()
+
+    def unprofiled_steps_us(self) -> list[float]:
+        """The skipped steps' durations (us), from the first boundary on: the step before it
+        holds the script's start-up."""
+        at = self.unprofiled_at
+        return [round((b - a) * 1e6, 1) for a, b in zip(at, at[1:], strict=False)]
 
     def _wait_for_compile(self, last: bool) -> None:
         """At each skipped boundary, dynamo's graph count (a dict read, only when the script

@@ -73,8 +73,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     run.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="pass KEY=VALUE to every DataLoader the script builds, instead of the script's own "
-        f"value, without editing it; repeatable; KEY is one of {', '.join(OVERRIDE_KEYS)}, "
-        "VALUE a whole number or true/false",
+        "value, without editing it (torch_threads=N: torch.set_num_threads(N) in the training "
+        "process for the run); repeatable; KEY is one of "
+        f"{', '.join(OVERRIDE_KEYS)}, VALUE a whole number or true/false",
     )
     run.add_argument(
         "--max-record-mb", type=whole_number(0), default=DEFAULT_RECORD_MB, metavar="MB",

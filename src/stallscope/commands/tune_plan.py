@@ -7,7 +7,10 @@ waiting on storage (its workers mostly blocked, off the cores: capture/anatomy.p
 the `dataloader-bound` finding's own suggestion, `persistent_workers` whenever there are workers
 (re-spawning them every epoch is pure cost), `pin_memory` only when a GPU was used (pinned
 memory only speeds host-to-device copies), then `prefetch_factor` 2 vs 4 on the best worker
-count. The candidate the finding suggests runs first, so a tight budget still measures it.
+count. On a CPU run whose loader computes (not waiting), a worker count that would not fit the
+cores beside the step's intra-op threads comes with the threads it leaves the step
+(`torch_threads`, as dataloader-bound advises them: one change). The candidate the finding
+suggests runs first, so a tight budget still measures it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stallscope.capture.overrides import Overrides, key_rank
+from stallscope.capture.overrides import PROCESS_KEYS, Overrides, key_rank
 from stallscope.diagnose.dataloader import WAITING_WORKERS_PER_CORE
 from stallscope.diagnose.knobs import Knobs
 
@@ -36,6 +39,8 @@ class Baseline:
     loader_bound: bool
     notes: list[str] = field(default_factory=list)
     bound: str | None = None  # the loader's class measured by `run` (capture/anatomy.py)
+    torch_threads: int | None = None  # the training process's intra-op threads, as run saw
+    suggested_torch_threads: int | None = None  # dataloader-bound's, with its worker count
 
     @property
     def max_workers(self) -> int:
@@ -64,17 +69,21 @@ def baseline_from_report(report: dict[str, Any]) -> Baseline:
     finding = next(
         (f for f in report.get("findings") or [] if f.get("id") == "dataloader-bound"), None
     )
-    suggested = None
+    suggested = suggested_threads = None
     notes = []
     if finding is not None:
-        value = (finding.get("evidence") or {}).get("suggested_num_workers")
+        evidence = finding.get("evidence") or {}
+        value = evidence.get("suggested_num_workers")
         suggested = int(value) if isinstance(value, int | float) else None
+        value = evidence.get("suggested_torch_threads")
+        suggested_threads = int(value) if isinstance(value, int | float) else None
     else:
         notes.append(
             "the baseline shows no dataloader-bound finding: loading is not what the step waits "
             "on, so the sweep is unlikely to find a large speedup"
         )
     bound = loader.get("bound") if isinstance(loader.get("bound"), str) else None
+    threads = cpu.get("torch_threads")
     if bound == "waiting":
         a = loader.get("anatomy") or {}
         blocked = a.get("blocked_share")
@@ -93,6 +102,8 @@ def baseline_from_report(report: dict[str, Any]) -> Baseline:
         loader_bound=finding is not None,
         notes=notes,
         bound=bound,
+        torch_threads=threads if isinstance(threads, int) and threads > 0 else None,
+        suggested_torch_threads=suggested_threads,
     )
 
 
@@ -123,9 +134,25 @@ def worker_candidates(base: Baseline) -> list[Overrides]:
         cand: Overrides = {"num_workers": n, "persistent_workers": True}
         if base.gpu_used:
             cand["pin_memory"] = True
+        if (threads := step_threads(base, n)) is not None:
+            cand["torch_threads"] = threads
         if not is_baseline_config(base.loader, cand):
             out.append(cand)
     return out
+
+
+def step_threads(base: Baseline, workers: int) -> int | None:
+    """The intra-op threads to run `workers` computing workers with on a CPU run, when the two
+    would not fit the cores: the finding's own figure for its worker count, else the cores the
+    workers leave (at least one). None: keep the script's threads (a GPU run, a waiting loader
+    whose workers take little CPU, or room enough)."""
+    if base.gpu_used or base.bound == "waiting" or base.torch_threads is None:
+        return None
+    if workers + base.torch_threads <= base.cores:
+        return None
+    if workers == base.suggested_num_workers and base.suggested_torch_threads:
+        return base.suggested_torch_threads
+    return max(1, base.cores - workers)
 
 
 def prefetch_candidates(base: Baseline, best: Overrides) -> list[Overrides]:
@@ -142,6 +169,8 @@ def is_baseline_config(loader: dict[str, Any], overrides: Overrides) -> bool:
 
 
 def _effective(loader: dict[str, Any], key: str) -> Any:
+    if key in PROCESS_KEYS:
+        return None  # the process's setting, not the loader's: an override always changes it
     value = loader.get(key)
     if key == "prefetch_factor" and value is None and (loader.get("num_workers") or 0) > 0:
         return DEFAULT_PREFETCH
@@ -156,13 +185,26 @@ def change_text(loader: dict[str, Any], overrides: Overrides) -> str | None:
     keys = [k for k in sorted(overrides, key=key_rank) if _effective(loader, k) != overrides[k]]
     if not keys:
         return None
-    return _knobs(loader).call_text({k: overrides[k] for k in keys}, spell=repr)
+    return _with_threads(loader, overrides, keys, lambda k: overrides[k])
 
 
-def before_text(loader: dict[str, Any], overrides: Overrides) -> str:
+def before_text(loader: dict[str, Any], overrides: Overrides, threads: int | None = None) -> str:
     """The same arguments as `change_text`, with the values the script passed (or defaulted)."""
     keys = [k for k in sorted(overrides, key=key_rank) if _effective(loader, k) != overrides[k]]
-    return _knobs(loader).call_text({k: _effective(loader, k) for k in keys}, spell=repr)
+    return _with_threads(loader, overrides, keys, lambda k: _effective(loader, k),
+                         threads=threads)
+
+
+def _with_threads(loader: dict[str, Any], overrides: Overrides, keys: list[str],
+                  value: Any, threads: int | None = None) -> str:
+    """The constructor call, then `torch.set_num_threads(N)` when the change sets threads."""
+    text = _knobs(loader).call_text({k: value(k) for k in keys if k not in PROCESS_KEYS},
+                                    spell=repr)
+    if "torch_threads" in keys:
+        n = value("torch_threads") if threads is None else threads
+        if n is not None:  # a before text without the script's thread count leaves it out
+            text += f"; torch.set_num_threads({n})"
+    return text
 
 
 def _knobs(loader: dict[str, Any]) -> Knobs:
