@@ -171,6 +171,10 @@ def test_hf_trainer_advice_is_training_arguments_at_the_users_line(tmp_path: Pat
     assert top["snippet"].startswith(f"# {args_line}")
     assert "DataLoader(..., num_workers" not in top["recommendation"] + top["snippet"]
     assert "site-packages" not in top["recommendation"] + top["snippet"]
+    verdict = report["verdict"]  # the first line names the same knob, at the same line
+    assert verdict["id"] == "dataloader-bound", verdict
+    assert f"Fix first: TrainingArguments(..., dataloader_num_workers={workers}) at " \
+        f"{args_line}" in verdict["text"], verdict
     loader = training_loader(report)
     assert loader["framework"] == "transformers.Trainer"
     assert loader["configured_in"] == "TrainingArguments"
@@ -353,3 +357,22 @@ def test_a_loader_built_by_an_installed_helper_names_the_users_call(tmp_path: Pa
     assert knobs.where == info.call_site
     assert knobs.how == ("the DataLoader is built at loaderlib/__init__.py:4, from this call's "
                          "arguments")
+
+
+def test_the_verdicts_change_is_spelled_in_training_arguments_under_trainer() -> None:
+    """The report's first line is what users act on: under Trainer it must name the field
+    they set (`dataloader_num_workers`) and their line, not `num_workers=4`, which they never
+    wrote; a plain DataLoader user keeps the --what-if spelling their own call takes."""
+    from dataclasses import asdict
+
+    from stallscope.diagnose.knobs import as_written
+
+    trainer = [asdict(d) for d in _trainer_context().dataloaders]
+    assert as_written("num_workers=4 + pin_memory=true", "dataloader-bound", trainer) == (
+        "TrainingArguments(..., dataloader_num_workers=4, dataloader_pin_memory=True) "
+        "at train.py:31")
+    assert as_written("pin_memory=true + non_blocking=true", "pageable-h2d-copy", trainer) == (
+        "TrainingArguments(..., dataloader_pin_memory=True) at train.py:31 + non_blocking=true")
+    assert as_written("sync=off", "host-device-sync", trainer) == "sync=off"
+    plain = [{**trainer[0], "configured_in": None, "framework": None}]
+    assert as_written("num_workers=4", "dataloader-bound", plain) == "num_workers=4"

@@ -148,3 +148,32 @@ class Knobs:
             return (f" Pass pin_memory=True to the DataLoader at {self.where}; Lightning copies "
                     "batches with non_blocking=True.")
         return f" The DataLoader is built at {self.where}."
+
+
+# The rules whose replayed change is a DataLoader setting (diagnose/fixes.py's keys).
+LOADER_RULES = frozenset({"dataloader-bound", "pageable-h2d-copy", "worker-startup"})
+
+
+def as_written(change: str, rule: str, loaders: list[dict[str, Any]]) -> str:
+    """A plan entry's change (`num_workers=4 + pin_memory=true`, the --what-if vocabulary) as
+    the user writes it when Trainer builds the training loader:
+    `TrainingArguments(..., dataloader_num_workers=4, dataloader_pin_memory=True) at
+    train.py:31`. Unchanged for every other rule and loader: a DataLoader user writes
+    `num_workers=4` in their own call, which the finding names."""
+    if rule not in LOADER_RULES or not loaders:
+        return change
+    loader = max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
+    knobs = Knobs.of(loader)
+    if knobs is None or not knobs.trainer:
+        return change
+    values: dict[str, str] = {}
+    rest: list[str] = []
+    for part in change.split(" + "):
+        key, _, value = part.partition("=")
+        if key in TRAINER_FIELDS:
+            values[key] = {"true": "True", "false": "False"}.get(value, value)
+        else:
+            rest.append(part)  # non_blocking=true: the copy call, not TrainingArguments
+    if not values:
+        return change
+    return " + ".join([f"{knobs.call_text(values)} at {knobs.where}", *rest])

@@ -16,6 +16,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.hostload import other_load
+from stallscope.diagnose.knobs import as_written
 from stallscope.diagnose.plan import Plan
 from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
 from stallscope.report.timeline import step_timeline
@@ -108,6 +109,8 @@ class Report:
         if top is None:
             return "No bottleneck found by the rules that could be assessed."
         entry = self.plan_entry(top)
+        if entry is not None:  # the change as the user writes it (TrainingArguments' fields)
+            entry = {**entry, "change": as_written(entry["change"], top.id, self.dataloaders)}
         replayed = (f"the replay predicts {self.plan['measured_step_us'] / 1000:.1f} -> "
                     f"{entry['predicted_step_us'] / 1000:.1f} ms per step"
                     if entry is not None and self.plan is not None else "")
