@@ -356,3 +356,31 @@ def test_no_background_thread_without_a_gpu_or_when_workers_are_what_lags(
     assert "BackgroundLoader" not in advice.snippet
     # The receiving figure is still in the class's sentence.
     assert f"takes a median {transfer:.1f} ms of its wait" in advice.recommendation
+
+
+BURSTY_ANATOMY = {"where": "workers", "bound": "cpu-bound", "fetch_ms_per_batch": 13.4,
+          "fetch_ms_p50": 1.0, "fetch_ms_p90": 100.0, "fetch_ms_mean": 13.4,
+          "slow_fetch_ms": 100.0, "waited_share": 0.125, "compute_ms_per_batch": 10.0,
+          "bursty": True}
+
+
+def test_prefetch_advice_names_the_knob_the_user_sets() -> None:
+    """A bursty loader's deeper queue, in the user's own call: `DataLoader(...)` at its line,
+    and under Trainer `TrainingArguments(..., dataloader_prefetch_factor=N)` at theirs."""
+    from stallscope.diagnose.dataloader import _prefetch_advice
+
+    plain = _prefetch_advice(_info(), LoaderClass("cpu-bound", BURSTY_ANATOMY), 2, 5_000.0)
+    assert plain is not None
+    assert plain.recommendation.startswith(
+        "train.py:9 DataLoader(num_workers=2, prefetch_factor=2) -> "
+        "DataLoader(..., prefetch_factor=6)"), plain.recommendation
+    assert "+DataLoader(..., num_workers=2, prefetch_factor=6)" in plain.snippet
+    trainer = LoaderInfo(**{**_info().__dict__, "configured_in": "TrainingArguments",
+                            "settings_site": "train.py:31", "framework": "transformers.Trainer"})
+    t = _prefetch_advice(trainer, LoaderClass("cpu-bound", BURSTY_ANATOMY), 2, 5_000.0)
+    assert t is not None
+    assert t.recommendation.startswith("train.py:31 TrainingArguments(dataloader_num_workers=2, "
+                                       "dataloader_prefetch_factor=2) -> TrainingArguments(..., "
+                                       "dataloader_prefetch_factor=6)"), t.recommendation
+    assert "+TrainingArguments(..., dataloader_num_workers=2, dataloader_prefetch_factor=6)" \
+        in t.snippet and "DataLoader(" not in t.snippet

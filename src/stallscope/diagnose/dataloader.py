@@ -478,10 +478,13 @@ def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
     capped = (f" (capped at {MAX_PREFETCH_FACTOR}: {need} would cover it; the rest needs "
               "the slow samples made cheaper or cached)" if need > depth else "")
     p50, p90 = a.get("fetch_ms_p50") or 0.0, a.get("fetch_ms_p90") or 0.0
-    where = f"{info.call_site} " if info else ""
+    knobs = Knobs.of(info)  # DataLoader(...) at its line, or TrainingArguments under Trainer
+    now_args = {"num_workers": workers, "prefetch_factor": current}
+    head = (f"{knobs.change_line(now_args, {'prefetch_factor': depth})}. The workers keep"
+            if knobs is not None else
+            f"DataLoader(num_workers={workers}, prefetch_factor={current}): the workers keep")
     recommendation = (
-        f"{where}DataLoader(num_workers={workers}, prefetch_factor={current}): the workers keep "
-        f"up on average ({workers} x {compute:.1f} ms of other step work per batch >= "
+        f"{head} up on average ({workers} x {compute:.1f} ms of other step work per batch >= "
         f"{a.get('fetch_ms_mean', 0):.1f} ms mean fetch), but some batches are slow: a "
         f"batch's fetch takes {p50:.1f} ms at the median and {p90:.1f} ms at p90 "
         f"({p90 / p50 if p50 else 0:.0f}x), the slow ones {slow:.1f} ms, and the step waits on "
@@ -490,10 +493,12 @@ def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
         f"{depth * workers * compute:.0f} ms of steps against a {slow:.0f} ms slow batch{capped}."
         " More workers are not needed for the mean."
     )
-    snippet = (f"# {info.call_site}  ({info.dataset}, batch_size={info.batch_size})\n"
-               if info else "") + (
-        f"-DataLoader(..., num_workers={workers}, prefetch_factor={now or 'default (2)'})\n"
-        f"+DataLoader(..., num_workers={workers}, prefetch_factor={depth})")
+    before = {"num_workers": workers, "prefetch_factor": now or "default (2)"}
+    after = {"num_workers": workers, "prefetch_factor": depth}
+    snippet = (knobs.diff(f"{info.dataset}, batch_size={info.batch_size}", before, after)
+               if info is not None and knobs is not None else
+               f"-DataLoader(..., num_workers={workers}, prefetch_factor={now or 'default (2)'})"
+               f"\n+DataLoader(..., num_workers={workers}, prefetch_factor={depth})")
     per_batch = info.measured["bytes"] if info and info.measured else None
     memory = (f" ({max(depth * workers * per_batch / 1e6, 0.1):.1f} MB at the measured batch "
               "size)" if per_batch else "")
