@@ -213,8 +213,11 @@ def test_workers_report_their_anatomy_and_the_users_hooks_still_run(tmp_path: Pa
 
 
 def test_cpu_bound_loader_is_never_told_to_exceed_the_cores(tmp_path: Path) -> None:
+    # One intra-op thread, as a user who exported it: two OpenMP threads on a 2-core machine
+    # that other work keeps busy made this model's step 240 ms instead of 10 (barrier
+    # spinning), and the step then no longer waited on its loader.
     _, report = _run(tmp_path, EXAMPLES / "loader_bound.py", "--samples", "256",
-                     "--batch-size", "16", "--work", "6", "--num-workers", "1")
+                     "--batch-size", "16", "--num-workers", "1", env={"OMP_NUM_THREADS": "1"})
     loader = _loader(report)
     assert loader["bound"] == "cpu-bound", loader["anatomy"]
     assert loader["anatomy"]["where"] == "workers"

@@ -9,6 +9,7 @@ is dropped with a note instead of crashing the user's script.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -48,9 +49,11 @@ LOADERS = textwrap.dedent(
 )
 
 
-def stallscope(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def stallscope(*args: str, cwd: Path, env: dict[str, str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "stallscope", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
 
 
 def report_of(out: Path) -> dict:
@@ -103,13 +106,16 @@ def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
     """loader_bound.py builds `DataLoader(..., num_workers=0)`; forcing two persistent workers
     must show in the loader table and take most of the wait out of the step. Measured on this
     2-core machine (four pairs of runs): 88-98% of the step waits on the loader without
-    overrides, 2-7% with them."""
+    overrides, 2-7% with them. One intra-op thread in both (as a user who exported it): with
+    two, a loaded machine made the model's step 240 ms instead of 10 (OpenMP barriers spin on
+    a descheduled thread), and the step no longer waited on its loader."""
+    one = {"OMP_NUM_THREADS": "1"}
     base = stallscope("run", "-q", "-o", "base", str(LOADER_BOUND), "--samples", "512",
-                      cwd=tmp_path)
+                      cwd=tmp_path, env=one)
     assert base.returncode == 0, base.stderr
     over = stallscope("run", "-q", "-o", "over", "--set", "num_workers=2",
                       "--set", "persistent_workers=true", str(LOADER_BOUND), "--samples", "512",
-                      cwd=tmp_path)
+                      cwd=tmp_path, env=one)
     assert over.returncode == 0, over.stderr
     before, after = report_of(tmp_path / "base"), report_of(tmp_path / "over")
 

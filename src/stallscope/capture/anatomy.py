@@ -36,8 +36,8 @@ from stallscope.capture import sampler, transfer
 # two schedstat reads (~25 us); a write (~0.4 ms with psutil's I/O counters, measured on this
 # project's 2-core VM) is amortised over every batch made in the interval. The training process
 # reads the files back at most every READ_S (~0.15 ms for two workers).
-FLUSH_S = 0.1
-READ_S = 0.1
+FLUSH_S = 0.25
+READ_S = 0.25
 # Classification thresholds: a fetch whose CPU time is under half its wall time mostly waits
 # (storage, network, sleep); collate (or receiving in the training process) taking at least
 # half of a batch's time is what bounds the loader.

@@ -183,7 +183,8 @@ class LoaderWatcher:
                     wall, cpu = time.perf_counter(), time.thread_time()
                     proc = time.process_time()
                     smp = None  # num_workers=0: sample this thread's stack while it fetches
-                    if tap is not None and info.num_workers == 0 and sampler.start():
+                    if (tap is not None and info.num_workers == 0
+                            and sampler.start(sampler.SAMPLE_S_MAIN)):
                         smp = sampler.begin(tap.stack)
                     try:
                         batch = orig_next(it)

@@ -29,18 +29,20 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
-# Mean seconds between samples (each interval drawn uniformly in [0.5, 1.5] x SAMPLE_S, so
+# Mean seconds between samples (each interval drawn uniformly in [0.5, 1.5] x the mean, so
 # that samples do not lock onto a periodic loop). Measured on this project's 2-core VM (Python
 # 3.11, a 20-deep stack, 3 threads): the sample itself (sys._current_frames + walk + dict
-# increment) takes ~12 us, but waking the thread and taking the GIL from a busy fetching thread
-# costs the sampler ~100-150 us of CPU per sample in all (timer wake-ups, GIL hand-over). At
-# 5 ms that was 0.6-1.7% of a core, at 10 ms 0.7-0.85%, at 20 ms 0.5% (one sample every 20-35
-# ms: ~30-50 samples per second of fetching per process, enough for shares within ~5 points
-# over a recording of a second or more).
-SAMPLE_S = 0.02
+# increment) takes ~12 us, but waking the thread and taking the GIL from a busy thread costs
+# ~100-250 us in all (timer wake-ups, GIL hand-over), and in the training process that lands
+# on the step: at 20 ms the thread's wake-ups cost a 2 ms step 1.3% (benchmarks/
+# bench_anatomy.py). So workers, where it lands on the loading beside the step, sample every
+# 30 ms (~30 samples per second of fetching per process, shares within ~5 points over a
+# recording of a second or more), and the training process (num_workers=0) every 50 ms.
+SAMPLE_S = 0.03
+SAMPLE_S_MAIN = 0.05
 MAX_KEYS = 200  # distinct (category, frame) keys per process; the rest count under "other"
 MAX_DEPTH = 200  # frames walked before a sample is given up (no boundary found: dropped)
-IDLE_WAKES = 50  # wake-ups without an active fetch (~1 s) before sleeping until the next one
+IDLE_WAKES = 50  # wake-ups without an active fetch (1.5-2.5 s) before sleeping until the next one
 MIN_SAMPLES = 10  # fewer samples than this say too little: no stack figures
 TOP = 8
 OTHER = "other"
@@ -290,7 +292,7 @@ class StackSampler:
 _sampler: StackSampler | None = None
 
 
-def start() -> StackSampler | None:
+def start(interval: float = SAMPLE_S) -> StackSampler | None:
     """This process's sampler, started on first use (a fork child starts its own: the
     parent's thread is not in it). None when no thread can be started."""
     global _sampler
@@ -298,7 +300,7 @@ def start() -> StackSampler | None:
     if s is not None and s.pid == os.getpid():
         return s if s.alive else None  # broken: no figures rather than a thread per call
     try:
-        s = StackSampler()
+        s = StackSampler(interval)
         s.start()
     except Exception:
         return None

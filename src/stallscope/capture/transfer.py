@@ -50,7 +50,7 @@ from torch.utils.data._utils.worker import _IterableDatasetStopIteration
 
 # Batches a worker keeps in its file: at the training process's reads (at most every READ_S =
 # 0.1 s) 256 covers 2,500 batches a second per worker.
-RING = 256
+RING = 512
 # A loader is bursty when its workers keep up on average but some batches are slow: the 90th
 # percentile of a batch's fetch at least BURST_RATIO times the median, and the step waiting on
 # some batches only (at most WAITED_MAX_SHARE of them). A batch waited when its `__next__` took
