@@ -6,7 +6,7 @@ the same report data, so both kinds compare the same way. The comparison itself 
 
 Step time: each side's per-step samples give a seeded bootstrap interval for the speedup of the
 mean step (throughput; steps resampled in whole rounds of the training loader's workers:
-`stallscope.stats`). There is one recording per side, so the A/A noise a change must exceed is
+`commands/stats.py`). There is one recording per side, so the A/A noise a change must exceed is
 the BEFORE side against itself: the mean of its first half of steps against its second half.
 A change whose interval does not clear it is "no measurable difference"; so is any change
 when either side was recorded on a busy machine (`_step_time` says why).
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stallscope import __version__, stats
+from stallscope import __version__
 from stallscope.capture.hostload import OTHER_LOAD_PCT
+from stallscope.commands import stats
 from stallscope.diagnose.finding import SEVERITIES
 from stallscope.errors import EXIT_OK, InputError, OutputError
 

@@ -7,7 +7,7 @@ speedup is only worth pasting when it exceeds that spread. The baseline runs fir
 measured (cores, GPUs, the dataloader-bound finding, the training DataLoader) decides what is
 tried (`tune_plan`). Then each candidate once, then the repeats of all of them interleaved, while
 the budget lasts. A candidate wins only when the bootstrap interval of its speedup clears the
-baseline's own run-to-run (A/A) noise (`stallscope.stats`).
+baseline's own run-to-run (A/A) noise (`commands/stats.py`).
 
 Exit status: 0 when candidates were measured (whether or not one won), EXIT_BASELINE_ONLY (5)
 when the budget fitted nothing but the baseline, so nothing was compared; a failing baseline
@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallscope import progress, stats
+from stallscope import progress
 from stallscope.capture.hostload import OTHER_LOAD_PCT
 from stallscope.capture.overrides import Overrides, label, set_arguments
+from stallscope.commands import stats
 from stallscope.commands.common import add_target_arguments, positive_float, whole_number
 from stallscope.commands.tune_plan import (
     Baseline,
