@@ -272,6 +272,21 @@ def test_a_failing_script_ends_with_its_status_in_one_line(tmp_path: Path):
     assert len(lines) == 1 and lines[0].startswith("stallscope: the baseline run failed")
 
 
+def test_a_budget_that_fits_only_the_baseline_exits_5_and_says_so(tmp_path: Path):
+    out = tmp_path / "tune"
+    proc = tune_cli("-q", "-o", str(out), "--budget", "1", str(EXAMPLE), "--samples", "256",
+                    "--work", "2", cwd=ROOT)
+    assert proc.returncode == 5, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("stallscope: only the baseline ran: the 1 s budget fitted "
+                                  "no candidate")
+    result = json.loads((out / "tune.json").read_text())
+    assert result["outcome"] == "baseline only" and result["change"] is None
+    assert len(result["baseline"]["runs"]) == 1
+    assert result["skipped"] and all("budget" in s["reason"] for s in result["skipped"])
+    assert "Only the baseline ran" in (out / "tune.md").read_text()
+
+
 def _has_set() -> bool:
     help_text = subprocess.run([sys.executable, "-m", "stallscope", "run", "--help"],
                                capture_output=True, text=True, check=False).stdout

@@ -246,7 +246,10 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     write_outputs(result, out)
     if not args.quiet:
         sys.stdout.write(render_terminal(result, out))
-    if result["outcome"] == OUTCOME_BASELINE_ONLY:
+    if result["outcome"] == OUTCOME_BASELINE_ONLY:  # said even under -q: it is no result
+        sys.stderr.write(f"stallscope: only the baseline ran: the {args.budget:.0f} s budget "
+                         f"fitted no candidate, nothing was compared (exit "
+                         f"{EXIT_BASELINE_ONLY}); {out / 'tune.json'} says what was skipped\n")
         return EXIT_BASELINE_ONLY
     failed = [c for c in result["candidates"] if c["status"] == "failed"]
     ran = [c for c in result["candidates"] if c["status"] != "skipped"]
