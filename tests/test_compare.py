@@ -274,3 +274,23 @@ def test_two_runs_of_the_same_unchanged_script_are_no_measurable_difference(tmp_
     # machine the interval itself stays within the noise.
     assert data["step_time"]["verdict"] == "no measurable difference", data["step_time"]
     assert data["verdict"].startswith("No measurable difference in step time")
+
+
+def test_one_step_a_side_cannot_measure_noise_so_claims_nothing(tmp_path: Path,
+                                                                sample_report: Path):
+    def one(report: dict[str, Any]) -> None:
+        report["steps"] = report["steps"][:1]
+
+    def one_slow(report: dict[str, Any]) -> None:
+        one(report)
+        report["steps"][0]["duration_us"] *= 1.5
+
+    before = _edited(sample_report, tmp_path / "before", one)
+    after = _edited(sample_report, tmp_path / "after", one_slow)
+    assert compare(str(before), str(after), "-o", str(tmp_path / "c"), "-q",
+                   "--fail-on", "slower") == 0
+    data, html, _ = outputs(tmp_path / "c")
+    assert data["step_time"]["aa_noise"] is None
+    assert data["step_time"]["verdict"] == "no measurable difference"
+    assert "A/A noise not measured" in data["verdict"]
+    assert "not measured" in html

@@ -158,7 +158,7 @@ def _step_time(before: dict[str, float], after: dict[str, float], db: list[float
         "ratio_range": [r(after["p10"] / before["p90"]), r(after["p90"] / before["p10"])],
         "delta_us": round(after["median"] - before["median"], 1),
         "interval": interval.as_json(),  # of the mean step's speedup (throughput)
-        "aa_noise": r(noise),
+        "aa_noise": stats.noise_json(noise),
         "aa_noise_from": f"BEFORE: {how}",
         "verdict": stats.SAME if busy else said,
         "interval_verdict": said,
@@ -304,7 +304,7 @@ def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]],
     its interval against the A/A noise), and what the findings did."""
     iv = step["interval"]
     figures = (f"{iv['speedup']:.2f}x mean step speedup, 95% interval "
-               f"{iv['low']:.2f}-{iv['high']:.2f}x, A/A noise {100 * step['aa_noise']:.1f}%")
+               f"{iv['low']:.2f}-{iv['high']:.2f}x, A/A noise {stats.noise_text(step['aa_noise'])}")
     if step["verdict"] == stats.FASTER:
         head = f"Faster: {figures}"
     elif step["verdict"] == stats.SLOWER:

@@ -17,6 +17,7 @@ noise: how far apart two measurements of the UNCHANGED configuration already wer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -103,7 +104,8 @@ def aa_noise(runs: Sequence[Sequence[float]], block: int = 1) -> tuple[float, st
     """How far apart two measurements of the same configuration were, as a fraction, and how
     it was measured. Several runs: slowest run mean / fastest - 1 (tune's baseline repeats).
     One run: its first half of whole rounds against its second half (compare, or a baseline
-    that ran once), the nearest thing to two runs inside one recording."""
+    that ran once), the nearest thing to two runs inside one recording. Infinite when neither
+    can be measured (one run of fewer than two rounds): then no difference is ever claimed."""
     means = run_means(runs)
     if len(means) >= 2:
         return max(means) / min(means) - 1.0, f"{len(means)} runs of the same configuration"
@@ -111,10 +113,20 @@ def aa_noise(runs: Sequence[Sequence[float]], block: int = 1) -> tuple[float, st
     rounds = len(steps) // max(block, 1)
     half = (rounds // 2) * max(block, 1)
     if half == 0:
-        return 0.0, "one run too short to split: not measured"
+        return math.inf, "one run too short to split in two: not measured"
     first, second = steps[:half].mean(), steps[half:2 * half].mean()
     return (float(max(first, second) / min(first, second)) - 1.0,
             "the first half of one run's steps against its second half")
+
+
+def noise_json(noise: float) -> float | None:
+    """The A/A noise as the JSON files hold it: null when it could not be measured."""
+    return None if math.isinf(noise) else rnd(noise)
+
+
+def noise_text(noise: float | None) -> str:
+    """The A/A noise for people, from its JSON value."""
+    return "not measured" if noise is None else f"{100 * noise:.1f}%"
 
 
 def classify(interval: Interval, noise: float) -> str:

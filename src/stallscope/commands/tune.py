@@ -511,7 +511,7 @@ def _document(base: Baseline, baseline: Candidate, candidates: list[Candidate],
             "figure": "median over runs of each run's mean step",
             "interval": f"{stats.CONFIDENCE:.0%} bootstrap ({stats.RESAMPLES} resamples, seed "
                         f"{stats.SEED}): runs with replacement, steps in whole rounds of workers",
-            "aa_noise": stats.rnd(noise),
+            "aa_noise": stats.noise_json(noise),
             "aa_noise_from": noise_how,
             "win_rule": "faster only when the interval's low end exceeds 1 + aa_noise",
             "ratio_digits": stats.RATIO_DIGITS,

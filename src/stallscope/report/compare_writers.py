@@ -22,6 +22,12 @@ GROUPS = (
 )
 
 
+def noise_text(noise: float | None) -> str:
+    """The A/A noise (a fraction; null when not measured) for people, as commands/stats.py
+    writes it into the verdict (the report layer cannot import the commands)."""
+    return "not measured" if noise is None else f"{100 * noise:.1f}%"
+
+
 def ms(us: float | None) -> str:
     if us is None:
         return "n/a"
@@ -58,7 +64,7 @@ def category_name(category: str) -> str:
 def render_compare_html(data: dict[str, Any]) -> str:
     env = jinja_env()
     env.filters.update(ms=ms, signed_ms=signed_ms, pct=pct, signed_pct=signed_pct,
-                       spread=spread, category=category_name)
+                       spread=spread, category=category_name, noise=noise_text)
     env.globals["saving_cell"] = saving_cell
     return env.get_template("compare.html.j2").render(c=data, groups=GROUPS)
 
@@ -117,7 +123,7 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
         f"interval {st['interval']['low']:.3f}-{st['interval']['high']:.3f}x (seeded; steps "
         "resampled in whole rounds of the loader's workers): "
         f"**{st['verdict']}**. A change counts only when the interval clears the A/A noise of "
-        f"{100 * st['aa_noise']:.1f}% ({md(st['aa_noise_from'])}).",
+        f"{noise_text(st['aa_noise'])} ({md(st['aa_noise_from'])}).",
         "",
         "## Where the step's time goes",
         "",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.capture.overrides import set_arguments
+from stallscope.report.compare_writers import noise_text
 from stallscope.text import md, md_code, plain
 
 TUNE_FILES = ("tune.json", "tune.md", "tune.html")
@@ -28,7 +29,7 @@ def _x(value: float | None) -> str:
 
 def _noise(result: dict[str, Any]) -> str:
     st = result.get("statistics") or {}
-    return f"{100 * (st.get('aa_noise') or 0.0):.1f}%"
+    return noise_text(st.get("aa_noise"))
 
 
 def _interval(c: dict[str, Any]) -> str:
@@ -113,6 +114,7 @@ def render_html(result: dict[str, Any]) -> str:
     env = jinja_env()
     env.filters["ms"] = _ms
     env.filters["x"] = _x
+    env.filters["noise"] = noise_text
     rows = [dict(c) for c in _rows(result)]
     slowest = max((c["step_us"] or 0.0 for c in rows), default=0.0) or 1.0
     for c in rows:
