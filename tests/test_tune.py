@@ -302,7 +302,10 @@ def test_tune_measures_a_loader_bound_speedup_of_at_least_1_5x(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     result = json.loads((out / "tune.json").read_text())
     assert result["baseline"]["overrides"] == {}
-    assert result["best"]["overrides"].get("num_workers", 0) >= 1
+    # On a machine whose load swings between runs the baseline's own repeats differ by that
+    # much (the A/A noise), and no win is claimed: the message shows the figures.
+    why = {k: result[k] for k in ("outcome", "statistics", "busy", "candidates")}
+    assert result["best"]["overrides"].get("num_workers", 0) >= 1, why
     assert result["speedup"] >= 1.5, result
     assert result["outcome"] == "faster" and result["best"]["verdict"] == "faster"
     assert result["call_site"].endswith("loader_bound.py:61")
