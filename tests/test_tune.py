@@ -211,6 +211,7 @@ def test_the_interval_is_reproducible():
     machine = Machine({0: 600.0, 1: 400.0, 2: 300.0}, noise=(1.0, 1.05, 0.97))
     again = sweep(machine.launch, repeats=3, budget_s=1000, clock=machine.clock)
     assert first["candidates"] == again["candidates"]
+    assert all(c["interval"]["confidence"] == 0.95 for c in first["candidates"])
     low, high = first["speedup_range"]
     assert low < first["speedup"] < high
 
