@@ -263,7 +263,7 @@ def test_tune_under_trainer_proposes_training_arguments(tmp_path: Path) -> None:
         [sys.executable, "-m", "stallscope", "tune", "-q", "-o", "tune", "--repeats", "1",
          "--budget", "40", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=400, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode in (0, 5), proc.stderr[-3000:]  # 5: the budget fitted no candidate
     result = json.loads((tmp_path / "tune" / "tune.json").read_text())
     measured = [c for c in result["candidates"] if c["status"] == "measured"]
     if not measured:

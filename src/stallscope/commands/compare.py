@@ -3,6 +3,16 @@
 Each side is a stallscope output folder (its report.json) or traces, analysed on the spot into
 the same report data, so both kinds compare the same way. The comparison itself is plain data
 (no torch): the writers in `report/compare_writers.py` render it.
+
+Step time: each side's per-step samples give a seeded bootstrap interval for the speedup of the
+mean step (throughput; steps resampled in whole rounds of the training loader's workers:
+`commands/stats.py`). There is one recording per side, so the A/A noise a change must exceed is
+the BEFORE side against itself: the mean of its first half of steps against its second half.
+A change whose interval does not clear it is "no measurable difference"; so is any change
+when either side was recorded on a busy machine (`_step_time` says why).
+
+`--fail-on slower|new|worse` turns the comparison into a CI gate: exit EXIT_SLOWER (6),
+EXIT_NEW (7) or EXIT_WORSE (8), the first that applies in that order, after writing the files.
 """
 
 from __future__ import annotations
@@ -16,15 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import __version__
+from stallscope.capture.hostload import OTHER_LOAD_PCT
+from stallscope.commands import stats
+from stallscope.diagnose.finding import SEVERITIES
 from stallscope.errors import EXIT_OK, InputError, OutputError
 
 NAME = "compare"
 TAKES_SCRIPT = False
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 COMPARE_FILES = ("compare.json", "compare.html", "compare.md")
-# A change within this fraction of the before value is reported as "no change": spans of the
-# same job differ by a few percent from step to step on their own.
-SAME_RATIO_BAND = 0.02
+# A finding whose saving grew by more than this many percentage points of the step is worse:
+# below it, the same finding on two recordings of one job moves by rounding and step noise.
+WORSE_SAVING_PTS = 1.0
+EXIT_SLOWER = 6
+EXIT_NEW = 7
+EXIT_WORSE = 8
+FAIL_ON = {"slower": EXIT_SLOWER, "new": EXIT_NEW, "worse": EXIT_WORSE}
 
 
 @dataclass
@@ -87,6 +104,24 @@ def _durations(side: Side) -> list[float]:
     return durations
 
 
+def _workers(data: dict[str, Any]) -> int:
+    """Steps per round of the training loader's workers (1 without workers or without a
+    recorded DataLoader): the block the bootstrap keeps whole."""
+    loaders = [d for d in data.get("dataloaders") or [] if isinstance(d, dict)]
+    if not loaders:
+        return 1
+    loader = max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
+    n = loader.get("num_workers")
+    return n if isinstance(n, int) and n > 0 else 1
+
+
+def _other_cpu_pct(data: dict[str, Any]) -> list[float]:
+    """Other processes' share of the cores while `run` recorded (capture/hostload.py)."""
+    host = ((data.get("environment") or {}).get("captured") or {}).get("host") or {}
+    share = host.get("other_cpu_share_pct")
+    return [float(share)] if isinstance(share, int | float) else []
+
+
 def _side_info(side: Side, durations: list[float]) -> dict[str, Any]:
     data = side.data
     return {
@@ -96,18 +131,38 @@ def _side_info(side: Side, durations: list[float]) -> dict[str, Any]:
         "steps": len(durations),
         "step_time_us": step_stats(durations),
         "partial": bool((data.get("run") or {}).get("partial")),
+        "busy": stats.busy_reasons([durations], _workers(data), _other_cpu_pct(data),
+                                   OTHER_LOAD_PCT),
     }
 
 
-def _step_time(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
-    """Ratio after/before of the medians (and means), and the ratio's range when the two
-    p10-p90 spreads are set against each other at their most and least favourable."""
+def _step_time(before: dict[str, float], after: dict[str, float], db: list[float],
+               da: list[float], blocks: tuple[int, int], busy: bool) -> dict[str, Any]:
+    """Ratio after/before of the medians (and means), the ratio's range when the two p10-p90
+    spreads are set against each other, and the verdict: the bootstrap interval of the mean
+    step's speedup against the BEFORE side's A/A noise. Ratios to stats.RATIO_DIGITS.
+
+    With one recording per side, the interval and the noise see only step-to-step variation,
+    not what changes between two runs; on a busy machine that is the larger part (measured:
+    two runs of one unchanged script, 37 ms and 650 ms mean steps, under other helpers'
+    load), so there a difference is not claimed: `interval_verdict` keeps what the interval
+    alone said."""
+    interval = stats.speedup_interval([db], [da], *blocks)
+    noise, how = stats.aa_noise([db], blocks[0])
+    said = stats.classify(interval, noise)
+    r = stats.rnd
     return {
-        "ratio": after["median"] / before["median"],
-        "speedup": before["median"] / after["median"],
-        "ratio_mean": after["mean"] / before["mean"],
-        "ratio_range": [after["p10"] / before["p90"], after["p90"] / before["p10"]],
-        "delta_us": after["median"] - before["median"],
+        "ratio": r(after["median"] / before["median"]),
+        "speedup": r(before["median"] / after["median"]),
+        "ratio_mean": r(after["mean"] / before["mean"]),
+        "ratio_range": [r(after["p10"] / before["p90"]), r(after["p90"] / before["p10"])],
+        "delta_us": round(after["median"] - before["median"], 1),
+        "interval": interval.as_json(),  # of the mean step's speedup (throughput)
+        "aa_noise": stats.noise_json(noise),
+        "aa_noise_from": f"BEFORE: {how}",
+        "verdict": stats.SAME if busy else said,
+        "interval_verdict": said,
+        "ratio_digits": stats.RATIO_DIGITS,
     }
 
 
@@ -184,13 +239,31 @@ def _assessment_status(data: dict[str, Any], rule: str, key: str) -> str | None:
     return None
 
 
+def worse_because(b: dict[str, Any], a: dict[str, Any]) -> list[str]:
+    """Why a finding present on both sides got worse, [] when it did not: its severity rose,
+    its saving grew by more than WORSE_SAVING_PTS points, or another finding became its cause
+    (or stopped being it)."""
+    why = []
+    sb, sa = b.get("severity"), a.get("severity")
+    if sb in SEVERITIES and sa in SEVERITIES and SEVERITIES.index(sa) < SEVERITIES.index(sb):
+        why.append(f"severity {sb} -> {sa}")
+    pb, pa = b.get("estimated_saving_pct"), a.get("estimated_saving_pct")
+    if isinstance(pb, int | float) and isinstance(pa, int | float) and pa - pb > WORSE_SAVING_PTS:
+        why.append(f"saving {pb:.1f}% -> {pa:.1f}% of the step")
+    cb, ca = b.get("caused_by") or None, a.get("caused_by") or None
+    if cb != ca:
+        why.append(f"cause {cb or 'none'} -> {ca or 'none'}")
+    return why
+
+
 def _findings(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Resolved: found before, assessed clear after. New: found after only. Unchanged: both,
-    with the saving of each. A finding gone because the rule could not be assessed on the
-    other side is `not_assessed`, not resolved."""
+    """Resolved: found before, assessed clear after. New: found after only. Worse: both, with
+    a higher severity, a larger saving or another cause (`worse_because`). Unchanged: both,
+    otherwise, with the saving of each. A finding gone because the rule could not be assessed
+    on the other side is `not_assessed`, not resolved."""
     fb, fa = _indexed_findings(before), _indexed_findings(after)
     out: dict[str, list[dict[str, Any]]] = {
-        "resolved": [], "new": [], "unchanged": [], "not_assessed": []
+        "resolved": [], "new": [], "worse": [], "unchanged": [], "not_assessed": []
     }
     for key in dict.fromkeys([*fb, *fa]):
         b, a = fb.get(key), fa.get(key)
@@ -211,7 +284,11 @@ def _findings(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[d
             "saving_after_kind": (a.get("saving_kind") or "upper_bound") if a else None,
         }
         if b and a:
-            out["unchanged"].append(row)
+            why = worse_because(b, a)
+            if why:
+                out["worse"].append({**row, "worse_because": why})
+            else:
+                out["unchanged"].append(row)
         elif b:
             status = _assessment_status(after, key[0], key[1])
             out["not_assessed" if status == "not_assessed" else "resolved"].append(row)
@@ -221,16 +298,26 @@ def _findings(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[d
     return out
 
 
-def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]]) -> str:
-    """One sentence: faster, slower or the same, and what the findings did."""
-    ratio = step["ratio"]
-    if abs(ratio - 1.0) <= SAME_RATIO_BAND:
-        head = f"Step time unchanged (x{ratio:.2f} of before)"
-    elif ratio < 1.0:
-        head = f"Faster: {step['speedup']:.2f}x speedup (step time x{ratio:.2f} of before)"
+def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]],
+            busy: bool = False) -> str:
+    """One sentence: faster, slower or no measurable difference (the mean step's speedup and
+    its interval against the A/A noise), and what the findings did."""
+    iv = step["interval"]
+    figures = (f"{iv['speedup']:.2f}x mean step speedup, 95% interval "
+               f"{iv['low']:.2f}-{iv['high']:.2f}x, A/A noise {stats.noise_text(step['aa_noise'])}")
+    if step["verdict"] == stats.FASTER:
+        head = f"Faster: {figures}"
+    elif step["verdict"] == stats.SLOWER:
+        head = f"Slower: {figures}"
+    elif busy and step["interval_verdict"] != stats.SAME:
+        head = (f"No measurable difference in step time: the machine was busy, so the "
+                f"{step['interval_verdict']} interval is not claimed ({figures})")
     else:
-        head = f"Slower: step time x{ratio:.2f} of before"
-    parts = [f"{len(findings[k])} {k}" for k in ("resolved", "new", "unchanged") if findings[k]]
+        head = f"No measurable difference in step time ({figures})"
+    if busy:
+        head += "; busy machine, see the inputs"
+    kinds = ("resolved", "new", "worse", "unchanged")
+    parts = [f"{len(findings[k])} {k}" for k in kinds if findings[k]]
     tail = "; findings: " + ", ".join(parts) if parts else "; no findings on either side"
     return head + tail + "."
 
@@ -239,7 +326,9 @@ def compare_data(before: Side, after: Side) -> dict[str, Any]:
     """The whole comparison as JSON-ready data: what compare.json holds."""
     db, da = _durations(before), _durations(after)
     info_b, info_a = _side_info(before, db), _side_info(after, da)
-    step = _step_time(info_b["step_time_us"], info_a["step_time_us"])
+    busy = bool(info_b["busy"] or info_a["busy"])
+    step = _step_time(info_b["step_time_us"], info_a["step_time_us"], db, da,
+                      (_workers(before.data), _workers(after.data)), busy)
     findings = _findings(before.data, after.data)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -250,8 +339,21 @@ def compare_data(before: Side, after: Side) -> dict[str, Any]:
         "breakdown": _breakdown(before.data, after.data),
         "gpu": _gpu(before.data, after.data),
         "findings": findings,
-        "verdict": verdict(step, findings),
+        "verdict": verdict(step, findings, busy),
     }
+
+
+def gate(data: dict[str, Any], fail_on: list[str]) -> tuple[int, str | None]:
+    """The exit status `--fail-on` asks for, and why; (EXIT_OK, None) when none applies."""
+    hits = {
+        "slower": data["step_time"]["verdict"] == stats.SLOWER,
+        "new": bool(data["findings"]["new"]),
+        "worse": bool(data["findings"]["worse"]),
+    }
+    for cond in FAIL_ON:  # fixed order: the status does not depend on the flags' order
+        if cond in fail_on and hits[cond]:
+            return FAIL_ON[cond], cond
+    return EXIT_OK, None
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -261,8 +363,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="compare two reports or traces: step time, breakdown, findings",
         description="Compare BEFORE and AFTER, each a stallscope output folder (holding "
         "report.json) or traces (a trace file or a folder of traces, analysed now): step-time "
-        "ratio with its spread, where the step's time went, and which findings were resolved, "
-        "are new or remain. Writes compare.json, compare.html and compare.md.",
+        "ratio with its spread and a bootstrap interval (no measurable difference unless it "
+        "clears BEFORE's own noise), where the step's time went, and which findings were "
+        "resolved, are new, got worse or remain. Writes compare.json, compare.html and "
+        "compare.md.",
     )
     cmp.add_argument("before", type=Path, metavar="BEFORE", help="report folder or traces")
     cmp.add_argument("after", type=Path, metavar="AFTER", help="report folder or traces")
@@ -270,6 +374,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="output folder (default: ./stallscope-compare)")
     cmp.add_argument("--force", action="store_true", help="overwrite an existing comparison")
     cmp.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    cmp.add_argument("--fail-on", action="append", choices=list(FAIL_ON), default=[],
+                     metavar="{slower,new,worse}",
+                     help="CI gate, may be repeated: after writing the files, exit "
+                     f"{EXIT_SLOWER} when AFTER is measurably slower (its interval below the "
+                     f"A/A noise), {EXIT_NEW} when a finding is new, {EXIT_WORSE} when one got "
+                     "worse (the first that applies, in that order)")
     return cmp
 
 
@@ -312,4 +422,7 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     write_files(out, rendered)  # all three or none: a full disk never mixes old and new
     if not args.quiet:
         sys.stdout.write(render_compare_terminal(data, {k: str(out / k) for k in rendered}))
-    return EXIT_OK
+    status, why = gate(data, args.fail_on)
+    if why is not None:
+        sys.stderr.write(f"stallscope: --fail-on {why}: exit {status}\n")
+    return status

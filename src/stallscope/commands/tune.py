@@ -5,7 +5,13 @@ cache warm-up and allocator state of one candidate cannot flatter the next; each
 `--repeats` times, because a few steps on a shared machine vary by tens of percent and a
 speedup is only worth pasting when it exceeds that spread. The baseline runs first; what it
 measured (cores, GPUs, the dataloader-bound finding, the training DataLoader) decides what is
-tried (`tune_plan`), and its wall time per run decides how many candidates fit the budget.
+tried (`tune_plan`). Then each candidate once, then the repeats of all of them interleaved, while
+the budget lasts. A candidate wins only when the bootstrap interval of its speedup clears the
+baseline's own run-to-run (A/A) noise (`commands/stats.py`).
+
+Exit status: 0 when candidates were measured (whether or not one won), EXIT_BASELINE_ONLY (5)
+when the budget fitted nothing but the baseline, so nothing was compared; a failing baseline
+passes its own status through.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
+from stallscope.capture.hostload import OTHER_LOAD_PCT
 from stallscope.capture.overrides import Overrides, label, set_arguments
+from stallscope.commands import stats
 from stallscope.commands.common import add_target_arguments, positive_float, whole_number
 from stallscope.commands.tune_plan import (
     Baseline,
@@ -57,6 +65,10 @@ DEFAULT_REPEATS = 3
 HANG_FACTOR = 5
 HANG_MARGIN_S = 60.0
 TIE_PCT = 5.0
+EXIT_BASELINE_ONLY = 5  # the budget fitted only the baseline: nothing was compared
+OUTCOME_FASTER = "faster"  # a candidate's interval cleared the A/A noise
+OUTCOME_NONE = "none faster"  # candidates measured, none measurably faster
+OUTCOME_BASELINE_ONLY = "baseline only"  # no candidate ran
 
 
 class TuneError(StallscopeError):
@@ -83,6 +95,14 @@ class RunResult:
     def ok(self) -> bool:
         return self.exit_status == 0 and self.step_us is not None
 
+    @property
+    def other_cpu_pct(self) -> float | None:
+        """Other processes' share of the cores while this run recorded (capture/hostload.py)."""
+        env = (self.report or {}).get("environment") or {}
+        host = (env.get("captured") or {}).get("host") or {}
+        share = host.get("other_cpu_share_pct")
+        return float(share) if isinstance(share, int | float) else None
+
     def as_json(self) -> dict[str, Any]:
         return {
             "exit_status": self.exit_status,
@@ -101,7 +121,15 @@ class Candidate:
     overrides: Overrides
     stage: str  # baseline, num_workers or prefetch_factor
     runs: list[RunResult] = field(default_factory=list)
-    skipped: str | None = None
+    skipped: str | None = None  # why it never ran
+    short: str | None = None  # why it ran fewer times than --repeats
+    interval: stats.Interval | None = None  # its speedup over the baseline, with the interval
+    verdict: str | None = None  # stats.FASTER / SLOWER / SAME
+
+    @property
+    def samples(self) -> list[list[float]]:
+        """Each successful run's step times (its mean alone where the report listed none)."""
+        return [r.steps_us or [r.step_us] for r in self.runs if r.ok and r.step_us is not None]
 
     @property
     def means(self) -> list[float]:
@@ -142,8 +170,12 @@ class Candidate:
         }
         if baseline is not None:
             out["speedup"] = _speedup(baseline, self)
+            out["interval"] = self.interval.as_json() if self.interval else None
+            out["verdict"] = self.verdict
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.short:
+            out["short"] = self.short
         return out
 
 
@@ -165,21 +197,28 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "use, or up to 4 per core when the loader waits on storage, persistent_workers, "
         "pin_memory when a GPU is used, prefetch_factor), each in a "
         f"fresh `stallscope run --set ...` process for {RUN_STEPS} recorded steps (after the "
-        "batches its workers prefetch) and repeated; "
-        "writes tune.json, tune.md and tune.html with the fastest configuration, its measured "
-        "speedup with the spread, and the constructor change at the DataLoader's call site.",
+        "batches its workers prefetch); each candidate runs once, then the repeats of all, "
+        "the baseline included, interleaved while the budget lasts. A candidate wins only "
+        "when the 95% bootstrap interval of its speedup clears the baseline's own "
+        "run-to-run noise; otherwise: no measurable difference. "
+        "Writes tune.json, tune.md and tune.html with the winner, its speedup and interval, "
+        "and the constructor change at the DataLoader's call site. Exit status 0 when "
+        f"candidates were measured, {EXIT_BASELINE_ONLY} when the budget fitted only the "
+        "baseline (nothing compared).",
     )
     add_target_arguments(tune, "./stallscope-tune-<script name>",
                          "overwrite an earlier tune result")
     tune.add_argument("--budget", type=positive_float, default=DEFAULT_BUDGET_S,
                       metavar="SECONDS",
-                      help="stop launching candidates once the next one would end after this "
-                      "many seconds, estimated from the baseline's time per run; the baseline "
-                      f"always runs (default {DEFAULT_BUDGET_S:.0f})")
+                      help="launch no run, the baseline's repeats included, that would end "
+                      "after this many seconds, estimated from the wall time of the runs so "
+                      "far; the baseline's first run always runs "
+                      f"(default {DEFAULT_BUDGET_S:.0f})")
     tune.add_argument("--repeats", type=whole_number(1), default=DEFAULT_REPEATS, metavar="N",
-                      help="runs per configuration; the median of their mean steps is compared "
-                      "(a mean: with workers, batches arrive in rounds), the range of their "
-                      "mean steps is the spread "
+                      help="runs per configuration, budget permitting; the median of their mean "
+                      "steps is compared (a mean: with workers, batches arrive in rounds), "
+                      "with a bootstrap interval over runs and rounds of steps; the "
+                      "baseline's repeats measure the run-to-run noise a win must exceed "
                       f"(default {DEFAULT_REPEATS})")
     tune.add_argument("--timeout", type=positive_float, metavar="SECONDS",
                       help="stop any run, the baseline included, whose script is still running "
@@ -212,8 +251,14 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     write_outputs(result, out)
     if not args.quiet:
         sys.stdout.write(render_terminal(result, out))
+    if result["outcome"] == OUTCOME_BASELINE_ONLY:  # said even under -q: it is no result
+        sys.stderr.write(f"stallscope: only the baseline ran: the {args.budget:.0f} s budget "
+                         f"fitted no candidate, nothing was compared (exit "
+                         f"{EXIT_BASELINE_ONLY}); {out / 'tune.json'} says what was skipped\n")
+        return EXIT_BASELINE_ONLY
     failed = [c for c in result["candidates"] if c["status"] == "failed"]
-    if result["candidates"] and len(failed) == len(result["candidates"]):
+    ran = [c for c in result["candidates"] if c["status"] != "skipped"]
+    if ran and len(failed) == len(ran):
         first = failed[0]["runs"][0]
         raise TuneError(
             f"every candidate run failed ({first.get('error') or 'no report'}); the baseline "
@@ -318,59 +363,82 @@ def _last_error(stderr: str) -> str:
 # ---------------------------------------------------------------------------- the sweep
 
 
+class Schedule:
+    """Launches runs while the budget lasts: a run starts only when, at the median wall time of
+    that configuration's runs so far (of all runs before its first), it ends within the budget.
+    Once one does not fit, nothing more is launched: the rest is recorded as skipped."""
+
+    def __init__(self, launch: Launcher, budget_s: float, clock: Callable[[], float]) -> None:
+        self.launch, self.budget_s, self.clock = launch, budget_s, clock
+        self.start = clock()
+        self.walls: list[float] = []
+        self.over: str | None = None  # why launching stopped
+
+    def run(self, cand: Candidate, timeout: float | None) -> RunResult | None:
+        """One more run of `cand`, or None (and `cand` marked) when it would overrun."""
+        own = [r.wall_s for r in cand.runs]
+        per_run = statistics.median(own or self.walls)
+        ends = self.clock() - self.start + per_run
+        if self.over is None and ends > self.budget_s:
+            self.over = (f"budget: a run of about {per_run:.0f} s would end at {ends:.0f} s, "
+                         f"after the {self.budget_s:.0f} s budget")
+        if self.over is not None:
+            if cand.runs:
+                cand.short = f"{len(cand.runs)} run(s) instead of the repeats asked: {self.over}"
+            else:
+                cand.skipped = self.over
+            progress.say(f"skipping {label(cand.overrides) or 'baseline'}: over the budget")
+            return None
+        progress.say(f"{label(cand.overrides) or 'baseline'}: run {len(cand.runs) + 1}")
+        result = self.launch(cand.overrides, timeout)
+        cand.runs.append(result)
+        self.walls.append(result.wall_s)
+        _say_run(cand, result)
+        return result
+
+
 def sweep(launch: Launcher, repeats: int, budget_s: float,
           clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
-    """Baseline, then worker counts, then prefetch_factor on the best: the tune.json document.
-
-    A candidate is launched only when `repeats` more runs, at the median wall time per run so
-    far, still end within `budget_s` of the start; otherwise it is listed as skipped.
-    """
-    start = clock()
+    """Baseline once, each candidate once (worker counts, then prefetch_factor on the fastest),
+    then further rounds of all of them, interleaved, up to `repeats` runs each while the budget
+    lasts: a machine that drifts slows every configuration alike, and the budget is spent on
+    candidates before the baseline's repeats. The tune.json document."""
+    schedule = Schedule(launch, budget_s, clock)
     baseline = Candidate({}, "baseline")
-    for i in range(repeats):
-        progress.say(f"baseline run {i + 1}/{repeats}")
-        run = launch({}, None)
-        baseline.runs.append(run)
-        _say_run(baseline, run)
-        if not run.ok:
-            break  # a script that fails once fails again: say so now
-    if not baseline.means:
-        first = baseline.runs[0]
+    progress.say("baseline: run 1")
+    first = schedule.launch({}, None)
+    baseline.runs.append(first)
+    schedule.walls.append(first.wall_s)
+    _say_run(baseline, first)
+    if not first.ok:  # a script that fails once fails again: say so now
         raise TuneError(f"the baseline run failed: {first.error or 'no step was measured'}",
                         first.exit_status or EXIT_USAGE)
-    report = next(r.report for r in baseline.runs if r.ok and r.report is not None)
+    assert first.report is not None
     try:
-        base = baseline_from_report(report)
+        base = baseline_from_report(first.report)
     except ValueError as exc:
         raise InputError(str(exc)) from None
-    walls = [r.wall_s for r in baseline.runs]
+    hang = HANG_FACTOR * first.wall_s + HANG_MARGIN_S
     candidates: list[Candidate] = []
 
-    def measure(overrides: Overrides, stage: str) -> None:
+    def once(overrides: Overrides, stage: str) -> None:
         cand = Candidate(overrides, stage)
         candidates.append(cand)
-        per_run = statistics.median(walls)
-        if clock() - start + repeats * per_run > budget_s:
-            cand.skipped = (f"budget: {repeats} run(s) of about {per_run:.0f} s would end after "
-                            f"the {budget_s:.0f} s budget")
-            progress.say(f"skipping {label(overrides)}: over the budget")
-            return
-        for i in range(repeats):
-            progress.say(f"{label(overrides)}: run {i + 1}/{repeats}")
-            run = launch(overrides, HANG_FACTOR * per_run + HANG_MARGIN_S)
-            cand.runs.append(run)
-            walls.append(run.wall_s)
-            _say_run(cand, run)
-            if not run.ok:
-                break
+        schedule.run(cand, hang)
 
     for overrides in worker_candidates(base):
-        measure(overrides, "num_workers")
-    best_workers = _best(baseline, candidates)
-    for overrides in prefetch_candidates(base, best_workers.overrides):
-        measure(overrides, "prefetch_factor")
-    best = _best(baseline, candidates)
-    return _document(base, baseline, best, candidates, repeats, budget_s, clock() - start)
+        once(overrides, "num_workers")
+    fastest = min([c for c in candidates if c.step_us is not None],
+                  key=lambda c: c.step_us or 0.0, default=baseline)
+    for overrides in prefetch_candidates(base, fastest.overrides):
+        once(overrides, "prefetch_factor")
+    for _ in range(1, repeats):
+        for cand in [baseline, *candidates]:
+            if cand.skipped or not all(r.ok for r in cand.runs):
+                continue  # not run, or failed: a failing configuration fails again
+            schedule.run(cand, None if cand is baseline else hang)
+    return _document(base, baseline, candidates, repeats, budget_s,
+                     clock() - schedule.start)
 
 
 def _say_run(cand: Candidate, run: RunResult) -> None:
@@ -380,53 +448,73 @@ def _say_run(cand: Candidate, run: RunResult) -> None:
         progress.say(f"  failed with status {run.exit_status}: {run.error}")
 
 
+def _block(base: Baseline, overrides: Overrides) -> int:
+    """Steps per round of workers: the block the bootstrap resamples whole."""
+    workers = overrides.get("num_workers", base.loader.get("num_workers"))
+    return workers if isinstance(workers, int) and workers > 0 else 1
+
+
 def _best(baseline: Candidate, candidates: list[Candidate]) -> Candidate:
-    """The measured candidate with the lowest step time, if it beats the baseline's."""
-    measured = [c for c in candidates if c.step_us is not None]
-    fastest = min(measured, key=lambda c: c.step_us or 0.0, default=None)
-    assert baseline.step_us is not None
-    if fastest is None or (fastest.step_us or 0.0) >= baseline.step_us:
+    """The fastest candidate whose speedup is measurable (verdict faster), else the baseline."""
+    wins = [c for c in candidates if c.verdict == stats.FASTER]
+    fastest = min(wins, key=lambda c: c.step_us or 0.0, default=None)
+    if fastest is None:
         return baseline
     # Within TIE_PCT of the fastest is run-to-run noise on a loaded machine (measured: 327,
     # 334 and 340 ms medians swapping places between sweeps); the tie goes to the smaller
     # change, then to fewer worker processes, which cost memory.
     limit = (fastest.step_us or 0.0) * (1 + TIE_PCT / 100)
-    tied = [c for c in measured if (c.step_us or 0.0) <= limit]
+    tied = [c for c in wins if (c.step_us or 0.0) <= limit]
     return min(tied, key=lambda c: (len(c.overrides), c.overrides.get("num_workers", 0),
                                     c.step_us or 0.0))
 
 
-def _speedup(baseline: Candidate, cand: Candidate) -> float | None:
-    if cand.step_us is None or baseline.step_us is None:
-        return None
-    return round(baseline.step_us / cand.step_us, 3)
+def _busy(base: Baseline, cands: list[Candidate]) -> list[str]:
+    """Each configuration's busy-machine reasons (stats.busy_reasons), labelled."""
+    out = []
+    for c in cands:
+        other = [r.other_cpu_pct for r in c.runs if r.ok and r.other_cpu_pct is not None]
+        for why in stats.busy_reasons(c.samples, _block(base, c.overrides), other,
+                                      OTHER_LOAD_PCT):
+            out.append(f"{label(c.overrides) or 'baseline'}: {why}")
+    return out
 
 
-def _speedup_range(baseline: Candidate, best: Candidate) -> list[float] | None:
-    """Worst and best case of the speedup over the two spreads: slowest best-run against the
-    fastest baseline run, and the reverse."""
-    if not baseline.spread_us or not best.spread_us:
-        return None
-    (b_lo, b_hi), (c_lo, c_hi) = baseline.spread_us, best.spread_us
-    return [round(b_lo / c_hi, 3), round(b_hi / c_lo, 3)]
-
-
-def _document(base: Baseline, baseline: Candidate, best: Candidate, candidates: list[Candidate],
+def _document(base: Baseline, baseline: Candidate, candidates: list[Candidate],
               repeats: int, budget_s: float, elapsed_s: float) -> dict[str, Any]:
+    noise, noise_how = stats.aa_noise(baseline.samples, _block(base, {}))
+    for c in candidates:
+        if c.step_us is None or baseline.step_us is None:
+            continue
+        iv = stats.speedup_interval(baseline.samples, c.samples, _block(base, {}),
+                                    _block(base, c.overrides))
+        c.interval = stats.Interval(baseline.step_us / c.step_us, iv.low, iv.high)
+        c.verdict = stats.classify(c.interval, noise)
+    best = _best(baseline, candidates)
+    ran = [c for c in candidates if c.runs]
+    outcome = (OUTCOME_FASTER if best is not baseline
+               else OUTCOME_NONE if ran else OUTCOME_BASELINE_ONLY)
     notes = list(base.notes)
-    skipped = [label(c.overrides) for c in candidates if c.skipped]
+    skipped = [{"label": label(c.overrides), "reason": c.skipped}
+               for c in candidates if c.skipped]
     if skipped:
         notes.append(f"skipped to stay within the {budget_s:.0f} s budget: "
-                     f"{'; '.join(skipped)} (raise --budget to measure them)")
-    if best is baseline:
-        notes.append("no candidate ran faster than the script's own settings")
-    rng = _speedup_range(baseline, best)
-    if best is not baseline and rng and rng[0] <= 1.0:
-        notes.append("the spreads of the baseline and the best candidate overlap: the speedup "
-                     "is within this machine's run-to-run noise; raise --repeats to be sure")
+                     f"{'; '.join(s['label'] for s in skipped)} (raise --budget to measure them)")
+    short = [c for c in [baseline, *candidates] if c.short]
+    if short:
+        notes.append("fewer runs than --repeats, to stay within the budget: " + "; ".join(
+            f"{label(c.overrides) or 'baseline'} ({len(c.runs)})" for c in short))
+    busy = _busy(base, [baseline, *candidates])
+    if busy:
+        notes.append("busy machine, the figures are less certain (re-run on a quiet machine): "
+                     + "; ".join(busy))
     change = change_text(base.loader, best.overrides) if best is not baseline else None
+    rng = ([stats.rnd(best.interval.low), stats.rnd(best.interval.high)]
+           if best.interval is not None else None)
     return {
-        "tune_version": 1,
+        "tune_version": 2,
+        "outcome": outcome,
+        "exit_status": EXIT_BASELINE_ONLY if outcome == OUTCOME_BASELINE_ONLY else EXIT_OK,
         "repeats": repeats,
         "steps_per_run": RUN_STEPS,
         "budget_s": budget_s,
@@ -436,6 +524,16 @@ def _document(base: Baseline, baseline: Candidate, best: Candidate, candidates: 
         "loader_bound": base.loader_bound,
         "suggested_num_workers": base.suggested_num_workers,
         "dataloader": base.loader,
+        "statistics": {
+            "figure": "median over runs of each run's mean step",
+            "interval": f"{stats.CONFIDENCE:.0%} bootstrap ({stats.RESAMPLES} resamples, seed "
+                        f"{stats.SEED}): runs with replacement, steps in whole rounds of workers",
+            "aa_noise": stats.noise_json(noise),
+            "aa_noise_from": noise_how,
+            "win_rule": "faster only when the interval's low end exceeds 1 + aa_noise",
+            "ratio_digits": stats.RATIO_DIGITS,
+        },
+        "busy": busy,
         "baseline": baseline.as_json(),
         "best": {**best.as_json(baseline), "speedup_range": rng},
         "speedup": _speedup(baseline, best),
@@ -449,6 +547,12 @@ def _document(base: Baseline, baseline: Candidate, best: Candidate, candidates: 
         "set_arguments": shlex.join(set_arguments(best.overrides)) if change else None,
         "notes": notes,
     }
+
+
+def _speedup(baseline: Candidate, cand: Candidate) -> float | None:
+    if cand.step_us is None or baseline.step_us is None:
+        return None
+    return stats.rnd(baseline.step_us / cand.step_us)
 
 
 def _round(value: float | None) -> float | None:

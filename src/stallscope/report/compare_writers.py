@@ -15,9 +15,17 @@ from stallscope.text import md, plain
 GROUPS = (
     ("resolved", "Resolved", "found before, assessed clear after"),
     ("new", "New", "found after only"),
+    ("worse", "Worse", "found on both sides, with a higher severity, a larger saving or "
+     "another cause"),
     ("unchanged", "Unchanged", "found on both sides"),
     ("not_assessed", "Not comparable", "found on one side, not assessable on the other"),
 )
+
+
+def noise_text(noise: float | None) -> str:
+    """The A/A noise (a fraction; null when not measured) for people, as commands/stats.py
+    writes it into the verdict (the report layer cannot import the commands)."""
+    return "not measured" if noise is None else f"{100 * noise:.1f}%"
 
 
 def ms(us: float | None) -> str:
@@ -56,7 +64,7 @@ def category_name(category: str) -> str:
 def render_compare_html(data: dict[str, Any]) -> str:
     env = jinja_env()
     env.filters.update(ms=ms, signed_ms=signed_ms, pct=pct, signed_pct=signed_pct,
-                       spread=spread, category=category_name)
+                       spread=spread, category=category_name, noise=noise_text)
     env.globals["saving_cell"] = saving_cell
     return env.get_template("compare.html.j2").render(c=data, groups=GROUPS)
 
@@ -71,7 +79,9 @@ def saving_cell(value: float | None, kind: str | None) -> str:
 def _finding_line(row: dict[str, Any]) -> str:
     before = saving_cell(row["saving_before_pct"], row.get("saving_before_kind"))
     after = saving_cell(row["saving_after_pct"], row.get("saving_after_kind"))
-    return (f"| `{md(row['id'])}` {md(row['title'])} | {md(row['trace'])} | "
+    why = "; ".join(row.get("worse_because") or [])
+    title = md(row["title"]) + (f" ({md(why)})" if why else "")
+    return (f"| `{md(row['id'])}` {title} | {md(row['trace'])} | "
             f"{md(row['severity_before'] or '-')} / {md(row['severity_after'] or '-')} | "
             f"{before} | {after} |")
 
@@ -92,6 +102,9 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
         "",
         f"- **Before:** {md(b['path'])} ({_side_text(b)})",
         f"- **After:** {md(a['path'])} ({_side_text(a)})",
+        *[f"- **Busy machine ({name}):** {md('; '.join(side['busy']))}; the figures are less "
+          "certain, re-record on a quiet machine" for name, side in (("before", b), ("after", a))
+          if side.get("busy")],
         "",
         "## Step time",
         "",
@@ -105,6 +118,12 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
         f"Ratio after/before (medians): **x{st['ratio']:.3f}**, speedup **{st['speedup']:.2f}x** "
         f"(means: x{st['ratio_mean']:.3f}; spreads set against each other: "
         f"x{st['ratio_range'][0]:.3f} to x{st['ratio_range'][1]:.3f}).",
+        "",
+        f"Mean step (throughput) speedup **{st['interval']['speedup']:.3f}x**, 95% bootstrap "
+        f"interval {st['interval']['low']:.3f}-{st['interval']['high']:.3f}x (seeded; steps "
+        "resampled in whole rounds of the loader's workers): "
+        f"**{st['verdict']}**. A change counts only when the interval clears the A/A noise of "
+        f"{noise_text(st['aa_noise'])} ({md(st['aa_noise_from'])}).",
         "",
         "## Where the step's time goes",
         "",
@@ -147,6 +166,9 @@ def render_compare_terminal(data: dict[str, Any], outputs: dict[str, str]) -> st
         f"  median step: {ms(tb['median'])} ms -> {ms(ta['median'])} ms "
         f"(x{data['step_time']['ratio']:.3f}); mean {ms(tb['mean'])} -> {ms(ta['mean'])} ms",
     ]
+    for name in ("before", "after"):
+        if data[name].get("busy"):
+            lines.append(f"  busy machine ({name}): {plain('; '.join(data[name]['busy']))}")
     for key, title, _ in GROUPS:
         if f[key]:
             ids = ", ".join(plain(r["id"]) for r in f[key])

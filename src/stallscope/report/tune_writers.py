@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.capture.overrides import set_arguments
+from stallscope.report.compare_writers import noise_text
 from stallscope.text import md, md_code, plain
 
 TUNE_FILES = ("tune.json", "tune.md", "tune.html")
@@ -26,21 +27,39 @@ def _x(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
 
 
+def _noise(result: dict[str, Any]) -> str:
+    st = result.get("statistics") or {}
+    return noise_text(st.get("aa_noise"))
+
+
+def _interval(c: dict[str, Any]) -> str:
+    iv = c.get("interval")
+    return f"{iv['low']:.2f}-{iv['high']:.2f}x" if iv else ""
+
+
 def headline(result: dict[str, Any]) -> str:
-    """One sentence: what to change and what it measured, or that nothing beat the script."""
-    best = result["best"]
+    """One sentence: what to change and what it measured, that nothing was measurably faster,
+    or that nothing but the baseline ran."""
+    best, base = result["best"], result["baseline"]
+    busy = " The machine was busy: see the notes." if result.get("busy") else ""
+    if result.get("outcome") == "baseline only":
+        runs = len(base["runs"])
+        return (f"Only the baseline ran ({runs} run(s), mean step {_ms(base['step_us'])}): the "
+                f"{result['budget_s']:.0f} s budget fitted no candidate, so nothing was "
+                f"compared and nothing is claimed; raise --budget.{busy}")
     if not result["change"]:
-        return (f"No candidate beat the script's own DataLoader settings (mean step "
-                f"{_ms(result['baseline']['step_us'])}).")
+        return (f"No measurable difference: no candidate's 95% interval cleared the "
+                f"baseline's own run-to-run noise ({_noise(result)}); keep the script's "
+                f"DataLoader settings (mean step {_ms(base['step_us'])}).{busy}")
     rng = result["speedup_range"]
-    spread = f", {rng[0]:.2f}x-{rng[1]:.2f}x across runs" if rng else ""
+    spread = f", 95% interval {rng[0]:.2f}x-{rng[1]:.2f}x" if rng else ""
     return (f"{best['label']}: {_x(result['speedup'])} faster steps (mean "
-            f"{_ms(best['step_us'])} vs {_ms(result['baseline']['step_us'])}"
-            f"{spread}).")
+            f"{_ms(best['step_us'])} vs {_ms(base['step_us'])}{spread}, beyond the "
+            f"baseline's run-to-run noise of {_noise(result)}).{busy}")
 
 
 def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = [{**result["baseline"], "speedup": 1.0}]
+    rows = [{**result["baseline"], "speedup": 1.0, "verdict": "baseline"}]
     return rows + list(result["candidates"])
 
 
@@ -50,7 +69,8 @@ def render_terminal(result: dict[str, Any], out: Path) -> str:
         lines.append(f"  change at {plain(result['call_site'])}: {plain(result['change'])}")
     for c in _rows(result):
         if c["status"] == "measured":
-            figures = f"{_ms(c['step_us']):>10}  [{_spread(c)}]  {_x(c.get('speedup'))}"
+            figures = (f"{_ms(c['step_us']):>10}  [{_spread(c)}]  {_x(c.get('speedup'))} "
+                       f"{_interval(c)}  {c.get('verdict') or ''}")
         else:
             figures = c["status"]
         lines.append(f"  {plain(c['label']):<62} {figures}")
@@ -68,14 +88,19 @@ def render_markdown(result: dict[str, Any]) -> str:
     lines += [
         f"Each configuration ran {result['repeats']} time(s) in a fresh process, "
         f"{result['steps_per_run']} recorded steps each (more with workers: two rounds of "
-        "them); the median over runs of each run's mean step, spread = lowest-highest per-run "
-        "mean.", "",
-        "| configuration | status | mean step | spread | speedup |",
-        "|---|---|---:|---:|---:|",
+        "them), budget permitting, the repeats interleaved; the median over runs of each run's "
+        "mean step, spread = lowest-highest per-run mean. Speedup interval: "
+        f"{md((result.get('statistics') or {}).get('interval', ''))}; a candidate is faster "
+        f"only when its interval's low end exceeds 1 + the baseline's run-to-run noise "
+        f"({_noise(result)}, from {md((result.get('statistics') or {}).get('aa_noise_from', ''))}"
+        ").", "",
+        "| configuration | status | runs | mean step | spread | speedup | 95% interval | verdict |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for c in _rows(result):
-        lines.append(f"| {md(c['label'])} | {c['status']} | {_ms(c['step_us'])} | "
-                     f"{_spread(c)} | {_x(c.get('speedup'))} |")
+        lines.append(f"| {md(c['label'])} | {c['status']} | {len(c['runs'])} | "
+                     f"{_ms(c['step_us'])} | {_spread(c)} | {_x(c.get('speedup'))} | "
+                     f"{_interval(c)} | {c.get('verdict') or ''} |")
     lines.append("")
     lines += [f"- {md(n)}" for n in result["notes"]]
     lines += ["", f"Reproduce: `{md_code(result['command']).replace('`', '')}`", ""]
@@ -89,11 +114,13 @@ def render_html(result: dict[str, Any]) -> str:
     env = jinja_env()
     env.filters["ms"] = _ms
     env.filters["x"] = _x
+    env.filters["noise"] = noise_text
     rows = [dict(c) for c in _rows(result)]
     slowest = max((c["step_us"] or 0.0 for c in rows), default=0.0) or 1.0
     for c in rows:
         c["bar_pct"] = round(100.0 * (c["step_us"] or 0.0) / slowest, 1)
         c["spread_text"] = _spread(c)
+        c["interval_text"] = _interval(c)
         c["is_best"] = c["label"] == result["best"]["label"]
     return env.get_template("tune.html.j2").render(
         result=result, rows=rows, headline=headline(result),
