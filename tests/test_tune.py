@@ -314,7 +314,7 @@ def test_a_failing_script_ends_with_its_status_in_one_line(tmp_path: Path):
 
 def test_a_budget_that_fits_only_the_baseline_exits_5_and_says_so(tmp_path: Path):
     out = tmp_path / "tune"
-    proc = tune_cli("-q", "-o", str(out), "--budget", "1", str(EXAMPLE), "--samples", "256",
+    proc = tune_cli("-q", "-o", str(out), "--budget", "1", str(EXAMPLE), "--samples", "512",
                     "--work", "2", cwd=ROOT)
     assert proc.returncode == 5, proc.stderr
     assert proc.stdout == ""
