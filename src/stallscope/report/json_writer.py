@@ -10,7 +10,9 @@ from stallscope.report.build import Report
 
 
 def _clean(value: Any) -> Any:
-    """Plain JSON types only: numpy scalars unwrapped, NaN/inf (unknown) become null."""
+    """Plain JSON types only: numpy scalars unwrapped; NaN/inf (unknown) and "" (absent: the
+    in-memory objects default strings to "") become null, as the schema (report/schema.py)
+    promises."""
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -18,6 +20,8 @@ def _clean(value: Any) -> Any:
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value == "":
         return None
     return value
 
