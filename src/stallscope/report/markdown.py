@@ -210,14 +210,16 @@ def render_markdown(report: Report) -> str:
     lines += ["## Reproduce", "", "```sh", md_code(report.reproduce_command)]
     if run:
         lines += [
-            "# open the trace (PyTorch profiler TensorBoard plugin):",
+            "# stallscope's per-step charts, and the trace in the PyTorch profiler plugin"
+            " (its page needs internet access):",
             md_code(run["tensorboard_command"]),
         ]
     lines += [
         "```",
         "",
         # Escaped text, not code spans: a code span shows a file name's `<` and `&` only raw.
-        "Or drag a trace file into ui.perfetto.dev: "
+        "Open a trace in ui.perfetto.dev (*Open trace file*; read in the browser, not "
+        "uploaded): "
         + ", ".join(md(t["path"]) for t in report.traces),
         "",
     ]
