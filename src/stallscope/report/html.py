@@ -19,6 +19,7 @@ from markupsafe import Markup, escape
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
+from stallscope.report.evidence_view import evidence_value
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
     floor_phrase,
@@ -114,6 +115,7 @@ def render_html(report: Report) -> str:
     env.filters["ms"] = _ms
     env.filters["diff_lines"] = diff_lines
     env.filters["pretty_json"] = pretty_json
+    env.globals["evidence_value"] = evidence_value
     env.filters["delta"] = delta
     env.filters["saved"] = saved
     template = env.get_template("report.html.j2")

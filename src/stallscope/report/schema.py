@@ -9,10 +9,11 @@ both are current and that every shared real trace's report.json validates).
 Rules the schema states, and the writers keep:
 - Absent values are `null`, never `""` (json_writer turns the empty strings of the in-memory
   objects into null).
-- The unit is in the key's name: `_us` microseconds (every time the report measures: steps,
-  breakdowns, plans, timelines), `_ms` milliseconds (only in `findings[].evidence`, which rules
-  word for people), `_pct` percent of the named whole (0-100), `_mb` megabytes, `_s` seconds
-  (only in `run`'s capture context). A number with no unit suffix is a count or an id.
+- The unit is a word in the key's name: `us` microseconds (every time the report measures:
+  steps, breakdowns, plans, timelines, hot ops), `ms` milliseconds (only in
+  `findings[].evidence`, which rules word for people, e.g. `wait_ms_per_step`, and in
+  `dataloaders[].anatomy`), `pct` percent of the named whole (0-100), `mb` megabytes, `bytes`,
+  `s` seconds (only in `run`'s capture context). A number with no unit word is a count or an id.
 - `verdict` is the report's first line (`verdict.text`) and what it speaks of (`verdict.id`).
 
 Evidence, the timeline's marks, `run` and the capture context stay open objects: their keys
