@@ -22,7 +22,9 @@ from stallscope.report.build import Report
 from stallscope.report.evidence_view import evidence_value
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
+    category_name,
     floor_phrase,
+    loader_story,
     ms,
     pct_of,
     plan_of,
@@ -43,16 +45,7 @@ COLORS = {
     "memcpy": "#17becf",
     "memset": "#bcbd22",
 }
-LEGEND = {
-    "dataloader": "data loader",
-    "sync": "sync wait",
-    "h2d_copy": "HtoD copy",
-    "other_copy": "other copy",
-    "host_compute": "host compute",
-    "kernel": "GPU kernel",
-    "memcpy": "GPU memcpy",
-    "memset": "GPU memset",
-}
+LEGEND = {k: category_name(k) for k in COLORS}  # the names every view uses (labels.py)
 # Chart geometry, in SVG user units (about a pixel each at the page's width).
 CHART_WIDTH = 1000
 CHAR_WIDTH = 6.6  # average width of a 12-unit system-ui glyph; sizes the label column
@@ -126,6 +119,7 @@ def render_html(report: Report) -> str:
         timeline=_timeline_chart(report.timeline),
         colors=COLORS,
         legend=LEGEND,
+        loader_story=loader_story(report),
         categories=HOST_CATEGORIES,
         headline=_headline(report),
         fix_plan=_fix_plan(report),

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from stallscope.report.build import Report
+from stallscope.report.labels import CATEGORY_NAMES
 
 
 def _clean(value: Any) -> Any:
@@ -31,6 +32,8 @@ def report_data(report: Report) -> dict[str, Any]:
     and what it speaks of (`verdict.id`: a finding id or a no-finding kind)."""
     data = report.to_dict()
     data["verdict"] = {"text": report.verdict, "id": report.verdict_id}
+    # The words every view uses for each breakdown key (report/labels.py).
+    data["category_names"] = dict(CATEGORY_NAMES)
     return _clean(data)
 
 

@@ -7,7 +7,9 @@ from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
 from stallscope.report.labels import (
+    category_name,
     floor_phrase,
+    loader_story,
     ms,
     pct_of,
     plan_of,
@@ -150,8 +152,19 @@ def render_markdown(report: Report) -> str:
             "| where the step's time goes | share |",
             "|---|---:|",
         ]
-        lines += [f"| {md(k)} | {v:.1f}% |" for k, v in s["breakdown_pct"].items()]
+        lines += [f"| {md(category_name(k))} | {v:.1f}% |" for k, v in s["breakdown_pct"].items()]
         lines.append("")
+        for dev, parts in s["gpu_pct"].items():
+            busy = 100.0 - parts.get("idle", 0.0)
+            what = ", ".join(f"{category_name(k)} {parts[k]:.1f}%"
+                             for k in ("kernel", "memcpy", "memset") if k in parts)
+            lines.append(f"GPU {md(dev)}: busy {busy:.1f}% of the step ({what}), idle "
+                         f"{parts.get('idle', 0.0):.1f}%.")
+        if s["gpu_pct"]:
+            lines.append("")
+        story = loader_story(report)
+        if story:
+            lines += [md(story), ""]
     lines += _plan_lines(report) + _what_if_lines(report)
     lines += ["## Findings", ""]
     if report.findings:

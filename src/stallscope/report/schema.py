@@ -54,8 +54,8 @@ class StepTime(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Summary(msgspec.Struct, forbid_unknown_fields=True):
-    """`breakdown_pct`: each host category's share of step wall time (dataloader = loader
-    wait, the time the training thread spends inside the DataLoader's `__next__`; sync,
+    """`breakdown_pct`: each host category's share of step wall time (dataloader: time in the
+    loader, all the time the training thread spends inside DataLoader `__next__`; sync,
     h2d_copy, other_copy, host_compute); `gpu_pct`: per GPU, kernel/memcpy/memset/idle shares."""
 
     steps: int
@@ -160,6 +160,10 @@ class Report(msgspec.Struct, forbid_unknown_fields=True):
     schema_version: int
     stallscope_version: str
     verdict: Verdict
+    # What every view calls each key of breakdown_pct / gpu_pct: `dataloader` is "time in the
+    # loader" (all of DataLoader `__next__`); the dataloader-bound finding's `wait_share_pct`
+    # is "loader wait (no GPU work)", the part of it with nothing running on the GPU.
+    category_names: dict[str, str]
     source: Json
     environment: Json
     steps: list[Step]
