@@ -212,3 +212,22 @@ def test_run_keeps_the_recorded_trace_beside_the_plugin_copy(tmp_path: Path):
     report = json.loads((out / "report.json").read_text())
     share = report["summary"]["breakdown_pct"]["dataloader"]
     assert plugin_loader_share(copy, tmp_path / "cache") == pytest.approx(share, abs=1.0)
+
+
+def test_a_plain_json_trace_in_the_run_folder_stays_one_file_for_the_plugin(tmp_path: Path):
+    """The script's own profiler may write `*.pt.trace.json` (no gzip) into the run folder: the
+    copy keeps that name, so the plugin never sees a second file (a second span) beside it."""
+    from stallscope.report.tensorboard_trace import write_plugin_copy
+    from tests.conftest import write_trace
+
+    loader = {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+              "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"}
+    source = write_trace(tmp_path / "host.script-profiler.pt.trace.json", [loader],
+                         stallscope_synthetic="tests/test_tensorboard.py")
+    before = source.read_bytes()
+    assert write_plugin_copy(source, tmp_path) == source
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "host.script-profiler.original.json", "host.script-profiler.pt.trace.json"]
+    assert (tmp_path / "host.script-profiler.original.json").read_bytes() == before
+    (event,) = json.loads(source.read_text())["traceEvents"]
+    assert event["cat"] == "cpu_op"

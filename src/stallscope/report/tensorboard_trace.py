@@ -12,8 +12,9 @@ So the plugin gets a copy in which those loader events, and only those, carry `c
 other byte of meaning is kept (timestamps, threads, GPU events), and the copy's metadata says so
 (`stallscope_copy`). The original trace is never modified: `analyze --tensorboard` copies it
 into the logdir; `run`, whose trace was recorded inside the logdir's run folder, keeps the
-original beside the copy as `<name>.original.json.gz`, a name the plugin does not read (it reads
-`*.pt.trace.json[.gz]` only, and would show two files as two spans of one worker).
+original beside the copy as `<worker>[.<span>].original.json[.gz]`, a name the plugin does not
+read (it reads `*.pt.trace.json[.gz]` only, and would show two files as two spans of one
+worker), nor does stallscope when given the folder.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import gzip
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,7 @@ def relabel_loader_events(trace: dict[str, Any]) -> int:
     return changed
 
 
-def _read(path: Path) -> dict[str, Any]:
-    raw = path.read_bytes()
+def _read(raw: bytes, path: Path) -> dict[str, Any]:
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     data = msgspec.json.decode(raw)
@@ -73,37 +72,38 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def write_plugin_copy(source: Path, run_dir: Path, name: str | None = None) -> Path:
-    """Write the plugin-ready copy of `source` into `run_dir`; return its path.
+    """Write the plugin-ready copy of `source` into `run_dir` (as `name`, else plugin_name);
+    return its path.
 
-    When `source` itself lies in `run_dir` (`run` records there) and needs relabelling, the
-    original's bytes move to `<name minus .pt.trace.json.gz>.original.json.gz` beside the copy
-    first, so the plugin sees one file per worker. A trace that needs no change is copied as
-    is (or left where it is, when already in `run_dir`).
+    When `source` already lies in `run_dir` under a name the plugin reads (`run` records
+    there), the copy takes that name and the original's bytes move beside it to
+    `<worker>[.<span>].original.json[.gz]`, so the plugin sees one file per worker. A trace that
+    needs no change is copied as it is (gzip), or left alone when already in place.
     """
-    dest = run_dir / (name or plugin_name(source))
-    in_place = source.resolve().parent == run_dir.resolve()
+    in_place = (source.resolve().parent == run_dir.resolve()
+                and PLUGIN_NAME.match(source.name) is not None)
+    dest = source if in_place else run_dir / (name or plugin_name(source))
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        trace = _read(source)
+        raw = source.read_bytes()
+        gz = raw[:2] == b"\x1f\x8b"
+        trace = _read(raw, source)
         changed = relabel_loader_events(trace)
         if not changed:
-            if in_place and dest.resolve() == source.resolve():
-                return dest
-            if source.read_bytes()[:2] == b"\x1f\x8b":
-                shutil.copyfile(source, dest)
-            else:
-                dest.write_bytes(gzip.compress(source.read_bytes(), compresslevel=6))
+            if not in_place:
+                dest.write_bytes(raw if gz else gzip.compress(raw, compresslevel=6))
             return dest
         trace[COPY_KEY] = {
             "original": source.name,
             "changed": f"{changed} DataLoader __next__ event(s): cat user_annotation -> cpu_op, "
                        "the category torch-tb-profiler 0.4.3 counts as DataLoader time",
         }
+        data = msgspec.json.encode(trace)
         staging = dest.with_name(f".{dest.name}.tmp")
-        staging.write_bytes(gzip.compress(msgspec.json.encode(trace), compresslevel=6))
-        if in_place and dest.resolve() == source.resolve():
-            keep = run_dir / (PLUGIN_NAME.sub(r"\1\2", source.name) + ORIGINAL_SUFFIX)
-            os.replace(source, keep)
+        staging.write_bytes(gzip.compress(data, compresslevel=6) if gz or not in_place else data)
+        if in_place:
+            suffix = ORIGINAL_SUFFIX if gz else ORIGINAL_SUFFIX.removesuffix(".gz")
+            os.replace(source, run_dir / (PLUGIN_NAME.sub(r"\1\2", source.name) + suffix))
         os.replace(staging, dest)
     except OSError as exc:
         raise OutputError(f"cannot write the TensorBoard trace copy in {run_dir}: {exc}") from None
