@@ -48,3 +48,13 @@ def test_both_charts_have_round_tick_labels(trace):
         assert is_round(str(step)), (chart, labels)
         assert all(Decimal(x) % step == 0 for x in labels), (chart, labels)
     assert 'class="x-axis"' in html
+
+
+def test_trace_table_drops_columns_empty_in_every_row():
+    """A CPU trace has no GPUs: the trace table leaves that column out instead of an empty one."""
+    html = render_html(analyze_paths([SAMPLES / "cpu-loader-bound.pt.trace.json.gz"]))
+    table = re.search(r'<table id="traces">.*?</table>', html, re.S).group(0)
+    assert "<th>GPUs</th>" not in table and "<th>findings</th>" in table
+    assert "<th class=\"num\">time in the loader %</th>" in table
+    gpu = render_html(analyze_paths([real_trace(RESNET)]))
+    assert "<th>GPUs</th>" in re.search(r'<table id="traces">.*?</table>', gpu, re.S).group(0)

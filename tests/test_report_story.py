@@ -32,7 +32,7 @@ def test_both_loader_figures_are_named_and_explained_in_every_view():
     for name, text in views.items():
         assert story in text.lower(), name
     assert "| time in the loader | 39.6% |" in views["markdown"]
-    assert "host time: time in the loader 40%" in views["terminal"]
+    assert "host time: time in the loader 39.6%" in views["terminal"]
     data = json.loads(render_json(report))
     assert data["category_names"]["dataloader"] == "time in the loader"
     assert data["summary"]["breakdown_pct"]["dataloader"] == round(time_pct, 2)

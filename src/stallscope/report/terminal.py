@@ -33,7 +33,7 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
     if s["step_time_us"]:
         t = s["step_time_us"]
         across = f" across {len(report.traces)} traces" if len(report.traces) > 1 else ""
-        shares = ", ".join(f"{category_name(k)} {v:.0f}%" for k, v in s["breakdown_pct"].items()
+        shares = ", ".join(f"{category_name(k)} {v:.1f}%" for k, v in s["breakdown_pct"].items()
                            if v >= 0.5)
         out.append(
             f"  steps: {s['steps']}{across}, median {t['median'] / 1000:.1f} ms "
@@ -41,8 +41,8 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
         )
         for dev, parts in s["gpu_pct"].items():
             out.append(
-                f"  GPU {_p(dev)}: kernels {parts['kernel']:.0f}%, "
-                f"copies {parts['memcpy']:.0f}%, idle {parts['idle']:.0f}%"
+                f"  GPU {_p(dev)}: kernels {parts['kernel']:.1f}%, "
+                f"copies {parts['memcpy']:.1f}%, idle {parts['idle']:.1f}%"
             )
         story = loader_story(report)
         if story:
@@ -53,8 +53,8 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
             if ts["step_time_us"]:
                 out.append(
                     f"  {_p(t['label'])}: median {ts['step_time_us']['median'] / 1000:.1f} ms, "
-                    f"{LOADER_TIME} {ts['breakdown_pct']['dataloader']:.0f}%, "
-                    f"sync {ts['breakdown_pct']['sync']:.0f}%"
+                    f"{LOADER_TIME} {ts['breakdown_pct']['dataloader']:.1f}%, "
+                    f"sync {ts['breakdown_pct']['sync']:.1f}%"
                 )
     out += _plan_lines(report) + _what_if_lines(report)
     for f in report.findings[:MAX_FINDINGS]:
