@@ -221,3 +221,95 @@ def test_the_checks_catch_a_page_that_errs_and_phones_home(browser: Any, tmp_pat
     console, _ = open_page(browser, page)
     assert any("Content Security Policy" in m for m in severe(console)), console
     assert browser.title != "ran"
+
+
+NARROW = 800  # a half-width window on a laptop, or a ticket's side panel
+OVERFLOW_JS = """
+const width = document.documentElement.clientWidth;
+const wide = [];
+for (const el of document.body.querySelectorAll('*')) {
+  const r = el.getBoundingClientRect();
+  if (r.width === 0 || getComputedStyle(el).display === 'none') continue;
+  if (el.closest('script, style, [hidden]')) continue;
+  if (r.right > width + 0.5 || r.left < -0.5) {
+    wide.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className.baseVal ?? el.className}`
+              + ` ${Math.round(r.left)}..${Math.round(r.right)}`);
+  }
+}
+return [document.documentElement.scrollWidth, width, wide.slice(0, 8)];
+"""
+
+
+def assert_fits(driver: Any, what: str) -> None:
+    """Nothing is wider than the viewport: no sideways scroll, no clipped table cell."""
+    scroll, width, wide = driver.execute_script(OVERFLOW_JS)
+    assert scroll <= width and not wide, f"{what}: page {scroll} px in {width} px; {wide}"
+
+
+@pytest.mark.parametrize("name, trace", [
+    ("cpu-loader-bound", SAMPLES / "cpu-loader-bound.pt.trace.json.gz"),
+    ("resnet50-gpu", GPU_TRACE),
+    ("rank-queue-sync", "hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz"),
+])
+def test_report_fits_800px_and_prints_without_clipping(browser: Any, tmp_path: Path, name: str,
+                                                        trace: Any):
+    path = trace if isinstance(trace, Path) else real_trace(trace)
+    check_fits(browser, analyze(path, tmp_path / "out") / "report.html", name)
+
+
+def test_run_report_with_its_dataloaders_table_fits(browser: Any, tmp_path: Path):
+    """A `run` report adds the DataLoaders table (nine columns, a call site path), which was
+    clipped at 1400 px and in print."""
+    out = tmp_path / "out"
+    proc = run_cli("run", "-q", "-o", str(out), "--steps", "2",
+                   str(ROOT / "examples" / "balanced.py"), "--samples", "512", "--width", "8")
+    assert proc.returncode == 0, proc.stderr
+    assert "id=\"dataloaders\"" in (out / "report.html").read_text()
+    check_fits(browser, out / "report.html", "run-balanced")
+
+
+def check_fits(browser: Any, page: Path, name: str) -> None:
+    open_page(browser, page)
+    try:
+        browser.set_window_size(NARROW, VIEWPORT[1])
+        assert browser.execute_script("return document.documentElement.clientWidth") <= NARROW
+        assert_fits(browser, f"{name} at {NARROW} px")
+        browser.set_window_size(1400, VIEWPORT[1])
+        assert_fits(browser, f"{name} at 1400 px")
+        # Printed on A4/Letter (about 700 px of content width at 96 dpi): nothing cut off.
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+        browser.set_window_size(NARROW - 80, VIEWPORT[1])
+        assert_fits(browser, f"{name} in print")
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+        browser.set_window_size(*VIEWPORT)
+
+
+CONTRAST_JS = """
+function lum(rgb) {
+  const [r, g, b] = rgb.match(/[\\d.]+/g).slice(0, 3).map(Number).map(v => {
+    v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+const out = {};
+for (const sev of ['high', 'medium', 'low', 'info']) {
+  const el = document.createElement('span');
+  el.className = 'sev sev-' + sev; el.textContent = sev;
+  document.body.appendChild(el);
+  const st = getComputedStyle(el);
+  const [a, b] = [lum(st.color), lum(st.backgroundColor)].sort((x, y) => y - x);
+  out[sev] = (a + 0.05) / (b + 0.05);
+  el.remove();
+}
+return out;
+"""
+
+
+def test_severity_badges_meet_wcag_aa_contrast(browser: Any, tmp_path: Path):
+    """Every severity badge, as the browser paints it, reads at 4.5:1 or better (low and info
+    were 3.5 and 2.6)."""
+    out = analyze(SAMPLES / "cpu-loader-bound.pt.trace.json.gz", tmp_path / "out")
+    open_page(browser, out / "report.html")
+    ratios = browser.execute_script(CONTRAST_JS)
+    assert set(ratios) == {"high", "medium", "low", "info"}
+    assert all(r >= 4.5 for r in ratios.values()), ratios

@@ -144,3 +144,22 @@ def test_without_a_plan_markdown_and_terminal_give_upper_bounds():
     assert f"*Estimate (upper bound, not replayed):* up to {pct}" in text
     terminal = render_terminal(report)
     assert "fix plan" not in terminal and f"(upper bound {pct})" in terminal
+
+
+def test_a_cause_comes_before_its_effect_when_their_savings_tie():
+    """An effect's saving is its cause's: they tie, and the tie used to fall to the ids'
+    alphabetical order, listing `gpu-idle` above `host-device-sync`, the effect before its cause."""
+    from stallscope.diagnose import Assessment, ranked_findings
+    from stallscope.diagnose.finding import Finding
+    from stallscope.report.build import causes_first
+
+    def finding(fid: str, caused_by: str = "") -> Finding:
+        return Finding(id=fid, title=fid, evidence={}, recommendation="", snippet="",
+                       precondition="", estimated_saving_pct=12.0, saving_basis="",
+                       trace="t", caused_by=caused_by)
+
+    flat = [Assessment.found(finding("host-device-sync")),
+            Assessment.found(finding("gpu-idle", caused_by="host-device-sync"))]
+    assert [f.id for f in ranked_findings(flat)] == ["gpu-idle", "host-device-sync"]
+    assert [f.id for f in causes_first(ranked_findings(flat))] == ["host-device-sync",
+                                                                   "gpu-idle"]

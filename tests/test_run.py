@@ -312,10 +312,12 @@ def test_worker_processes_write_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert files[:3] == ["report.html", "report.json", "report.md"]
-    # Beside the reports: the main process's trace and stallscope's TensorBoard views.
+    # Beside the reports: the main process's trace (the profiler plugin's copy, and the recorded
+    # original beside it: report/tensorboard_trace.py) and stallscope's TensorBoard views.
     rest = [f.removeprefix("tensorboard/loader_bound/") for f in files[3:]]
-    assert len(rest) == 2 and all(f.startswith("tensorboard/loader_bound/") for f in files[3:])
-    assert rest[0].startswith("events.out.tfevents.") and rest[1].endswith(".pt.trace.json.gz")
+    assert len(rest) == 3 and all(f.startswith("tensorboard/loader_bound/") for f in files[3:])
+    assert rest[0].startswith("events.out.tfevents.") and rest[1].endswith(".original.json.gz")
+    assert rest[2] == rest[1].removesuffix(".original.json.gz") + ".pt.trace.json.gz"
     assert report_of(out)["dataloaders"][0]["num_workers"] == 2
 
 

@@ -148,3 +148,86 @@ def test_pytorch_profiler_plugin_lists_the_run(tmp_path: Path):
             break
         time.sleep(0.5)
     assert "balanced" in runs, f"plugin runs: {runs} ({sys.version})"
+
+
+def plugin_loader_share(trace: Path, cache: Path) -> float:
+    """DataLoader share of the step as the profiler plugin's own parser computes it (the number
+    its Overview shows)."""
+    from torch_tb_profiler.profiler.data import RunProfileData
+    from torch_tb_profiler.profiler.event_parser import ProfileRole
+
+    profile = RunProfileData.parse("worker", None, str(trace), str(cache))
+    costs = profile.avg_costs.costs
+    return 100.0 * costs[ProfileRole.DataLoader] / costs[ProfileRole.Total]
+
+
+def loader_events(trace: Path) -> list[dict]:
+    import gzip
+
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    return [e for e in events if str(e.get("name", "")).startswith("enumerate(DataLoader)#")]
+
+
+def test_analyze_tensorboard_puts_a_trace_the_plugin_reads_into_the_logdir(tmp_path: Path):
+    """torch 2.x writes the loader's __next__ as user_annotation, which torch-tb-profiler 0.4.3
+    drops: its Overview said DataLoader 0% where the report said 85%. The logdir's copy makes
+    them agree; the user's trace is left byte for byte as it was."""
+    source = SAMPLES / "cpu-loader-bound.pt.trace.json.gz"
+    before = source.read_bytes()
+    out = tmp_path / "out"
+    proc = run_cli("analyze", "-q", "--tensorboard", "-o", str(out), str(source))
+    assert proc.returncode == 0, proc.stderr
+    assert source.read_bytes() == before
+    (copy,) = (out / "tensorboard").glob("*.pt.trace.json.gz")
+    assert {e["cat"] for e in loader_events(source)} == {"user_annotation"}
+    assert {e["cat"] for e in loader_events(copy)} == {"cpu_op"}
+    report = json.loads((out / "report.json").read_text())
+    # stallscope reads the copy exactly as it read the original.
+    again = run_cli("analyze", "-q", "-o", str(tmp_path / "again"), str(copy))
+    assert again.returncode == 0, again.stderr
+    report_again = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert report_again["verdict"]["text"] == report["verdict"]["text"]
+    assert report_again["summary"]["breakdown_pct"] == report["summary"]["breakdown_pct"]
+    if importlib.util.find_spec("torch_tb_profiler") is None:
+        pytest.skip("torch_tb_profiler is not installed: the plugin's own parser was not run")
+    share = report["summary"]["breakdown_pct"]["dataloader"]
+    assert share > 50
+    assert plugin_loader_share(copy, tmp_path / "cache") == pytest.approx(share, abs=0.1)
+    assert plugin_loader_share(source, tmp_path / "cache") == 0.0  # what it showed before
+
+
+def test_run_keeps_the_recorded_trace_beside_the_plugin_copy(tmp_path: Path):
+    out = tmp_path / "out"
+    proc = run_cli("run", "-q", "-o", str(out), "--steps", "3",
+                   str(ROOT / "examples" / "balanced.py"), "--samples", "512", "--width", "8")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = out / "tensorboard" / "balanced"
+    (copy,) = run_dir.glob("*.pt.trace.json.gz")  # the plugin sees one file: one worker, one span
+    (original,) = run_dir.glob("*.original.json.gz")
+    assert original.name.removesuffix(".original.json.gz") + ".pt.trace.json.gz" == copy.name
+    assert {e["cat"] for e in loader_events(original)} == {"user_annotation"}
+    assert {e["cat"] for e in loader_events(copy)} == {"cpu_op"}
+    if importlib.util.find_spec("torch_tb_profiler") is None:
+        pytest.skip("torch_tb_profiler is not installed: the plugin's own parser was not run")
+    report = json.loads((out / "report.json").read_text())
+    share = report["summary"]["breakdown_pct"]["dataloader"]
+    assert plugin_loader_share(copy, tmp_path / "cache") == pytest.approx(share, abs=1.0)
+
+
+def test_a_plain_json_trace_in_the_run_folder_stays_one_file_for_the_plugin(tmp_path: Path):
+    """The script's own profiler may write `*.pt.trace.json` (no gzip) into the run folder: the
+    copy keeps that name, so the plugin never sees a second file (a second span) beside it."""
+    from stallscope.report.tensorboard_trace import write_plugin_copy
+    from tests.conftest import write_trace
+
+    loader = {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1, "ts": 10, "dur": 5,
+              "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"}
+    source = write_trace(tmp_path / "host.script-profiler.pt.trace.json", [loader],
+                         stallscope_synthetic="tests/test_tensorboard.py")
+    before = source.read_bytes()
+    assert write_plugin_copy(source, tmp_path) == source
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "host.script-profiler.original.json", "host.script-profiler.pt.trace.json"]
+    assert (tmp_path / "host.script-profiler.original.json").read_bytes() == before
+    (event,) = json.loads(source.read_text())["traceEvents"]
+    assert event["cat"] == "cpu_op"

@@ -186,8 +186,9 @@ def build_report(
         if busy is not None:
             notes.append(prefix + busy.note)
     flat = [a for group in assessments for a in group]
+    found = causes_first(ranked_findings(flat))
     for entry in traces:
-        entry["findings"] = [f.id for f in ranked_findings(flat) if f.trace == entry["label"]]
+        entry["findings"] = [f.id for f in found if f.trace == entry["label"]]
     ranks = [
         {
             "rank": t["rank"],
@@ -201,7 +202,6 @@ def build_report(
         for t in traces
         if t["rank"] is not None
     ]
-    found = ranked_findings(flat)
     top = next((f for f in found if not f.caused_by), found[0] if found else None)
     lead = next((t for t in traces if top and t["label"] == top.trace), traces[0] if traces
                 else None)
@@ -229,6 +229,21 @@ def build_report(
         plan=lead_plan,
         what_if=lead_plan.get("what_if") if lead_plan else None,
     )
+
+
+def causes_first(findings: list[Finding]) -> list[Finding]:
+    """`findings` with each effect moved just after its cause when it was ranked above it (an
+    effect's saving is its cause's, so they tie, and the tie fell to the ids' order): a reader
+    meets the cause, then what it causes."""
+    out = list(findings)
+    for f in findings:
+        if not f.caused_by:
+            continue
+        cause = next((c for c in out if c.id == f.caused_by and c.trace == f.trace), None)
+        if cause is not None and out.index(f) < out.index(cause):
+            out.remove(f)
+            out.insert(out.index(cause) + 1, f)
+    return out
 
 
 def _plan_dict(plan: Plan | None) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from stallscope.report.loader_work import inside_loader
 from stallscope.trace.model import TraceModel
 
 TOP_N = 10
@@ -18,8 +19,14 @@ TOP_N = 10
 
 def top_host_ops(models: list[TraceModel], top: int = TOP_N) -> list[dict[str, Any]]:
     """The host ops (cpu_op and user annotations, all threads of the stepping process) with the
-    largest total inclusive time inside steps, summed over every trace."""
-    frames = [m.ops.loc[m.ops["step"] >= 0, ["name", "dur"]] for m in models if len(m.ops)]
+    largest total inclusive time inside steps, summed over every trace. Ops the training thread
+    ran inside DataLoader `__next__` (the dataset's own work) are left out: the breakdown counts
+    them as time in the loader, and listing them here would present them as the model's."""
+    frames = []
+    for m in models:
+        if len(m.ops):
+            in_step = m.ops[m.ops["step"] >= 0]
+            frames.append(in_step.loc[~inside_loader(m, in_step), ["name", "dur"]])
     steps = sum(len(m.steps) for m in models)
     step_us = sum(m.total_step_us for m in models)
     return _rank(frames, steps, step_us, top)

@@ -9,6 +9,7 @@ its strings are cut the same way (report.json beside the page keeps them whole).
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,12 @@ from markupsafe import Markup, escape
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
+from stallscope.report.evidence_view import evidence_value
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
+    category_name,
     floor_phrase,
+    loader_story,
     ms,
     pct_of,
     plan_of,
@@ -42,16 +46,7 @@ COLORS = {
     "memcpy": "#17becf",
     "memset": "#bcbd22",
 }
-LEGEND = {
-    "dataloader": "data loader",
-    "sync": "sync wait",
-    "h2d_copy": "HtoD copy",
-    "other_copy": "other copy",
-    "host_compute": "host compute",
-    "kernel": "GPU kernel",
-    "memcpy": "GPU memcpy",
-    "memset": "GPU memset",
-}
+LEGEND = {k: category_name(k) for k in COLORS}  # the names every view uses (labels.py)
 # Chart geometry, in SVG user units (about a pixel each at the page's width).
 CHART_WIDTH = 1000
 CHAR_WIDTH = 6.6  # average width of a 12-unit system-ui glyph; sizes the label column
@@ -114,6 +109,7 @@ def render_html(report: Report) -> str:
     env.filters["ms"] = _ms
     env.filters["diff_lines"] = diff_lines
     env.filters["pretty_json"] = pretty_json
+    env.globals["evidence_value"] = evidence_value
     env.filters["delta"] = delta
     env.filters["saved"] = saved
     template = env.get_template("report.html.j2")
@@ -124,6 +120,7 @@ def render_html(report: Report) -> str:
         timeline=_timeline_chart(report.timeline),
         colors=COLORS,
         legend=LEGEND,
+        loader_story=loader_story(report),
         categories=HOST_CATEGORIES,
         headline=_headline(report),
         fix_plan=_fix_plan(report),
@@ -363,12 +360,32 @@ def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:
             x += w
         bars.append({"label": short, "full": full, "parts": parts, "end": x,
                      "duration_us": s["duration_us"]})
+    axis_y = len(bars) * 20 + 4
+    ticks = [{"x": label_w + plot_w * t / longest, "ms": _tick_label(t)}
+             for t in round_ticks(longest)]
     return {"bars": bars, "width": CHART_WIDTH, "label_w": label_w, "row": 20,
-            "height": len(bars) * 20 + 4}
+            "axis_y": axis_y, "ticks": ticks, "height": axis_y + 18}
+
+
+def round_ticks(limit_us: float, target: int = 5) -> list[float]:
+    """Tick positions (us) at round milliseconds (1, 2, 2.5 or 5 times a power of ten), about
+    `target` of them from 0 up to `limit_us`, so a reader can read a bar off the axis."""
+    if limit_us <= 0:
+        return [0.0]
+    raw = limit_us / 1000.0 / target
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    count = int(limit_us / 1000.0 / step + 1e-9)
+    return [k * step * 1000.0 for k in range(count + 1)]
+
+
+def _tick_label(us: float) -> str:
+    """A round tick in ms, with no trailing zeros (0, 2.5, 50, 0.05)."""
+    return f"{us / 1000.0:.6g}"
 
 
 def _timeline_chart(timeline: dict[str, Any]) -> dict[str, Any] | None:
-    """The representative step's lanes in SVG units, with time ticks every fifth of the step."""
+    """The representative step's lanes in SVG units, with time ticks at round milliseconds."""
     if not timeline or not timeline.get("lanes"):
         return None
     label_w = 120
@@ -391,7 +408,7 @@ def _timeline_chart(timeline: dict[str, Any]) -> dict[str, Any] | None:
         ]
         lanes.append({"label": lane["label"], "y": y, "rects": rects,
                       "busy_pct": lane["busy_pct"]})
-    ticks = [{"x": label_w + plot_w * k / 5, "ms": _ms(dur * k / 5)} for k in range(6)]
+    ticks = [{"x": label_w + t * scale, "ms": _tick_label(t)} for t in round_ticks(dur)]
     kinds = [k for k in COLORS if any(r["kind"] == k for ln in lanes for r in ln["rects"])]
     return {
         "lanes": lanes,

@@ -7,10 +7,13 @@ import math
 from typing import Any
 
 from stallscope.report.build import Report
+from stallscope.report.labels import CATEGORY_NAMES
 
 
 def _clean(value: Any) -> Any:
-    """Plain JSON types only: numpy scalars unwrapped, NaN/inf (unknown) become null."""
+    """Plain JSON types only: numpy scalars unwrapped; NaN/inf (unknown) and "" (absent: the
+    in-memory objects default strings to "") become null, as the schema (report/schema.py)
+    promises."""
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -18,6 +21,8 @@ def _clean(value: Any) -> Any:
     if hasattr(value, "item") and not isinstance(value, (str, bytes)):
         value = value.item()
     if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value == "":
         return None
     return value
 
@@ -27,6 +32,8 @@ def report_data(report: Report) -> dict[str, Any]:
     and what it speaks of (`verdict.id`: a finding id or a no-finding kind)."""
     data = report.to_dict()
     data["verdict"] = {"text": report.verdict, "id": report.verdict_id}
+    # The words every view uses for each breakdown key (report/labels.py).
+    data["category_names"] = dict(CATEGORY_NAMES)
     return _clean(data)
 
 

@@ -70,3 +70,44 @@ def ms(us: float | None, missing: str = "?") -> str:
         return missing
     value = us / 1000.0
     return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
+
+
+# One name per category in every view (HTML, Markdown, terminal, TensorBoard text; report.json
+# carries this map as `category_names`). `dataloader` is all the time the training thread spends
+# inside DataLoader `__next__`; the dataloader-bound finding's figure is the part of it during
+# which no GPU work ran (LOADER_WAIT), which is what a faster loader can win back.
+LOADER_TIME = "time in the loader"
+LOADER_WAIT = "loader wait (no GPU work)"
+CATEGORY_NAMES = {
+    "dataloader": LOADER_TIME,
+    "sync": "waiting for the GPU (sync)",
+    "h2d_copy": "host-to-device copies",
+    "other_copy": "other copies",
+    "host_compute": "host compute",
+    "kernel": "GPU kernels",
+    "memcpy": "GPU copies",
+    "memset": "GPU memsets",
+    "idle": "GPU idle",
+}
+
+
+def category_name(key: str) -> str:
+    return CATEGORY_NAMES.get(key, key.replace("_", " "))
+
+
+def loader_story(report: Report) -> str | None:
+    """One sentence relating the two loader figures, where a reader sees both: the breakdown's
+    time in the loader and the dataloader-bound finding's loader wait (no GPU work)."""
+    f = next((f for f in report.findings if f.id == "dataloader-bound"), None)
+    if f is None:
+        return None
+    time_pct, wait_pct = f.evidence.get("loader_share_pct"), f.evidence.get("wait_share_pct")
+    if not isinstance(time_pct, (int, float)) or not isinstance(wait_pct, (int, float)):
+        return None
+    if round(time_pct, 1) == round(wait_pct, 1):
+        return (f"{LOADER_TIME.capitalize()}: {time_pct:.1f}% of the step, all of it "
+                f"{LOADER_WAIT}.")
+    return (f"{LOADER_TIME.capitalize()}: {time_pct:.1f}% of the step; {LOADER_WAIT}: "
+            f"{wait_pct:.1f}%, the part of it with nothing running on the GPU. The verdict and "
+            "the saving use the wait: the rest overlapped GPU work queued before, which a faster "
+            "loader does not win back.")

@@ -7,7 +7,9 @@ from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
 from stallscope.report.labels import (
+    category_name,
     floor_phrase,
+    loader_story,
     ms,
     pct_of,
     plan_of,
@@ -150,8 +152,19 @@ def render_markdown(report: Report) -> str:
             "| where the step's time goes | share |",
             "|---|---:|",
         ]
-        lines += [f"| {md(k)} | {v:.1f}% |" for k, v in s["breakdown_pct"].items()]
+        lines += [f"| {md(category_name(k))} | {v:.1f}% |" for k, v in s["breakdown_pct"].items()]
         lines.append("")
+        for dev, parts in s["gpu_pct"].items():
+            busy = 100.0 - parts.get("idle", 0.0)
+            what = ", ".join(f"{category_name(k)} {parts[k]:.1f}%"
+                             for k in ("kernel", "memcpy", "memset") if k in parts)
+            lines.append(f"GPU {md(dev)}: busy {busy:.1f}% of the step ({what}), idle "
+                         f"{parts.get('idle', 0.0):.1f}%.")
+        if s["gpu_pct"]:
+            lines.append("")
+        story = loader_story(report)
+        if story:
+            lines += [md(story), ""]
     lines += _plan_lines(report) + _what_if_lines(report)
     lines += ["## Findings", ""]
     if report.findings:
@@ -210,14 +223,16 @@ def render_markdown(report: Report) -> str:
     lines += ["## Reproduce", "", "```sh", md_code(report.reproduce_command)]
     if run:
         lines += [
-            "# open the trace (PyTorch profiler TensorBoard plugin):",
+            "# stallscope's per-step charts, and the trace in the PyTorch profiler plugin"
+            " (its page needs internet access):",
             md_code(run["tensorboard_command"]),
         ]
     lines += [
         "```",
         "",
         # Escaped text, not code spans: a code span shows a file name's `<` and `&` only raw.
-        "Or drag a trace file into ui.perfetto.dev: "
+        "Open a trace in ui.perfetto.dev (*Open trace file*; read in the browser, not "
+        "uploaded): "
         + ", ".join(md(t["path"]) for t in report.traces),
         "",
     ]

@@ -1,8 +1,11 @@
-"""The report as TensorBoard views: per-step scalars and the findings as text.
+"""The report as TensorBoard views: per-step scalars, the findings as text, and the trace.
 
 Written with `torch.utils.tensorboard.SummaryWriter` into the folder that holds the trace, so
 `tensorboard --logdir OUT/tensorboard` shows the trace (PyTorch profiler plugin) and these views
-as one run. Tags, with `P` empty for one trace and `rank0/` (or the file's stem) per trace when
+as one run. The trace there is the plugin-ready copy (report/tensorboard_trace.py): the plugin
+counts torch 2.x DataLoader time only once the loader events carry a category it parses.
+
+Tags, with `P` empty for one trace and `rank0/` (or the file's stem) per trace when
 there are several:
 
 - `P step_time_ms`: wall time of each step;
@@ -33,6 +36,7 @@ from typing import Any
 from stallscope.errors import OutputError
 from stallscope.report.build import Report
 from stallscope.report.labels import saving_label
+from stallscope.report.tensorboard_trace import plugin_name, write_plugin_copy
 from stallscope.text import md
 from stallscope.trace.model import HOST_CATEGORIES
 
@@ -76,7 +80,23 @@ def write_tensorboard(report: Report, run_dir: Path) -> Path:
     for old in run_dir.glob(f"events.out.tfevents.*{EVENT_SUFFIX}"):
         if old != final:
             old.unlink(missing_ok=True)
+    write_trace_copies(report, run_dir)
     return final
+
+
+def write_trace_copies(report: Report, run_dir: Path) -> list[Path]:
+    """Put every analysed trace into `run_dir` as the profiler plugin reads it; file names
+    that would collide (same name, different folders) get their folder's name in front."""
+    written: list[Path] = []
+    used: set[str] = set()
+    for trace in report.traces:
+        source = Path(trace["path"])
+        name = plugin_name(source)
+        if name in used:
+            name = f"{_tag(source.parent.name)}_{name}"
+        used.add(name)
+        written.append(write_plugin_copy(source, run_dir, name))
+    return written
 
 
 def _write_scalars(writer: Any, report: Report) -> None:

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
-from stallscope.report.labels import floor_phrase, ms, pct_of, saving_label, with_before
+from stallscope.report.labels import (
+    LOADER_TIME,
+    category_name,
+    floor_phrase,
+    loader_story,
+    ms,
+    pct_of,
+    saving_label,
+    with_before,
+)
 from stallscope.text import MAX_TERMINAL, plain
 
 MAX_FINDINGS = 6
@@ -24,24 +33,28 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
     if s["step_time_us"]:
         t = s["step_time_us"]
         across = f" across {len(report.traces)} traces" if len(report.traces) > 1 else ""
-        shares = ", ".join(f"{k} {v:.0f}%" for k, v in s["breakdown_pct"].items() if v >= 0.5)
+        shares = ", ".join(f"{category_name(k)} {v:.1f}%" for k, v in s["breakdown_pct"].items()
+                           if v >= 0.5)
         out.append(
             f"  steps: {s['steps']}{across}, median {t['median'] / 1000:.1f} ms "
             f"(p90 {t['p90'] / 1000:.1f} ms); host time: {shares}"
         )
         for dev, parts in s["gpu_pct"].items():
             out.append(
-                f"  GPU {_p(dev)}: kernels {parts['kernel']:.0f}%, "
-                f"memcpy {parts['memcpy']:.0f}%, idle {parts['idle']:.0f}%"
+                f"  GPU {_p(dev)}: kernels {parts['kernel']:.1f}%, "
+                f"copies {parts['memcpy']:.1f}%, idle {parts['idle']:.1f}%"
             )
+        story = loader_story(report)
+        if story:
+            out.append(f"  {story}")
     if len(report.traces) > 1:
         for t in report.traces:
             ts = t["summary"]
             if ts["step_time_us"]:
                 out.append(
                     f"  {_p(t['label'])}: median {ts['step_time_us']['median'] / 1000:.1f} ms, "
-                    f"dataloader {ts['breakdown_pct']['dataloader']:.0f}%, "
-                    f"sync {ts['breakdown_pct']['sync']:.0f}%"
+                    f"{LOADER_TIME} {ts['breakdown_pct']['dataloader']:.1f}%, "
+                    f"sync {ts['breakdown_pct']['sync']:.1f}%"
                 )
     out += _plan_lines(report) + _what_if_lines(report)
     for f in report.findings[:MAX_FINDINGS]:

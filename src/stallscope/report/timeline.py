@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stallscope.report.loader_work import inside_loader
 from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches
 
 # Horizontal resolution the merge is sized for (the SVG draws about this many pixels).
@@ -60,6 +61,7 @@ def step_timeline(models: list[TraceModel]) -> dict[str, Any]:
     loader = ev[on_main & name_matches(ev["name"], LOADER_NAME)]
     add("data loader", "dataloader", _within(loader, start, end), loader["name"])
     ops = _within(model.ops[model.ops["tid"].astype(str) == str(model.main_tid)], start, end)
+    ops = ops[~inside_loader(model, ops)]  # the dataset's work is the loader lane's
     top = _top_level(ops)
     add("host compute", "host_compute", top, top["name"])
     copies = _within(model.copies, start, end)

@@ -1,0 +1,205 @@
+"""report.json as a contract: typed definitions of its shape, and the JSON Schema made from them.
+
+CI gates and dashboards read report.json; they need to know which keys are always there, which
+may be null, and in which unit each number is. These msgspec Structs are that description;
+`msgspec.json.schema` turns them into the JSON Schema shipped beside this module
+(`report.schema.json`) and copied to docs/report-schema.json (tests/test_report_schema.py checks
+both are current and that every shared real trace's report.json validates).
+
+Rules the schema states, and the writers keep:
+- Absent values are `null`, never `""` (json_writer turns the empty strings of the in-memory
+  objects into null).
+- The unit is a word in the key's name: `us` microseconds (every time the report measures:
+  steps, breakdowns, plans, timelines, hot ops), `ms` milliseconds (only in
+  `findings[].evidence`, which rules word for people, e.g. `wait_ms_per_step`, and in
+  `dataloaders[].anatomy`), `pct` percent of the named whole (0-100), `mb` megabytes, `bytes`,
+  `s` seconds (only in `run`'s capture context). A number with no unit word is a count or an id.
+- `verdict` is the report's first line (`verdict.text`) and what it speaks of (`verdict.id`).
+
+Evidence, the timeline's marks, `run` and the capture context stay open objects: their keys
+belong to the rule or the capture that wrote them and are documented there (docs/rules.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
+SCHEMA_ID = "https://stallscope.dev/report-schema.json"
+
+Severity = Literal["high", "medium", "low", "info"]
+Json = dict[str, Any]
+
+
+class Verdict(msgspec.Struct, forbid_unknown_fields=True):
+    """The report's first line, and what it speaks of: a finding id, or one of
+    `too-little-to-judge`, `no-finding`, `no-bottleneck`, `gpu-bound`."""
+
+    text: str
+    id: str
+
+
+class StepTime(msgspec.Struct, forbid_unknown_fields=True):
+    """Step wall time over the judged steps, in microseconds."""
+
+    median: float
+    mean: float
+    p90: float
+    min: float
+    max: float
+
+
+class Summary(msgspec.Struct, forbid_unknown_fields=True):
+    """`breakdown_pct`: each host category's share of step wall time (dataloader: time in the
+    loader, all the time the training thread spends inside DataLoader `__next__`; sync,
+    h2d_copy, other_copy, host_compute); `gpu_pct`: per GPU, kernel/memcpy/memset/idle shares."""
+
+    steps: int
+    step_time_us: StepTime | None
+    breakdown_pct: dict[str, float]
+    gpu_pct: dict[str, dict[str, float]]
+
+
+class Step(msgspec.Struct, forbid_unknown_fields=True):
+    """One judged step. `dataloader_us` is the time inside the DataLoader's `__next__`;
+    `breakdown_us` splits `duration_us` by host category."""
+
+    name: str
+    duration_us: float
+    breakdown_us: dict[str, float]
+    dataloader_us: float
+    gpu_us: dict[str, dict[str, float]]
+    trace: str | None = None  # the trace's label, when the report covers several
+
+
+class Finding(msgspec.Struct, forbid_unknown_fields=True):
+    """One diagnosed bottleneck. `estimated_saving_pct` is of step time; `saving_kind` says
+    whether it was replayed (`replayed`) or is an upper bound (`upper_bound`)."""
+
+    id: str
+    title: str
+    severity: Severity
+    evidence: Json
+    recommendation: str
+    snippet: str | None
+    precondition: str | None
+    estimated_saving_pct: float
+    saving_basis: str
+    saving_kind: str
+    docs: str | None
+    trace: str | None
+    caused_by: str | None
+    predicted_step_us: float | None
+    plan_rank: int | None
+
+
+class Assessment(msgspec.Struct, forbid_unknown_fields=True):
+    rule: str
+    status: Literal["finding", "clear", "not_assessed"]
+    detail: str | None
+    trace: str | None
+
+
+class PlanEntry(msgspec.Struct):
+    id: str
+    change: str
+    predicted_step_us: float
+    saving_pct: float
+    assumptions: list[str]
+
+
+class Plan(msgspec.Struct):
+    """The replayed fix plan of one trace (diagnose/plan.py), times in microseconds."""
+
+    trace: str
+    measured_step_us: float
+    replayed_step_us: float
+    floor_us: float
+    entries: list[PlanEntry]
+    what_if: Json | None = None
+
+
+class Trace(msgspec.Struct):
+    label: str
+    path: str
+    rank: int | None
+    world_size: int | None
+    schema: str
+    torch_version: str
+    steps_source: str
+    workload: str
+    gpu_devices: list[str]
+    dataloader: str | None
+    skipped_events: int
+    summary: Summary
+    notes: list[str]
+    startup: Json | None
+    set_aside_steps: list[Json]
+    too_little: str | None
+    plan: Plan | None
+    findings: list[str]
+
+
+class HotOp(msgspec.Struct):
+    """A host op or GPU kernel and its time over the judged steps."""
+
+    name: str
+    calls: int
+    total_us: float
+    per_step_us: float
+    share_pct: float
+
+
+class Report(msgspec.Struct, forbid_unknown_fields=True):
+    """report.json, top level."""
+
+    schema_version: int
+    stallscope_version: str
+    verdict: Verdict
+    # What every view calls each key of breakdown_pct / gpu_pct: `dataloader` is "time in the
+    # loader" (all of DataLoader `__next__`); the dataloader-bound finding's `wait_share_pct`
+    # is "loader wait (no GPU work)", the part of it with nothing running on the GPU.
+    category_names: dict[str, str]
+    source: Json
+    environment: Json
+    steps: list[Step]
+    summary: Summary
+    findings: list[Finding]
+    assessments: list[Assessment]
+    traces: list[Trace]
+    notes: list[str]
+    run: Json | None
+    ranks: list[Json]
+    dataloaders: list[Json]
+    timeline: Json
+    top_host_ops: list[HotOp]
+    top_gpu_kernels: list[HotOp]
+    plan: Plan | None
+    what_if: Json | None
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of report.json, made from the Structs above."""
+    schema = msgspec.json.schema(Report)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "stallscope report.json",
+        "description": __doc__.split("\n\n")[1].replace("\n", " "),
+        **schema,
+    }
+
+
+def render_schema() -> str:
+    """The schema as the shipped file holds it: sorted keys, two-space indent."""
+    return json.dumps(report_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def check(data: dict[str, Any]) -> Report:
+    """Decode report.json data against the typed definitions; raises msgspec.ValidationError
+    naming the first key that breaks the contract."""
+    return msgspec.convert(data, Report, strict=False)
