@@ -28,10 +28,12 @@ def analyze_paths(
     contexts: dict[str, RunContext] | None = None,
     jobs: int | None = None,
     what_if: list[Change] | None = None,
+    scheduler: str | None = None,
 ) -> Report:
     """`contexts` maps a trace's resolved path to what `stallscope run` captured beside it;
     `jobs` caps the worker processes (default: sized to the cores and the memory); `what_if`
-    changes are replayed on every trace besides the findings' own."""
+    changes are replayed on every trace besides the findings' own; `scheduler` sends the
+    per-file work of several files to a Dask cluster (see `fanout`)."""
     files = list(dict.fromkeys(f for p in paths for f in discover(p)))
     contexts = contexts or {}
     progress.consider_inputs(files)  # several files or a large one: say what is happening
@@ -44,7 +46,8 @@ def analyze_paths(
         results = [_analyze_file(files[0], False, context,
                                  meter if progress.active() else None, what_if)]
     else:
-        in_parallel = f" in {workers} processes" if workers > 1 else ""
+        in_parallel = (f" on the Dask cluster {scheduler}" if scheduler
+                       else f" in {workers} processes" if workers > 1 else "")
         progress.say(f"analysing {len(files)} trace files ({size}){in_parallel}")
         done: list[int] = []
 
@@ -53,7 +56,7 @@ def analyze_paths(
             progress.say(f"analysed {plain(files[i].name)} ({len(done)}/{len(files)})")
 
         calls = [(f, True, contexts.get(str(f.resolve())), None, what_if) for f in files]
-        results = fanout.run_each(_analyze_file, calls, workers, finished)
+        results = fanout.run_each(_analyze_file, calls, workers, finished, scheduler)
     results.sort(key=lambda r: rank_order(r[0].trace))
     models = [m for m, _, _ in results]
     if not any(m.steps for m in models):
