@@ -7,6 +7,7 @@ report need them all together.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -58,6 +59,7 @@ def analyze_paths(
         calls = [(f, True, contexts.get(str(f.resolve())), None, what_if) for f in files]
         results = fanout.run_each(_analyze_file, calls, workers, finished, scheduler)
     results.sort(key=lambda r: rank_order(r[0].trace))
+    _label_same_ranks(results)
     models = [m for m, _, _ in results]
     if not any(m.steps for m in models):
         which = (f"{plain(files[0].name)} holds no" if len(files) == 1
@@ -95,3 +97,24 @@ def _analyze_file(
     plan = make_plan(model, verdict, what_if)
     trace.args = pd.DataFrame()  # read by the model only: not worth sending back
     return model, verdict, plan
+
+
+def _label_same_ranks(
+    results: list[tuple[TraceModel, list[Assessment], Plan | None]],
+) -> None:
+    """Files that share a rank number (two runs of one job, a retried rank) are different
+    traces: each is named `rank N (file name)`, in its model, findings and assessments, so the
+    report keeps them apart instead of merging them under one `rank N`."""
+    labels = Counter(m.trace.label for m, _, _ in results if m.trace.rank is not None)
+    for model, verdict, plan in results:
+        old = model.trace.label
+        if model.trace.rank is None or labels[old] < 2:
+            continue
+        model.trace.alias = f"{old} ({model.trace.path.name})"
+        for a in verdict:
+            if a.trace == old:
+                a.trace = model.trace.label
+            if a.finding is not None and a.finding.trace == old:
+                a.finding.trace = model.trace.label
+        if plan is not None and getattr(plan, "trace", None) == old:
+            plan.trace = model.trace.label

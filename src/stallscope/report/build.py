@@ -18,6 +18,7 @@ from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.plan import Plan
 from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
+from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 
@@ -198,7 +199,8 @@ def build_report(
         for t in traces
         if t["rank"] is not None
     ]
-    found = ranked_findings(flat)
+    # One card per finding across the ranks of a job (report/rank_groups.py).
+    found = group_findings(ranked_findings(flat), {t["label"]: t["rank"] for t in traces})
     top = next((f for f in found if not f.caused_by), found[0] if found else None)
     lead = next((t for t in traces if top and t["label"] == top.trace), traces[0] if traces
                 else None)
