@@ -88,3 +88,28 @@ def test_a_finding_on_one_rank_names_that_rank() -> None:
     assert where_seen([7], 16) == "on rank 7"
     assert where_seen(list(range(16)), 16) == "on ranks 0-15 (16 of 16)"
     assert rank_span([0, 1, 2, 3, 7, 9, 10]) == "0-3, 7, 9-10"
+
+
+def test_a_big_jobs_page_summarises_its_ranks(six_ranks: tuple[dict, Path],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond ROWS_SHOWN ranks the page shows the slowest, the fastest and the stragglers, and
+    counts the per-trace checks per rule; report.json keeps every rank."""
+    from stallscope.commands.pipeline import analyze_paths
+    from stallscope.report import rank_table
+    from stallscope.report.html import render_html
+
+    report_json, out = six_ranks
+    report = analyze_paths([out.parent / "job"], jobs=1)
+    monkeypatch.setattr(rank_table, "ROWS_SHOWN", 3)
+    monkeypatch.setattr(rank_table, "SLOWEST", 1)
+    monkeypatch.setattr(rank_table, "FASTEST", 1)
+    view = rank_table.rank_view(report)
+    shown = {r["rank"] for r in view["rows"]}
+    assert view["summarised"] and view["total"] == 6
+    assert {2, 4} <= shown  # the named stragglers are always shown
+    assert len(shown) <= 4
+    checks = rank_table.check_rows(report)
+    assert len(checks) < len(report_json["assessments"])
+    assert any(c["where"].startswith("6 traces (ranks 0-5)") for c in checks)
+    page = render_html(report)
+    assert 'id="ranks-summarised"' in page and "sortable" in page
