@@ -4,7 +4,9 @@ Why: report.json keeps every rank (kilobytes each, so it grows linearly), but a 
 table rows, and of 20 checks x 10,000 ranks, is one nobody can read and few browsers open. The
 page shows every rank up to ROWS_SHOWN; beyond that, the ranks that matter (the slowest by median
 step, the stragglers the job rule named, and the fastest for contrast), the spread of the median
-step over all ranks, and the per-trace checks counted per rule and result.
+step over all ranks, and the per-trace checks counted per rule and result. The page runs no
+script (it is self-contained and static), so the table is not sortable in the page: rows are in
+rank order, and report.json's `ranks[]` is the table to sort.
 """
 
 from __future__ import annotations
