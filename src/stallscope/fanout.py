@@ -5,6 +5,12 @@ short vectorised calls), so threads would not overlap. Why sized: each worker ho
 columns at its peak, so the count is the smallest of the cores this process may use, the files,
 and how many such peaks fit in the memory available now. Small jobs stay in-process, where a
 pool's start-up would cost more than it saves.
+
+The executor is a seam: `run_each(..., scheduler=ADDRESS)` sends the same calls to a Dask
+distributed cluster instead (the optional extra `stallscope[dask]`), for jobs whose rank files
+are more than one machine should read; `local:N` starts a LocalCluster of N worker processes.
+The files are read by the workers, so they must see the same paths; results come back in input
+order either way, so the report does not depend on the executor.
 """
 
 from __future__ import annotations
@@ -77,13 +83,17 @@ def run_each(
     calls: Sequence[tuple[Any, ...]],
     workers: int,
     on_done: Callable[[int], None] | None = None,
+    scheduler: str | None = None,
 ) -> list[T]:
     """`fn(*args)` for each args tuple, in `workers` processes; results in input order.
 
     `on_done(i)` runs in this process as call i finishes (for progress lines). An error in a
     worker is raised here as itself; a worker killed from outside (out of memory) becomes one
-    clear error rather than a hang or a traceback.
+    clear error rather than a hang or a traceback. `scheduler`: a Dask scheduler address or
+    `local:N`, which runs the calls on that cluster instead of a local pool.
     """
+    if scheduler:
+        return _run_dask(fn, calls, scheduler, on_done)
     if workers <= 1 or len(calls) <= 1:
         out = []
         for i, args in enumerate(calls):
@@ -119,3 +129,46 @@ def _context() -> multiprocessing.context.BaseContext:
     if sys.platform != "win32":
         return multiprocessing.get_context("forkserver")
     return multiprocessing.get_context("spawn")
+
+
+LOCAL_PREFIX = "local:"
+
+
+def _run_dask(
+    fn: Callable[..., T],
+    calls: Sequence[tuple[Any, ...]],
+    scheduler: str,
+    on_done: Callable[[int], None] | None,
+) -> list[T]:
+    """The calls on a Dask cluster: `scheduler` is an address (tcp://host:8786) or `local:N`."""
+    try:
+        from distributed import Client, LocalCluster
+        from distributed import as_completed as dask_completed
+    except ImportError:
+        raise StallscopeError(
+            "--scheduler needs Dask: pip install 'stallscope[dask]'"
+        ) from None
+    cluster = None
+    if scheduler.startswith(LOCAL_PREFIX):
+        count = scheduler[len(LOCAL_PREFIX):]
+        if not count.isdigit() or int(count) < 1:
+            raise StallscopeError(f"--scheduler {scheduler}: expected local:N with N >= 1")
+        cluster = LocalCluster(n_workers=int(count), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+    try:
+        with Client(cluster if cluster is not None else scheduler) as client:
+            # pure=False: two calls with equal arguments are still two calls (no dedup).
+            futures = [client.submit(fn, *args, pure=False) for args in calls]
+            index = {f.key: i for i, f in enumerate(futures)}
+            results: dict[int, T] = {}
+            for future in dask_completed(futures):
+                i = index[future.key]
+                results[i] = future.result()
+                if on_done:
+                    on_done(i)
+    except OSError as e:  # no scheduler at that address
+        raise StallscopeError(f"cannot reach the Dask scheduler {scheduler}: {e}") from None
+    finally:
+        if cluster is not None:
+            cluster.close()
+    return [results[i] for i in range(len(calls))]

@@ -7,6 +7,7 @@ parser needs; the pipeline (pandas, the rules, the writers) loads when the comma
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "the cores and the available memory allow; 1 for small inputs)",
     )
     an.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="send the per-file work to a Dask distributed cluster at ADDRESS "
+        "(tcp://host:8786; default: $DASK_SCHEDULER_ADDRESS, else a local process pool), or "
+        "local:N to start a local Dask cluster of N processes; the workers read the files, so "
+        "they must see the same paths. Needs `pip install 'stallscope[dask]'`",
+    )
+    an.add_argument(
         "--fail-on",
         choices=("high", "medium", "low"),
         help="exit 3 when a finding at or above this severity exists (CI gate)",
@@ -65,7 +74,8 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
     out = args.out or default_out_dir(args.paths)
     prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
-    report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if)
+    scheduler = args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
+    report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if, scheduler=scheduler)
     # How to reproduce this report; where it was written is left out (see analyze_command).
     report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
                                                args.tensorboard,

@@ -7,6 +7,7 @@ report need them all together.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -28,10 +29,12 @@ def analyze_paths(
     contexts: dict[str, RunContext] | None = None,
     jobs: int | None = None,
     what_if: list[Change] | None = None,
+    scheduler: str | None = None,
 ) -> Report:
     """`contexts` maps a trace's resolved path to what `stallscope run` captured beside it;
     `jobs` caps the worker processes (default: sized to the cores and the memory); `what_if`
-    changes are replayed on every trace besides the findings' own."""
+    changes are replayed on every trace besides the findings' own; `scheduler` sends the
+    per-file work of several files to a Dask cluster (see `fanout`)."""
     files = list(dict.fromkeys(f for p in paths for f in discover(p)))
     contexts = contexts or {}
     progress.consider_inputs(files)  # several files or a large one: say what is happening
@@ -44,7 +47,8 @@ def analyze_paths(
         results = [_analyze_file(files[0], False, context,
                                  meter if progress.active() else None, what_if)]
     else:
-        in_parallel = f" in {workers} processes" if workers > 1 else ""
+        in_parallel = (f" on the Dask cluster {scheduler}" if scheduler
+                       else f" in {workers} processes" if workers > 1 else "")
         progress.say(f"analysing {len(files)} trace files ({size}){in_parallel}")
         done: list[int] = []
 
@@ -53,8 +57,9 @@ def analyze_paths(
             progress.say(f"analysed {plain(files[i].name)} ({len(done)}/{len(files)})")
 
         calls = [(f, True, contexts.get(str(f.resolve())), None, what_if) for f in files]
-        results = fanout.run_each(_analyze_file, calls, workers, finished)
+        results = fanout.run_each(_analyze_file, calls, workers, finished, scheduler)
     results.sort(key=lambda r: rank_order(r[0].trace))
+    _label_same_ranks(results)
     models = [m for m, _, _ in results]
     if not any(m.steps for m in models):
         which = (f"{plain(files[0].name)} holds no" if len(files) == 1
@@ -92,3 +97,24 @@ def _analyze_file(
     plan = make_plan(model, verdict, what_if)
     trace.args = pd.DataFrame()  # read by the model only: not worth sending back
     return model, verdict, plan
+
+
+def _label_same_ranks(
+    results: list[tuple[TraceModel, list[Assessment], Plan | None]],
+) -> None:
+    """Files that share a rank number (two runs of one job, a retried rank) are different
+    traces: each is named `rank N (file name)`, in its model, findings and assessments, so the
+    report keeps them apart instead of merging them under one `rank N`."""
+    labels = Counter(m.trace.label for m, _, _ in results if m.trace.rank is not None)
+    for model, verdict, plan in results:
+        old = model.trace.label
+        if model.trace.rank is None or labels[old] < 2:
+            continue
+        model.trace.alias = f"{old} ({model.trace.path.name})"
+        for a in verdict:
+            if a.trace == old:
+                a.trace = model.trace.label
+            if a.finding is not None and a.finding.trace == old:
+                a.finding.trace = model.trace.label
+        if plan is not None and getattr(plan, "trace", None) == old:
+            plan.trace = model.trace.label

@@ -62,18 +62,23 @@ def rank_imbalance(models: list[TraceModel]) -> Assessment:
             f"Across {len(rows)} ranks no rank's per-step work exceeds the median rank's by "
             f"more than {excess_pct:.1f}% of the step (threshold {SPREAD_THRESHOLD_PCT:.0f}%).",
         )
-    slowest = max(rows, key=lambda r: r[worst_key])
+    behind = _stragglers(rows, worst_key, step)
+    slowest = behind[0]
+    many = len(behind) > 1
     what = {
-        "loader_wait_ms": "waits longer on its DataLoader",
-        "gpu_compute_ms": "runs more GPU compute",
-        "step_ms": "takes longer per step",
+        "loader_wait_ms": ("wait longer on their DataLoaders" if many
+                           else "waits longer on its DataLoader"),
+        "gpu_compute_ms": "run more GPU compute" if many else "runs more GPU compute",
+        "step_ms": "take longer per step" if many else "takes longer per step",
     }[worst_key]
     evidence["straggler_rank"] = slowest["rank"]
     evidence["straggler_cause"] = worst_key
+    evidence["stragglers"] = behind
+    who = _who(behind)
     recommendation = (
-        f"Rank {slowest['rank']} {what} than the median rank by {excess:.1f} ms per step "
-        f"({excess_pct:.1f}% of the step); in synchronous training every other rank waits for "
-        "it in the next collective. "
+        f"{who} {what} than the median rank "
+        f"({_how_far(behind)}); in synchronous training every other rank waits for "
+        f"{'them' if many else 'it'} in the next collective. "
         + (
             "Give each rank an equal data shard and equal loading resources (DistributedSampler "
             "with drop_last, the same num_workers and storage per rank, no rank-0-only work such "
@@ -93,7 +98,8 @@ def rank_imbalance(models: list[TraceModel]) -> Assessment:
     return Assessment.found(
         Finding(
             id=RULE_ID,
-            title=f"Rank {slowest['rank']} straggles: {excess:.1f} ms more work per step",
+            title=(f"{who} straggle{'' if many else 's'}: "
+                   f"{'up to ' if many else ''}{excess:.1f} ms more work per step"),
             evidence=evidence,
             recommendation=recommendation,
             snippet=snippet,
@@ -107,6 +113,43 @@ def rank_imbalance(models: list[TraceModel]) -> Assessment:
             trace=JOB_LABEL,
         )
     )
+
+
+# Named in the title and recommendation; every straggler is in the evidence.
+NAMED_STRAGGLERS = 8
+
+
+def _stragglers(rows: list[dict], key: str, step_ms: float) -> list[dict]:
+    """Every rank whose per-step `key` exceeds the median rank's by the threshold share of the
+    step, furthest behind first (ties by rank): rank, trace, ms and % of the step behind."""
+    values = np.array([r[key] for r in rows], dtype=float)
+    excess = values - float(np.median(values))
+    limit = SPREAD_THRESHOLD_PCT / 100 * step_ms
+    order = np.lexsort((np.array([r["rank"] for r in rows]), -excess))
+    return [
+        {"rank": rows[i]["rank"], "trace": rows[i]["trace"],
+         "behind_ms": round(float(excess[i]), 3), "behind_pct": round(pct(excess[i], step_ms), 1)}
+        for i in order
+        if excess[i] >= limit or i == order[0]
+    ]
+
+
+def _who(behind: list[dict]) -> str:
+    """'Rank 7' or 'Ranks 32, 64 and 96' (the first few, then how many more)."""
+    if len(behind) == 1:
+        return f"Rank {behind[0]['rank']}"
+    named = [str(b["rank"]) for b in behind[:NAMED_STRAGGLERS]]
+    more = len(behind) - len(named)
+    if more:
+        return f"Ranks {', '.join(named)} and {more} more"
+    return f"Ranks {', '.join(named[:-1])} and {named[-1]}"
+
+
+def _how_far(behind: list[dict]) -> str:
+    """How far each named straggler is behind, per step."""
+    parts = [f"rank {b['rank']} by {b['behind_ms']:.1f} ms ({b['behind_pct']:.1f}% of the step)"
+             for b in behind[:NAMED_STRAGGLERS]]
+    return "; ".join(parts) + (" per step" if len(behind) == 1 else ", per step")
 
 
 _COLLECTIVE = re.compile(r"(?i).*(nccl|rccl)")
@@ -126,6 +169,7 @@ def _work(model: TraceModel) -> dict:
     durations = np.array([s.duration_us for s in model.steps])
     return {
         "rank": model.trace.rank,
+        "trace": model.trace.label,
         "step_ms": ms(float(np.median(durations))),
         "loader_wait_ms": ms(sum(s.loader_wait_us for s in model.steps) / n),
         "host_compute_ms": ms(sum(s.breakdown_us["host_compute"] for s in model.steps) / n),

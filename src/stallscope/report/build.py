@@ -19,6 +19,7 @@ from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import as_written
 from stallscope.diagnose.plan import Plan
 from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
+from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 
@@ -186,9 +187,9 @@ def build_report(
         if busy is not None:
             notes.append(prefix + busy.note)
     flat = [a for group in assessments for a in group]
-    found = causes_first(ranked_findings(flat))
+    ranked = causes_first(ranked_findings(flat))
     for entry in traces:
-        entry["findings"] = [f.id for f in found if f.trace == entry["label"]]
+        entry["findings"] = [f.id for f in ranked if f.trace == entry["label"]]
     ranks = [
         {
             "rank": t["rank"],
@@ -202,6 +203,8 @@ def build_report(
         for t in traces
         if t["rank"] is not None
     ]
+    # One card per finding across the ranks of a job (report/rank_groups.py), causes first.
+    found = causes_first(group_findings(ranked, {t["label"]: t["rank"] for t in traces}))
     top = next((f for f in found if not f.caused_by), found[0] if found else None)
     lead = next((t for t in traces if top and t["label"] == top.trace), traces[0] if traces
                 else None)

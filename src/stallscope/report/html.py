@@ -33,6 +33,7 @@ from stallscope.report.labels import (
     steps_phrase,
     with_before,
 )
+from stallscope.report.rank_table import ROWS_SHOWN, check_rows, rank_view
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
 
@@ -130,6 +131,9 @@ def render_html(report: Report) -> str:
         trace_files=[t["path"] for t in report.traces],
         gpus=_gpu_lines(report.environment.get("devices", [])),
         loader_views=loader_views(report.dataloaders),
+        rank_view=rank_view(report),
+        checks=check_rows(report),
+        trace_rows=report.traces[:ROWS_SHOWN],
     )
 
 

@@ -62,6 +62,9 @@ class Trace:
     # `args` fields of each event, same index as `events`: correlation, device, stream, bytes
     # (NaN where absent). They link runtime calls to GPU work and size the copies.
     args: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    # Set when another file of the job has the same rank: the label then names the file too,
+    # so the two are kept apart (see commands/pipeline.py `_label_same_ranks`).
+    alias: str = ""
 
     @property
     def rank(self) -> int | None:
@@ -86,6 +89,8 @@ class Trace:
     @property
     def label(self) -> str:
         """A short name for this trace: its rank when known, else its file name."""
+        if self.alias:
+            return self.alias
         return f"rank {self.rank}" if self.rank is not None else self.path.name
 
 

@@ -1,0 +1,107 @@
+"""Many-rank benchmark (issue 20): `stallscope analyze` on N rank files of one job, run by hand.
+
+    python benchmarks/bench_ranks.py [--source TRACE] [--ranks 128 1024 10000]
+                                     [--stragglers 3] [--scheduler local:2] [--work DIR]
+
+Generates, from a real trace (default: hta/rank0of128_sampled, 1.8 MB of JSON, 2 steps), N rank
+files of one job: each rank's timestamps shifted by 1 ms per rank and its distributedInfo set to
+rank r of N; `--stragglers` ranks (spread over the job) get every GPU kernel 40% longer, so the
+job-level rule must name them. Then times `stallscope analyze FOLDER` end to end in a fresh
+process (the local pool; with `--scheduler`, also through Dask) and prints wall time, peak
+resident memory of the whole process tree (workers included, sampled every 20 ms), the report's
+sizes and which ranks the verdict and the rank-imbalance finding name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scale import GB, REAL, measure  # noqa: E402
+
+DEFAULT_SOURCE = REAL / "hta" / "rank0of128_sampled.pt.trace.json.gz"
+SHIFT_US = 1000  # per rank: ranks do not start their steps at the same instant
+STRAGGLE = 1.4  # a straggler's kernels take this much longer
+
+
+def straggler_ranks(n: int, count: int) -> list[int]:
+    """`count` ranks spread over 0..n-1, never rank 0 (the reference most users look at)."""
+    if n < 2 or count <= 0:
+        return []
+    return sorted({max(1, (i + 1) * n // (count + 1)) for i in range(count)})
+
+
+def generate(source: Path, folder: Path, n: int, stragglers: list[int]) -> list[Path]:
+    """Write N rank files into `folder` (kept when already there with N files)."""
+    files = [folder / f"rank{r}.pt.trace.json" for r in range(n)]
+    if folder.is_dir() and all(f.exists() for f in files):
+        return files
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = source.read_bytes()
+    doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    events = doc["traceEvents"]
+    timed = [e for e in events if "ts" in e]
+    base = [e["ts"] for e in timed]
+    kernels = [e for e in events if e.get("cat") == "kernel" and "dur" in e]
+    durs = [e["dur"] for e in kernels]
+    slow = set(stragglers)
+    encoder = msgspec.json.Encoder()
+    for r, path in enumerate(files):
+        for e, ts in zip(timed, base, strict=True):
+            e["ts"] = ts + r * SHIFT_US
+        factor = STRAGGLE if r in slow else 1.0
+        for e, d in zip(kernels, durs, strict=True):
+            e["dur"] = d * factor
+        doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": n}
+        path.write_bytes(encoder.encode(doc))
+    return files
+
+
+def report_facts(out: Path) -> str:
+    rep = json.loads((out / "report.json").read_text())
+    sizes = ", ".join(f"{p.name} {p.stat().st_size / 1e6:.2f} MB"
+                      for p in sorted(out.glob("report.*")))
+    imb = next((f for f in rep["findings"] if f["id"] == "rank-imbalance"), None)
+    named = imb["evidence"].get("stragglers") if imb else None
+    verdict = (out / "report.md").read_text().split("**Verdict:**", 1)[-1].splitlines()[0]
+    return f"    {sizes}\n    verdict:{verdict[:200]}\n    stragglers named: {named}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    ap.add_argument("--ranks", type=int, nargs="+", default=[128, 1024, 10000])
+    ap.add_argument("--stragglers", type=int, default=3)
+    ap.add_argument("--scheduler", help="also run through Dask: an address or local:N")
+    ap.add_argument("--work", type=Path, help="folder for the generated traces (kept)")
+    ap.add_argument("--jobs", type=int, help="--jobs for the local pool (default: its own)")
+    args = ap.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="stallscope-ranks-"))
+    for n in args.ranks:
+        slow = straggler_ranks(n, args.stragglers)
+        folder = work / f"job{n}"
+        files = generate(args.source, folder, n, slow)
+        mb = sum(f.stat().st_size for f in files) / 1e6
+        print(f"\n{n} rank files, {mb:,.0f} MB of JSON; planted stragglers {slow}")
+        runs = [("local pool", [] if args.jobs is None else ["--jobs", str(args.jobs)])]
+        if args.scheduler:
+            runs.append((f"dask {args.scheduler}", ["--scheduler", args.scheduler]))
+        for label, extra in runs:
+            out = work / f"out{n}-{label.split()[0]}"
+            cmd = [sys.executable, "-m", "stallscope", "analyze", str(folder), "-q", "--force",
+                   "-o", str(out), *extra]
+            m = measure(cmd)
+            print(f"  {label:<20} {m.wall_s:8.1f} s   peak {m.peak_bytes / GB:5.2f} GB "
+                  f"({m.wall_s / n * 1000:.1f} ms per file)")
+            print(report_facts(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Findings of a many-rank job, grouped: one card per finding, however many ranks show it.
+
+Why: the rules run per trace, so a cause every rank shares (a slow DataLoader on all 16 ranks)
+comes back as 16 findings; shown one card per rank, a 2,000-rank job made a 177 MB report.json
+and a page nobody reads. A group keeps the finding of the rank where it saves the most (its
+evidence, recommendation and fix plan are that rank's, so the verdict's replayed figures stay
+measured), says in its title where it was seen ("on ranks 0-15 (16 of 16)"), and records the
+spread of the saving across those ranks. A finding seen on one rank of several names that rank,
+so a rank-specific verdict says which rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from stallscope.diagnose import Finding
+
+JOB_LABEL = "job"
+
+
+def rank_span(ranks: Iterable[int]) -> str:
+    """Ranks as runs: [0, 1, 2, 3, 7, 9, 10] -> '0-3, 7, 9-10'."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def where_seen(ranks: list[int], world: int) -> str:
+    """'on rank 3' or 'on ranks 0-15 (16 of 16)'."""
+    if len(ranks) == 1:
+        return f"on rank {ranks[0]}"
+    return f"on ranks {rank_span(ranks)} ({len(ranks)} of {world})"
+
+
+def group_findings(found: list[Finding], rank_of: dict[str, int | None]) -> list[Finding]:
+    """`found` in ranked order, each finding shared by several ranks made one (see above).
+
+    `rank_of` maps each trace label to its rank (None for a trace without one). Only jobs of
+    two or more ranked traces are grouped; findings of unranked traces and job-level findings
+    are kept as they are. The order stays the ranked order of each group's first member."""
+    ranked = {label: r for label, r in rank_of.items() if r is not None}
+    if len(ranked) < 2:
+        return found
+    world = len(ranked)
+    members: dict[str, list[Finding]] = {}
+    for f in found:
+        if f.trace in ranked:
+            members.setdefault(f.id, []).append(f)
+    out: list[Finding] = []
+    for f in found:
+        if f.trace not in ranked:
+            out.append(f)
+            continue
+        group = members[f.id]
+        if f is not group[0]:
+            continue  # folded into the group's first (largest-saving) member
+        out.append(_grouped(group, ranked, world))
+    return out
+
+
+def _grouped(group: list[Finding], rank_of: dict[str, int], world: int) -> Finding:
+    lead = group[0]
+    ranks = sorted(rank_of[f.trace] for f in group)
+    savings = [f.estimated_saving_pct for f in group]
+    seen: dict[str, Any] = {
+        "ranks": rank_span(ranks),
+        "count": len(ranks),
+        "of": world,
+        "shown": f"{lead.trace} (the largest saving)" if len(group) > 1 else lead.trace,
+    }
+    if len(group) > 1:
+        seen["saving_pct"] = {
+            "min": round(min(savings), 1),
+            "median": round(statistics.median(savings), 1),
+            "max": round(max(savings), 1),
+        }
+    lead.title = f"{lead.title} {where_seen(ranks, world)}"
+    lead.evidence = {"seen_on": seen, **lead.evidence}
+    return lead
