@@ -148,6 +148,10 @@ class Report:
         return next((e for e in plan["entries"] if e["id"] == finding.id), None)
 
 
+SPREAD_RATIO = 2.0  # p90 / p10 of the step times past which their spread is said
+MIN_SPREAD_STEPS = 5
+
+
 def build_report(
     models: list[TraceModel], assessments: list[list[Assessment]], paths: list[str],
     plans: list[Plan | None] | None = None,
@@ -186,6 +190,9 @@ def build_report(
         busy = other_load(model)  # the one note; the findings it affects carry a caveat
         if busy is not None:
             notes.append(prefix + busy.note)
+        spread = spread_note([s["duration_us"] for s in steps])
+        if spread is not None:
+            notes.append(prefix + spread)
     flat = [a for group in assessments for a in group]
     ranked = causes_first(ranked_findings(flat))
     for entry in traces:
@@ -232,6 +239,21 @@ def build_report(
         plan=lead_plan,
         what_if=lead_plan.get("what_if") if lead_plan else None,
     )
+
+
+def spread_note(durations: list[float]) -> str | None:
+    """Steps whose times spread over SPREAD_RATIO (p10 to p90) are said: every median and
+    saving in the report assumes the steps alike, and a busy machine (or steps that differ:
+    a loader delivering batches in rounds, an evaluation step) breaks that. tune and compare
+    call such runs busy by the same ratio."""
+    if len(durations) < MIN_SPREAD_STEPS:
+        return None
+    p10, p90 = (float(v) for v in np.percentile(durations, [10, 90]))
+    if p10 <= 0 or p90 / p10 <= SPREAD_RATIO:
+        return None
+    return (f"Step times spread {p90 / p10:.1f}x (p10 {p10 / 1000:.1f} ms, p90 {p90 / 1000:.1f} "
+            "ms): a busy machine, or steps that do different work (a loader delivering batches "
+            "in rounds); medians and savings are less certain.")
 
 
 def causes_first(findings: list[Finding]) -> list[Finding]:
