@@ -134,14 +134,14 @@ def worker_candidates(base: Baseline) -> list[Overrides]:
         cand: Overrides = {"num_workers": n, "persistent_workers": True}
         if base.gpu_used:
             cand["pin_memory"] = True
-        if (threads := step_threads(base, n)) is not None:
+        if (threads := threads_for(base, n)) is not None:
             cand["torch_threads"] = threads
         if not is_baseline_config(base.loader, cand):
             out.append(cand)
     return out
 
 
-def step_threads(base: Baseline, workers: int) -> int | None:
+def threads_for(base: Baseline, workers: int) -> int | None:
     """The intra-op threads to run `workers` computing workers with on a CPU run, when the two
     would not fit the cores: the finding's own figure for its worker count, else the cores the
     workers leave (at least one). None: keep the script's threads (a GPU run, a waiting loader
