@@ -208,7 +208,7 @@ def test_stops_the_script_once_steps_are_recorded(tmp_path: Path) -> None:
     assert "SCRIPT FINISHED" not in proc.stdout  # 500 iterations were not all run
     run = report_of(tmp_path / "stallscope-train")["run"]
     assert (run["ended"], run["partial"], run["steps_recorded"]) == ("stopped", False, 5)
-    assert "tensorboard --logdir" in proc.stdout
+    assert "tensorboard --logdir" in proc.stdout and "ui.perfetto.dev" in proc.stdout
 
 
 def test_run_to_end_lets_the_script_finish(tmp_path: Path) -> None:

@@ -292,7 +292,10 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     write_report(report, plan.out, quiet, trace_dir(plan))
     assert report.run is not None
     if not quiet:
-        print(f"  trace: {report.run['trace_dir']}\n  open it: {report.run['tensorboard_command']}")
+        print(f"  trace: {report.run['trace_dir']}\n  open it: ui.perfetto.dev, Open trace file "
+              "(read in the browser, not uploaded)\n  or: "
+              f"{report.run['tensorboard_command']} (the profiler plugin's page needs internet "
+              "access)")
     status = report.run["exit_status"]
     if status:
         if not (why and status == ctx.exit_status):  # another rank failed first
