@@ -332,7 +332,9 @@ def test_refuses_to_overwrite_a_report_without_force(tmp_path: Path) -> None:
     run_dir = tmp_path / "stallscope-train/tensorboard/train"
     assert len(list(run_dir.glob("*.pt.trace.json*"))) == 1
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1  # views replaced too
-    assert len(list(run_dir.iterdir())) == 2
+    # and the recorded original kept beside the TensorBoard plugin's copy: one, this run's
+    assert len(list(run_dir.glob("*.original.json*"))) == 1
+    assert len(list(run_dir.iterdir())) == 3
 
 
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,

@@ -140,6 +140,8 @@ def output_files(tmp_path: Path) -> list[str]:
         name = str(path.relative_to(out))
         if name.endswith(".pt.trace.json.gz"):
             name = "TRACE"
+        elif name.endswith(".original.json.gz"):  # kept beside the TensorBoard plugin's copy
+            name = "ORIGINAL TRACE"
         elif "events.out.tfevents." in name:
             name = "EVENTS"
         names.append(name)
@@ -210,7 +212,8 @@ def test_a_dying_worker_keeps_status_1_a_partial_report_and_names_the_cause(
                for n in report["notes"])
     assert "SCRIPT FINISHED" not in proc.stdout
     # The workers wrote nothing: the report, one trace, stallscope's TensorBoard views.
-    assert output_files(tmp_path) == ["EVENTS", "TRACE", "report.html", "report.json",
+    assert output_files(tmp_path) == ["EVENTS", "ORIGINAL TRACE", "TRACE", "report.html",
+                                      "report.json",
                                       "report.md"]
     assert_no_process_left(tmp_path)
 
@@ -233,7 +236,8 @@ def test_fork_and_spawn_workers_run_and_write_nothing(tmp_path: Path, context: s
     assert report["dataloaders"][0]["num_workers"] == 2
     # Spawned workers import the script again (as __mp_main__): they must find it, and write
     # nothing of stallscope's.
-    assert output_files(tmp_path) == ["EVENTS", "TRACE", "report.html", "report.json",
+    assert output_files(tmp_path) == ["EVENTS", "ORIGINAL TRACE", "TRACE", "report.html",
+                                      "report.json",
                                       "report.md"]
     assert len(list((tmp_path / "pids").iterdir())) >= 2  # the workers did fetch
     assert_no_process_left(tmp_path)

@@ -217,11 +217,13 @@ def context_path(out: Path, rank: int) -> Path:
 
 def clear_previous(plan: RunPlan, launch: Launch) -> None:
     """Remove this rank's context left by an earlier run in `out` (it would pass for this run's)
-    and, with --force, this worker's earlier traces."""
+    and, with --force, this worker's earlier traces (and the originals kept beside their
+    TensorBoard plugin copies: report/tensorboard_trace.py)."""
     context_path(plan.out, launch.rank).unlink(missing_ok=True)
     if plan.force and trace_dir(plan).is_dir():
-        for old in trace_dir(plan).glob(f"{launch.worker}.*.pt.trace.json*"):
-            old.unlink(missing_ok=True)
+        for pattern in (f"{launch.worker}.*.pt.trace.json*", f"{launch.worker}.*.original.json*"):
+            for old in trace_dir(plan).glob(pattern):
+                old.unlink(missing_ok=True)
 
 
 def save_context(plan: RunPlan, launch: Launch, ctx: RunContext) -> None:
