@@ -41,9 +41,9 @@ class SyntheticImages(Dataset):
 
 def make_model() -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 16, 3, stride=4, padding=1), nn.ReLU(),
-        nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+        nn.Conv2d(3, 8, 3, stride=4, padding=1), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10),
     )
 
 

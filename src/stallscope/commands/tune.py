@@ -54,6 +54,9 @@ from stallscope.report.tune_writers import (
 NAME = "tune"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
 RUN_STEPS = 5
+# Steps timed (unprofiled) per run, at least: 5 let one slow round swing a 2-worker run's mean
+# 22-30 ms on loader_bound.py; 8 hold it steadier for a few more seconds per run.
+TIMED_STEPS = 8
 # A candidate's run is timed on steps before the profiler starts; it records these few only so
 # that `run` completes as usual (the baseline records RUN_STEPS: its findings drive the sweep).
 CANDIDATE_PROFILED_STEPS = 1
@@ -295,7 +298,7 @@ def steps_for(overrides: Overrides) -> int:
     in-process loader's ops are recorded where a worker's are not (examples/loader_bound.py
     measured 95.7 ms per profiled step at 0 workers, against 37.8 ms unprofiled)."""
     workers = overrides.get("num_workers")
-    return max(RUN_STEPS, 2 * workers) if isinstance(workers, int) else RUN_STEPS
+    return max(TIMED_STEPS, 2 * workers) if isinstance(workers, int) else TIMED_STEPS
 
 
 def skip_for(overrides: Overrides) -> int:
