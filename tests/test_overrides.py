@@ -104,9 +104,9 @@ def test_bad_set_is_one_line_and_exit_2_before_the_script_runs(
 
 def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
     """loader_bound.py builds `DataLoader(..., num_workers=0)`; forcing two persistent workers
-    must show in the loader table and take most of the wait out of the step. Measured on this
-    2-core machine (four pairs of runs): 88-98% of the step waits on the loader without
-    overrides, 2-7% with them. One intra-op thread in both (as a user who exported it): with
+    must show in the loader table and take wait out of the step. Two workers and the step
+    share two cores, so where run measures the workers queued for a core the wait falls
+    rather than halving (below). One intra-op thread in both (as a user who exported it): with
     two, a loaded machine made the model's step 240 ms instead of 10 (OpenMP barriers spin on
     a descheduled thread), and the step no longer waited on its loader."""
     one = {"OMP_NUM_THREADS": "1"}
