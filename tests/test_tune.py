@@ -100,7 +100,7 @@ def _threads(rep: dict[str, Any], threads: int, suggested_threads: int | None = 
 
 
 def test_computing_workers_come_with_the_threads_they_leave_the_step_on_a_cpu_run():
-    """2 workers beside the step's 2 intra-op threads on 2 cores measured 1.2x on
+    """2 workers beside the step's 2 intra-op threads on 2 cores measured 1.2x on an earlier
     loader_bound.py, 2 workers and 1 thread 1.7x: tune measures the change as advised."""
     base = baseline_from_report(_threads(report(cores=2, suggested=2), 2, suggested_threads=1))
     assert worker_candidates(base) == [

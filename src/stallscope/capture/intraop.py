@@ -2,10 +2,10 @@
 
 On a CPU run, DataLoader workers take cores from the step's intra-op threads; dataloader-bound
 then advises the worker count and `torch.set_num_threads` as one change, and `tune` must measure
-that change, not half of it (2 workers beside 2 threads on 2 cores measured 1.2x where 2 workers
-and 1 thread measured 1.7x on examples/loader_bound.py). The script's own
-`torch.set_num_threads` calls are kept from undoing the override for the run, and said in a
-note; DataLoader workers still set their own single thread (torch's calls pass through: they
+that change, not half of it (on an earlier version of examples/loader_bound.py, 2 workers
+beside 2 threads on 2 cores measured 1.2x where 2 workers and 1 thread measured 1.7x). The
+script's own `torch.set_num_threads` calls are kept from undoing the override for the run, and
+said in a note; DataLoader workers still set their own single thread (torch's calls pass through: they
 come from a worker process, or from torch's own code).
 """
 
