@@ -5,8 +5,8 @@ then advises the worker count and `torch.set_num_threads` as one change, and `tu
 that change, not half of it (on an earlier version of examples/loader_bound.py, 2 workers
 beside 2 threads on 2 cores measured 1.2x where 2 workers and 1 thread measured 1.7x). The
 script's own `torch.set_num_threads` calls are kept from undoing the override for the run, and
-said in a note; DataLoader workers still set their own single thread (torch's calls pass through: they
-come from a worker process, or from torch's own code).
+said in a note; DataLoader workers still set their own single thread (torch's calls pass
+through: they come from a worker process, or from torch's own code).
 """
 
 from __future__ import annotations
