@@ -202,8 +202,8 @@ def test_workers_report_their_anatomy_and_the_users_hooks_still_run(tmp_path: Pa
                                                                     ctx: str) -> None:
     script = tmp_path / "chained.py"
     script.write_text(CHAINED)
-    # 24 steps of ~8 ms: the window outlasts the workers' 0.1 s between writes, so each worker
-    # reports inside it (4 steps could end before any worker wrote again).
+    # 24 steps of ~8 ms: a longer window than 4 steps, so the workers' writes (at their first
+    # batch, then every 0.25 s) and the final read cover it.
     _, report = _run(tmp_path, script, ctx, steps=24)
     a = _loader(report)["anatomy"]
     assert a["where"] == "workers" and a["workers_reporting"] >= 1, a

@@ -48,8 +48,8 @@ import numpy as np
 from torch._utils import ExceptionWrapper
 from torch.utils.data._utils.worker import _IterableDatasetStopIteration
 
-# Batches a worker keeps in its file: at the training process's reads (at most every READ_S =
-# 0.1 s) 256 covers 2,500 batches a second per worker.
+# Batches a worker keeps in its file: a batch is seen at most FLUSH_S + READ_S (0.25 s each)
+# after it was made, so 512 cover 1,000 batches a second per worker.
 RING = 512
 # A loader is bursty when its workers keep up on average but some batches are slow: the 90th
 # percentile of a batch's fetch at least BURST_RATIO times the median, and the step waiting on
