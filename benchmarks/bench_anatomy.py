@@ -5,8 +5,9 @@ While `stallscope run` records, each loader's `collate_fn` and its workers' fetc
 process, the same per batch in each worker plus a small file written at most every 0.25 s, a
 stack sampler waking every 30 ms in workers and 50 ms in the training process
 (capture/sampler.py), each batch's receipt timed against its worker's end stamp
-(capture/transfer.py), and the workers' files read back at most every 0.25 s. Where recording ends, the session summarises it all once into the trace's
-metadata (`anatomy_of`), timed here separately: it lands in the last recorded step.
+(capture/transfer.py), and the workers' files read back at most every 0.25 s. Where recording
+ends, the session summarises it all once into the trace's metadata (`anatomy_of`), timed here
+separately: it lands in the last recorded step.
 
 Paired design: this project's 2-core VM drifts by 10-20% in speed over seconds, which hid a 5%
 effect when conditions alternated per epoch. Here one loop alternates steps between two loaders
