@@ -14,6 +14,7 @@ non-zero status passes that status through (1 for an exception).
 from __future__ import annotations
 
 import sys
+import warnings
 from types import ModuleType
 
 from stallscope import __version__
@@ -39,7 +40,16 @@ def build_parser() -> Parser:
     return parser
 
 
+def _quiet_numeric_warnings() -> None:
+    """numpy/pandas RuntimeWarnings (overflow, invalid value on out-of-range numbers in a trace)
+    are not the user's business: the report says what was unusable. Only warnings raised from
+    stallscope's own, numpy's or pandas' code are hidden; a `run` script's own stay visible."""
+    for module in (r"stallscope(\.|$)", r"numpy(\.|$)", r"pandas(\.|$)"):
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=module)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_numeric_warnings()
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     script_args: list[str] = []

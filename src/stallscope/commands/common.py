@@ -31,8 +31,9 @@ class Parser(argparse.ArgumentParser):
         return self.script_parsers.get("run")
 
     def error(self, message: str) -> None:
-        self.print_usage(sys.stderr)
-        raise SystemExit(fail(f"{message}", EXIT_USAGE))
+        # One line, no usage block: the usage is one `--help` away, and a wrapper that reads
+        # stderr sees the same single `stallscope:` line as for every other user error.
+        raise SystemExit(fail(f"{message} (see {self.prog} --help)", EXIT_USAGE))
 
 
 # ---------------------------------------------------------------------------- argument types

@@ -71,9 +71,9 @@ def _read_report(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict) or not all(k in data for k in ("steps", "summary", "findings")):
-        raise InputError(f"{path} is not a stallscope report.json (no steps/summary/findings)")
-    return data
+    from stallscope.commands.compare_input import validate_report
+
+    return validate_report(data, path)
 
 
 def percentile(values: list[float], q: float) -> float:
