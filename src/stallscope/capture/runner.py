@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
 from stallscope.text import clean
 
+# Seconds `run` waits, once the script has ended or been stopped, for the threads it started
+# and did not make daemons (loggers, metric uploaders): python would wait for them forever,
+# and a script stopped after its recorded steps never reaches the code that stops them.
+THREAD_GRACE_S = 10.0
 TIMED_OUT = "timed out"  # RunContext.ended for `--timeout`; reads as "the script timed out"
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
 
@@ -94,6 +99,7 @@ def capture(
         )
     restore_sigterm = _sigterm_to_exception()
     sigchld = _handler(signal.SIGCHLD)
+    started = time.monotonic()
     session.start()
     error: BaseException | None = None
     try:
@@ -118,8 +124,37 @@ def capture(
     error = None
     sys.last_type = sys.last_value = sys.last_traceback = None
     gc.collect()
+    grace = THREAD_GRACE_S
+    if options.timeout is not None:  # --timeout covers the whole life of the process
+        grace = max(0.0, min(grace, options.timeout - (time.monotonic() - started)))
+    lingering = _wait_for_threads(grace)
+    if lingering:
+        line = (f"the script's non-daemon thread(s) {', '.join(lingering)} were still running "
+                f"{grace:g} s after it ended; stallscope ends the process without them")
+        sys.stderr.write(f"stallscope: {line}\n")
+        ending.notes.append(line[0].upper() + line[1:] + ".")
     describe(session, context, ending)
-    return conclude(context, ending.why)
+    status = conclude(context, ending.why)
+    if lingering:  # python would join them at exit, forever: end here instead
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+    return status
+
+
+def _wait_for_threads(grace_s: float) -> list[str]:
+    """Wait up to `grace_s` for the script's non-daemon threads; the names of those still
+    running after it (empty: the process can end the way python ends it)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = [t for t in threading.enumerate()
+                 if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+        left = deadline - time.monotonic()
+        if not alive or left <= 0:
+            return [repr(t.name) for t in alive[:5]] + (
+                [f"and {len(alive) - 5} more"] if len(alive) > 5 else [])
+        alive[0].join(min(left, 0.2))
 
 
 def _run(target: Target) -> tuple[str, int, BaseException | None]:
