@@ -102,11 +102,13 @@ def capture(
     started = time.monotonic()
     session.start()
     error: BaseException | None = None
+    restore_exit = _hook_os_exit(session, context, conclude)
     try:
         if watchdog is not None:
             watchdog.start()
         ended, status, error = _run(target)
     finally:
+        restore_exit()
         if watchdog is not None and not watchdog.stop():
             watchdog.wait_for_exit()  # the clock thread concludes and ends the process
         _mute_worker_deaths(sigchld)
@@ -141,6 +143,39 @@ def capture(
                 stream.flush()
         os._exit(status)
     return status
+
+
+def _hook_os_exit(session: CaptureSession, context: RunContext,
+                  conclude: Conclude) -> Callable[[], None]:
+    """While the script runs, `os._exit(n)` from its main thread first writes the steps
+    recorded so far and the report (python runs no exit handler for it, so nothing else would);
+    forked children (DataLoader workers, multiprocessing) exit untouched. Returns the undo."""
+    real = os._exit
+    pid = os.getpid()
+
+    def _exit(n: int) -> None:
+        if os.getpid() == pid and threading.current_thread() is threading.main_thread():
+            os._exit = real
+            code = n & 0xFF if isinstance(n, int) else 1
+            try:
+                _mute_worker_deaths(_handler(signal.SIGCHLD))
+                session.finish()
+                describe(session, context, Ending(
+                    "exit", code, f"called os._exit({n}) (status {code})" if code else None,
+                    [f"The script called os._exit({n}): stallscope wrote what it had recorded "
+                     "before the process ended."]))
+                conclude(context, f"called os._exit({n}) (status {code})" if code else None)
+            except BaseException as exc:  # the process ends now whatever happens: say so
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(f"stallscope: the script called os._exit({n}); the steps "
+                                     f"recorded could not be written ({exc})\n")
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+        real(n)
+
+    os._exit = _exit  # type: ignore[assignment]
+    return lambda: setattr(os, "_exit", real)
 
 
 def _wait_for_threads(grace_s: float) -> list[str]:

@@ -1,0 +1,42 @@
+"""`stallscope run` on scripts that leave in ways python runs no exit handler for: `os._exit(n)`
+keeps the steps recorded so far (written from a hook on os._exit) and the script's status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+SCRIPT = textwrap.dedent(
+    """
+    import os
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(4096, 8), torch.randn(4096, 1)), batch_size=8)
+    for i, (x, y) in enumerate(loader):
+        if i == 20:
+            os._exit(3)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    """
+)
+
+
+def test_os_exit_keeps_the_steps_recorded_and_the_status(tmp_path: Path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stallscope", "run", "-o", "out", "--steps", "50", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    traces = list((tmp_path / "out").rglob("*.pt.trace.json.gz"))
+    assert len(traces) == 1, proc.stderr  # before: nothing written and no word
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["run"]["steps_recorded"] >= 10
+    assert any("os._exit(3)" in n for n in report["notes"])
+    assert "os._exit(3)" in proc.stderr
