@@ -40,3 +40,22 @@ def test_os_exit_keeps_the_steps_recorded_and_the_status(tmp_path: Path):
     assert report["run"]["steps_recorded"] >= 10
     assert any("os._exit(3)" in n for n in report["notes"])
     assert "os._exit(3)" in proc.stderr
+
+
+CLOSES = SCRIPT.replace("if i == 20:", "if i == 3:").replace(
+    "os._exit(3)", "sys.stdout.close()\n        sys.stderr.close()"
+).replace("import os\n", "import os, sys\n")
+
+
+def test_a_script_that_closes_stdout_and_stderr_still_gets_its_report_and_status_0(
+        tmp_path: Path):
+    assert "sys.stderr.close()" in CLOSES
+    (tmp_path / "train.py").write_text(CLOSES)
+    proc = subprocess.run(
+        [sys.executable, "-m", "stallscope", "run", "-o", "out", "--steps", "5", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr  # before: exit 1, "lost sys.stderr"
+    assert "lost sys.stderr" not in proc.stderr
+    assert "report.json" in proc.stdout  # the summary still reaches the terminal
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["run"]["steps_recorded"] == 5

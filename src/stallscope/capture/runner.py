@@ -109,6 +109,7 @@ def capture(
         ended, status, error = _run(target)
     finally:
         restore_exit()
+        _repair_stdio()
         if watchdog is not None and not watchdog.stop():
             watchdog.wait_for_exit()  # the clock thread concludes and ends the process
         _mute_worker_deaths(sigchld)
@@ -143,6 +144,23 @@ def capture(
                 stream.flush()
         os._exit(status)
     return status
+
+
+def _repair_stdio() -> None:
+    """A script that closed sys.stdout/sys.stderr must not cost the report or the exit status:
+    stallscope's own lines go to the same descriptor again (python's stdio objects leave it
+    open), or to /dev/null when the script closed that too."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name, None)
+        if stream is not None and not getattr(stream, "closed", False):
+            continue
+        try:
+            os.fstat(fd)
+            fresh = open(fd, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                         closefd=False, buffering=1)
+        except OSError:
+            fresh = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+        setattr(sys, name, fresh)
 
 
 def _hook_os_exit(session: CaptureSession, context: RunContext,
