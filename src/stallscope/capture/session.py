@@ -34,6 +34,7 @@ from stallscope.capture import budget, hostload
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
+from stallscope.capture.quiet import usdt_filtered
 from stallscope.capture.steps import StepDriver
 
 # torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
@@ -186,7 +187,8 @@ class CaptureSession:
             self._read_load_end()
             self._add_metadata()
         self.done = True
-        self.prof.stop()  # writes the trace when recording had begun
+        with usdt_filtered():
+            self.prof.stop()  # writes the trace when recording had begun
 
     # ------------------------------------------------------------ the script's own profiler
 
@@ -271,9 +273,11 @@ class CaptureSession:
             self._report_progress(None)
             if self.sched.is_recording(0):
                 self._load_start = hostload.sample()
-            self.prof.start()
+            with usdt_filtered():
+                self.prof.start()
         else:
             self._report_progress(self.prof.step_num)
+            last = False
             if self.sched.is_recording(self.prof.step_num):
                 last = self.prof.step_num + 1 >= self.sched.profiled
                 done = self.prof.step_num - self.sched.warmup + 1  # recorded steps, this one too
@@ -285,7 +289,11 @@ class CaptureSession:
                     self._add_metadata()  # the measurements; Kineto keeps the last call's
             elif self._load_start is None and self.sched.is_recording(self.prof.step_num + 1):
                 self._load_start = hostload.sample()  # in the warmup step, not a recorded one
-            self.prof.step()  # writes the trace after the last recorded step
+            if self.sched.is_recording(self.prof.step_num) and not last:
+                self.prof.step()  # tracing goes on: nothing for Kineto to print
+            else:
+                with usdt_filtered():  # tracing starts, or stops and is written
+                    self.prof.step()  # writes the trace after the last recorded step
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
         if self.watcher.recording and self._window is None:
             self.budget.begin()
@@ -350,7 +358,8 @@ class CaptureSession:
         self.done = True
         self.watcher.recording = False
         self.budget.end()
-        self.prof.stop()
+        with usdt_filtered():
+            self.prof.stop()
         self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
         if not self.run_to_end and threading.current_thread() is threading.main_thread():
             self.stop_requested = True
