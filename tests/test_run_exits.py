@@ -59,3 +59,22 @@ def test_a_script_that_closes_stdout_and_stderr_still_gets_its_report_and_status
     assert "report.json" in proc.stdout  # the summary still reaches the terminal
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["run"]["steps_recorded"] == 5
+
+
+def test_a_full_disk_while_the_trace_is_written_is_stallscopes_exit_2(tmp_path: Path):
+    """Disk full simulated as in test_outputs.py (RLIMIT_FSIZE: writes past it fail as ENOSPC
+    would). Before: exit 1 blamed on the script, "0 steps recorded", a half-written .gz left."""
+    from tests.test_outputs import file_size_limit
+
+    (tmp_path / "train.py").write_text(SCRIPT.replace("if i == 20:", "if i == 999:"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "stallscope", "run", "-o", "out", "--steps", "5", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        preexec_fn=file_size_limit(4000))
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("stallscope:")]
+    assert len(lines) == 1, proc.stderr
+    assert "5 recorded step(s)" in lines[0] and "could not write the trace" in lines[0]
+    assert "Traceback" not in proc.stderr and "0 steps" not in proc.stderr
+    left = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert not [p for p in left if ".gz" in p.name], left

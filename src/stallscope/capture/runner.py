@@ -35,7 +35,7 @@ from stallscope.capture.session import (
 )
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
-from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
+from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, OutputError, exit_line
 from stallscope.text import clean
 
 # Seconds `run` waits, once the script has ended or been stopped, for the threads it started
@@ -115,6 +115,8 @@ def capture(
         _mute_worker_deaths(sigchld)
         restore_sigterm()
         session.finish()
+    if session.export_failed is not None:  # stallscope's failure, not the script's
+        raise OutputError(session.export_failed)
     if watchdog is not None and watchdog.landed:
         ending = _timed_out(watchdog)
     elif error is not None:

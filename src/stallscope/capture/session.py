@@ -27,10 +27,11 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from stallscope import __version__, marker, progress
 from stallscope.capture import budget, hostload
+from stallscope.capture.export import export_trace
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
@@ -119,7 +120,7 @@ class CaptureSession:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self.activities = [a.name for a in activities]
-        self._handler = tensorboard_trace_handler(str(trace_dir), worker_name=worker, use_gzip=True)
+        self.export_failed: str | None = None  # what was lost when the export failed
         with warnings.catch_warnings():  # warmup 0 is the user's explicit choice
             warnings.simplefilter("ignore", UserWarning)
             plan = schedule(wait=0, warmup=sched.warmup, active=sched.steps, repeat=1)
@@ -445,7 +446,11 @@ class CaptureSession:
         # Other ranks write into the same folder at the same moment: only this worker's files.
         pattern = f"{self.worker}.*.pt.trace.json*"
         before = set(self.trace_dir.glob(pattern)) if self.trace_dir.is_dir() else set()
-        self._handler(prof)
+        held = self.recorded or max(0, min(self.prof.step_num, self.sched.profiled)
+                                    - self.sched.warmup)
+        failed = export_trace(prof, self.trace_dir, self.worker, held)
+        if failed is not None:
+            self.export_failed = failed
         written = sorted(set(self.trace_dir.glob(pattern)) - before)
         self.traces.extend(written)
         for path in written:
