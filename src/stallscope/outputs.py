@@ -41,9 +41,11 @@ def default_run_out_dir(stem: str) -> Path:
     return Path.cwd() / f"stallscope-{stem}"
 
 
-def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILES) -> None:
+def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILES,
+                    lock: bool = True) -> None:
     """Refuse, before any expensive work, to overwrite `files` in `out` without --force, and
-    to write where writing will fail: `out` is created and a file is created and removed in it."""
+    to write where writing will fail: `out` is created and a file is created and removed in it.
+    With `lock`, the folder is then held for this process (see lock_out_dir)."""
     existing = [f for f in files if os.path.lexists(out / f)]
     if existing and not force:
         raise OutputError(
@@ -65,7 +67,8 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
             pass
     except OSError as exc:
         raise OutputError(f"cannot write in {out}: {exc.strerror or exc}") from None
-    lock_out_dir(out)
+    if lock:
+        lock_out_dir(out)
 
 
 def lock_out_dir(out: Path) -> None:
