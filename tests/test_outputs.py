@@ -151,3 +151,42 @@ def test_reports_are_readable_like_any_new_file_and_keep_a_replaced_files_mode(t
     (out / "report.json").chmod(0o600)
     assert run_cli("analyze", str(SAMPLE), "-o", str(out), "-q", "--force").returncode == 0
     assert stat.S_IMODE((out / "report.json").stat().st_mode) == 0o600
+
+
+def test_a_dangling_symlink_named_report_md_is_kept_without_force(tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "report.md").symlink_to(tmp_path / "elsewhere.md")  # dangling
+    line = assert_one_line_error(run_cli("analyze", str(SAMPLE), "-o", str(out), "-q"), 2)
+    assert "report.md" in line and "--force" in line
+    assert (out / "report.md").is_symlink() and not (tmp_path / "elsewhere.md").exists()
+    assert not (out / "report.json").exists()
+
+
+def test_a_symlink_is_replaced_not_followed_with_force(tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    target = tmp_path / "precious.md"
+    target.write_text("mine")
+    (out / "report.md").symlink_to(target)
+    assert run_cli("analyze", str(SAMPLE), "-o", str(out), "-q", "--force").returncode == 0
+    assert target.read_text() == "mine"
+    assert not (out / "report.md").is_symlink() and "Verdict" in (out / "report.md").read_text()
+
+
+def test_a_second_writer_to_the_same_folder_is_refused(tmp_path: Path):
+    """Another process holding the folder (as a running `analyze`/`run` does) is exit 2, and the
+    folder is left as it was."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        line = assert_one_line_error(run_cli("analyze", str(SAMPLE), "-o", str(out), "-q"), 2)
+        assert "another stallscope process" in line
+        assert snapshot(out) == {}
+    finally:
+        os.close(fd)
+    assert run_cli("analyze", str(SAMPLE), "-o", str(out), "-q").returncode == 0

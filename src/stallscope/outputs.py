@@ -8,6 +8,7 @@ never a new report.json beside an old report.html, and never half a file.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import tempfile
@@ -20,6 +21,10 @@ REPORT_FILES = ("report.json", "report.html", "report.md")
 # someone else's machine may hold escape sequences, markup or bidirectional overrides.
 _UNSAFE_NAME = re.compile(r"[^\w.+-]+")
 _MAX_NAME = 100
+# Output folders this process holds locked (resolved path -> open descriptor of the folder),
+# held until the process ends: a second `analyze`/`run` writing the same folder at once is
+# refused instead of silently replacing one report with the other.
+_LOCKS: dict[str, int] = {}
 
 
 def default_out_dir(inputs: list[Path]) -> Path:
@@ -36,10 +41,12 @@ def default_run_out_dir(stem: str) -> Path:
     return Path.cwd() / f"stallscope-{stem}"
 
 
-def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILES) -> None:
+def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILES,
+                    lock: bool = True) -> None:
     """Refuse, before any expensive work, to overwrite `files` in `out` without --force, and
-    to write where writing will fail: `out` is created and a file is created and removed in it."""
-    existing = [f for f in files if (out / f).exists()]
+    to write where writing will fail: `out` is created and a file is created and removed in it.
+    With `lock`, the folder is then held for this process (see lock_out_dir)."""
+    existing = [f for f in files if os.path.lexists(out / f)]
     if existing and not force:
         raise OutputError(
             f"{out} already holds {', '.join(existing)}; use --force to overwrite or -o for "
@@ -48,7 +55,8 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
     if out.exists() and not out.is_dir():
         raise OutputError(f"{out} exists and is not a folder")
     for f in existing:
-        if not (out / f).is_file():
+        # A symlink is replaced itself (os.replace never follows it), and only with --force.
+        if not (out / f).is_symlink() and not (out / f).is_file():
             raise OutputError(f"{out / f} exists and is not a file; remove it or use -o")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -59,6 +67,27 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
             pass
     except OSError as exc:
         raise OutputError(f"cannot write in {out}: {exc.strerror or exc}") from None
+    if lock:
+        lock_out_dir(out)
+
+
+def lock_out_dir(out: Path) -> None:
+    """Hold an exclusive lock on the folder itself (flock on its descriptor: no lock file to
+    leave behind) until this process ends; another process holding it is exit 2."""
+    key = str(out.resolve())
+    if key in _LOCKS:
+        return
+    try:
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise OutputError(f"cannot open {out}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise OutputError(f"{out} is being written by another stallscope process; wait for it "
+                          "to finish or use -o for another folder") from None
+    _LOCKS[key] = fd
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,9 +37,13 @@ from stallscope.capture.session import (
 )
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
-from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, exit_line
+from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, OutputError, exit_line
 from stallscope.text import clean
 
+# Seconds `run` waits, once the script has ended or been stopped, for the threads it started
+# and did not make daemons (loggers, metric uploaders): python would wait for them forever,
+# and a script stopped after its recorded steps never reaches the code that stops them.
+THREAD_GRACE_S = 10.0
 TIMED_OUT = "timed out"  # RunContext.ended for `--timeout`; reads as "the script timed out"
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
 
@@ -100,13 +105,17 @@ def capture(
     intraop = IntraOpOverride(threads) if threads else None  # run --set torch_threads=N
     if intraop is not None:
         intraop.install()
+    started = time.monotonic()
     session.start()
     error: BaseException | None = None
+    restore_exit = _hook_os_exit(session, context, conclude)
     try:
         if watchdog is not None:
             watchdog.start()
         ended, status, error = _run(target)
     finally:
+        restore_exit()
+        _repair_stdio()
         if watchdog is not None and not watchdog.stop():
             watchdog.wait_for_exit()  # the clock thread concludes and ends the process
         _mute_worker_deaths(sigchld)
@@ -115,6 +124,8 @@ def capture(
         if intraop is not None:
             intraop.uninstall()
             context.notes.extend(intraop.notes)
+    if session.export_failed is not None:  # stallscope's failure, not the script's
+        raise OutputError(session.export_failed)
     if watchdog is not None and watchdog.landed:
         ending = _timed_out(watchdog)
     elif error is not None:
@@ -127,8 +138,87 @@ def capture(
     error = None
     sys.last_type = sys.last_value = sys.last_traceback = None
     gc.collect()
+    grace = THREAD_GRACE_S
+    if options.timeout is not None:  # --timeout covers the whole life of the process
+        grace = max(0.0, min(grace, options.timeout - (time.monotonic() - started)))
+    lingering = _wait_for_threads(grace)
+    if lingering:
+        line = (f"the script's non-daemon thread(s) {', '.join(lingering)} were still running "
+                f"{grace:g} s after it ended; stallscope ends the process without them")
+        sys.stderr.write(f"stallscope: {line}\n")
+        ending.notes.append(line[0].upper() + line[1:] + ".")
     describe(session, context, ending)
-    return conclude(context, ending.why)
+    status = conclude(context, ending.why)
+    if lingering:  # python would join them at exit, forever: end here instead
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+    return status
+
+
+def _repair_stdio() -> None:
+    """A script that closed sys.stdout/sys.stderr must not cost the report or the exit status:
+    stallscope's own lines go to the same descriptor again (python's stdio objects leave it
+    open), or to /dev/null when the script closed that too."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name, None)
+        if stream is not None and not getattr(stream, "closed", False):
+            continue
+        try:
+            os.fstat(fd)
+            fresh = open(fd, "w", encoding="utf-8", errors="backslashreplace",  # noqa: SIM115
+                         closefd=False, buffering=1)
+        except OSError:
+            fresh = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
+        setattr(sys, name, fresh)
+
+
+def _hook_os_exit(session: CaptureSession, context: RunContext,
+                  conclude: Conclude) -> Callable[[], None]:
+    """While the script runs, `os._exit(n)` from its main thread first writes the steps
+    recorded so far and the report (python runs no exit handler for it, so nothing else would);
+    forked children (DataLoader workers, multiprocessing) exit untouched. Returns the undo."""
+    real = os._exit
+    pid = os.getpid()
+
+    def _exit(n: int) -> None:
+        if os.getpid() == pid and threading.current_thread() is threading.main_thread():
+            os._exit = real
+            code = n & 0xFF if isinstance(n, int) else 1
+            try:
+                _mute_worker_deaths(_handler(signal.SIGCHLD))
+                session.finish()
+                describe(session, context, Ending(
+                    "exit", code, f"called os._exit({n}) (status {code})" if code else None,
+                    [f"The script called os._exit({n}): stallscope wrote what it had recorded "
+                     "before the process ended."]))
+                conclude(context, f"called os._exit({n}) (status {code})" if code else None)
+            except BaseException as exc:  # the process ends now whatever happens: say so
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(f"stallscope: the script called os._exit({n}); the steps "
+                                     f"recorded could not be written ({exc})\n")
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+        real(n)
+
+    os._exit = _exit  # type: ignore[assignment]
+    return lambda: setattr(os, "_exit", real)
+
+
+def _wait_for_threads(grace_s: float) -> list[str]:
+    """Wait up to `grace_s` for the script's non-daemon threads; the names of those still
+    running after it (empty: the process can end the way python ends it)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = [t for t in threading.enumerate()
+                 if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+        left = deadline - time.monotonic()
+        if not alive or left <= 0:
+            return [repr(t.name) for t in alive[:5]] + (
+                [f"and {len(alive) - 5} more"] if len(alive) > 5 else [])
+        alive[0].join(min(left, 0.2))
 
 
 def _run(target: Target) -> tuple[str, int, BaseException | None]:

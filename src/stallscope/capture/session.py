@@ -27,14 +27,16 @@ from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from stallscope import __version__, marker, progress
 from stallscope.capture import budget, hostload
+from stallscope.capture.export import export_trace
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.overrides import loader_overrides
+from stallscope.capture.quiet import usdt_filtered
 from stallscope.capture.steps import StepDriver
 
 # torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
@@ -123,7 +125,7 @@ class CaptureSession:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self.activities = [a.name for a in activities]
-        self._handler = tensorboard_trace_handler(str(trace_dir), worker_name=worker, use_gzip=True)
+        self.export_failed: str | None = None  # what was lost when the export failed
         with warnings.catch_warnings():  # warmup 0 is the user's explicit choice
             warnings.simplefilter("ignore", UserWarning)
             plan = schedule(wait=0, warmup=sched.warmup, active=sched.steps, repeat=1)
@@ -191,7 +193,8 @@ class CaptureSession:
             self._read_load_end()
             self._add_metadata()
         self.done = True
-        self.prof.stop()  # writes the trace when recording had begun
+        with usdt_filtered():
+            self.prof.stop()  # writes the trace when recording had begun
 
     # ------------------------------------------------------------ the script's own profiler
 
@@ -278,9 +281,11 @@ class CaptureSession:
             self._report_progress(None)
             if self.sched.is_recording(0):
                 self._load_start = hostload.sample()
-            self.prof.start()
+            with usdt_filtered():
+                self.prof.start()
         else:
             self._report_progress(self.prof.step_num)
+            last = False
             if self.sched.is_recording(self.prof.step_num):
                 last = self.prof.step_num + 1 >= self.sched.profiled
                 done = self.prof.step_num - self.sched.warmup + 1  # recorded steps, this one too
@@ -292,7 +297,11 @@ class CaptureSession:
                     self._add_metadata()  # the measurements; Kineto keeps the last call's
             elif self._load_start is None and self.sched.is_recording(self.prof.step_num + 1):
                 self._load_start = hostload.sample()  # in the warmup step, not a recorded one
-            self.prof.step()  # writes the trace after the last recorded step
+            if self.sched.is_recording(self.prof.step_num) and not last:
+                self.prof.step()  # tracing goes on: nothing for Kineto to print
+            else:
+                with usdt_filtered():  # tracing starts, or stops and is written
+                    self.prof.step()  # writes the trace after the last recorded step
         self.watcher.recording = self.sched.is_recording(self.prof.step_num)
         if self.watcher.recording and self._window is None:
             self.budget.begin()
@@ -363,7 +372,8 @@ class CaptureSession:
         self.done = True
         self.watcher.recording = False
         self.budget.end()
-        self.prof.stop()
+        with usdt_filtered():
+            self.prof.stop()
         self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
         if not self.run_to_end and threading.current_thread() is threading.main_thread():
             self.stop_requested = True
@@ -449,7 +459,11 @@ class CaptureSession:
         # Other ranks write into the same folder at the same moment: only this worker's files.
         pattern = f"{self.worker}.*.pt.trace.json*"
         before = set(self.trace_dir.glob(pattern)) if self.trace_dir.is_dir() else set()
-        self._handler(prof)
+        held = self.recorded or max(0, min(self.prof.step_num, self.sched.profiled)
+                                    - self.sched.warmup)
+        failed = export_trace(prof, self.trace_dir, self.worker, held)
+        if failed is not None:
+            self.export_failed = failed
         written = sorted(set(self.trace_dir.glob(pattern)) - before)
         self.traces.extend(written)
         for path in written:

@@ -118,8 +118,9 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     check_target(target)
     # Absolute now: the script may change the working folder.
     out = (args.out or default_run_out_dir(target.stem)).resolve()
-    prepare_out_dir(out, args.force)
     launch = Launch.from_env()
+    # Every rank of a torchrun job writes into the same folder: the lock is for other jobs.
+    prepare_out_dir(out, args.force, lock=not launch.distributed)
     # Rank 0 speaks for the job (it also says when it waits for the others); every rank
     # reporting each step would interleave N copies of the same lines.
     progress.configure(args.quiet, launch.rank == 0)

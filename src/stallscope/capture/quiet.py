@@ -1,0 +1,51 @@
+"""Keep torch's own `USDT: ... profiler_start` / `profiler_stop` lines off the user's terminal.
+
+Kineto writes them from C++ straight to file descriptor 2 whenever tracing starts or stops, with
+no setting to silence them (KINETO_LOG_LEVEL and TORCH_CPP_LOG_LEVEL leave them): they read as
+stallscope's output and say nothing a user can act on. Around the few profiler calls that start
+or stop tracing, descriptor 2 goes to a temporary file; every other line written meanwhile (the
+script's own threads may write) is passed on to the real stderr afterwards, in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+
+_NOISE = b"USDT:"
+
+
+@contextlib.contextmanager
+def usdt_filtered() -> Iterator[None]:
+    """Run the body with descriptor 2 captured; pass on everything but Kineto's USDT lines.
+    Where descriptor 2 cannot be captured (closed, no temporary folder) the body runs as is."""
+    try:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        buf = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
+    except OSError:
+        os.close(saved)
+        yield
+        return
+    os.dup2(buf.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        buf.seek(0)
+        data = buf.read()
+        buf.close()
+        kept = b"".join(line for line in data.splitlines(keepends=True)
+                        if not line.startswith(_NOISE))
+        if kept:
+            with contextlib.suppress(OSError):
+                os.write(2, kept)
