@@ -8,11 +8,16 @@ never a new report.json beside an old report.html, and never half a file.
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import os
 import re
 import tempfile
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; folders are then not locked
+    fcntl = None  # type: ignore[assignment]
 
 from stallscope.errors import OutputError
 
@@ -75,7 +80,7 @@ def lock_out_dir(out: Path) -> None:
     """Hold an exclusive lock on the folder itself (flock on its descriptor: no lock file to
     leave behind) until this process ends; another process holding it is exit 2."""
     key = str(out.resolve())
-    if key in _LOCKS:
+    if key in _LOCKS or fcntl is None:
         return
     try:
         fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -83,8 +88,10 @@ def lock_out_dir(out: Path) -> None:
         raise OutputError(f"cannot open {out}: {exc.strerror or exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as exc:
         os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return  # a file system without locks (some network mounts): write unlocked
         raise OutputError(f"{out} is being written by another stallscope process; wait for it "
                           "to finish or use -o for another folder") from None
     _LOCKS[key] = fd
