@@ -58,9 +58,30 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "which adds about 2 s to a command that otherwise starts in under 1 s",
     )
     add_what_if_argument(an)
+    limits = an.add_argument_group(
+        "limits", "what one trace file may cost to read; passing one is exit 2 with one line "
+        "(the defaults sit far above real traces and far below what hurts the machine)")
+    limits.add_argument("--max-text-gb", type=whole_number(1), default=64, metavar="N",
+                        help="the most text a file may hold once decompressed (default: 64)")
+    limits.add_argument("--max-buffer-mb", type=whole_number(16), default=256, metavar="N",
+                        help="the most text held at once without finding an event boundary "
+                        "(default: 256; an event is a few hundred bytes)")
+    limits.add_argument("--max-depth", type=_depth, default=1000, metavar="N",
+                        help="the deepest nesting of lists and objects read (default: 1000, "
+                        "at most 10000)")
     an.add_argument("-q", "--quiet", action="store_true",
                     help="print nothing on success: no summary, no progress lines")
     return an
+
+
+def _depth(text: str) -> int:
+    """--max-depth: 10 to MAX_DEPTH (deeper nesting would risk the C stack)."""
+    from stallscope.trace.decode import MAX_DEPTH
+
+    value = whole_number(10)(text)
+    if value > MAX_DEPTH:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DEPTH}, got {value}")
+    return value
 
 
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
@@ -69,13 +90,18 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     from stallscope.diagnose.fixes import parse_what_if
     from stallscope.outputs import default_out_dir, prepare_out_dir
     from stallscope.report.build import analyze_command
+    from stallscope.trace.decode import Limits
 
     what_if = parse_what_if(args.what_if)  # a typo is refused before any work
     progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
     out = args.out or default_out_dir(args.paths)
     prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
     scheduler = args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
-    report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if, scheduler=scheduler)
+    limits = Limits(max_text_bytes=args.max_text_gb << 30,
+                    max_buffer_bytes=args.max_buffer_mb << 20,
+                    max_depth=args.max_depth)
+    report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if, scheduler=scheduler,
+                           limits=limits)
     # How to reproduce this report; where it was written is left out (see analyze_command).
     report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
                                                args.tensorboard,

@@ -20,6 +20,7 @@ from stallscope.diagnose.plan import Plan, make_plan
 from stallscope.errors import NoStepsError
 from stallscope.report import Report, build_report
 from stallscope.text import plain
+from stallscope.trace.decode import Limits
 from stallscope.trace.load import discover, infer_rank, load_trace, rank_order
 from stallscope.trace.model import TraceModel, build_model
 
@@ -30,11 +31,14 @@ def analyze_paths(
     jobs: int | None = None,
     what_if: list[Change] | None = None,
     scheduler: str | None = None,
+    limits: Limits | None = None,
 ) -> Report:
     """`contexts` maps a trace's resolved path to what `stallscope run` captured beside it;
     `jobs` caps the worker processes (default: sized to the cores and the memory); `what_if`
     changes are replayed on every trace besides the findings' own; `scheduler` sends the
-    per-file work of several files to a Dask cluster (see `fanout`)."""
+    per-file work of several files to a Dask cluster (see `fanout`); `limits` bound what one
+    file may cost to read (trace/decode.py)."""
+    limits = limits or Limits()
     files = list(dict.fromkeys(f for p in paths for f in discover(p)))
     contexts = contexts or {}
     progress.consider_inputs(files)  # several files or a large one: say what is happening
@@ -45,7 +49,7 @@ def analyze_paths(
         meter = progress.Meter(f"reading {plain(files[0].name)}", fanout.text_size(files[0]))
         context = contexts.get(str(files[0].resolve()))
         results = [_analyze_file(files[0], False, context,
-                                 meter if progress.active() else None, what_if)]
+                                 meter if progress.active() else None, what_if, limits)]
     else:
         in_parallel = (f" on the Dask cluster {scheduler}" if scheduler
                        else f" in {workers} processes" if workers > 1 else "")
@@ -56,7 +60,8 @@ def analyze_paths(
             done.append(i)
             progress.say(f"analysed {plain(files[i].name)} ({len(done)}/{len(files)})")
 
-        calls = [(f, True, contexts.get(str(f.resolve())), None, what_if) for f in files]
+        calls = [(f, True, contexts.get(str(f.resolve())), None, what_if, limits)
+                 for f in files]
         results = fanout.run_each(_analyze_file, calls, workers, finished, scheduler)
     results.sort(key=lambda r: rank_order(r[0].trace))
     _label_same_ranks(results)
@@ -77,13 +82,13 @@ def analyze_paths(
 
 def _analyze_file(
     path: Path, several: bool, context: RunContext | None, meter: progress.Meter | None,
-    what_if: list[Change] | None = None,
+    what_if: list[Change] | None = None, limits: Limits | None = None,
 ) -> tuple[TraceModel, list[Assessment], Plan | None]:
     """Load, model, diagnose and plan one file (in a worker process when there are several).
 
     `meter` (one file only) is fed the bytes read and makes the phases say themselves."""
     say = meter is not None
-    trace = load_trace(path, meter)
+    trace = load_trace(path, meter, limits or Limits())
     if several:
         infer_rank(trace)
     if say:

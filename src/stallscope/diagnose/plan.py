@@ -17,7 +17,7 @@ import numpy as np
 
 from stallscope.diagnose.finding import Assessment, Finding, severity_for
 from stallscope.diagnose.fixes import Change, Context, apply, changes_for, no_change_reason
-from stallscope.replay.engine import Replay, replay
+from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
 from stallscope.trace.intervals import Timeline
@@ -72,7 +72,21 @@ class Plan:
 def make_plan(model: TraceModel, assessments: list[Assessment],
               what_if: list[Change] | None = None) -> Plan | None:
     """Replay the findings' changes (and `what_if`) on `model`; updates the findings' savings,
-    severities and predicted step times in place. None when the trace has no step to replay."""
+    severities and predicted step times in place. None when the trace has no step to replay,
+    or when its recorded dependencies cannot be replayed (said in the model's notes)."""
+    try:
+        return _make_plan(model, assessments, what_if)
+    except ReplayOrderError:
+        model.notes.append(
+            "The recorded step cannot be replayed: its dependencies form a cycle (two events "
+            "share a correlation id, or a launch is recorded after the wait for its work), "
+            "which only a damaged or edited trace shows. The findings' savings are the rules' "
+            "own estimates, without a replay's prediction.")
+        return None
+
+
+def _make_plan(model: TraceModel, assessments: list[Assessment],
+               what_if: list[Change] | None) -> Plan | None:
     window = _window(len(model.steps))
     graph = build_graph(model, window)
     if graph is None or graph.steps == 0:

@@ -50,9 +50,18 @@ class Replay:
         return np.fmax(self.step_us, period)
 
 
+class ReplayOrderError(RuntimeError):
+    """The recorded dependencies cannot be replayed in any order (a cycle: two events with
+    one correlation id, a launch recorded after the sync that waits for its work). Only a
+    damaged or hand-edited trace does this; the plan then says so and predicts nothing."""
+
+
 def replay(graph: Graph) -> Replay:
     """Replay `graph` as it stands (a fix changes the graph first)."""
-    return _Run(graph).go()
+    try:
+        return _Run(graph).go()
+    except RecursionError:  # resolving a stream re-entered itself: a dependency cycle
+        raise ReplayOrderError("replay order: the recorded dependencies form a cycle") from None
 
 
 class _Run:
@@ -112,7 +121,7 @@ class _Run:
         end = float(self.seg_end[s]) if self.wait_seg[s] else float(
             self.seg_start[s] + self.offset[node] + self.g.h_dur[node])
         if end != end:  # NaN: max() would drop it without a word
-            raise RuntimeError("replay order: a release was not resolved before its node")
+            raise ReplayOrderError("replay order: a release was not resolved before its node")
         return end
 
     # -- GPU
@@ -154,7 +163,7 @@ class _Run:
         if launched.any():
             starts = self.node_start(g.g_launch[ops[launched]])
             if np.isnan(starts).any():
-                raise RuntimeError("replay order: a launch was not resolved before its op")
+                raise ReplayOrderError("replay order: a launch was not resolved before its op")
             release[launched] = np.maximum(release[launched], starts + g.g_lat[ops[launched]])
         if g.g_cross[i] >= 0:
             release[0] = max(release[0], self.gpu_end_of(int(g.g_cross[i])) + g.g_cgap[i])
@@ -176,7 +185,7 @@ class _Run:
             s = launch_seg[k]
             if s >= 0:
                 if not seg_done[s]:
-                    raise RuntimeError("replay order: a launch was not resolved before its op")
+                    raise ReplayOrderError("replay order: a launch was not resolved before its op")
                 start = max(start, float(seg_start[s]) + launch_off[k])
             if k == i and cross[k] >= 0:
                 start = max(start, self.gpu_end_of(cross[k]) + cgap[k])

@@ -374,7 +374,7 @@ def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:
 def round_ticks(limit_us: float, target: int = 5) -> list[float]:
     """Tick positions (us) at round milliseconds (1, 2, 2.5 or 5 times a power of ten), about
     `target` of them from 0 up to `limit_us`, so a reader can read a bar off the axis."""
-    if limit_us <= 0:
+    if not 0 < limit_us < math.inf:
         return [0.0]
     raw = limit_us / 1000.0 / target
     power = 10.0 ** math.floor(math.log10(raw))

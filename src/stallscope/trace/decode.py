@@ -21,13 +21,24 @@ Odd fields cost only themselves. A chunk decodes into typed structs; only when t
 written as a hex string, `"stream": "0x0"` in ROCm traces) is it decoded again with the `args`
 fields untyped and converted one by one, and only when that fails too is it read event by event,
 where a field of the wrong type is dropped and the rest of the event kept.
+
+Damaged text costs only the events it touches. When a chunk is not valid JSON before its cut,
+msgspec names the byte where it broke: the events before the last boundary ahead of that byte
+are kept, the text up to the next boundary after it is skipped and counted, and decoding goes
+on from there (`_skip_damage`). Every pass over the text is bounded by a constant factor, so a
+damaged file costs about what an intact one does.
+
+Limits (`Limits`) keep hostile input within seconds and a few hundred MB: the text a file may
+expand to, the text held without finding an event boundary, and the nesting depth.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
 import re
+import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,6 +53,42 @@ import pandas as pd
 CHUNK_BYTES = 8 << 20  # text per decoded chunk: large enough to amortise, small enough to cache
 BLOCK_BYTES = 8 << 20  # text read per file read
 _MAX_TRIES = 8  # failed cuts before more text is read in (a cut inside a huge event)
+_TAIL_BYTES = 1 << 20  # the keys after the event list: Kineto writes a few hundred bytes there
+_TAIL_TRIES = 256  # `]` tried as the end of the event list before the file is called cut off
+
+
+# Deepest nesting `--max-depth` may allow: each level is a C frame of msgspec's; 10,000 levels
+# decode on an 8 MB thread stack (measured), far deeper would risk the stack.
+MAX_DEPTH = 10_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one trace file may cost to read; exceeding one is `LimitExceeded`.
+
+    Defaults sit far above real traces (the largest Kineto traces we know expand to a few GB;
+    an event is at most a few kB; nesting is 3-4 levels) and far below what hurts the machine.
+    """
+
+    max_text_bytes: int = 64 << 30  # text after decompression (a gzip bomb expands 1000x)
+    max_buffer_bytes: int = 256 << 20  # text held without an event boundary in it
+    max_depth: int = 1000  # nesting of arrays/objects; deeper is refused (Python recursion)
+
+
+class LimitExceeded(Exception):
+    """A `Limits` bound was passed; the message names the bound and the flag that raises it."""
+
+
+@dataclass
+class Damage:
+    """Spans of text that were not JSON, skipped between event boundaries."""
+
+    events: int = 0  # events lost in them (boundaries inside a span, plus one)
+    offsets: list[int] = field(default_factory=list)  # byte offsets (in the text) of the spans
+
+    def add(self, offset: int, events: int) -> None:
+        self.events += events
+        self.offsets.append(offset)
 
 NAN = math.nan
 
@@ -120,6 +167,9 @@ _LONE_SURROGATE = re.compile(
 )
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
+_BOUNDARY = re.compile(rb"\}[ \t\r\n]*(,)[ \t\r\n]*\{")
+_AT_BYTE = re.compile(r"\(byte (\d+)\)")
+_LIST_END = re.compile(rb"\][ \t\r\n]*[,}]")
 
 
 class Interner:
@@ -157,6 +207,7 @@ class Columns:
     bad_times: int = 0  # complete events with a missing, negative or non-finite time
     seen: int = 0  # events of any phase read
     repaired: int = 0  # chunks whose invalid UTF-8 was replaced by U+FFFD
+    damage: Damage = field(default_factory=Damage)  # text that was not JSON, skipped
 
     def add(self, events: list[Event]) -> None:
         # map(attrgetter) rather than comprehensions: this is the per-event hot path.
@@ -200,58 +251,93 @@ class Decoded:
     unclosed: bool = False  # an array form without its closing `]`; every event in it was read
 
 
-def stream_decode(fh: BinaryIO, on_progress: Any = None) -> Decoded | None:
+def stream_decode(fh: BinaryIO, on_progress: Any = None,
+                  limits: Limits = Limits()) -> Decoded | None:  # noqa: B008 (frozen)
     """Decode an open trace file chunk by chunk; None when it is not shaped like a Kineto trace.
 
-    `on_progress(n_bytes)` is called after each block read, for progress display.
+    `on_progress(n_bytes)` is called after each block read, for progress display. Raises
+    `LimitExceeded` when the file passes one of `limits`.
     """
-    reader = _Reader(fh, on_progress)
+    reader = _Reader(fh, on_progress, limits.max_text_bytes)
     blocks = iter(reader)
     head = bytearray()
     start = None
-    try:
-        for block in blocks:
-            search_from = max(0, len(head) - 32)
-            head += block
-            start = _find_events(head, search_from)
-            if start is not None:
-                break
-    except _NotStreamable:
-        return None
-    if start is None:
-        return None
+    with depth_allowed(limits.max_depth):
+        try:
+            for block in blocks:
+                search_from = max(0, len(head) - 32)
+                head += block
+                start = _find_events(head, search_from)
+                if start is not None:
+                    break
+                if len(head) > limits.max_buffer_bytes:
+                    raise LimitExceeded(
+                        f"no event list in its first {_mb(limits.max_buffer_bytes)} of text "
+                        f"(the limit on text held at once; --max-buffer-mb raises it)")
+        except _NotStreamable:
+            return None
+        if start is None:
+            return None
+        return _decode_events_from(head, start, blocks, reader, limits)
+
+
+def _decode_events_from(head: bytearray, start: _Start, blocks: Iterator[bytearray],
+                        reader: _Reader, limits: Limits) -> Decoded:
     # The object form's text before `"traceEvents": [` is kept to read its metadata at the end;
     # the array form has none (prefix None).
     prefix = None if start.array else bytes(head[: start.prefix_end])
     buf = bytearray(b"[")
     buf += head[start.events:]
+    at = start.events  # text offset of buf[1]
     del head
     cols = Columns()
+    retry_at = CHUNK_BYTES  # after a failed cut, try again once this much text is held
     while True:
-        while len(buf) < CHUNK_BYTES and (block := next(blocks, None)) is not None:
+        while len(buf) < retry_at and (block := next(blocks, None)) is not None:
             buf += block
-        if len(buf) < CHUNK_BYTES:
+        if len(buf) < retry_at:
             break  # end of the file
-        cut = _cut(buf, cols)
+        cut = _cut(buf, cols, at)
         if cut < 0:  # no clean cut in this much text: read more before trying again
-            block = next(blocks, None)
-            if block is None:
-                break
-            buf += block
+            if len(buf) > limits.max_buffer_bytes:
+                raise LimitExceeded(
+                    f"{_mb(limits.max_buffer_bytes)} of text at byte {at:,} without an event "
+                    "boundary (the limit on text held at once; --max-buffer-mb raises it)")
+            retry_at = 2 * len(buf)  # geometric: every byte is decoded a bounded number of times
             continue
         buf = bytearray(b"[") + buf[cut + 1:]
-    decoded = _finish(buf, prefix, cols)
+        at += cut
+        retry_at = CHUNK_BYTES
+    decoded = _finish(buf, prefix, cols, at)
     if reader.damaged:
         decoded.truncated = True
     return decoded
 
 
+def _mb(n: int) -> str:
+    return f"{n / (1 << 30):g} GB" if n >= 1 << 30 else f"{n / (1 << 20):g} MB"
+
+
+@contextlib.contextmanager
+def depth_allowed(max_depth: int) -> Iterator[None]:
+    """Allow nesting to `max_depth` levels: msgspec counts its levels against Python's
+    recursion limit and raises RecursionError past it, which the callers treat as damage."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, max_depth + 200))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
 class _Reader:
     """The file's text in blocks. A damaged gzip stream ends the text where it breaks."""
 
-    def __init__(self, fh: BinaryIO, on_progress: Any) -> None:
+    def __init__(self, fh: BinaryIO, on_progress: Any, max_bytes: int) -> None:
         self.fh = fh
         self.on_progress = on_progress
+        self.max_bytes = max_bytes
+        self.read = 0
         self.damaged: str | None = None
 
     def __iter__(self) -> Iterator[bytearray]:
@@ -268,6 +354,11 @@ class _Reader:
                 return
             if not block:
                 return
+            self.read += len(block)
+            if self.read > self.max_bytes:
+                raise LimitExceeded(
+                    f"more than {_mb(self.max_bytes)} of text (the limit on a file's size after "
+                    "decompression; --max-text-gb raises it)")
             if self.on_progress is not None:
                 self.on_progress(len(block))
             yield block
@@ -298,6 +389,8 @@ def _find_events(head: bytearray, search_from: int) -> _Start | None:
             _ANY.decode(prefix + b'"traceEvents":null}')
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             continue
+        except RecursionError:
+            raise LimitExceeded(_too_deep("its keys before the event list")) from None
         return _Start(events=match.end(), prefix_end=match.start())
     return None
 
@@ -306,11 +399,12 @@ class _NotStreamable(Exception):
     pass
 
 
-def _cut(buf: bytearray, cols: Columns) -> int:
+def _cut(buf: bytearray, cols: Columns, at: int) -> int:
     """Decode events from the front of `buf` (which starts with `[`) up to a clean cut.
 
-    Returns the offset of the comma that ended the decoded events, or -1 if no candidate cut
-    within `_MAX_TRIES` gave a complete list of events.
+    Returns the offset of the comma that ended the decoded (or skipped) text, or -1 if no
+    candidate cut within `_MAX_TRIES` gave a complete list of events and no damage was found.
+    `at` is the text offset of `buf[1]`, for naming where damage is.
     """
     pos = len(buf)
     for _ in range(_MAX_TRIES):
@@ -321,8 +415,85 @@ def _cut(buf: bytearray, cols: Columns) -> int:
         if events is not None:
             cols.add(events)
             return comma
+        broken = _syntax_error(buf, comma)
+        if broken is not None and broken < comma:  # damage inside, not a cut inside an event
+            return _skip_damage(buf, comma, broken, cols, at)
         pos = comma
     return -1
+
+
+def _syntax_error(buf: bytearray, end: int) -> int | None:
+    """Where `buf[:end]` + `]` stops being JSON: the byte msgspec names; `end` for text that
+    merely ends early (a cut inside an event); -1 when the place is unknown (nesting too deep
+    to parse); None when it is JSON after all (a chunk refused for its types only)."""
+    saved = buf[end]
+    buf[end] = ord("]")
+    try:
+        with memoryview(buf) as view:
+            _RAWS.decode(view[: end + 1])
+    except msgspec.DecodeError as exc:
+        match = _AT_BYTE.search(str(exc))
+        return int(match.group(1)) if match else end
+    except (msgspec.ValidationError, UnicodeDecodeError):
+        return None
+    except RecursionError:
+        return -1
+    finally:
+        buf[end] = saved
+    return None
+
+
+def _skip_damage(buf: bytearray, end: int, broken: int, cols: Columns, at: int) -> int:
+    """Keep the events before the damage at `broken` in `buf[:end]`, skip the text up to the
+    next event boundary after it, count what was skipped; the offset of that boundary's comma
+    (decoding goes on after it), or, when the damage runs to `end`, `end`.
+
+    `broken` < 0: the damage is somewhere in `buf[:end]`, found by bisection over the
+    boundaries (each try decodes a prefix: a bounded number of passes over the text).
+    The text searched is what lies before the damage, which is then consumed, so the work
+    stays proportional to the text however many places are damaged.
+    """
+    good = _last_whole(buf, broken if broken >= 0 else end, cols, exact=broken >= 0)
+    after = _BOUNDARY.search(buf, max(broken, good) + 1, end)
+    resume = after.start(1) if after else end
+    lost = len(_boundaries(buf, good + 1, resume)) + 1
+    cols.damage.add(at + good, lost)
+    return resume
+
+
+def _last_whole(buf: bytearray, before: int, cols: Columns, exact: bool) -> int:
+    """Decode and add the events up to the last boundary before `before` up to which `buf`
+    reads as whole events; that boundary's offset, or 0 when none does.
+
+    `exact`: the text is JSON up to `before` (msgspec stopped there), so the last boundary or
+    one of the few before it (one inside a string) is the answer; else bisection."""
+    pos = before
+    for _ in range(3 if exact else 1):
+        comma = _last_boundary(buf, pos)
+        if comma <= 0:
+            return 0
+        if (events := _decode_events(buf, comma, cols)) is not None:
+            cols.add(events)
+            return comma
+        pos = comma
+    bounds = _boundaries(buf, 0, pos)
+    lo, hi, found = 0, len(bounds) - 1, None  # prefixes read as events up to the damage
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        events = _decode_events(buf, bounds[mid], cols)
+        if events is not None:
+            found, lo = (bounds[mid], events), mid + 1
+        else:
+            hi = mid - 1
+    if found is None:
+        return 0
+    cols.add(found[1])
+    return found[0]
+
+
+def _boundaries(buf: bytearray, lo: int, hi: int) -> list[int]:
+    """Offsets of the commas of every `}, {` in `buf[lo:hi]`, in order."""
+    return [m.start(1) for m in _BOUNDARY.finditer(buf, lo, hi)]
 
 
 def _decode_events(buf: bytearray, end: int, cols: Columns) -> list[Event] | None:
@@ -337,6 +508,13 @@ def _decode_events(buf: bytearray, end: int, cols: Columns) -> list[Event] | Non
 
 
 def _events_in(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
+    try:
+        return _typed_events(text, cols)
+    except RecursionError:  # nested deeper than the limit: damage, found by the caller
+        return None
+
+
+def _typed_events(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
     try:
         return _EVENTS.decode(text)
     except msgspec.ValidationError:  # an odd field somewhere
@@ -362,7 +540,10 @@ def _mended(text: bytes | memoryview, exc: Exception, cols: Columns) -> list[Eve
     else:
         # Not a whole list (a cut inside an event), or an escaped lone surrogate ("\ud800",
         # from a name cut mid-character), which msgspec refuses: mend that and try again.
-        repaired, n = _LONE_SURROGATE.subn(rb"\\ufffd", bytes(text))
+        raw = bytes(text)
+        if raw.find(b"\\ud") < 0 and raw.find(b"\\uD") < 0:  # no surrogate escape: no regex
+            return None
+        repaired, n = _LONE_SURROGATE.subn(rb"\\ufffd", raw)
         if not n:
             return None
     events = _events_in(repaired, cols)
@@ -392,7 +573,8 @@ def lenient_events(items: list[Any], cols: Columns) -> list[Event]:
                 pass
             try:
                 item = _ANY.decode(item)
-            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError,
+                    RecursionError):
                 cols.unreadable += 1  # e.g. a number out of range (1e999)
                 continue
         else:
@@ -474,53 +656,89 @@ def _salvage(item: Any) -> Event | None:
 
 
 def _last_boundary(buf: bytearray, before: int) -> int:
-    """Offset of the last comma in `}, {` (whitespace allowed) that starts before `before`."""
-    pos = before
+    """Offset of the last comma in `}, {` (whitespace allowed) that ends before `before`.
+
+    Searched in windows growing back from `before`, so a long run of whitespace costs one
+    regex pass, not a Python loop per byte."""
+    width = 1 << 16
     while True:
-        brace = buf.rfind(b"{", 0, pos)
-        if brace <= 0:
+        lo = max(0, before - width)
+        found = _boundaries(buf, lo, before)
+        if found:
+            return found[-1]
+        if lo == 0:
             return -1
-        j = brace - 1
-        while j > 0 and buf[j] in _WS:
-            j -= 1
-        if buf[j] == ord(","):
-            k = j - 1
-            while k > 0 and buf[k] in _WS:
-                k -= 1
-            if buf[k] == ord("}"):
-                return j
-        pos = brace
+        width *= 4
 
 
-def _finish(buf: bytearray, prefix: bytes | None, cols: Columns) -> Decoded:
+def _finish(buf: bytearray, prefix: bytes | None, cols: Columns, at: int) -> Decoded:
     """The end of the file: the last events, the closing `]` and any keys after the array."""
     if prefix is None:
-        return _finish_array(buf, cols)
-    pos = len(buf)
-    while True:
-        close = buf.rfind(b"]", 0, pos)
-        if close <= 0:
-            break
-        tail = bytes(buf[close + 1:]).strip(_WS)
-        body = tail[1:] if tail.startswith(b",") else tail
-        if body.endswith(b"}") and (body == b"}" or tail.startswith(b",")):
+        return _finish_array(buf, cols, at)
+    last = _end_of_text(buf, len(buf))
+    if last and buf[last - 1] == ord("}"):
+        # The `]` that closes the event list is followed by `}` or `, "key": ...}`; only the
+        # last few such `]` within the tail are tried (each costs a decode of what follows it).
+        lo = max(0, len(buf) - _TAIL_BYTES)
+        closes = [m.start() for m in _LIST_END.finditer(buf, lo)][-_TAIL_TRIES:]
+        for close in reversed(closes):
+            tail = bytes(buf[close + 1:]).strip(_WS)
+            body = tail[1:] if tail.startswith(b",") else tail
+            if not (body == b"}" or (tail.startswith(b",") and body.endswith(b"}"))):
+                continue
             try:
                 meta = _META.decode(prefix + b'"traceEvents":null' + (b"," if body != b"}"
                                                                      else b"") + body)
             except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
-                meta = None
-            if meta is not None:
-                events = _decode_events(buf, close, cols) if close > 1 else []
-                if events is not None:
-                    cols.add(events)
-                    return Decoded(cols, meta)
-        pos = close
+                continue
+            except RecursionError:
+                raise LimitExceeded(_too_deep("its keys after the event list")) from None
+            if close > 1 and _closes_early(buf, close):
+                continue  # an earlier `]` ends the list: this one is in the keys after it
+            if close > 1:
+                _drain(buf, close, cols, at)
+            return Decoded(cols, meta)
     # No closing bracket: the file was cut off. Keep every whole event before the cut.
-    _keep_whole_events(buf, cols)
+    _keep_whole_events(buf, cols, at)
     return Decoded(cols, _prefix_metadata(prefix), truncated=True)
 
 
-def _finish_array(buf: bytearray, cols: Columns) -> Decoded:
+def _closes_early(buf: bytearray, end: int) -> bool:
+    """Whether `buf[:end]` + `]` is a whole list followed by more text (the list ended at an
+    earlier `]`), as opposed to a list that is whole or damaged inside."""
+    saved = buf[end]
+    buf[end] = ord("]")
+    try:
+        with memoryview(buf) as view:
+            _RAWS.decode(view[: end + 1])
+    except msgspec.DecodeError as exc:
+        return "trailing characters" in str(exc)
+    except (msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        return False
+    finally:
+        buf[end] = saved
+    return False
+
+
+def _drain(buf: bytearray, end: int, cols: Columns, at: int) -> None:
+    """Every readable event in `buf[:end]` (all of the rest of the list), damage skipped."""
+    while end > 1:
+        if (events := _decode_events(buf, end, cols)) is not None:
+            cols.add(events)
+            return
+        broken = _syntax_error(buf, end)
+        # Where the text merely ends early, or reads as JSON yet not as events, the place is
+        # unknown: `_skip_damage` finds it.
+        known = broken is not None and 0 <= broken < end
+        cut = _skip_damage(buf, end, broken if known else -1, cols, at)
+        if cut >= end:
+            return
+        del buf[1: cut + 1]
+        end -= cut
+        at += cut
+
+
+def _finish_array(buf: bytearray, cols: Columns, at: int) -> Decoded:
     """The end of an array-form file: `]`, or none (which the Chrome format allows)."""
     end = _end_of_text(buf, len(buf))
     closed = end > 0 and buf[end - 1] == ord("]")
@@ -530,17 +748,18 @@ def _finish_array(buf: bytearray, cols: Columns) -> Decoded:
             cols.add(events)
             return Decoded(cols, Metadata(), array=True)
         end = _end_of_text(buf, end - 1)  # e.g. a trailing comma before `]`
-    whole = _keep_whole_events(buf, cols, end)
+    whole = _keep_whole_events(buf, cols, at, end)
     # A comma before `]` is forgiven; a missing `]` is said (the last step may be cut short).
     return Decoded(cols, Metadata(), truncated=not whole, array=True,
                    unclosed=whole and not closed)
 
 
-def _keep_whole_events(buf: bytearray, cols: Columns, end: int | None = None) -> bool:
+def _keep_whole_events(buf: bytearray, cols: Columns, at: int, end: int | None = None) -> bool:
     """Every whole event in `buf[:end]`, text cut off at `end`. True if none was cut off.
 
-    The text may end just after an event (with or without a comma): then every event is read.
-    Otherwise the last event is incomplete, and the events before its `}, {` are kept.
+    The text may end just after an event (with or without a comma): then every event is read,
+    damage inside skipped. Otherwise the last event is incomplete, and the events before its
+    `}, {` are kept.
     """
     end = _end_of_text(buf, len(buf) if end is None else end)
     if end > 0 and buf[end - 1] == ord(","):
@@ -551,19 +770,40 @@ def _keep_whole_events(buf: bytearray, cols: Columns, end: int | None = None) ->
         if (events := _events_in(buf, cols)) is not None:
             cols.add(events)
             return True
-    _cut(buf, cols)
+        broken = _syntax_error(buf, end)
+        if broken is not None and broken < end:  # damage inside, the end is whole
+            _drain(buf, end, cols, at)
+            return True
+    pos = end
+    for _ in range(_MAX_TRIES):  # the last boundary may be inside the event cut off
+        last = _last_boundary(buf, pos)
+        if last <= 0:
+            break
+        if _syntax_error(buf, last) != last:  # whole, or damaged before it: read what reads
+            _drain(buf, last, cols, at)
+            break
+        pos = last
     return False
 
 
 def _end_of_text(buf: bytearray, end: int) -> int:
-    """`end` moved back over whitespace."""
-    while end > 0 and buf[end - 1] in _WS:
-        end -= 1
-    return end
+    """`end` moved back over whitespace (in windows: a long run costs no Python loop)."""
+    while end > 0:
+        lo = max(0, end - (1 << 16))
+        kept = bytes(buf[lo:end]).rstrip(_WS)
+        if kept:
+            return lo + len(kept)
+        end = lo
+    return 0
+
+
+def _too_deep(where: str) -> str:
+    return (f"{where} nest deeper than the limit (--max-depth raises it; the default is "
+            f"{Limits().max_depth:,} levels)")
 
 
 def _prefix_metadata(prefix: bytes) -> Metadata:
     try:
         return _META.decode(prefix + b'"traceEvents":null}')
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
         return Metadata()

@@ -26,8 +26,12 @@ from stallscope.errors import InputError
 from stallscope.trace.decode import (
     ARG_FIELDS,
     Columns,
+    Damage,
     Decoded,
+    LimitExceeded,
+    Limits,
     Metadata,
+    depth_allowed,
     lenient_events,
     stream_decode,
 )
@@ -128,15 +132,23 @@ def _open_text(path: Path) -> Any:
     return gzip.open(path, "rb") if gzipped else path.open("rb")
 
 
-def load_trace(path: Path, on_progress: Any = None) -> Trace:
-    """Decode one trace file into a `Trace`, streaming it; odd files get a precise error."""
+def load_trace(path: Path, on_progress: Any = None,
+               limits: Limits = Limits()) -> Trace:  # noqa: B008 (frozen)
+    """Decode one trace file into a `Trace`, streaming it; odd files get a precise error.
+
+    `limits` bound what the file may cost (decode.Limits); passing one is an InputError."""
     try:
         with _open_text(path) as fh:
-            decoded = stream_decode(fh, on_progress)
+            decoded = stream_decode(fh, on_progress, limits)
+        if decoded is None:
+            decoded = _whole_document(path, limits)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if decoded is None:
-        decoded = _whole_document(path)
+    except LimitExceeded as exc:
+        raise InputError(f"{path}: {exc}") from None
+    damage = decoded.columns.damage
+    if damage.events and decoded.columns.seen == 0:
+        raise InputError(f"{path}: no readable event: {_damage_text(damage)}")
     if decoded.truncated and decoded.columns.seen == 0:
         raise InputError(f"{path}: truncated: the file ends before its first complete event")
     if decoded.array and decoded.columns.seen == 0:
@@ -144,20 +156,32 @@ def load_trace(path: Path, on_progress: Any = None) -> Trace:
     return _build(path, decoded)
 
 
-def _whole_document(path: Path) -> Decoded:
-    """Decode the file in one piece: the path for anything not shaped like a Kineto trace."""
-    data = read_bytes(path)
+def _whole_document(path: Path, limits: Limits = Limits()) -> Decoded:  # noqa: B008
+    """Decode the file in one piece: the path for anything not shaped like a Kineto trace.
+
+    Bounded like the stream: at most `limits.max_buffer_bytes` of text is read; beyond that
+    the reason is taken from the start of the text (where a file that is not JSON says so)."""
+    _refuse_if_not_json(path, _read_at_most(path, 1 << 16))  # say so before reading on
+    data = _read_at_most(path, limits.max_buffer_bytes)
     if not data.strip():
         raise InputError(f"{path}: file is empty")
+    if len(data) > limits.max_buffer_bytes:
+        raise LimitExceeded(
+            f"not a Kineto trace in its first {limits.max_buffer_bytes >> 20} MB (no event "
+            "list found; --max-buffer-mb raises the limit on text held at once)")
     repaired = False
     try:
-        try:
-            obj = msgspec.json.decode(data)
-        except UnicodeDecodeError:  # invalid UTF-8 in a string: keep the text, marked
-            obj = msgspec.json.decode(data.decode("utf-8", "replace").encode("utf-8"))
-            repaired = True
+        with depth_allowed(limits.max_depth):
+            try:
+                obj = msgspec.json.decode(data)
+            except UnicodeDecodeError:  # invalid UTF-8 in a string: keep the text, marked
+                obj = msgspec.json.decode(data.decode("utf-8", "replace").encode("utf-8"))
+                repaired = True
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise LimitExceeded(f"nested deeper than {limits.max_depth:,} levels (the limit; "
+                            "--max-depth raises it)") from None
     if isinstance(obj, list):  # the array form: events only
         obj = {"traceEvents": obj}
         array = True
@@ -176,22 +200,49 @@ def _whole_document(path: Path) -> Decoded:
     return Decoded(cols, meta, array=array)
 
 
+def _refuse_if_not_json(path: Path, head: bytes) -> None:
+    """InputError when the start of the text already is not JSON (binary, zeros, text)."""
+    try:
+        msgspec.json.decode(head)
+    except msgspec.DecodeError as exc:
+        if "truncated" not in str(exc) and head.strip():
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+    except (msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        pass
+
+
+def _read_at_most(path: Path, limit: int) -> bytes:
+    """Up to `limit` + 1 bytes of the file's text (one more says it is longer)."""
+    try:
+        with _open_text(path) as fh:
+            return fh.read(limit + 1)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(f"{path}: damaged or truncated gzip file ({exc})") from None
+
+
 # A duration longer than this many times the span of all event starts (and over a minute) is
 # corrupt: a profiler records seconds to minutes, and every event starts inside that span.
 IMPLAUSIBLE_SPAN_FACTOR = 10.0
 IMPLAUSIBLE_MIN_US = 60e6
+# An event that starts more than a day from the median start is corrupt (a flipped digit, a
+# number out of range): a recording lasts seconds to hours, and it would stretch every span.
+FAR_FROM_THE_REST_US = 86_400e6
 
 
 def _build(path: Path, decoded: Decoded) -> Trace:
     cols, meta = decoded.columns, decoded.metadata
     ts, dur = cols.column("ts"), cols.column("dur")
     keep = slice(None)
-    implausible = 0
+    implausible = far = 0
     if len(ts):
-        limit = max(IMPLAUSIBLE_SPAN_FACTOR * float(ts.max() - ts.min()), IMPLAUSIBLE_MIN_US)
-        plausible = dur <= limit
-        implausible = int((~plausible).sum())
-        if implausible:
+        with np.errstate(over="ignore", invalid="ignore"):
+            near = np.abs(ts - np.median(ts)) <= FAR_FROM_THE_REST_US
+        far = int((~near).sum())
+        limit = max(IMPLAUSIBLE_SPAN_FACTOR * float(ts[near].max() - ts[near].min()),
+                    IMPLAUSIBLE_MIN_US) if near.any() else IMPLAUSIBLE_MIN_US
+        plausible = near & (dur <= limit)
+        implausible = int((~plausible).sum()) - far
+        if implausible or far:
             keep = plausible
             ts, dur = ts[keep], dur[keep]
     t0 = float(ts.min()) if len(ts) else 0.0
@@ -222,14 +273,16 @@ def _build(path: Path, decoded: Decoded) -> Trace:
         devices=devices,
         distributed=dist,
         capture=meta.stallscope if isinstance(meta.stallscope, dict) else {},
-        skipped_events=cols.unreadable + cols.bad_times + implausible,
+        skipped_events=cols.unreadable + cols.bad_times + implausible + far
+        + cols.damage.events,
         truncated=decoded.truncated or decoded.unclosed,
-        notes=_load_notes(path, decoded, implausible, len(frame)),
+        notes=_load_notes(path, decoded, implausible, len(frame), far),
         args=args,
     )
 
 
-def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int) -> list[str]:
+def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int,
+                far: int = 0) -> list[str]:
     """What was left out or repaired while reading, in words for the report."""
     cols, notes = decoded.columns, []
     if decoded.truncated:
@@ -244,6 +297,9 @@ def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int) -> li
             f"allows it; a profiler stopped while writing leaves the same): its {kept:,} "
             "complete events were analysed, so the last step may be missing work."
         )
+    if cols.damage.events:
+        notes.append(f"{path.name} is damaged: {_damage_text(cols.damage)}; "
+                     f"the {kept:,} complete events around the damage were analysed.")
     if cols.unreadable:
         notes.append(f"{_events(cols.unreadable)} of {path.name} were left out: missing, "
                      "wrong-typed or out-of-range fields.")
@@ -253,10 +309,20 @@ def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int) -> li
     if implausible:
         notes.append(f"{_events(implausible)} of {path.name} were left out: durations longer "
                      f"than {IMPLAUSIBLE_SPAN_FACTOR:.0f} times the whole recording.")
+    if far:
+        notes.append(f"{_events(far)} of {path.name} were left out: they start more than a "
+                     "day away from the rest of the recording (a corrupt time).")
     if cols.repaired:
         notes.append(f"{path.name} holds text that is not valid UTF-8 (stray bytes, or half of "
                      "a surrogate pair); it was replaced by U+FFFD, so some names show \ufffd.")
     return notes
+
+
+def _damage_text(damage: Damage) -> str:
+    """"3 events unreadable at byte 1,024" (and where else, the first few places)."""
+    shown = ", ".join(f"{o:,}" for o in damage.offsets[:3])
+    more = f" and {len(damage.offsets) - 3:,} more places" if len(damage.offsets) > 3 else ""
+    return f"{_events(damage.events)} unreadable (text that is not JSON) at byte {shown}{more}"
 
 
 def _events(n: int) -> str:

@@ -34,7 +34,8 @@ from stallscope.trace.workload import workload_of
 HOST_CATEGORIES = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
 GPU_CATEGORIES = ("kernel", "memcpy", "memset", "idle")
 
-STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+# At most 18 digits: a step number fits 64 bits (a longer one is damage, not a step marker).
+STEP_NAME = re.compile(r"^ProfilerStep#(\d{1,18})$")
 LOADER_NAME = re.compile(r"^enumerate\((?:DataLoader|DataPipe)\)#.*__next__$")
 MEMCPY_CALL = re.compile(r"^(?:cuda|hip|cu)Memcpy")
 MEMCPY_NAME = re.compile(r"^Memcpy (\w+) \((\w+) -> (\w+)\)")

@@ -1,0 +1,498 @@
+"""Mutation fuzzer for `stallscope analyze`: damaged copies of real traces, in-process.
+
+    python benchmarks/fuzz.py --cases 10000 --seed 1 --out /tmp/fuzz [--jobs 2]
+
+Each case takes a seed trace (the shared real traces under ../shared/real_traces, read-only,
+and sample_traces/*.gz), applies one to three mutations, writes the result to a scratch file
+and runs what `stallscope analyze` runs on it: the loader, the step model, the rules, the fix
+plan and every writer (JSON, HTML, Markdown, terminal). A case ends in one of:
+
+- `ok`: a report;
+- `refused`: a StallscopeError, i.e. the one `stallscope:` line and a documented exit code;
+- `internal`: any other exception, a stallscope bug (its input is saved under OUT/failures);
+- `hang`: over --timeout seconds (default 10; the input is saved too).
+
+A seeded mutation loop rather than hypothesis or atheris: the inputs are multi-megabyte
+documents whose interesting damage is structural (a key deleted, a type changed, an event cut),
+which a generic byte-level engine reaches rarely, and atheris has no wheel for this Python.
+Most mutations work on the decoded document (fast, and every field the analysis reads gets
+wrong values); some work on the bytes and on the gzip stream.
+
+The summary (counts, the slowest case, peak RSS) is printed and written to OUT/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gzip
+import json
+import math
+import multiprocessing
+import random
+import resource
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = ROOT.parent / "shared" / "real_traces"
+
+# Values a field may be given instead of its own: wrong types, out-of-range numbers, odd text.
+ODD_VALUES: list[Any] = [
+    None, "", "x", "0x7", "12", [], {}, [1, 2], {"a": 1}, True, False, -1, 0, 0.5, 1.5, -0.0,
+    1e308, -1e308, 2**64, -(2**63), 2**53 + 1, 1e-320, "\u202eevil", "\x00", "\ud800",
+    "ProfilerStep#99999999999999999999999", "a" * 5000,
+]
+FIELDS = ["ph", "cat", "name", "pid", "tid", "ts", "dur"]
+ARG_FIELDS = ["correlation", "device", "stream", "bytes", "External id"]
+META_KEYS = ["schemaVersion", "deviceProperties", "distributedInfo", "traceName", "stallscope",
+             "baseTimeNanoseconds"]
+
+
+def seeds(small_only: bool = False) -> list[Path]:
+    """The traces to mutate: the sample traces and, when present, the shared real traces."""
+    found = sorted((ROOT / "sample_traces").glob("*.pt.trace.json.gz"))
+    if REAL.is_dir():
+        found += sorted(REAL.rglob("*.json.gz"))
+    if small_only:
+        found = [p for p in found if p.stat().st_size < 200_000]
+    return found
+
+
+class Doc:
+    """A seed decoded once: mutations copy what they change."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with gzip.open(path) as fh:
+            self.text = fh.read()
+        data = msgspec.json.decode(self.text)
+        self.data = data if isinstance(data, dict) else {"traceEvents": data}
+
+
+# ------------------------------------------------------------------ document mutations
+
+
+def _events(doc: dict) -> list:
+    events = doc.get("traceEvents")
+    return events if isinstance(events, list) else []
+
+
+def _some_event(rng: random.Random, doc: dict, complete: bool = True) -> dict | None:
+    events = [e for e in _events(doc) if isinstance(e, dict)
+              and (not complete or e.get("ph") == "X")]
+    return rng.choice(events) if events else None
+
+
+def wrong_field(rng: random.Random, doc: dict) -> str:
+    for _ in range(rng.randint(1, 20)):
+        event = _some_event(rng, doc)
+        if event is None:
+            break
+        key = rng.choice(FIELDS)
+        event[key] = rng.choice(ODD_VALUES)
+    return "wrong-field"
+
+
+def wrong_arg(rng: random.Random, doc: dict) -> str:
+    for _ in range(rng.randint(1, 20)):
+        event = _some_event(rng, doc)
+        if event is None:
+            break
+        args = event.setdefault("args", {})
+        if isinstance(args, dict):
+            args[rng.choice(ARG_FIELDS)] = rng.choice(ODD_VALUES)
+        else:
+            event["args"] = rng.choice(ODD_VALUES)
+    return "wrong-arg"
+
+
+def wrong_meta(rng: random.Random, doc: dict) -> str:
+    key = rng.choice(META_KEYS)
+    if key == "deviceProperties" and rng.random() < 0.5:
+        doc[key] = [{"id": rng.choice(ODD_VALUES), "name": rng.choice(ODD_VALUES),
+                     "totalGlobalMem": rng.choice(ODD_VALUES),
+                     "computeMajor": rng.choice(ODD_VALUES)}]
+    elif key == "distributedInfo" and rng.random() < 0.5:
+        doc[key] = {"rank": rng.choice(ODD_VALUES), "world_size": rng.choice(ODD_VALUES),
+                    "backend": rng.choice(ODD_VALUES)}
+    elif key == "stallscope" and rng.random() < 0.5:
+        base = doc.get(key) if isinstance(doc.get(key), dict) else {}
+        base = dict(base)
+        target = rng.choice(list(base) or ["tool", "steps", "loaders"])
+        base[target] = rng.choice(ODD_VALUES)
+        doc[key] = base
+    else:
+        doc[key] = rng.choice(ODD_VALUES)
+    return "wrong-meta"
+
+
+def delete_keys(rng: random.Random, doc: dict) -> str:
+    for _ in range(rng.randint(1, 30)):
+        event = _some_event(rng, doc, complete=rng.random() < 0.7)
+        if event is None or not event:
+            break
+        event.pop(rng.choice(list(event)), None)
+    if rng.random() < 0.2 and doc:
+        doc.pop(rng.choice(list(doc)), None)
+    return "delete-keys"
+
+
+def duplicate_events(rng: random.Random, doc: dict) -> str:
+    events = _events(doc)
+    if events:
+        for _ in range(rng.randint(1, 50)):
+            events.insert(rng.randrange(len(events) + 1), copy.deepcopy(rng.choice(events)))
+    return "duplicate-events"
+
+
+def drop_events(rng: random.Random, doc: dict) -> str:
+    events = _events(doc)
+    if events:
+        kind = rng.random()
+        if kind < 0.3:  # the tail, as a run stopped early
+            del events[rng.randrange(len(events)):]
+        elif kind < 0.5:  # a category
+            cat = rng.choice(["kernel", "cuda_runtime", "gpu_memcpy", "user_annotation",
+                              "cpu_op", "ac2g", "python_function"])
+            events[:] = [e for e in events if not (isinstance(e, dict) and e.get("cat") == cat)]
+        else:
+            for _ in range(rng.randint(1, 200)):
+                if events:
+                    events.pop(rng.randrange(len(events)))
+    return "drop-events"
+
+
+def steps(rng: random.Random, doc: dict) -> str:
+    marks = [e for e in _events(doc) if isinstance(e, dict)
+             and str(e.get("name", "")).startswith("ProfilerStep#")]
+    for e in rng.sample(marks, min(len(marks), rng.randint(1, 3))):
+        choice = rng.random()
+        if choice < 0.25:
+            e["dur"] = 0
+        elif choice < 0.4:
+            e["dur"] = -e.get("dur", 1) if isinstance(e.get("dur"), int | float) else -1
+        elif choice < 0.6:
+            e["name"] = f"ProfilerStep#{rng.choice([10**30, 2**64, -5, 0, 2**63 - 1])}"
+        elif choice < 0.8:
+            e["ts"] = rng.choice([1e308, 2**64, -1e15, 0, 1e18])
+        else:
+            e["name"] = f"ProfilerStep#{rng.randint(0, 3)}"  # repeated numbers
+    return "steps"
+
+
+def numbers(rng: random.Random, doc: dict) -> str:
+    for _ in range(rng.randint(1, 30)):
+        event = _some_event(rng, doc)
+        if event is None:
+            break
+        event[rng.choice(["ts", "dur"])] = rng.choice([1e308, -1e308, 2**64, 1e18, -1, 0,
+                                                       1e-300, 4.9e-324, 1e15])
+    return "numbers"
+
+
+def unicode(rng: random.Random, doc: dict) -> str:
+    texts = ["\u202e\u2066x", "\x00\x07\x1b[31m", "</script><script>alert(1)</script>",
+             "😀" * 100, "\ufffd", "名前", "a\nb\rc", "{{ x }}"]
+    for _ in range(rng.randint(1, 20)):
+        event = _some_event(rng, doc, complete=False)
+        if event is None:
+            break
+        event[rng.choice(["name", "cat", "pid", "tid"])] = rng.choice(texts)
+    return "unicode"
+
+
+def deep(rng: random.Random, doc: dict) -> str:
+    event = _some_event(rng, doc)
+    depth = rng.choice([50, 900, 3000])
+    nested: Any = 1
+    for _ in range(depth):
+        nested = [nested] if rng.random() < 0.5 else {"a": nested}
+    if event is not None and rng.random() < 0.7:
+        event.setdefault("args", {})
+        if isinstance(event["args"], dict):
+            event["args"]["deep"] = nested
+    else:
+        doc[rng.choice(META_KEYS)] = nested
+    return f"deep-{depth}"
+
+
+def last_runtime_htod(rng: random.Random, doc: dict) -> str:
+    """End the trace on a runtime call that copies host to device (the issue's crash)."""
+    events = _events(doc)
+    calls = [e for e in events if isinstance(e, dict) and e.get("cat") == "cuda_runtime"
+             and "Memcpy" in str(e.get("name", ""))]
+    if calls:
+        last = max(float(e.get("ts", 0)) if isinstance(e.get("ts"), int | float) else 0
+                   for e in events if isinstance(e, dict))
+        call = copy.deepcopy(rng.choice(calls))
+        call["ts"] = last + 1
+        events.append(call)
+    return "last-runtime-htod"
+
+
+DOC_MUTATIONS: list[Callable[[random.Random, dict], str]] = [
+    wrong_field, wrong_arg, wrong_meta, delete_keys, duplicate_events, drop_events, steps,
+    numbers, unicode, deep, last_runtime_htod,
+]
+
+
+# ------------------------------------------------------------------ byte mutations
+
+
+def flip(rng: random.Random, text: bytes) -> tuple[bytes, str]:
+    b = bytearray(text)
+    for _ in range(rng.choice([1, 1, 2, 5, 50])):
+        i = rng.randrange(len(b))
+        b[i] = rng.choice(b'{}[],:"\\x0 \x00\xff') if rng.random() < 0.7 else rng.randrange(256)
+    return bytes(b), "byte-flip"
+
+
+def cut(rng: random.Random, text: bytes) -> tuple[bytes, str]:
+    return text[: rng.randrange(len(text))], "cut"
+
+
+def duplicate_key(rng: random.Random, text: bytes) -> tuple[bytes, str]:
+    key = rng.choice([b'"ts": ', b'"dur": ', b'"name": ', b'"ph": ', b'"args": '])
+    i = text.find(key, rng.randrange(len(text)))
+    if i < 0:
+        return text, "duplicate-key (none)"
+    value = rng.choice([b'"x", ', b"1e999, ", b"NaN, ", b"Infinity, ", b"-1, ", b"null, "])
+    return text[:i] + key + value + text[i:], "duplicate-key"
+
+
+def special_numbers(rng: random.Random, text: bytes) -> tuple[bytes, str]:
+    word = rng.choice([b"NaN", b"Infinity", b"-Infinity", b"1e999", b"123456789012345678901234"])
+    key = rng.choice([b'"ts": ', b'"dur": ', b'"correlation": '])
+    out, pos = bytearray(), 0
+    for _ in range(rng.randint(1, 10)):
+        i = text.find(key, pos + rng.randrange(1, max(2, len(text) // 10)))
+        if i < 0:
+            break
+        j = i + len(key)
+        k = j
+        while k < len(text) and text[k:k + 1] not in b",}":
+            k += 1
+        out += text[pos:j] + word
+        pos = k
+    out += text[pos:]
+    return bytes(out), "special-numbers"
+
+
+def whitespace(rng: random.Random, text: bytes) -> tuple[bytes, str]:
+    i = text.find(b"}, {", rng.randrange(len(text)))
+    if i < 0:
+        return text, "whitespace (none)"
+    return text[: i + 2] + b" " * rng.choice([1, 10_000, 3_000_000]) + text[i + 2:], "whitespace"
+
+
+BYTE_MUTATIONS = [flip, cut, duplicate_key, special_numbers, whitespace]
+
+
+def gzip_variant(rng: random.Random, raw: bytes) -> tuple[bytes, str]:
+    """The file as written: plain, gzip, two gzip members, gzip with trailing garbage, cut."""
+    choice = rng.random()
+    if choice < 0.35:
+        return raw, "plain"
+    packed = gzip.compress(raw, compresslevel=1)
+    if choice < 0.75:
+        return packed, "gzip"
+    if choice < 0.85:
+        half = len(raw) // 2
+        return (gzip.compress(raw[:half], compresslevel=1)
+                + gzip.compress(raw[half:], compresslevel=1)), "gzip-two-members"
+    if choice < 0.93:
+        return packed + b"garbage\x00\x01", "gzip-trailing-garbage"
+    return packed[: rng.randrange(10, len(packed))], "gzip-cut"
+
+
+# ------------------------------------------------------------------ one case
+
+
+def encode(data: Any) -> bytes:
+    """JSON text of a mutated document (lone surrogates as escapes; deep nesting allowed)."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        try:
+            return msgspec.json.encode(data)
+        except UnicodeEncodeError:
+            return json.dumps(data).encode()
+    finally:
+        sys.setrecursionlimit(old)
+
+
+def make_case(rng: random.Random, doc: Doc) -> tuple[bytes, list[str]]:
+    what: list[str] = [doc.path.name]
+    if rng.random() < 0.7:
+        data = copy.deepcopy(doc.data)
+        for _ in range(rng.randint(1, 3)):
+            what.append(rng.choice(DOC_MUTATIONS)(rng, data))
+        raw = encode(data)
+    else:
+        raw = doc.text
+    if rng.random() < 0.4 or raw is doc.text:
+        raw, how = rng.choice(BYTE_MUTATIONS)(rng, raw)
+        what.append(how)
+    out, how = gzip_variant(rng, raw)
+    what.append(how)
+    return out, what
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hang
+
+
+def analyze_in_process(path: Path) -> None:
+    """What `stallscope analyze PATH` does, minus writing files: load, model, diagnose, plan,
+    render every view."""
+    from stallscope.commands.pipeline import analyze_paths
+    from stallscope.report.html import render_html
+    from stallscope.report.json_writer import render_json
+    from stallscope.report.markdown import render_markdown
+    from stallscope.report.terminal import render_terminal
+
+    report = analyze_paths([path])
+    render_json(report)
+    render_html(report)
+    render_markdown(report)
+    render_terminal(report, {"report.json": "report.json"})
+
+
+def run_case(path: Path, timeout: float) -> tuple[str, str]:
+    """(outcome, detail) of analysing `path`."""
+    from stallscope.errors import StallscopeError
+
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        analyze_in_process(path)
+        return "ok", ""
+    except Hang:
+        return "hang", f"over {timeout:g} s"
+    except StallscopeError as exc:
+        return "refused", str(exc)[:200]
+    except Exception:  # noqa: BLE001 (the point: anything else is a bug)
+        return "internal", traceback.format_exc(limit=-6)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]:
+    """Cases `first`..`first + count - 1` of the run seeded `seed` (each case its own rng)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    first, count, seed, out, timeout, small = args
+    out_dir = Path(out)
+    scratch = out_dir / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    paths = seeds(small)
+    docs: dict[Path, Doc] = {}
+    results = []
+    for case in range(first, first + count):
+        rng = random.Random(f"{seed}-{case}")
+        # Small traces most of the time: the big ones cost seconds a case.
+        pool = [p for p in paths if p.stat().st_size < 400_000]
+        path = rng.choice(paths if rng.random() < 0.1 or not pool else pool)
+        if path not in docs:
+            docs[path] = Doc(path)
+        data, what = make_case(rng, docs[path])
+        name = f"case{case}.pt.trace.json" + (".gz" if data[:2] == b"\x1f\x8b" else "")
+        target = scratch / name
+        target.write_bytes(data)
+        t0 = time.perf_counter()
+        outcome, detail = run_case(target, timeout)
+        wall = time.perf_counter() - t0
+        if outcome in ("internal", "hang"):
+            keep = out_dir / "failures"
+            keep.mkdir(exist_ok=True)
+            (keep / name).write_bytes(data)
+            (keep / f"{name}.txt").write_text(f"{what}\n{detail}")
+        target.unlink()
+        results.append({"case": case, "what": what, "outcome": outcome, "wall_s": wall,
+                        "detail": detail if outcome != "ok" else "",
+                        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+    return results
+
+
+def fuzz(cases: int, seed: int, out: Path, timeout: float = 10.0, jobs: int = 1,
+         small: bool = False) -> dict[str, Any]:
+    """Run `cases` cases in `jobs` processes; the summary (also in OUT/summary.json)."""
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    size = max(1, math.ceil(cases / (jobs * 8)))
+    batches = [(i, min(size, cases - i), seed, str(out), timeout, small)
+               for i in range(0, cases, size)]
+    results: list[dict[str, Any]] = []
+    if jobs == 1:
+        for batch in batches:
+            results += worker(batch)
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(jobs, maxtasksperchild=1) as pool:
+            for part in pool.imap_unordered(worker, batches):
+                results += part
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    slowest = max(results, key=lambda r: r["wall_s"]) if results else None
+    summary = {
+        "command": " ".join(sys.argv),
+        "cases": len(results),
+        "seed": seed,
+        "outcomes": counts,
+        "internal_errors": [r for r in results if r["outcome"] == "internal"],
+        "hangs": [r for r in results if r["outcome"] == "hang"],
+        "max_wall_s": slowest["wall_s"] if slowest else 0,
+        "slowest": slowest["what"] if slowest else None,
+        "peak_rss_mb": max((r["rss_mb"] for r in results), default=0),
+        "total_s": time.perf_counter() - t0,
+        "by_mutation": _by_mutation(results),
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _by_mutation(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    table: dict[str, dict[str, int]] = {}
+    for r in results:
+        for what in r["what"][1:]:
+            row = table.setdefault(what.split(" ")[0], {})
+            row[r["outcome"]] = row.get(r["outcome"], 0) + 1
+    return table
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("/tmp/stallscope-fuzz"))
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a hang")
+    parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument("--small", action="store_true", help="only seeds under 200 kB")
+    args = parser.parse_args()
+    summary = fuzz(args.cases, args.seed, args.out, args.timeout, args.jobs, args.small)
+    with contextlib.suppress(Exception):
+        for r in summary["internal_errors"][:20] + summary["hangs"][:20]:
+            print(r["case"], r["what"], r["detail"].strip().splitlines()[-1:], sep="  ")
+    shown = {k: summary[k] for k in ("cases", "outcomes", "max_wall_s", "slowest",
+                                      "peak_rss_mb", "total_s")}
+    print(json.dumps(shown, indent=1))
+    return 1 if summary["internal_errors"] or summary["hangs"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
