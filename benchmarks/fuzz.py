@@ -385,7 +385,7 @@ def run_case(path: Path, timeout: float) -> tuple[str, str]:
     except StallscopeError as exc:
         return "refused", str(exc)[:200]
     except Exception:  # noqa: BLE001 (the point: anything else is a bug)
-        return "internal", traceback.format_exc(limit=-6)
+        return "internal", traceback.format_exc(limit=-14)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
@@ -403,10 +403,13 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
     docs: dict[Path, Doc] = {}
     results = []
     for case in range(first, first + count):
+        # The seed trace and the mutations draw from separate generators, so a case can be
+        # made again from its key and seed trace alone (tests/test_fuzz_found.py does).
+        pick = random.Random(f"{seed}-{case}-seed-trace")
         rng = random.Random(f"{seed}-{case}")
         # Small traces most of the time: the big ones cost seconds a case.
         pool = [p for p in paths if p.stat().st_size < 400_000]
-        path = rng.choice(paths if rng.random() < 0.1 or not pool else pool)
+        path = pick.choice(paths if pick.random() < 0.1 or not pool else pool)
         if path not in docs:
             docs[path] = Doc(path)
         data, what = make_case(rng, docs[path])
@@ -422,7 +425,8 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
             (keep / name).write_bytes(data)
             (keep / f"{name}.txt").write_text(f"{what}\n{detail}")
         target.unlink()
-        results.append({"case": case, "what": what, "outcome": outcome, "wall_s": wall,
+        results.append({"case": case, "key": f"{seed}-{case}", "what": what,
+                        "outcome": outcome, "wall_s": wall,
                         "detail": detail if outcome != "ok" else "",
                         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
     return results

@@ -53,7 +53,8 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     dynamo = model.trace.capture.get("dynamo")
     dynamo = dynamo if isinstance(dynamo, dict) else {}
     if regions.empty and compiles.empty:
-        if (dynamo.get("graphs_total") or 0) > 0:
+        total = dynamo.get("graphs_total")
+        if isinstance(total, int | float) and total > 0:
             return _fell_back(model, dynamo)
         return Assessment(RULE_ID, "not_assessed",
                           "No torch.compile regions in the recorded steps (an eager model).")
@@ -185,7 +186,8 @@ def _graph_breaks(model: TraceModel) -> dict[str, int]:
     breaks = dynamo.get("graph_breaks") if isinstance(dynamo, dict) else None
     if not isinstance(breaks, dict):
         return {}
-    return {str(k): int(v) for k, v in sorted(breaks.items(), key=lambda kv: -kv[1])
+    counted = {k: v for k, v in breaks.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return {str(k): int(v) for k, v in sorted(counted.items(), key=lambda kv: -kv[1])
             if isinstance(v, int | float) and v > 0}
 
 

@@ -139,7 +139,8 @@ class LoaderClass:
     def of(cls, model: TraceModel, info: LoaderInfo | None) -> LoaderClass:
         if info is not None:
             return cls(info.bound, info.anatomy or {})
-        loaders = [d for d in model.trace.capture.get("loaders") or [] if isinstance(d, dict)]
+        listed = model.trace.capture.get("loaders")
+        loaders = [d for d in listed if isinstance(d, dict)] if isinstance(listed, list) else []
         busiest = max(loaders, key=lambda d: d.get("batches") or 0, default={})
         anatomy = busiest.get("anatomy") if isinstance(busiest.get("anatomy"), dict) else {}
         bound = anatomy.get("bound")

@@ -61,7 +61,8 @@ class LoaderFacts:
     @classmethod
     def from_capture(cls, capture: dict[str, Any]) -> LoaderFacts:
         host = capture.get("host") if isinstance(capture.get("host"), dict) else {}
-        loaders = [d for d in capture.get("loaders") or [] if isinstance(d, dict)]
+        listed = capture.get("loaders")
+        loaders = [d for d in listed if isinstance(d, dict)] if isinstance(listed, list) else []
         busiest = max(loaders, key=lambda d: _num(d.get("batches")) or 0, default={})
         n = _num(busiest.get("batches")) or 0
 

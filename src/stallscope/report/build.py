@@ -386,8 +386,8 @@ def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
         return {"steps": 0, "step_time_us": None, "breakdown_pct": {}, "gpu_pct": {}}
     durations = [s["duration_us"] for s in steps]
     total = sum(durations)
-    breakdown = {
-        c: round(100.0 * sum(s["breakdown_us"][c] for s in steps) / total, 2)
+    breakdown = {  # steps of zero length (damaged markers) have no shares
+        c: round(100.0 * sum(s["breakdown_us"][c] for s in steps) / total, 2) if total else 0.0
         for c in HOST_CATEGORIES
     }
     gpu: dict[str, dict[str, float]] = {}

@@ -263,7 +263,8 @@ def _build(path: Path, decoded: Decoded) -> Trace:
     )
     frame["end"] = frame["ts"] + frame["dur"]
     args = pd.DataFrame({f: cols.column(f)[keep] for f in ARG_FIELDS}, copy=False)
-    devices = [d for d in (meta.deviceProperties or []) if isinstance(d, dict)]
+    listed = meta.deviceProperties if isinstance(meta.deviceProperties, list) else []
+    devices = [d for d in listed if isinstance(d, dict)]
     dist = meta.distributedInfo if isinstance(meta.distributedInfo, dict) else {}
     return Trace(
         path=path,

@@ -557,7 +557,10 @@ def _loader_kind(names: pd.Series) -> str | None:
 
 def _device_column(gpu: pd.DataFrame, args: pd.DataFrame) -> pd.Series:
     """`args.device` as a string, else the GPU row's pid (vectorised: one value per event)."""
-    dev = args.loc[gpu.index, "device"].astype("Int64").astype("string")
+    raw = args.loc[gpu.index, "device"]
+    # A device id is a whole number; a fractional or out-of-range one (damage) counts as absent.
+    raw = raw.where((raw == np.floor(raw)) & (raw.abs() < 2**53))
+    dev = raw.astype("Int64").astype("string")
     return dev.fillna(gpu["pid"].astype("string")).astype(str)
 
 
