@@ -85,14 +85,14 @@ def test_a_replay_that_finds_a_cycle_gives_a_report_that_says_so(
     assert any("cannot be replayed" in n for n in data["notes"])
 
 
-def gpu_trace(path: Path, device: object = 0, **meta: object) -> Path:
-    """Two steps of a kernel each, launched from the step's thread."""
+def gpu_trace(path: Path, device: object = 0, step_us: float = 10_000, **meta: object) -> Path:
+    """Three steps of a kernel each, launched from the step's thread."""
     events: list[dict] = []
     for s in range(3):
         t0 = 1_000_000.0 + s * 10_000
         events += [
             {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1,
-             "tid": 1, "ts": t0, "dur": 10_000},
+             "tid": 1, "ts": t0, "dur": step_us},
             {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
              "ts": t0 + 100, "dur": 10, "args": {"correlation": s + 1}},
             {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": t0 + 120,
@@ -137,3 +137,5 @@ def test_steps_too_short_to_show_give_zero_shares_not_a_crash(tmp_path: Path):
     path.write_text(json.dumps(doc))
     data = render_all(path)
     assert all(v == 0.0 for v in data["summary"]["breakdown_pct"].values())
+    gpu = render_all(gpu_trace(tmp_path / "synthetic-tiny-gpu.pt.trace.json", step_us=1e-300))
+    assert all(v == 0.0 for parts in gpu["summary"]["gpu_pct"].values() for v in parts.values())

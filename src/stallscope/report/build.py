@@ -410,7 +410,8 @@ def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "breakdown_pct": breakdown,
         "gpu_pct": {
-            dev: {k: round(100.0 * v / gpu_window[dev], 2) for k, v in parts.items()}
+            dev: {k: round(100.0 * v / gpu_window[dev], 2) if gpu_window[dev] else 0.0
+                  for k, v in parts.items()}
             for dev, parts in gpu.items()
         },
     }
