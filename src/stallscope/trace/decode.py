@@ -72,7 +72,9 @@ class Limits:
 
     max_text_bytes: int = 64 << 30  # text after decompression (a gzip bomb expands 1000x)
     max_buffer_bytes: int = 256 << 20  # text held without an event boundary in it
-    max_depth: int = 1000  # nesting of arrays/objects; deeper is refused (Python recursion)
+    # Nesting of arrays/objects (msgspec counts it against Python's recursion limit): a deeper
+    # event is skipped as damage; deeper keys outside the event list are refused.
+    max_depth: int = 1000
 
 
 class LimitExceeded(Exception):
