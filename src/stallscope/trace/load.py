@@ -114,17 +114,6 @@ def discover(path: Path) -> list[Path]:
     return found
 
 
-def read_bytes(path: Path) -> bytes:
-    """The file's JSON text, decompressed when it is gzip (by magic number, not by name)."""
-    try:
-        with _open_text(path) as fh:
-            return fh.read()
-    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-        raise InputError(f"{path}: damaged or truncated gzip file ({exc})") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from None
-
-
 def _open_text(path: Path) -> Any:
     """The file opened for its JSON text: gunzipped as it is read when it is gzip."""
     with path.open("rb") as fh:
