@@ -8,7 +8,7 @@ from pathlib import Path
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.diagnose import _attribute_causes
 from stallscope.diagnose.finding import Finding
-from stallscope.diagnose.ranks import rank_imbalance
+from stallscope.diagnose.ranks import rank_imbalance, rank_work
 from stallscope.trace.load import load_paths
 from stallscope.trace.model import build_model
 from tests.conftest import real_trace, write_trace
@@ -36,7 +36,7 @@ def rank_trace(tmp: Path, rank: int, loader_us: float, steps: int = 4) -> Path:
 
 def test_a_rank_with_a_slow_loader_is_named_the_straggler(tmp_path: Path) -> None:
     paths = [rank_trace(tmp_path, 0, 500.0), rank_trace(tmp_path, 1, 3_000.0)]
-    result = rank_imbalance([build_model(t) for t in load_paths(paths)])
+    result = rank_imbalance([rank_work(build_model(t)) for t in load_paths(paths)])
     assert result.status == "finding"
     f = result.finding
     assert f.evidence["straggler_rank"] == 1
@@ -48,11 +48,11 @@ def test_a_rank_with_a_slow_loader_is_named_the_straggler(tmp_path: Path) -> Non
 
 def test_balanced_ranks_are_clear(tmp_path: Path) -> None:
     paths = [rank_trace(tmp_path, 0, 500.0), rank_trace(tmp_path, 1, 600.0)]
-    assert rank_imbalance([build_model(t) for t in load_paths(paths)]).status == "clear"
+    assert rank_imbalance([rank_work(build_model(t)) for t in load_paths(paths)]).status == "clear"
 
 
 def test_a_single_rank_cannot_be_judged(tmp_path: Path) -> None:
-    one = [build_model(t) for t in load_paths([rank_trace(tmp_path, 0, 500.0)])]
+    one = [rank_work(build_model(t)) for t in load_paths([rank_trace(tmp_path, 0, 500.0)])]
     assert rank_imbalance(one).status == "not_assessed"
 
 

@@ -84,32 +84,34 @@ def run_each(
     workers: int,
     on_done: Callable[[int], None] | None = None,
     scheduler: str | None = None,
+    keep: Callable[[int, T], T] | None = None,
 ) -> list[T]:
     """`fn(*args)` for each args tuple, in `workers` processes; results in input order.
 
-    `on_done(i)` runs in this process as call i finishes (for progress lines). An error in a
+    `on_done(i)` runs in this process as call i finishes (for progress lines); `keep(i, r)`
+    too, and what it returns is kept instead of r (to fold a large part of each result into a
+    running total rather than hold thousands of them). An error in a
     worker is raised here as itself; a worker killed from outside (out of memory) becomes one
     clear error rather than a hang or a traceback. `scheduler`: a Dask scheduler address or
     `local:N`, which runs the calls on that cluster instead of a local pool.
     """
-    if scheduler:
-        return _run_dask(fn, calls, scheduler, on_done)
-    if workers <= 1 or len(calls) <= 1:
-        out = []
-        for i, args in enumerate(calls):
-            out.append(fn(*args))
-            if on_done:
-                on_done(i)
+    def kept(i: int, result: T) -> T:
+        out = keep(i, result) if keep else result
+        if on_done:
+            on_done(i)
         return out
+
+    if scheduler:
+        return _run_dask(fn, calls, scheduler, kept)
+    if workers <= 1 or len(calls) <= 1:
+        return [kept(i, fn(*args)) for i, args in enumerate(calls)]
     results: dict[int, T] = {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
         futures = {pool.submit(fn, *args): i for i, args in enumerate(calls)}
         try:
             for future in as_completed(futures):
                 i = futures[future]
-                results[i] = future.result()
-                if on_done:
-                    on_done(i)
+                results[i] = kept(i, future.result())
         except BrokenProcessPool:
             raise StallscopeError(
                 f"a worker process died while analysing {len(calls)} traces in {workers} "
@@ -138,9 +140,10 @@ def _run_dask(
     fn: Callable[..., T],
     calls: Sequence[tuple[Any, ...]],
     scheduler: str,
-    on_done: Callable[[int], None] | None,
+    kept: Callable[[int, T], T],
 ) -> list[T]:
-    """The calls on a Dask cluster: `scheduler` is an address (tcp://host:8786) or `local:N`."""
+    """The calls on a Dask cluster: `scheduler` is an address (tcp://host:8786) or `local:N`.
+    Each result is released on the cluster once here, so workers do not hold a job's worth."""
     try:
         from distributed import Client, LocalCluster
         from distributed import as_completed as dask_completed
@@ -163,9 +166,8 @@ def _run_dask(
             results: dict[int, T] = {}
             for future in dask_completed(futures):
                 i = index[future.key]
-                results[i] = future.result()
-                if on_done:
-                    on_done(i)
+                results[i] = kept(i, future.result())
+                future.release()
     except OSError as e:  # no scheduler at that address
         raise StallscopeError(f"cannot reach the Dask scheduler {scheduler}: {e}") from None
     finally:

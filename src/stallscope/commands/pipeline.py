@@ -10,19 +10,21 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import pandas as pd
-
 from stallscope import fanout, progress
 from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
 from stallscope.diagnose.fixes import Change
-from stallscope.diagnose.plan import Plan, make_plan
+from stallscope.diagnose.plan import make_plan
 from stallscope.errors import NoStepsError
-from stallscope.report import Report, build_report
+from stallscope.report import Report
+from stallscope.report.build import report_from
+from stallscope.report.digest import TraceDigest, digest, pick_drawn
+from stallscope.report.hotspots import HotTotals
+from stallscope.report.timeline import trace_timeline
 from stallscope.text import plain
 from stallscope.trace.decode import Limits
-from stallscope.trace.load import discover, infer_rank, load_trace, rank_order
-from stallscope.trace.model import TraceModel, build_model
+from stallscope.trace.load import discover, infer_rank, load_trace
+from stallscope.trace.model import build_model
 
 
 def analyze_paths(
@@ -44,6 +46,7 @@ def analyze_paths(
     progress.consider_inputs(files)  # several files or a large one: say what is happening
     workers = fanout.worker_count(files, jobs)
     size = progress.size_text(progress.total_size(files))
+    hot: tuple[HotTotals, HotTotals] | None = None  # summed as files finish, for several
     if len(files) == 1:
         progress.say(f"loading {plain(files[0].name)} ({size})")
         meter = progress.Meter(f"reading {plain(files[0].name)}", fanout.text_size(files[0]))
@@ -62,29 +65,44 @@ def analyze_paths(
 
         calls = [(f, True, contexts.get(str(f.resolve())), None, what_if, limits)
                  for f in files]
-        results = fanout.run_each(_analyze_file, calls, workers, finished, scheduler)
-    results.sort(key=lambda r: rank_order(r[0].trace))
+        host_ops, gpu_kernels = HotTotals(), HotTotals()
+        hot = (host_ops, gpu_kernels)
+
+        def fold(i: int, result: tuple[TraceDigest, list[Assessment]]) -> tuple[
+                TraceDigest, list[Assessment]]:
+            """Sum each file's hotspot totals as it arrives: thousands of ranks' name tables
+            would not fit, their sum does (the ranks run the same ops)."""
+            d = result[0]
+            host_ops.add(d.host_ops)
+            gpu_kernels.add(d.gpu_kernels)
+            d.host_ops = d.gpu_kernels = HotTotals()
+            return result
+
+        results = fanout.run_each(_analyze_file, calls, workers, finished, scheduler, fold)
+    # By rank when known, then by file name (trace/load.py rank_order).
+    results.sort(key=lambda r: (r[0].rank is None, r[0].rank or 0, r[0].path))
     _label_same_ranks(results)
-    models = [m for m, _, _ in results]
-    if not any(m.steps for m in models):
+    digests = [d for d, _ in results]
+    if not any(d.steps for d in digests):
         which = (f"{plain(files[0].name)} holds no" if len(files) == 1
                  else f"none of the {len(files)} files holds")
         raise NoStepsError(
             f'no steps found: {which} timed ("ph": "X") events that span any time'
         )
-    verdicts = [v for _, v, _ in results]
-    plans = [p for _, _, p in results]
-    if len(models) > 1:
-        progress.say(f"diagnosing the job ({len(models)} traces)")
-    verdicts.append(diagnose_job(models))
-    return build_report(models, verdicts, [str(p) for p in paths], plans)
+    verdicts = [v for _, v in results]
+    if len(digests) > 1:
+        progress.say(f"diagnosing the job ({len(digests)} traces)")
+    verdicts.append(diagnose_job([d.work for d in digests]))
+    _draw(digests, limits)
+    return report_from(digests, verdicts, [str(p) for p in paths], hot)
 
 
 def _analyze_file(
     path: Path, several: bool, context: RunContext | None, meter: progress.Meter | None,
     what_if: list[Change] | None = None, limits: Limits | None = None,
-) -> tuple[TraceModel, list[Assessment], Plan | None]:
-    """Load, model, diagnose and plan one file (in a worker process when there are several).
+) -> tuple[TraceDigest, list[Assessment]]:
+    """Load, model, diagnose, plan and digest one file (in a worker process when there are
+    several): what comes back is kilobytes, not the model (report/digest.py).
 
     `meter` (one file only) is fed the bytes read and makes the phases say themselves."""
     say = meter is not None
@@ -100,26 +118,37 @@ def _analyze_file(
     if say:
         progress.say("replaying the steps with each fix")
     plan = make_plan(model, verdict, what_if)
-    trace.args = pd.DataFrame()  # read by the model only: not worth sending back
-    return model, verdict, plan
+    # The report draws rank 0's median step, else the first trace's (pick_drawn): a lone file,
+    # or rank 0 of a job, draws it here while its model is at hand.
+    return digest(model, plan, draw=not several or trace.rank == 0), verdict
 
 
-def _label_same_ranks(
-    results: list[tuple[TraceModel, list[Assessment], Plan | None]],
-) -> None:
+def _draw(digests: list[TraceDigest], limits: Limits) -> None:
+    """The drawn trace's timeline, when its worker did not draw it (a job without a rank 0 that
+    has steps): that one file is read and modelled again here."""
+    drawn = pick_drawn(digests)
+    if drawn is None or drawn.timeline is not None:
+        return
+    trace = load_trace(Path(drawn.path), None, limits)
+    infer_rank(trace)
+    drawn.timeline = trace_timeline(build_model(trace))
+    if drawn.timeline:
+        drawn.timeline["trace"] = drawn.label
+
+
+def _label_same_ranks(results: list[tuple[TraceDigest, list[Assessment]]]) -> None:
     """Files that share a rank number (two runs of one job, a retried rank) are different
-    traces: each is named `rank N (file name)`, in its model, findings and assessments, so the
+    traces: each is named `rank N (file name)`, in its digest, findings and assessments, so the
     report keeps them apart instead of merging them under one `rank N`."""
-    labels = Counter(m.trace.label for m, _, _ in results if m.trace.rank is not None)
-    for model, verdict, plan in results:
-        old = model.trace.label
-        if model.trace.rank is None or labels[old] < 2:
+    labels = Counter(d.label for d, _ in results if d.rank is not None)
+    for d, verdict in results:
+        old = d.label
+        if d.rank is None or labels[old] < 2:
             continue
-        model.trace.alias = f"{old} ({model.trace.path.name})"
+        new = f"{old} ({Path(d.path).name})"
+        d.relabel(new)
         for a in verdict:
             if a.trace == old:
-                a.trace = model.trace.label
+                a.trace = new
             if a.finding is not None and a.finding.trace == old:
-                a.finding.trace = model.trace.label
-        if plan is not None and getattr(plan, "trace", None) == old:
-            plan.trace = model.trace.label
+                a.finding.trace = new

@@ -18,7 +18,7 @@ from stallscope.diagnose.idle import gpu_idle
 from stallscope.diagnose.optimizer import single_tensor_optimizer
 from stallscope.diagnose.parallel import dataparallel
 from stallscope.diagnose.precision import no_mixed_precision
-from stallscope.diagnose.ranks import rank_imbalance
+from stallscope.diagnose.ranks import RankWork, rank_imbalance, rank_work
 from stallscope.diagnose.sync import host_device_sync
 from stallscope.diagnose.threads import cpu_oversubscription
 from stallscope.diagnose.workers import worker_startup
@@ -47,8 +47,9 @@ RULES: list[Rule] = [
 ]
 
 
-# Rules over all the traces of one job (several ranks) at once.
-JOB_RULES: list[Callable[[list[TraceModel]], Assessment]] = [rank_imbalance]
+# Rules over all the traces of one job (several ranks) at once. They see each rank's RankWork
+# (diagnose/ranks.py), not its model: a job's models do not fit in one process.
+JOB_RULES: list[Callable[[list[RankWork | None]], Assessment]] = [rank_imbalance]
 
 # (effect, evidence key, cause): when the effect's evidence says that at least CAUSE_SHARE_PCT
 # of its lost time coincides with the cause's, and the cause was found on the same trace, the
@@ -79,11 +80,12 @@ def diagnose(model: TraceModel, context: RunContext | None = None) -> list[Asses
     return out
 
 
-def diagnose_job(models: list[TraceModel]) -> list[Assessment]:
-    """The job-level rules; their assessments carry the trace label `job`."""
+def diagnose_job(works: list[RankWork | None]) -> list[Assessment]:
+    """The job-level rules over each trace's `rank_work`; their assessments carry the trace
+    label `job`."""
     out = []
     for rule in JOB_RULES:
-        a = rule(models)
+        a = rule(works)
         a.trace = "job"
         out.append(a)
     return out
@@ -118,5 +120,5 @@ def ranked_findings(assessments: list[Assessment]) -> list[Finding]:
                                         -f.estimated_saving_pct, f.id, f.trace))
 
 
-__all__ = ["Assessment", "Finding", "JOB_RULES", "RULES", "diagnose", "diagnose_job",
-           "ranked_findings"]
+__all__ = ["Assessment", "Finding", "JOB_RULES", "RULES", "RankWork", "diagnose", "diagnose_job",
+           "rank_work", "ranked_findings"]

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,12 +29,28 @@ SPREAD_THRESHOLD_PCT = 5.0
 DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
 
 
-def rank_imbalance(models: list[TraceModel]) -> Assessment:
-    ranked = [m for m in models if m.trace.rank is not None and m.steps]
-    ranks = {m.trace.rank for m in ranked}
+@dataclass
+class RankWork:
+    """One rank's work per step, which is all this rule needs of its trace: a worker sends this
+    back instead of the step model, so a job of thousands of ranks fits in memory."""
+
+    world_size: int | None
+    row: dict[str, Any]  # rank, trace, step_ms, loader_wait_ms, host_compute_ms, gpu_compute_ms
+
+
+def rank_work(model: TraceModel) -> RankWork | None:
+    """The trace's RankWork; None when its rank is unknown or it has no steps."""
+    if model.trace.rank is None or not model.steps:
+        return None
+    return RankWork(model.trace.world_size, _work(model))
+
+
+def rank_imbalance(works: list[RankWork | None]) -> Assessment:
+    ranked = [w for w in works if w is not None]
+    ranks = {w.row["rank"] for w in ranked}
     if len(ranks) < 2:
         return Assessment(RULE_ID, "not_assessed", "Needs traces of two or more ranks of one job.")
-    sizes = {m.trace.world_size for m in ranked}
+    sizes = {w.world_size for w in ranked}
     if len(sizes) > 1:
         return Assessment(
             RULE_ID,
@@ -40,7 +58,7 @@ def rank_imbalance(models: list[TraceModel]) -> Assessment:
             f"The traces come from jobs of different world sizes ({sorted(map(str, sizes))}): "
             "ranks of different jobs cannot be compared.",
         )
-    rows = [_work(m) for m in ranked]
+    rows = [w.row for w in ranked]
     step = statistics.median(r["step_ms"] for r in rows)
     spreads = {
         key: max(r[key] for r in rows) - statistics.median(r[key] for r in rows)

@@ -15,10 +15,15 @@ from stallscope import __version__
 from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
-from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import as_written
 from stallscope.diagnose.plan import Plan
-from stallscope.report.hotspots import top_gpu_kernels, top_host_ops
+from stallscope.report.digest import (  # noqa: F401 (spread_note: tune and compare use it)
+    TraceDigest,
+    digest,
+    pick_drawn,
+    spread_note,
+)
+from stallscope.report.hotspots import HotTotals, summed, top_rows
 from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
@@ -148,55 +153,46 @@ class Report:
         return next((e for e in plan["entries"] if e["id"] == finding.id), None)
 
 
-SPREAD_RATIO = 2.0  # p90 / p10 of the step times past which their spread is said
-MIN_SPREAD_STEPS = 5
-
-
 def build_report(
     models: list[TraceModel], assessments: list[list[Assessment]], paths: list[str],
     plans: list[Plan | None] | None = None,
 ) -> Report:
+    """The report of traces whose models are at hand (one process): see `report_from`."""
+    plans = plans if plans is not None else [None] * len(models)
+    digests = [digest(m, p, draw=False) for m, p in zip(models, plans, strict=True)]
+    drawn = pick_drawn(digests)
+    if drawn is not None:
+        drawn.timeline = step_timeline(models)
+    return report_from(digests, assessments, paths)
+
+
+def report_from(
+    digests: list[TraceDigest], assessments: list[list[Assessment]], paths: list[str],
+    hot: tuple[HotTotals, HotTotals] | None = None,
+) -> Report:
+    """The report of traces from their digests (report/digest.py), in report order, with every
+    trace's assessments and the job's. The drawn trace (`pick_drawn`) carries the timeline.
+    `hot`: the host-op and kernel totals already summed over the digests (a job sums them as
+    its files finish, and drops each file's), else they are summed here."""
+    if hot is None:
+        hot = (summed(d.host_ops for d in digests), summed(d.gpu_kernels for d in digests))
     all_steps: list[dict[str, Any]] = []
     traces = []
     notes: list[str] = []
-    multi = len(models) > 1
-    plans = plans if plans is not None else [None] * len(models)
-    for model, plan in zip(models, plans, strict=True):
-        steps = [_step_dict(model, s, multi) for s in model.steps]
+    multi = len(digests) > 1
+    for d in digests:
+        steps = [{**s, "trace": d.label} for s in d.steps] if multi else d.steps
         all_steps.extend(steps)
-        traces.append(
-            {
-                "label": model.trace.label,
-                "path": str(model.trace.path),
-                "rank": model.trace.rank,
-                "world_size": model.trace.world_size,
-                "schema": model.trace.schema,
-                "torch_version": model.trace.torch_info.label,
-                "steps_source": model.steps_source,
-                "workload": model.workload,
-                "gpu_devices": model.gpu_devices,
-                "dataloader": model.loader_kind,
-                "skipped_events": model.trace.skipped_events,
-                "summary": _summary(steps),
-                "notes": model.notes,
-                "startup": model.startup,
-                "set_aside_steps": model.set_aside,
-                "too_little": model.too_little,
-                "plan": _plan_dict(plan),
-            }
-        )
-        prefix = f"{model.trace.label}: " if multi else ""
-        notes.extend(prefix + n for n in model.notes)
-        busy = other_load(model)  # the one note; the findings it affects carry a caveat
-        if busy is not None:
-            notes.append(prefix + busy.note)
-        spread = spread_note([s["duration_us"] for s in steps])
-        if spread is not None:
-            notes.append(prefix + spread)
+        traces.append({**d.entry, "summary": _summary(d.steps)})
+        prefix = f"{d.label}: " if multi else ""
+        notes.extend(prefix + n for n in d.notes)
     flat = [a for group in assessments for a in group]
     ranked = causes_first(ranked_findings(flat))
+    by_trace: dict[str, list[str]] = {}
+    for f in ranked:
+        by_trace.setdefault(f.trace, []).append(f.id)
     for entry in traces:
-        entry["findings"] = [f.id for f in ranked if f.trace == entry["label"]]
+        entry["findings"] = by_trace.get(entry["label"], [])
     ranks = [
         {
             "rank": t["rank"],
@@ -216,13 +212,14 @@ def build_report(
     lead = next((t for t in traces if top and t["label"] == top.trace), traces[0] if traces
                 else None)
     lead_plan = lead["plan"] if lead else None
+    drawn = pick_drawn(digests)
     return Report(
         schema_version=SCHEMA_VERSION,
         stallscope_version=__version__,
         # As typed, but in one order: the same inputs in another order are the same job (traces
         # are ordered by rank, then path), so they make the same report.json.
-        source={"paths": sorted(set(paths)), "files": [str(m.trace.path) for m in models]},
-        environment=_environment(models),
+        source={"paths": sorted(set(paths)), "files": [d.path for d in digests]},
+        environment=_environment(digests),
         steps=all_steps,
         summary=_summary(all_steps),
         findings=found,
@@ -233,27 +230,12 @@ def build_report(
         traces=traces,
         notes=notes,
         ranks=ranks,
-        timeline=step_timeline(models),
-        top_host_ops=top_host_ops(models),
-        top_gpu_kernels=top_gpu_kernels(models),
+        timeline=(drawn.timeline or {}) if drawn is not None else {},
+        top_host_ops=top_rows(hot[0]),
+        top_gpu_kernels=top_rows(hot[1]),
         plan=lead_plan,
         what_if=lead_plan.get("what_if") if lead_plan else None,
     )
-
-
-def spread_note(durations: list[float]) -> str | None:
-    """Steps whose times spread over SPREAD_RATIO (p10 to p90) are said: every median and
-    saving in the report assumes the steps alike, and a busy machine (or steps that differ:
-    a loader delivering batches in rounds, an evaluation step) breaks that. tune and compare
-    call such runs busy by the same ratio."""
-    if len(durations) < MIN_SPREAD_STEPS:
-        return None
-    p10, p90 = (float(v) for v in np.percentile(durations, [10, 90]))
-    if p10 <= 0 or p90 / p10 <= SPREAD_RATIO:
-        return None
-    return (f"Step times spread {p90 / p10:.1f}x (p10 {p10 / 1000:.1f} ms, p90 {p90 / 1000:.1f} "
-            "ms): a busy machine, or steps that do different work (a loader delivering batches "
-            "in rounds); medians and savings are less certain.")
 
 
 def causes_first(findings: list[Finding]) -> list[Finding]:
@@ -268,16 +250,6 @@ def causes_first(findings: list[Finding]) -> list[Finding]:
         if cause is not None and out.index(f) < out.index(cause):
             out.remove(f)
             out.insert(out.index(cause) + 1, f)
-    return out
-
-
-def _plan_dict(plan: Plan | None) -> dict[str, Any] | None:
-    """The plan as report.json holds it, times rounded to 0.1 us."""
-    if plan is None:
-        return None
-    out = plan.to_dict()
-    for key in ("measured_step_us", "replayed_step_us", "floor_us"):
-        out[key] = round(out[key], 1)
     return out
 
 
@@ -366,21 +338,6 @@ def _ended_phrase(run: dict[str, Any]) -> str:
     }.get(run["ended"], run["ended"])
 
 
-def _step_dict(model: TraceModel, step: Any, multi: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "name": step.name,
-        "duration_us": round(step.duration_us, 3),
-        "breakdown_us": {k: round(v, 3) for k, v in step.breakdown_us.items()},
-        "dataloader_us": round(step.loader_us, 3),
-        "gpu_us": {
-            dev: {k: round(v, 3) for k, v in parts.items()} for dev, parts in step.gpu_us.items()
-        },
-    }
-    if multi:
-        out["trace"] = model.trace.label
-    return out
-
-
 def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     if not steps:
         return {"steps": 0, "step_time_us": None, "breakdown_pct": {}, "gpu_pct": {}}
@@ -417,20 +374,18 @@ def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _environment(models: list[TraceModel]) -> dict[str, Any]:
+def _environment(digests: list[TraceDigest]) -> dict[str, Any]:
     devices = []
-    for m in models:
-        for d in m.trace.devices:
-            entry = {k: d.get(k) for k in ("name", "computeMajor", "computeMinor", "totalGlobalMem",
-                                           "numSms") if k in d}
+    for d in digests:
+        for entry in d.devices:
             if entry and entry not in devices:
                 devices.append(entry)
-    dist = next((m.trace.distributed for m in models if m.trace.distributed), {})
+    dist = next((d.distributed for d in digests if d.distributed), {})
     return {
         "devices": devices,
         "distributed": {k: dist.get(k) for k in ("backend", "world_size") if k in dist},
-        "trace_schemas": sorted({m.trace.schema for m in models}),
+        "trace_schemas": sorted({d.schema for d in digests}),
         # The torch that recorded the traces, and how it is known: advice is spelled for it.
-        "torch_versions": sorted({m.trace.torch_info.label for m in models}),
+        "torch_versions": sorted({d.torch_label for d in digests}),
         "analyzed_with": {"python": platform.python_version()},
     }

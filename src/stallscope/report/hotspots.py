@@ -7,6 +7,8 @@ step wall time (per GPU for kernels), so a reader can compare them with the step
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -17,50 +19,93 @@ from stallscope.trace.model import TraceModel
 TOP_N = 10
 
 
+@dataclass
+class HotTotals:
+    """Time inside steps by op (or kernel) name, in integer nanoseconds: one trace's, or a
+    job's summed. Integers make the sum exact in any order, so a job's table does not depend on
+    which worker finished first; a worker sends back these kilobytes, not the trace's ops."""
+
+    by_name: dict[str, list[int]] = field(default_factory=dict)  # name -> [total ns, calls]
+    steps: int = 0
+    window_ns: int = 0
+
+    def add(self, other: HotTotals) -> None:
+        """Sum `other` into this one."""
+        for name, (total, calls) in other.by_name.items():
+            acc = self.by_name.get(name)
+            if acc is None:
+                self.by_name[name] = [total, calls]
+            else:
+                acc[0] += total
+                acc[1] += calls
+        self.steps += other.steps
+        self.window_ns += other.window_ns
+
+
+def host_op_totals(model: TraceModel) -> HotTotals:
+    """The host ops (cpu_op and user annotations, all threads of the stepping process) inside
+    steps, by inclusive time. Ops the training thread ran inside DataLoader `__next__` (the
+    dataset's own work) are left out: the breakdown counts them as time in the loader, and
+    listing them here would present them as the model's."""
+    frame = None
+    if len(model.ops):
+        in_step = model.ops[model.ops["step"] >= 0]
+        frame = in_step.loc[~inside_loader(model, in_step), ["name", "dur"]]
+    return HotTotals(_by_name(frame), len(model.steps), _ns(model.total_step_us))
+
+
+def gpu_kernel_totals(model: TraceModel) -> HotTotals:
+    """The GPU kernels inside steps by busy time, over every GPU of the trace."""
+    if len(model.gpu) == 0:
+        return HotTotals()
+    kernels = model.gpu[(model.gpu["kind"] == "kernel") & (model.gpu["step"] >= 0)]
+    window = model.total_step_us * max(len(model.gpu_devices), 1)
+    return HotTotals(_by_name(kernels[["name", "dur"]]), len(model.steps), _ns(window))
+
+
 def top_host_ops(models: list[TraceModel], top: int = TOP_N) -> list[dict[str, Any]]:
-    """The host ops (cpu_op and user annotations, all threads of the stepping process) with the
-    largest total inclusive time inside steps, summed over every trace. Ops the training thread
-    ran inside DataLoader `__next__` (the dataset's own work) are left out: the breakdown counts
-    them as time in the loader, and listing them here would present them as the model's."""
-    frames = []
-    for m in models:
-        if len(m.ops):
-            in_step = m.ops[m.ops["step"] >= 0]
-            frames.append(in_step.loc[~inside_loader(m, in_step), ["name", "dur"]])
-    steps = sum(len(m.steps) for m in models)
-    step_us = sum(m.total_step_us for m in models)
-    return _rank(frames, steps, step_us, top)
+    """The host ops with the largest total inclusive time inside steps, over every trace."""
+    return top_rows(summed(host_op_totals(m) for m in models), top)
 
 
 def top_gpu_kernels(models: list[TraceModel], top: int = TOP_N) -> list[dict[str, Any]]:
     """The GPU kernels with the largest total busy time inside steps, over every GPU and trace."""
-    frames, steps, gpu_step_us = [], 0, 0.0
-    for m in models:
-        if len(m.gpu) == 0:
-            continue
-        kernels = m.gpu[(m.gpu["kind"] == "kernel") & (m.gpu["step"] >= 0)]
-        frames.append(kernels[["name", "dur"]])
-        steps += len(m.steps)
-        gpu_step_us += m.total_step_us * max(len(m.gpu_devices), 1)
-    return _rank(frames, steps, gpu_step_us, top)
+    return top_rows(summed(gpu_kernel_totals(m) for m in models), top)
 
 
-def _rank(
-    frames: list[pd.DataFrame], steps: int, window_us: float, top: int
-) -> list[dict[str, Any]]:
-    frames = [f for f in frames if len(f)]
-    if not frames or steps == 0 or window_us <= 0:
+def summed(totals: Iterable[HotTotals]) -> HotTotals:
+    out = HotTotals()
+    for t in totals:
+        out.add(t)
+    return out
+
+
+def top_rows(totals: HotTotals, top: int = TOP_N) -> list[dict[str, Any]]:
+    """The `top` names by total time, with calls, per-step time and share of the summed step
+    window."""
+    if not totals.by_name or totals.steps == 0 or totals.window_ns <= 0:
         return []
-    names = pd.concat([f["name"].astype(str) for f in frames], ignore_index=True)
-    durs = pd.concat([f["dur"] for f in frames], ignore_index=True)
-    grouped = durs.groupby(names).agg(["sum", "count"]).sort_values("sum", ascending=False)
+    ranked = sorted(totals.by_name.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
     return [
         {
-            "name": str(name),
-            "calls": int(row["count"]),
-            "total_us": round(float(row["sum"]), 3),
-            "per_step_us": round(float(row["sum"]) / steps, 3),
-            "share_pct": round(100.0 * float(row["sum"]) / window_us, 2),
+            "name": name,
+            "calls": calls,
+            "total_us": round(total / 1000, 3),
+            "per_step_us": round(total / 1000 / totals.steps, 3),
+            "share_pct": round(100.0 * total / totals.window_ns, 2),
         }
-        for name, row in grouped.head(top).iterrows()
+        for name, (total, calls) in ranked
     ]
+
+
+def _ns(us: float) -> int:
+    return round(us * 1000)
+
+
+def _by_name(frame: pd.DataFrame | None) -> dict[str, list[int]]:
+    if frame is None or len(frame) == 0:
+        return {}
+    grouped = frame["dur"].groupby(frame["name"].astype(str)).agg(["sum", "count"])
+    return {str(name): [_ns(float(total)), int(calls)]
+            for name, total, calls in zip(grouped.index, grouped["sum"], grouped["count"],
+                                          strict=True)}

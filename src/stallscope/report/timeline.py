@@ -29,8 +29,13 @@ def representative_step(models: list[TraceModel]) -> tuple[TraceModel, int] | No
     if not with_steps:
         return None
     model = next((m for m in with_steps if m.trace.rank == 0), with_steps[0])
+    return model, median_step(model)
+
+
+def median_step(model: TraceModel) -> int:
+    """The index of the trace's median-duration step (the lower one of an even count)."""
     order = sorted(range(len(model.steps)), key=lambda i: model.steps[i].duration_us)
-    return model, order[(len(order) - 1) // 2]
+    return order[(len(order) - 1) // 2]
 
 
 def step_timeline(models: list[TraceModel]) -> dict[str, Any]:
@@ -38,8 +43,14 @@ def step_timeline(models: list[TraceModel]) -> dict[str, Any]:
     picked = representative_step(models)
     if picked is None:
         return {}
-    model, index = picked
-    step = model.steps[index]
+    return trace_timeline(*picked)
+
+
+def trace_timeline(model: TraceModel, index: int | None = None) -> dict[str, Any]:
+    """The timeline of step `index` of one trace (default: its median step); {} without steps."""
+    if not model.steps:
+        return {}
+    step = model.steps[median_step(model) if index is None else index]
     start, end = step.start_us, step.end_us
     resolution = max((end - start) / PIXELS, 1e-3)
     lanes: list[dict[str, Any]] = []
