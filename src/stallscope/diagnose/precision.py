@@ -26,9 +26,9 @@ have no tensor cores and are not assessed either.
 
 from __future__ import annotations
 
+import functools
 import re
 
-import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
@@ -81,19 +81,22 @@ _ARCH_HINTS = (
 
 def classify_kernels(names: pd.Series) -> pd.Series:
     """'tensor_core', 'fp32' or 'other' per kernel name (evaluated once per distinct name)."""
-    uniq = pd.Series([str(n) for n in names.unique()], dtype=object)
-    tc_named = uniq.str.contains(_TENSOR_CORE) & ~uniq.str.contains(_XMMA_FP32)
-    gemm_conv = uniq.str.contains(_GEMM_OR_CONV)
-    half = uniq.str.contains(_HALF)
-    tc = tc_named | (gemm_conv & half)
-    fp32 = ~tc & (
-        uniq.str.contains(_FP32_NAMED)
-        | (uniq.str.contains(_TENSOR_CORE) & uniq.str.contains(_XMMA_FP32))
-        | (gemm_conv & uniq.str.contains(_FLOAT))
-    )
-    kind = np.where(tc, "tensor_core", np.where(fp32, "fp32", "other"))
-    lookup = dict(zip(uniq, kind, strict=True))
-    return per_name(names, lambda n: lookup.get(n, "other"))
+    return per_name(names, kernel_kind)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def kernel_kind(name: str) -> str:
+    """'tensor_core', 'fp32' or 'other' for one kernel name. Cached: the ranks of a job run the
+    same kernels, so a worker analysing many of their files classifies each name once."""
+    tensor_core = bool(_TENSOR_CORE.search(name))
+    xmma_fp32 = bool(_XMMA_FP32.search(name))
+    gemm_conv = bool(_GEMM_OR_CONV.search(name))
+    if (tensor_core and not xmma_fp32) or (gemm_conv and _HALF.search(name)):
+        return "tensor_core"
+    if (_FP32_NAMED.search(name) or (tensor_core and xmma_fp32)
+            or (gemm_conv and _FLOAT.search(name))):
+        return "fp32"
+    return "other"
 
 
 def _is_rocm(model: TraceModel, kernel_names: pd.Series) -> bool:

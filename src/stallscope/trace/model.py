@@ -11,6 +11,7 @@ time spent waiting for queued GPU work (sync) versus time the transfer itself to
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -541,7 +542,14 @@ def per_name(names: pd.Series, fn: Callable[[str], Any]) -> pd.Series:
 
 def name_matches(names: pd.Series, pattern: re.Pattern[str]) -> pd.Series:
     """Regex match at the start of each row's name, evaluated once per distinct name."""
-    return per_name(names, lambda n: bool(pattern.match(n))).astype(bool)
+    return per_name(names, lambda n: _matches(pattern, n)).astype(bool)
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _matches(pattern: re.Pattern[str], name: str) -> bool:
+    """Cached: the rules match the same patterns against the same op and kernel names in every
+    rank file of a job, and a long kernel name costs tens of microseconds per pattern."""
+    return bool(pattern.match(name))
 
 
 def _loader_kind(names: pd.Series) -> str | None:
