@@ -74,16 +74,62 @@ def report_facts(out: Path) -> str:
     return f"    {sizes}\n    verdict:{verdict[:200]}\n    stragglers named: {named}"
 
 
+def per_file_cost(path: Path, repeats: int = 20) -> None:
+    """What one rank file costs in a warm worker (imports paid, name caches filled by the
+    previous files, as in a job), phase by phase, and the size of what the worker sends back."""
+    import pickle
+    import time
+
+    from stallscope.commands.pipeline import _analyze_file
+    from stallscope.diagnose import diagnose
+    from stallscope.diagnose.plan import make_plan
+    from stallscope.report.digest import digest
+    from stallscope.trace.load import infer_rank, load_trace
+    from stallscope.trace.model import build_model
+
+    for _ in range(3):  # warm: the first file pays imports' lazy parts and the name caches
+        _analyze_file(path, True, None, None)
+    phases = {"load": [], "model": [], "rules": [], "plan": [], "digest": []}
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        trace = load_trace(path)
+        infer_rank(trace)
+        t1 = time.perf_counter()
+        model = build_model(trace)
+        t2 = time.perf_counter()
+        verdict = diagnose(model)
+        t3 = time.perf_counter()
+        plan = make_plan(model, verdict)
+        t4 = time.perf_counter()
+        result = (digest(model, plan, draw=False), verdict)
+        t5 = time.perf_counter()
+        for key, dt in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+            phases[key].append(dt * 1000)
+    med = {k: sorted(v)[len(v) // 2] for k, v in phases.items()}
+    sent = len(pickle.dumps(result))
+    hot = len(pickle.dumps((result[0].host_ops, result[0].gpu_kernels)))
+    print(f"per file, warm worker, median of {repeats} ({path.name}, "
+          f"{path.stat().st_size / 1e6:.2f} MB): "
+          + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items())
+          + f"; total {sum(med.values()):.1f} ms; sent back {sent / 1000:.1f} kB "
+          f"({hot / 1000:.1f} kB of it hotspot totals, summed and dropped on arrival)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    ap.add_argument("--ranks", type=int, nargs="+", default=[128, 1024, 10000])
+    ap.add_argument("--ranks", type=int, nargs="*", default=[128, 1024, 10000])
     ap.add_argument("--stragglers", type=int, default=3)
     ap.add_argument("--scheduler", help="also run through Dask: an address or local:N")
     ap.add_argument("--work", type=Path, help="folder for the generated traces (kept)")
     ap.add_argument("--jobs", type=int, help="--jobs for the local pool (default: its own)")
+    ap.add_argument("--per-file", action="store_true",
+                    help="first measure one rank file's cost in a warm process, phase by phase")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="stallscope-ranks-"))
+    if args.per_file:
+        files = generate(args.source, work / "job2", 2, [])
+        per_file_cost(files[1])
     for n in args.ranks:
         slow = straggler_ranks(n, args.stragglers)
         folder = work / f"job{n}"

@@ -30,9 +30,29 @@ for step in range(40):
 """
 
 
-def _run(tmp_path: Path, ops: int, limit_mb: int) -> tuple[subprocess.CompletedProcess, dict]:
+# Every step runs tiny adds for SECONDS (argv[1]) of wall time, however fast the machine: a
+# step that outlasts the monitor's poll (budget.POLL_S) several times over.
+TIMED_OPS = """
+import sys, time, torch
+seconds = float(sys.argv[1])
+w = torch.nn.Parameter(torch.zeros(4))
+opt = torch.optim.SGD([w], lr=0.1)
+x = torch.ones(4)
+for step in range(40):
+    y = x
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        y = y + 1e-9
+    (w * y).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _run(tmp_path: Path, ops: float, limit_mb: int,
+         script_text: str = MANY_OPS) -> tuple[subprocess.CompletedProcess, dict]:
     script = tmp_path / "many_ops.py"
-    script.write_text(MANY_OPS)
+    script.write_text(script_text)
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "stallscope", "run", "-o", str(out), "--skip", "1", "--warmup", "0",
@@ -56,9 +76,11 @@ def test_budget_ends_recording_at_the_boundary_the_next_step_would_cross(tmp_pat
 
 
 def test_budget_spent_mid_step_writes_the_part_recorded(tmp_path: Path) -> None:
-    # 30000 ops: a step of a second or more, so the monitor (every 0.25 s) finds the 2 MB of
-    # recording spent inside it rather than at its end (8000 ops took 0.3 s on a quiet machine).
-    _, report = _run(tmp_path, 30000, 8)  # 2 MB of recording
+    # Steps of 1.5 s, so the monitor (every 0.25 s) finds the 2 MB of recording spent inside
+    # one rather than at its end. (A fixed 30,000 ops took 1 s on one machine and 0.2 s on
+    # another, where the step ended before the monitor looked.)
+    assert budget.POLL_S * 4 < 1.5
+    _, report = _run(tmp_path, 1.5, 8, TIMED_OPS)  # 2 MB of recording
     cut = report["run"]["recording_cut"]
     assert cut and cut["mid_step"] is True, cut
     assert report["run"]["steps_recorded"] == 0

@@ -77,7 +77,10 @@ LARGE = textwrap.dedent(
 
 
 def test_large_batches_get_a_transfer_time_per_batch(tmp_path: Path) -> None:
-    report = _run(tmp_path, LARGE, 8)
+    # 60 steps (about 1 s at 17 ms a step): the workers write their figures every FLUSH_S
+    # (0.25 s), so a recording much shorter than that (8 steps took 134 ms) sees none of its
+    # batches' shipping times.
+    report = _run(tmp_path, LARGE, 60)
     a = _loader(report)["anatomy"]
     step_ms = sorted(s["duration_us"] for s in report["steps"])[len(report["steps"]) // 2] / 1e3
     assert a["transfer_batches"] >= 4, a
