@@ -139,3 +139,36 @@ def test_steps_too_short_to_show_give_zero_shares_not_a_crash(tmp_path: Path):
     assert all(v == 0.0 for v in data["summary"]["breakdown_pct"].values())
     gpu = render_all(gpu_trace(tmp_path / "synthetic-tiny-gpu.pt.trace.json", step_us=1e-300))
     assert all(v == 0.0 for parts in gpu["summary"]["gpu_pct"].values() for v in parts.values())
+
+
+def _sample_events(name: str) -> dict:
+    import gzip
+
+    return json.loads(gzip.decompress((SAMPLES / name).read_bytes()))
+
+
+def test_allocator_calls_on_a_thread_without_ops_are_named_without_an_op(tmp_path: Path):
+    """cudaMalloc calls moved to a thread that records no op: argmax of an empty sequence."""
+    doc = _sample_events("synthetic-allocator-churn.pt.trace.json.gz")
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "cuda_runtime" and "Malloc" in str(e.get("name")):
+            e["tid"] = 4242
+    path = tmp_path / "synthetic-malloc-elsewhere.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    data = render_all(path)
+    assert data["summary"]["steps"] > 0
+
+
+def test_a_launching_thread_without_replay_nodes_does_not_shift_the_others(tmp_path: Path):
+    """A launch moved to thread "\\x00" (numpy drops the NUL when it compares ids, so the
+    thread finds none of its calls and gets no replay node): the threads after it kept
+    indexes one past the end of the thread table, an IndexError in the replay."""
+    doc = _sample_events("synthetic-allocator-churn.pt.trace.json.gz")
+    launch = next(e for e in doc["traceEvents"]
+                  if e.get("tid") == 24620 and e.get("cat") == "cuda_runtime"
+                  and "Launch" in str(e.get("name")))
+    launch["tid"] = "\x00"
+    path = tmp_path / "synthetic-nul-thread.pt.trace.json"
+    path.write_text(json.dumps(doc))
+    data = render_all(path)
+    assert data["plan"] is not None

@@ -167,6 +167,8 @@ def enclosing_ops(model: TraceModel, calls: pd.DataFrame) -> list[str]:
     found: list[str] = []
     for tid, group in calls.groupby(calls["tid"].astype(str), observed=True):
         mine = tids == tid
+        if not mine.any():  # no op recorded on the calls' thread (a damaged or edited tid)
+            continue
         o_ts, o_end, o_names = ops["ts"].to_numpy()[mine], ops["end"].to_numpy()[mine], names[mine]
         around = (o_ts[None, :] <= group["ts"].to_numpy()[:, None]) & (
             o_end[None, :] >= group["end"].to_numpy()[:, None])

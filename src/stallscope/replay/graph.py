@@ -267,7 +267,11 @@ def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], mai
         parts.append(_fill_and_pois(t_index, prev_end, ts, end, kind, name, corr,
                                     b_start, b_end, origin))
     out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    out["origin"] = np.array([p["origin"][0] for p in parts])
+    # Indexed by thread: a thread with nothing in the window has no part (and no node), so its
+    # origin is never read, but the threads after it keep their indexes.
+    out["origin"] = np.full(len(threads), float(w0))
+    for p in parts:
+        out["origin"][p["thread"][0]] = p["origin"][0]
     out["names"] = table
     return out
 
