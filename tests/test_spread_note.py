@@ -3,7 +3,7 @@ compare and run reports alike): every median and saving assumes the steps alike.
 
 from __future__ import annotations
 
-from stallscope.report.build import spread_note
+from stallscope.report.digest import spread_note
 
 
 def test_steps_spread_over_twice_are_said_with_their_figures() -> None:

@@ -17,12 +17,8 @@ from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.knobs import as_written
 from stallscope.diagnose.plan import Plan
-from stallscope.report.digest import (  # noqa: F401 (spread_note: tune and compare use it)
-    TraceDigest,
-    digest,
-    pick_drawn,
-    spread_note,
-)
+from stallscope.report import job_scale
+from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals, summed, top_rows
 from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
@@ -178,14 +174,13 @@ def report_from(
         hot = (summed(d.host_ops for d in digests), summed(d.gpu_kernels for d in digests))
     all_steps: list[dict[str, Any]] = []
     traces = []
-    notes: list[str] = []
+    trace_notes: list[tuple[str, str]] = []  # (label, note): the label is said before it
     multi = len(digests) > 1
     for d in digests:
         steps = [{**s, "trace": d.label} for s in d.steps] if multi else d.steps
         all_steps.extend(steps)
         traces.append({**d.entry, "summary": _summary(d.steps)})
-        prefix = f"{d.label}: " if multi else ""
-        notes.extend(prefix + n for n in d.notes)
+        trace_notes.extend((d.label if multi else "", n) for n in d.notes)
     flat = [a for group in assessments for a in group]
     ranked = causes_first(ranked_findings(flat))
     by_trace: dict[str, list[str]] = {}
@@ -213,6 +208,22 @@ def report_from(
                 else None)
     lead_plan = lead["plan"] if lead else None
     drawn = pick_drawn(digests)
+    checks = [{"rule": a.rule, "trace": a.trace, "status": a.status, "detail": a.detail}
+              for a in flat]
+    summary = _summary(all_steps)
+    if job_scale.at_job_scale(traces):  # kilobytes per rank (report/job_scale.py)
+        rank_of = {t["label"]: t["rank"] for t in traces}
+        all_steps = job_scale.keep_steps(all_steps, drawn.label if drawn else None)
+        checks = job_scale.group_checks(checks, rank_of)
+        job_scale.plans_shown(traces, found, lead["label"] if lead else None)
+        notes = job_scale.group_notes(trace_notes, rank_of)
+        notes.append(
+            f"{len(traces)} traces: steps[] holds the steps of {drawn.label if drawn else '-'} "
+            "only and the checks are one per rule and result; each rank's step times are in "
+            "ranks[] and traces[].summary, and its findings in traces[].findings."
+        )
+    else:
+        notes = [f"{label}: {n}" if label else n for label, n in trace_notes]
     return Report(
         schema_version=SCHEMA_VERSION,
         stallscope_version=__version__,
@@ -221,12 +232,9 @@ def report_from(
         source={"paths": sorted(set(paths)), "files": [d.path for d in digests]},
         environment=_environment(digests),
         steps=all_steps,
-        summary=_summary(all_steps),
+        summary=summary,
         findings=found,
-        assessments=[
-            {"rule": a.rule, "trace": a.trace, "status": a.status, "detail": a.detail}
-            for a in flat
-        ],
+        assessments=checks,
         traces=traces,
         notes=notes,
         ranks=ranks,
