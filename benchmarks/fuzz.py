@@ -334,8 +334,15 @@ def make_case(rng: random.Random, doc: Doc) -> tuple[bytes, list[str]]:
     what: list[str] = [doc.path.name]
     if rng.random() < 0.7:
         data = copy.deepcopy(doc.data)
-        for _ in range(rng.randint(1, 3)):
-            what.append(rng.choice(DOC_MUTATIONS)(rng, data))
+        # A mutation after `deep` may copy an event holding 3,000 levels of nesting: the
+        # fuzzer's own copy needs the deeper stack (stallscope runs with the default limit).
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, 20_000))
+        try:
+            for _ in range(rng.randint(1, 3)):
+                what.append(rng.choice(DOC_MUTATIONS)(rng, data))
+        finally:
+            sys.setrecursionlimit(old)
         raw = encode(data)
     else:
         raw = doc.text
@@ -412,7 +419,13 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
         path = pick.choice(paths if pick.random() < 0.1 or not pool else pool)
         if path not in docs:
             docs[path] = Doc(path)
-        data, what = make_case(rng, docs[path])
+        try:
+            data, what = make_case(rng, docs[path])
+        except Exception:  # noqa: BLE001 (a fuzzer bug must not end the run: counted apart)
+            results.append({"case": case, "key": f"{seed}-{case}", "what": [path.name],
+                            "outcome": "fuzzer-error", "wall_s": 0.0,
+                            "detail": traceback.format_exc(limit=-3), "rss_mb": 0.0})
+            continue
         name = f"case{case}.pt.trace.json" + (".gz" if data[:2] == b"\x1f\x8b" else "")
         target = scratch / name
         target.write_bytes(data)
@@ -449,6 +462,8 @@ def fuzz(cases: int, seed: int, out: Path, timeout: float = 10.0, jobs: int = 1,
         with ctx.Pool(jobs, maxtasksperchild=1) as pool:
             for part in pool.imap_unordered(worker, batches):
                 results += part
+                # What is done so far, in case the run is stopped.
+                (out / "partial.json").write_text(json.dumps(results))
     counts: dict[str, int] = {}
     for r in results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
