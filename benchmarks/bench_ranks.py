@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--scheduler", help="also run through Dask: an address or local:N")
     ap.add_argument("--work", type=Path, help="folder for the generated traces (kept)")
     ap.add_argument("--jobs", type=int, help="--jobs for the local pool (default: its own)")
+    ap.add_argument("--no-local", action="store_true",
+                    help="skip the local pool's run (with --scheduler: only Dask)")
     ap.add_argument("--per-file", action="store_true",
                     help="first measure one rank file's cost in a warm process, phase by phase")
     args = ap.parse_args()
@@ -136,7 +138,8 @@ def main() -> None:
         files = generate(args.source, folder, n, slow)
         mb = sum(f.stat().st_size for f in files) / 1e6
         print(f"\n{n} rank files, {mb:,.0f} MB of JSON; planted stragglers {slow}")
-        runs = [("local pool", [] if args.jobs is None else ["--jobs", str(args.jobs)])]
+        runs = [] if args.no_local else [
+            ("local pool", [] if args.jobs is None else ["--jobs", str(args.jobs)])]
         if args.scheduler:
             runs.append((f"dask {args.scheduler}", ["--scheduler", args.scheduler]))
         for label, extra in runs:
