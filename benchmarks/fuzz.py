@@ -441,7 +441,8 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
         pool = [p for p in paths if p.stat().st_size < 400_000]
         path = pick.choice(paths if pick.random() < 0.1 or not pool else pool)
         doc = docs.get(path) or Doc(path)
-        if path.stat().st_size < KEEP_DECODED_BYTES:
+        large = path.stat().st_size >= KEEP_DECODED_BYTES
+        if not large:
             docs[path] = doc  # small seeds stay decoded; a large one is decoded per case
         try:
             data, what = make_case(rng, doc)
@@ -454,7 +455,8 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
         target = scratch / name
         target.write_bytes(data)
         del doc, data  # the analysis' memory is measured without the fuzzer's copies
-        gc.collect()
+        if large:  # (a full collection costs a second with the small seeds' objects around)
+            gc.collect()
         _reset_peak()
         t0 = time.perf_counter()
         outcome, detail = run_case(target, timeout)
