@@ -530,6 +530,50 @@ def _by_mutation(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return table
 
 
+def remeasure(out: Path, largest: int, seed: int) -> dict[str, Any]:
+    """Peak memory of the heaviest cases of a finished run, each analysed by `stallscope
+    analyze` in a fresh process (the in-process figure carries what the fuzzing process kept
+    from earlier cases): every case on the `largest` largest seed traces, and every case that
+    added whitespace or nesting."""
+    import os
+    import subprocess
+
+    results = json.loads((out / "partial.json").read_text())
+    by_name = {p.name: p for p in seeds()}
+    biggest = sorted(by_name.values(), key=lambda p: p.stat().st_size)[-largest:]
+    chosen = [r for r in results if r["outcome"] in ("ok", "refused")
+              and (by_name.get(r["what"][0]) in biggest
+                   or any(w.startswith(("whitespace", "deep")) and "(none)" not in w
+                          for w in r["what"][1:]))]
+    scratch = out / "remeasure"
+    scratch.mkdir(exist_ok=True)
+    rows = []
+    for r in chosen:
+        doc = Doc(by_name[r["what"][0]])
+        data, what = make_case(random.Random(f"{seed}-{r['case']}"), doc)
+        del doc
+        target = scratch / (f"case{r['case']}.pt.trace.json"
+                            + (".gz" if data[:2] == b"\x1f\x8b" else ""))
+        target.write_bytes(data)
+        del data
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-m", "stallscope", "analyze", str(target),
+                                 "-q", "--force", "-o", str(scratch / "report")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        rows.append({"case": r["case"], "what": what, "exit": os.waitstatus_to_exitcode(status),
+                     "wall_s": time.perf_counter() - t0, "peak_rss_mb": usage.ru_maxrss / 1024})
+        target.unlink()
+    top = max(rows, key=lambda x: x["peak_rss_mb"]) if rows else None
+    summary = {"command": " ".join(sys.argv), "cases": len(rows),
+               "peak_rss_mb": top["peak_rss_mb"] if top else 0, "peak_case": top,
+               "exits": {str(k): sum(1 for x in rows if x["exit"] == k)
+                         for k in sorted({x["exit"] for x in rows})},
+               "max_wall_s": max((x["wall_s"] for x in rows), default=0)}
+    (out / "remeasure.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=1000)
@@ -538,7 +582,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a hang")
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--small", action="store_true", help="only seeds under 200 kB")
+    parser.add_argument("--remeasure", type=int, metavar="N",
+                        help="after a run in --out: measure the cases on the N largest seeds "
+                             "(and those adding whitespace or nesting) each in a fresh process")
     args = parser.parse_args()
+    if args.remeasure:
+        print(json.dumps(remeasure(args.out, args.remeasure, args.seed), indent=1))
+        return 0
     summary = fuzz(args.cases, args.seed, args.out, args.timeout, args.jobs, args.small)
     with contextlib.suppress(Exception):
         for r in summary["internal_errors"][:20] + summary["hangs"][:20]:
