@@ -533,8 +533,8 @@ def _by_mutation(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
 def remeasure(out: Path, largest: int, seed: int) -> dict[str, Any]:
     """Peak memory of the heaviest cases of a finished run, each analysed by `stallscope
     analyze` in a fresh process (the in-process figure carries what the fuzzing process kept
-    from earlier cases): every case on the `largest` largest seed traces, and every case that
-    added whitespace or nesting."""
+    from earlier cases): every case on the `largest` largest seed traces, whose memory bounds
+    the rest (docs/robustness.md has the whitespace and decompression bombs measured apart)."""
     import os
     import subprocess
 
@@ -542,9 +542,7 @@ def remeasure(out: Path, largest: int, seed: int) -> dict[str, Any]:
     by_name = {p.name: p for p in seeds()}
     biggest = sorted(by_name.values(), key=lambda p: p.stat().st_size)[-largest:]
     chosen = [r for r in results if r["outcome"] in ("ok", "refused")
-              and (by_name.get(r["what"][0]) in biggest
-                   or any(w.startswith(("whitespace", "deep")) and "(none)" not in w
-                          for w in r["what"][1:]))]
+              and by_name.get(r["what"][0]) in biggest]
     scratch = out / "remeasure"
     scratch.mkdir(exist_ok=True)
     rows = []
@@ -584,7 +582,7 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="only seeds under 200 kB")
     parser.add_argument("--remeasure", type=int, metavar="N",
                         help="after a run in --out: measure the cases on the N largest seeds "
-                             "(and those adding whitespace or nesting) each in a fresh process")
+                             "each in a fresh process")
     args = parser.parse_args()
     if args.remeasure:
         print(json.dumps(remeasure(args.out, args.remeasure, args.seed), indent=1))
