@@ -135,12 +135,13 @@ def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
     assert wait_before > 50, wait_before
     # Other processes holding the cores slow the workers too: 91% -> 46-50% with a load
     # average of 4 on this 2-core machine, where run measured the workers' fetches queued for
-    # a core 76% of their time (anatomy runq_share). The cut must show then, and halve the
+    # a core 76% of their time (anatomy runq_share), and 89% -> 74% when a niced process (not
+    # counted as other load) queued them 46% of the time. The cut must show then, and halve the
     # wait where run found neither that nor other load.
     queued = after["dataloaders"][0]["anatomy"].get("runq_share") or 0
     others = max((r["environment"]["captured"].get("host") or {}).get("other_cpu_share_pct")
                  or 0 for r in (before, after))
-    busy = queued >= 0.5 or others >= 25
+    busy = queued >= 0.25 or others >= 25
     assert wait_after <= (wait_before if busy else wait_before / 2), \
         (wait_before, wait_after, queued, others)
 
