@@ -63,16 +63,6 @@ def gpu_kernel_totals(model: TraceModel) -> HotTotals:
     return HotTotals(_by_name(kernels[["name", "dur"]]), len(model.steps), _ns(window))
 
 
-def top_host_ops(models: list[TraceModel], top: int = TOP_N) -> list[dict[str, Any]]:
-    """The host ops with the largest total inclusive time inside steps, over every trace."""
-    return top_rows(summed(host_op_totals(m) for m in models), top)
-
-
-def top_gpu_kernels(models: list[TraceModel], top: int = TOP_N) -> list[dict[str, Any]]:
-    """The GPU kernels with the largest total busy time inside steps, over every GPU and trace."""
-    return top_rows(summed(gpu_kernel_totals(m) for m in models), top)
-
-
 def summed(totals: Iterable[HotTotals]) -> HotTotals:
     out = HotTotals()
     for t in totals:
