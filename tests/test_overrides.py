@@ -129,21 +129,26 @@ def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
     assert loader["overrides"] == {"num_workers": 2, "persistent_workers": True}
     assert loader["built_with"] == {"num_workers": 0, "persistent_workers": False}
 
-    wait_before = before["summary"]["breakdown_pct"]["dataloader"]
-    wait_after = after["summary"]["breakdown_pct"]["dataloader"]
+    def wait_ms(report: dict) -> float:
+        """The loader wait in ms per step: the share of the step times the mean step."""
+        summary = report["summary"]
+        return summary["breakdown_pct"]["dataloader"] / 100 * summary["step_time_us"]["mean"] / 1e3
+
     assert "dataloader-bound" in {f["id"] for f in before["findings"]}
-    assert wait_before > 50, wait_before
-    # Other processes holding the cores slow the workers too: 91% -> 46-50% with a load
-    # average of 4 on this 2-core machine, where run measured the workers' fetches queued for
-    # a core 76% of their time (anatomy runq_share), and 89% -> 74% when a niced process (not
-    # counted as other load) queued them 46% of the time. The cut must show then, and halve the
-    # wait where run found neither that nor other load.
+    assert before["summary"]["breakdown_pct"]["dataloader"] > 50, before["summary"]
+    # Judged in ms per step, not as a share of the step: two workers on two cores feed a batch
+    # every half fetch, so the wait per step falls to about 0.4x (fetch 53 ms, compute 5 ms)
+    # while its share of a now shorter step falls only to about 80%. In CI the share went
+    # 90% -> 55% (quiet machine, the test wanted it halved) and 89% -> 74% beside a niced
+    # process that queued the workers 46% of their fetch time. Alone: 54.2 -> 10.8 ms.
+    # Other processes holding the cores slow the workers too: there the cut must only show.
     queued = after["dataloaders"][0]["anatomy"].get("runq_share") or 0
     others = max((r["environment"]["captured"].get("host") or {}).get("other_cpu_share_pct")
                  or 0 for r in (before, after))
     busy = queued >= 0.25 or others >= 25
-    assert wait_after <= (wait_before if busy else wait_before / 2), \
-        (wait_before, wait_after, queued, others)
+    ms_before, ms_after = wait_ms(before), wait_ms(after)
+    assert ms_after <= (ms_before if busy else ms_before / 2), \
+        (ms_before, ms_after, queued, others)
 
     html = (tmp_path / "over" / "report.html").read_text()
     assert 'id="overrides-note"' in html and 'id="overrides-run"' in html

@@ -10,6 +10,9 @@ traceback where python would print one, never stallscope's), and leave no worker
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import stallscope
+from stallscope.capture.runner import failure_cause
 
 PACKAGE = str(Path(stallscope.__file__).resolve().parent)
 
@@ -187,11 +191,12 @@ def assert_partial_report(tmp_path: Path, status: int, ended: str) -> dict:
 @pytest.mark.parametrize(
     ("context", "mode", "cause"),
     # torch words a worker's exit "(pid N) exited unexpectedly with exit code 1" or, when its
-    # queue timeout notices first, "(pid(s) N) exited unexpectedly": a race inside torch.
+    # queue timeout notices first, "(pid(s) N) exited unexpectedly": a race inside torch, where
+    # stallscope adds the exit status (a SIGKILL then read "exited unexpectedly" in CI).
     [
-        ("fork", "worker-kill", "is killed by signal: Killed"),
+        ("fork", "worker-kill", "killed by signal: Killed"),
         ("fork", "worker-exit", "exited unexpectedly"),
-        ("spawn", "worker-kill", "is killed by signal: Killed"),
+        ("spawn", "worker-kill", "killed by signal: Killed"),
         ("global", "worker-exit", "exited unexpectedly"),
     ],
 )
@@ -216,6 +221,40 @@ def test_a_dying_worker_keeps_status_1_a_partial_report_and_names_the_cause(
                                       "report.json",
                                       "report.md"]
     assert_no_process_left(tmp_path)
+
+
+def _dead_child(how: str) -> multiprocessing.Process:
+    """A real child process, ended by SIGKILL or by exit code 3."""
+    child = multiprocessing.get_context("fork").Process(
+        target=time.sleep if how == "kill" else sys.exit, args=(30 if how == "kill" else 3,))
+    child.start()
+    if how == "kill":
+        os.kill(child.pid, signal.SIGKILL)
+    return child
+
+
+@pytest.mark.parametrize("reaped", [False, True], ids=["unreaped", "reaped-by-is_alive"])
+def test_torchs_vaguer_wording_of_a_worker_death_gets_its_exit_status(reaped: bool) -> None:
+    """When torch's queue timeout notices a dead worker before its SIGCHLD handler, it says only
+    "exited unexpectedly"; stallscope adds how the worker ended (here a real SIGKILL), whether
+    or not the worker's Process has reaped it yet, and so names the OOM killer's signal."""
+    killed, exited = _dead_child("kill"), _dead_child("exit")
+    if reaped:
+        killed.join(10), exited.join(10)
+    else:
+        for child in (killed, exited):
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+    error = RuntimeError(f"DataLoader worker (pid(s) {killed.pid}, {exited.pid}) exited "
+                         "unexpectedly")
+    cause, note = failure_cause(error)
+    assert cause.startswith("RuntimeError: DataLoader worker (pid(s)")
+    assert f"pid {killed.pid} was killed by signal: Killed" in cause
+    assert f"pid {exited.pid} exited with exit code 3" in cause
+    assert "out-of-memory killer" in note
+    # torch's precise wording is kept as it is.
+    precise = RuntimeError(f"DataLoader worker (pid {killed.pid}) is killed by signal: Killed.")
+    assert failure_cause(precise)[0] == f"RuntimeError: {precise}"
+    killed.join(10), exited.join(10)
 
 
 # ------------------------------------------------------------------ fork and spawn workers

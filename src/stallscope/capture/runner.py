@@ -37,6 +37,7 @@ from stallscope.capture.session import (
 )
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
+from stallscope.capture.worker_exit import add_exit_status
 from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, OutputError, exit_line
 from stallscope.text import clean
 
@@ -353,21 +354,22 @@ def failure_cause(exc: BaseException, worker_death: str | None = None) -> tuple[
 
     A DataLoader worker that died surfaces as `RuntimeError: DataLoader worker (pid(s) N)
     exited unexpectedly`, raised from the more precise one (killed by which signal, or the exit
-    code): that one is named. When the death broke something else first (the batch being
-    received: ConnectionResetError), `worker_death`, torch's own account of it, is added.
+    code): that one is named, with the worker's exit status where torch's words leave it out.
+    When the death broke something else first (the batch being received:
+    ConnectionResetError), `worker_death`, torch's own account of it, is added.
     """
     chain = [exc]
     while chain[-1].__cause__ is not None and len(chain) < 20:
         chain.append(chain[-1].__cause__)
     worker = [e for e in chain if _first_line(e).startswith("DataLoader worker")]
     if worker:
-        death = _first_line(worker[-1])
+        death = add_exit_status(_first_line(worker[-1]))
         cause = f"{type(worker[-1]).__name__}: {death}"
     else:
         cause = f"{type(exc).__name__}: {_first_line(exc)}".rstrip(": ")
         if worker_death is None:
             return cause, f"The script raised {cause}"
-        death = worker_death
+        death = add_exit_status(worker_death)
         cause = f"{cause}; {death}"
     note = f"A DataLoader worker process died mid-run: {death}"
     if "signal: Killed" in death:
