@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ranks.py [--source TRACE] [--ranks 128 1024 10000]
                                      [--stragglers 3] [--scheduler local:2] [--work DIR]
+                                     [--large 64 [--tiles 10]]
 
 Generates, from a real trace (default: hta/rank0of128_sampled, 1.8 MB of JSON, 2 steps), N rank
 files of one job: each rank's timestamps shifted by 1 ms per rank and its distributedInfo set to
@@ -10,6 +11,10 @@ job-level rule must name them. Then times `stallscope analyze FOLDER` end to end
 process (the local pool; with `--scheduler`, also through Dask) and prints wall time, peak
 resident memory of the whole process tree (workers included, sampled every 20 ms), the report's
 sizes and which ranks the verdict and the rank-imbalance finding name.
+
+`--large N`: N files of about 300 MB instead (bench_scale's tiled resnet50 trace, `--tiles`
+copies of kineto/resnet50_num_workers_0 end to end, 30 MB each): tiled once, then written N
+times with only `distributedInfo.rank` changed (no stragglers planted: every rank is the same).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from pathlib import Path
 import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scale import DEFAULT_SOURCE as LARGE_SOURCE  # noqa: E402
 from bench_scale import GB, REAL, measure  # noqa: E402
+from tiling import tile_trace  # noqa: E402
 
 DEFAULT_SOURCE = REAL / "hta" / "rank0of128_sampled.pt.trace.json.gz"
 SHIFT_US = 1000  # per rank: ranks do not start their steps at the same instant
@@ -61,6 +68,27 @@ def generate(source: Path, folder: Path, n: int, stragglers: list[int]) -> list[
             e["dur"] = d * factor
         doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": r, "world_size": n}
         path.write_bytes(encoder.encode(doc))
+    return files
+
+
+def generate_large(folder: Path, n: int, tiles: int) -> list[Path]:
+    """N rank files of `tiles` tiled copies of the resnet50 trace (kept when already there):
+    one tiling, then its bytes with each rank's number in the header (written first)."""
+    files = [folder / f"rank{r}.pt.trace.json" for r in range(n)]
+    if folder.is_dir() and all(f.exists() for f in files):
+        return files
+    folder.mkdir(parents=True, exist_ok=True)
+    tile_trace(LARGE_SOURCE, files[0], tiles, rank=0, world_size=n)
+    raw = files[0].read_bytes()
+    info = b'"distributedInfo":{"backend":"nccl","rank":0,"world_size":%d}' % n
+    at = raw.find(info, 0, 1 << 16)
+    if at < 0:
+        raise SystemExit("tiling wrote no distributedInfo in the file's header")
+    for r, path in enumerate(files[1:], 1):
+        with path.open("wb") as fh:
+            fh.write(raw[:at])
+            fh.write(info.replace(b'"rank":0', b'"rank":%d' % r))
+            fh.write(memoryview(raw)[at + len(info):])
     return files
 
 
@@ -125,6 +153,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, help="--jobs for the local pool (default: its own)")
     ap.add_argument("--no-local", action="store_true",
                     help="skip the local pool's run (with --scheduler: only Dask)")
+    ap.add_argument("--large", type=int, metavar="N",
+                    help="instead: N files of about 300 MB (see --tiles)")
+    ap.add_argument("--tiles", type=int, default=10,
+                    help="--large: copies of the 30 MB resnet50 trace per file (10: 302 MB)")
     ap.add_argument("--per-file", action="store_true",
                     help="first measure one rank file's cost in a warm process, phase by phase")
     args = ap.parse_args()
@@ -132,10 +164,17 @@ def main() -> None:
     if args.per_file:
         files = generate(args.source, work / "job2", 2, [])
         per_file_cost(files[1])
-    for n in args.ranks:
-        slow = straggler_ranks(n, args.stragglers)
-        folder = work / f"job{n}"
-        files = generate(args.source, folder, n, slow)
+    jobs = [(n, f"job{n}") for n in args.ranks]
+    if args.large:
+        jobs = [(args.large, f"large{args.large}x{args.tiles}")]
+    for n, name in jobs:
+        folder = work / name
+        if args.large:
+            slow: list[int] = []
+            files = generate_large(folder, n, args.tiles)
+        else:
+            slow = straggler_ranks(n, args.stragglers)
+            files = generate(args.source, folder, n, slow)
         mb = sum(f.stat().st_size for f in files) / 1e6
         print(f"\n{n} rank files, {mb:,.0f} MB of JSON; planted stragglers {slow}")
         runs = [] if args.no_local else [
@@ -143,7 +182,7 @@ def main() -> None:
         if args.scheduler:
             runs.append((f"dask {args.scheduler}", ["--scheduler", args.scheduler]))
         for label, extra in runs:
-            out = work / f"out{n}-{label.split()[0]}"
+            out = work / f"out-{name}-{label.split()[0]}"
             cmd = [sys.executable, "-m", "stallscope", "analyze", str(folder), "-q", "--force",
                    "-o", str(out), *extra]
             m = measure(cmd)
