@@ -17,6 +17,8 @@ a blocking copy starts belongs to `host-device-sync`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -40,32 +42,36 @@ DOCS = PINNED_MEMORY_DOCS
 def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> Assessment:
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
-    h2d = blocked_h2d(model)
-    if h2d.empty:
+    rows, blocked_us, via = _blocked(model)
+    if len(rows) == 0:
         return Assessment(RULE_ID, "clear", "No host-to-device copies inside the steps.")
     n = len(model.steps)
     total = model.total_step_us
-    pageable = h2d["src"] == "Pageable"
-    mine = h2d[~pageable]
-    blocked = float(mine["blocked_us"].sum())
-    pageable_blocked = float(h2d.loc[pageable, "blocked_us"].sum())
+    src = model.copies["src"].to_numpy()[rows]
+    pageable = src == "Pageable"
+    # nansum: Series.sum skips NaN (an unmatched GPU copy) and adds in the same order.
+    blocked = float(np.nansum(blocked_us[~pageable]))
+    pageable_blocked = float(np.nansum(blocked_us[pageable]))
     share = pct(blocked, total)
     deferred = (
         f" Pageable copies block the host {pct(pageable_blocked, total):.1f}% of step time: "
         "see pageable-h2d-copy." if pageable_blocked > 0 else ""
     )
     if share < BLOCKED_THRESHOLD_PCT:
-        kinds = "pinned" if (mine["src"] == "Pinned").all() else "non-pageable"
+        kinds = "pinned" if (src[~pageable] == "Pinned").all() else "non-pageable"
         return Assessment(
             RULE_ID,
             "clear",
             f"The host is blocked in {kinds} host-to-device transfers {share:.1f}% of step time "
             f"(threshold {BLOCKED_THRESHOLD_PCT:.0f}%)." + deferred,
         )
-    hit = mine[mine["blocked_us"] > 0]
-    nbytes = float(hit["bytes"].fillna(0).sum())
-    gpu_us = float(hit["dur_gpu"].sum())
-    via_sync = float(hit.loc[hit["via"] != "copy call", "blocked_us"].sum())
+    is_hit = ~pageable & (blocked_us > 0)
+    hit = model.copies.iloc[rows[is_hit]]
+    hit_bytes = hit["bytes"].to_numpy(dtype=float)
+    nbytes = float(np.nansum(np.where(np.isnan(hit_bytes), 0.0, hit_bytes)))
+    gpu_us = float(np.nansum(hit["dur_gpu"].to_numpy(dtype=float)))
+    hit_via = via[is_hit]
+    via_sync = float(np.nansum(blocked_us[is_hit][hit_via != "copy call"]))
     kinds = sorted(hit["src"].unique())
     unknown = [k for k in kinds if k != "Pinned"]
     evidence = {
@@ -76,7 +82,7 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         "gpu_copy_ms_per_step": ms(gpu_us / n),
         "achieved_gbps": round(nbytes / gpu_us / 1e3, 2) if gpu_us > 0 else 0.0,
         "source_memory": kinds,
-        "blocked_by": sorted(hit["via"].unique()),
+        "blocked_by": sorted(set(hit_via.tolist())),
         "also_counted_as_sync_ms_per_step": ms(via_sync / n),
         "pageable_blocked_ms_per_step": ms(pageable_blocked / n),
         "ops": enclosing_ops(model, hit),
@@ -123,31 +129,97 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
 def blocked_h2d(model: TraceModel) -> pd.DataFrame:
     """HtoD copies in steps with `blocked_us` (host blocked during the GPU copy) and `via`."""
     copies = model.copies
-    h2d = copies[(copies["direction"] == "HtoD") & (copies["step"] >= 0)].copy()
+    rows, blocked_us, via = _blocked(model)
+    h2d = copies.iloc[rows].copy()
     if h2d.empty:
         return h2d.assign(blocked_us=pd.Series(dtype=float), via=pd.Series(dtype=object))
-    rt = model.runtime.sort_values(["tid", "ts"], kind="stable")
-    grouped = rt.groupby("tid", observed=True, sort=False)
-    rt = rt.assign(next_name=grouped["name"].shift(-1), next_ts=grouped["ts"].shift(-1),
-                   next_end=grouped["end"].shift(-1))
-    nxt = rt.dropna(subset=["correlation"]).drop_duplicates("correlation").set_index(
-        "correlation")[["next_name", "next_ts", "next_end"]]
-    h2d = h2d.join(nxt, on="correlation")
-    follows = (
-        h2d["next_name"].isin(list(SYNC_CALLS)).to_numpy()
-        & ((h2d["next_ts"] - h2d["end"]).to_numpy() <= FOLLOW_GAP_US)
-    )
-    host_end = np.where(follows, np.maximum(h2d["next_end"].to_numpy(), h2d["end"].to_numpy()),
-                        h2d["end"].to_numpy())
-    held = host_end >= h2d["end_gpu"].to_numpy() - CLOCK_TOLERANCE_US
-    overlap = np.minimum(host_end, h2d["end_gpu"].to_numpy()) - np.maximum(
-        h2d["ts"].to_numpy(), h2d["ts_gpu"].to_numpy())
-    h2d["blocked_us"] = np.where(held, np.clip(overlap, 0.0, None), 0.0)
-    in_call = h2d["end"].to_numpy() >= h2d["end_gpu"].to_numpy() - CLOCK_TOLERANCE_US
-    # object first: the names are categorical, and "" is not one of their categories
-    h2d["via"] = np.where(in_call, "copy call",
-                          h2d["next_name"].astype(object).fillna("").astype(str))
+    nxt = _next_call(model, h2d["correlation"].to_numpy(dtype=float))
+    next_name = pd.Categorical.from_codes(nxt.name_code, dtype=nxt.names)
+    h2d["next_name"] = (next_name if isinstance(model.runtime["name"].dtype, pd.CategoricalDtype)
+                        else np.asarray(next_name, dtype=object))
+    h2d["next_ts"], h2d["next_end"] = nxt.ts, nxt.end
+    h2d["blocked_us"] = blocked_us
+    h2d["via"] = via
     return h2d
+
+
+@dataclass
+class _NextCall:
+    """Per copy call, the next runtime call on its thread (NaN / code -1: none)."""
+
+    name_code: np.ndarray  # code in `names` (-1: no next call, or a missing name)
+    names: pd.CategoricalDtype  # the runtime calls' names as categories
+    ts: np.ndarray
+    end: np.ndarray
+
+    def name_is(self, wanted: frozenset[str]) -> np.ndarray:
+        """Whether the next call's name is one of `wanted`, decided once per category."""
+        hit = [str(c) in wanted for c in self.names.categories] + [False]
+        return np.array(hit, dtype=bool)[self.name_code]
+
+    def name_or_empty(self) -> np.ndarray:
+        """The next call's name as an object array, "" where there is none."""
+        names = [str(c) for c in self.names.categories] + [""]
+        return np.array(names, dtype=object)[self.name_code]
+
+
+def _next_call(model: TraceModel, correlation: np.ndarray) -> _NextCall:
+    """The runtime call after the one with each correlation id, on the same thread, in
+    (thread, start) order; the first call of a correlation id when several share it."""
+    rt = model.runtime
+    tid = rt["tid"]
+    if isinstance(tid.dtype, pd.CategoricalDtype):
+        tid_code = tid.cat.codes.to_numpy()  # sort_values orders categories by code
+    else:
+        tid_code, _ = pd.factorize(tid, sort=True)
+    name = rt["name"]
+    if not isinstance(name.dtype, pd.CategoricalDtype):
+        name = name.astype("category")
+    name_code = name.cat.codes.to_numpy()
+    ts, end = rt["ts"].to_numpy(dtype=float), rt["end"].to_numpy(dtype=float)
+    # Missing threads sort last and have no next call (groupby drops them).
+    key = np.where(tid_code < 0, np.iinfo(np.int64).max, tid_code)
+    order = np.lexsort((ts, key))
+    follows = np.zeros(len(order), dtype=bool)
+    follows[:-1] = (key[order][1:] == key[order][:-1]) & (tid_code[order][:-1] >= 0)
+    after = np.full(len(order), -1)
+    after[order[:-1][follows[:-1]]] = order[1:][follows[:-1]]
+    corr = rt["correlation"].to_numpy(dtype=float)[order]
+    known = np.flatnonzero(~np.isnan(corr))
+    ids, first = np.unique(corr[known], return_index=True)
+    at = np.clip(np.searchsorted(ids, correlation), 0, max(len(ids) - 1, 0))
+    found = (at < len(ids)) & (ids[at] == correlation) if len(ids) else np.zeros(
+        len(correlation), dtype=bool)
+    call = np.where(found, order[known[first[at]]] if len(ids) else -1, -1)
+    nxt = np.where(call >= 0, after[np.clip(call, 0, None)], -1)
+    has = nxt >= 0
+    pick = np.clip(nxt, 0, None)
+    code = np.where(has, name_code[pick], -1)
+    return _NextCall(
+        name_code=code,
+        names=name.dtype,
+        ts=np.where(has, ts[pick], np.nan),
+        end=np.where(has, end[pick], np.nan),
+    )
+
+
+def _blocked(model: TraceModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """blocked_h2d as arrays: the copies' positions in model.copies, `blocked_us`, `via`."""
+    copies = model.copies
+    rows = np.flatnonzero((copies["direction"].to_numpy() == "HtoD")
+                          & (copies["step"].to_numpy() >= 0))
+    if len(rows) == 0:
+        return rows, np.zeros(0), np.zeros(0, dtype=object)
+    nxt = _next_call(model, copies["correlation"].to_numpy(dtype=float)[rows])
+    c_ts, c_end = copies["ts"].to_numpy()[rows], copies["end"].to_numpy()[rows]
+    ts_gpu, end_gpu = copies["ts_gpu"].to_numpy()[rows], copies["end_gpu"].to_numpy()[rows]
+    follows = nxt.name_is(SYNC_CALLS) & ((nxt.ts - c_end) <= FOLLOW_GAP_US)
+    host_end = np.where(follows, np.maximum(nxt.end, c_end), c_end)
+    held = host_end >= end_gpu - CLOCK_TOLERANCE_US
+    overlap = np.minimum(host_end, end_gpu) - np.maximum(c_ts, ts_gpu)
+    blocked_us = np.where(held, np.clip(overlap, 0.0, None), 0.0)
+    in_call = c_end >= end_gpu - CLOCK_TOLERANCE_US
+    return rows, blocked_us, np.where(in_call, "copy call", nxt.name_or_empty())
 
 
 def _busiest_kernel_us(model: TraceModel) -> float:

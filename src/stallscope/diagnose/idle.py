@@ -13,6 +13,8 @@ fix belong to `dataloader-bound`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -22,7 +24,7 @@ from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches, per_name
+from stallscope.trace.model import LOADER_NAME, TraceModel, per_name
 from stallscope.trace.workload import step_word
 
 RULE_ID = "gpu-idle"
@@ -62,8 +64,9 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
     if total <= 0:
         return Assessment(RULE_ID, "not_assessed", "No GPU work inside the analysed window.")
     n = len(model.steps)
-    by_device = {dev: idle_gaps(model, dev, windows) for dev in model.gpu_devices}
-    idle_by_device = {dev: float(g["us"].sum()) for dev, g in by_device.items()}
+    host = _host_layers(model)
+    by_device = {dev: _gap_pieces(model, dev, windows, host) for dev in model.gpu_devices}
+    idle_by_device = {dev: float(p.us.sum()) for dev, p in by_device.items()}
     # The busiest device bounds the step: idle there is what the step could actually lose.
     dev = min(idle_by_device, key=lambda d: idle_by_device[d])
     idle = idle_by_device[dev]
@@ -75,26 +78,31 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
             f"The busiest GPU (device {dev}) is idle {idle_pct:.1f}% of step time "
             f"(threshold {IDLE_THRESHOLD_PCT:.0f}%).",
         )
-    gaps = by_device[dev]
-    kind = gaps["kind"]
-    by_kind = gaps.groupby("kind")["us"].sum()
-    host_us, other_us, unknown_us = (float(by_kind.get(k, 0.0)) for k in GAP_KINDS)
-    loader_us = float(gaps["loader_us"].sum())
-    sync_us = float(gaps["sync_us"].sum())
+    p = by_device[dev]
+    # Sums by kind and by gap as pandas' groupby gave them (see _group_sums), kinds labelled
+    # in their sorted order as groupby("kind") did.
+    kind_label = _KIND_SORT_LABEL[p.kind_code]
+    by_kind = _group_sums(p.us, kind_label, len(GAP_KINDS))
+    host_us, other_us, unknown_us = (float(by_kind[_KIND_SORT_LABEL[k]]) for k in range(3))
+    loader_us = float(p.loader_us.sum())
+    sync_us = float(p.sync_us.sum())
     # Idle time not explained by the DataLoader wait, split by cause.
-    not_loader = (gaps["us"] - gaps["loader_us"]).groupby(kind).sum()
-    rest_host, rest_other, rest_unknown = (float(not_loader.get(k, 0.0)) for k in GAP_KINDS)
+    not_loader = _group_sums(p.us - p.loader_us, kind_label, len(GAP_KINDS))
+    rest_host, rest_other, rest_unknown = (float(not_loader[_KIND_SORT_LABEL[k]])
+                                           for k in range(3))
     rest = rest_host + rest_other + rest_unknown
-    top = (
-        gaps.groupby("gap", sort=False)
-        .agg(us=("us", "sum"), step=("step", "first"), offset=("offset_us", "first"),
-             kind=("kind", "first"), next_name=("next_name", "first"),
-             loader_us=("loader_us", "sum"))
-        .nlargest(TOP_GAPS, "us")
-    )
-    kernels = model.gpu[(model.gpu["device"] == dev) & (model.gpu["kind"] == "kernel")
-                       & (model.gpu["step"] >= 0)]
-    host_gaps = gaps[kind == "host-wait"].groupby("gap")["us"].sum()
+    # One row per gap: its pieces (one per step it spans) are consecutive.
+    gap_first = np.flatnonzero(np.r_[True, p.gap[1:] != p.gap[:-1]]) if len(p.gap) else p.gap
+    gap_label = np.cumsum(np.r_[True, p.gap[1:] != p.gap[:-1]]) - 1 if len(p.gap) else p.gap
+    gap_us = _group_sums(p.us, gap_label, len(gap_first))
+    gap_loader = _group_sums(p.loader_us, gap_label, len(gap_first))
+    gap_kind = p.kind_code[gap_first]
+    top = _largest(gap_us, TOP_GAPS)
+    g = model.gpu
+    kernels = ((g["device"].to_numpy() == dev) & (g["kind"].to_numpy() == "kernel")
+               & (g["step"].to_numpy() >= 0))
+    kernel_dur = g["dur"].to_numpy()[kernels]
+    host_gaps = gap_us[gap_kind == 0]
     evidence = {
         "device": dev,
         "idle_share_pct": idle_pct,
@@ -106,15 +114,17 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         "idle_during_dataloader_pct": pct(loader_us, idle),
         "idle_during_sync_pct": pct(sync_us, idle),
         "unexplained_idle_share_pct": pct(rest, total),
-        "gaps_per_step": round(gaps["gap"].nunique() / n, 1),
-        "median_host_wait_gap_us": round(float(host_gaps.median()), 1) if len(host_gaps) else 0.0,
-        "kernels_per_step": round(len(kernels) / n, 1),
-        "median_kernel_us": round(float(kernels["dur"].median()), 1) if len(kernels) else 0.0,
+        "gaps_per_step": round(len(gap_first) / n, 1),
+        "median_host_wait_gap_us": round(_median(host_gaps), 1) if len(host_gaps) else 0.0,
+        "kernels_per_step": round(len(kernel_dur) / n, 1),
+        "median_kernel_us": round(_median(kernel_dur), 1) if len(kernel_dur) else 0.0,
         "largest_gaps": [
-            {"step": model.steps[int(r.step)].name, "at_ms_into_step": ms(r.offset),
-             "ms": ms(r.us), "kind": r.kind,
-             "during_dataloader_ms": ms(r.loader_us), "next_gpu_work": str(r.next_name)[:80]}
-            for r in top.itertuples()
+            {"step": model.steps[int(p.step[f])].name,
+             "at_ms_into_step": ms(float(p.offset_us[f])), "ms": ms(float(gap_us[i])),
+             "kind": GAP_KINDS[gap_kind[i]],
+             "during_dataloader_ms": ms(float(gap_loader[i])),
+             "next_gpu_work": str(p.next_name[f])[:80]}
+            for i, f in ((int(i), int(gap_first[i])) for i in top)
         ],
         "steps": n,
     }
@@ -128,12 +138,15 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         )
     cause = _idle_cause(loader_us, idle, rest_host, rest_other, rest_unknown)
     # Without recorded host ops nothing says what the host did (legacy GPU-only exports).
-    cpu_gaps = _cpu_work_gaps(gaps) if len(model.ops) else gaps.iloc[0:0]
-    cpu_us = float(cpu_gaps["cpu_work_us"].sum())
+    if len(model.ops):
+        cpu_pieces = _cpu_work_pieces(p, gap_label, len(gap_first))
+    else:
+        cpu_pieces = np.zeros(len(p.gap), dtype=bool)
+    cpu_us = float(p.cpu_work_us[cpu_pieces].sum())
     if cpu_us > 0:
         evidence["cpu_work_share_pct"] = pct(cpu_us, total)
         evidence["cpu_work_ms_per_step"] = ms(cpu_us / n)
-        evidence["cpu_work_ops"] = _cpu_work_ops(model, gaps, cpu_gaps, n)
+        evidence["cpu_work_ops"] = _cpu_work_ops(model, host, p, p.gap[cpu_pieces], n)
     if cause in ("host-wait", "mixed") and cpu_us >= DOMINANT_SHARE * rest_host > 0:
         cause = "host-cpu-work"
     evidence["dominant_cause"] = cause
@@ -191,8 +204,82 @@ def idle_gaps(model: TraceModel, dev: str, windows: np.ndarray | None = None) ->
     doing something other than launching), start_us (the piece's start in trace time).
     """
     windows = model.windows if windows is None else windows
-    g = model.gpu[model.gpu["device"] == dev].sort_values("ts", kind="stable")
-    ts, end = g["ts"].to_numpy(), g["end"].to_numpy()
+    p = _gap_pieces(model, dev, windows, _host_layers(model))
+    out = pd.DataFrame({
+        "gap": p.gap, "step": p.step, "us": p.us, "start_us": p.start_us,
+        "loader_us": p.loader_us, "sync_us": p.sync_us, "cpu_work_us": p.cpu_work_us,
+    })
+    out["offset_us"] = p.offset_us
+    out["kind"] = np.array(GAP_KINDS, dtype=object)[p.kind_code]
+    out["next_name"] = p.next_name
+    # The CPU-work segments themselves (disjoint, in time order), for naming what ran in them.
+    out.attrs["cpu_work_segments"] = p.cpu_work_segments
+    return out
+
+
+@dataclass
+class _HostLayers:
+    """The host intervals every device's gaps are cut by (start and end arrays), built once
+    per rule call rather than once per device."""
+
+    sync: tuple[np.ndarray, np.ndarray]
+    loader: tuple[np.ndarray, np.ndarray]
+    runtime: tuple[np.ndarray, np.ndarray]
+    quiet_rows: np.ndarray  # positions in model.ops of the stepping thread's CPU-work ops
+    busy_rows: np.ndarray  # ... and of its ops that launched something
+    quiet: tuple[np.ndarray, np.ndarray]
+    busy: tuple[np.ndarray, np.ndarray]
+
+
+def _host_layers(model: TraceModel) -> _HostLayers:
+    syncs, copies = model.syncs, model.copies
+    s_in = syncs["step"].to_numpy() >= 0
+    c_in = (copies["step"].to_numpy() >= 0) & (copies["wait_us"].to_numpy() > 0)
+    c_ts = copies["ts"].to_numpy()
+    sync = (
+        np.concatenate([syncs["ts"].to_numpy()[s_in], c_ts[c_in]]),
+        np.concatenate([syncs["end"].to_numpy()[s_in],
+                        (c_ts + copies["wait_us"].to_numpy())[c_in]]),
+    )
+    quiet_rows, busy_rows = _op_split(model)
+    ops_ts = model.ops["ts"].to_numpy(dtype=float)
+    ops_end = model.ops["end"].to_numpy(dtype=float)
+    return _HostLayers(
+        sync=sync,
+        loader=_loader_intervals(model),
+        runtime=(model.runtime["ts"].to_numpy(dtype=float),
+                 model.runtime["end"].to_numpy(dtype=float)),
+        quiet_rows=quiet_rows,
+        busy_rows=busy_rows,
+        quiet=(ops_ts[quiet_rows], ops_end[quiet_rows]),
+        busy=(ops_ts[busy_rows], ops_end[busy_rows]),
+    )
+
+
+@dataclass
+class _GapPieces:
+    """idle_gaps' rows as arrays, in (gap, step) order (see idle_gaps for the columns)."""
+
+    gap: np.ndarray
+    step: np.ndarray
+    us: np.ndarray
+    start_us: np.ndarray
+    loader_us: np.ndarray
+    sync_us: np.ndarray
+    cpu_work_us: np.ndarray
+    offset_us: np.ndarray
+    kind_code: np.ndarray  # index into GAP_KINDS
+    next_name: np.ndarray
+    cpu_work_segments: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _gap_pieces(model: TraceModel, dev: str, windows: np.ndarray,
+                host: _HostLayers) -> _GapPieces:
+    gpu = model.gpu
+    rows = np.flatnonzero(gpu["device"].to_numpy() == dev)
+    all_ts = gpu["ts"].to_numpy()
+    rows = rows[np.argsort(all_ts[rows], kind="stable")]
+    ts, end = all_ts[rows], gpu["end"].to_numpy()[rows]
     lo, hi = float(windows[:, 0].min()), float(windows[:, 1].max())
     # Merge overlapping work with a running max of `end`; a gap opens wherever the next event
     # starts after everything before it has finished.
@@ -201,68 +288,63 @@ def idle_gaps(model: TraceModel, dev: str, windows: np.ndarray | None = None) ->
     is_gap = ts > before
     gap_start = np.concatenate([before[is_gap], [max(covered[-1], lo) if len(end) else lo]])
     gap_end = np.concatenate([ts[is_gap], [hi]])
-    launch = np.concatenate([g["launch_ts"].to_numpy()[is_gap], [np.nan]])
-    names = np.concatenate([g["name"].to_numpy()[is_gap], ["(none: end of the step)"]])
+    launch = np.concatenate([gpu["launch_ts"].to_numpy()[rows[is_gap]], [np.nan]])
+    names = np.concatenate([_take(gpu["name"], rows[is_gap]), ["(none: end of the step)"]])
     tail = np.zeros(len(gap_start), dtype=bool)
     tail[-1] = True
     keep = gap_end > gap_start
     gap_start, gap_end, launch, names = gap_start[keep], gap_end[keep], launch[keep], names[keep]
     tail = tail[keep]
-    kinds = np.array(GAP_KINDS, dtype=object)
     kind_code = np.where(np.isnan(launch), 2, np.where(launch >= gap_start, 0, 1))
     kind_code[tail] = 1  # after the last GPU work: nothing left to launch in the window
 
-    syncs = model.syncs[model.syncs["step"] >= 0]
-    copies = model.copies[(model.copies["step"] >= 0) & (model.copies["wait_us"] > 0)]
-    sync_iv = (
-        np.concatenate([syncs["ts"].to_numpy(), copies["ts"].to_numpy()]),
-        np.concatenate([syncs["end"].to_numpy(), (copies["ts"] + copies["wait_us"]).to_numpy()]),
-    )
-    loader_iv = _loader_intervals(model)
     # Host-wait gaps, up to the launch of the work that ends them: the host ran something
     # other than that launch (the only launch a host-wait gap can hold: any earlier one would
     # have ended the gap).
     hw = kind_code == 0
     pre_iv = (gap_start[hw], np.minimum(launch[hw], gap_end[hw]))
     # Time inside a runtime call is the CUDA runtime's (a slow launch, an allocation), not CPU
-    # work of the user's.
-    rt_iv = (model.runtime["ts"].to_numpy(dtype=float), model.runtime["end"].to_numpy(dtype=float))
-    # Host time inside an op that launched GPU work is that op's dispatch and Python glue
-    # (launch overhead); CPU work is time in ops that launched nothing, or in no op at all.
-    quiet, launching = split_ops(model)
-    quiet_iv = (quiet["ts"].to_numpy(dtype=float), quiet["end"].to_numpy(dtype=float))
-    busy_iv = (launching["ts"].to_numpy(dtype=float), launching["end"].to_numpy(dtype=float))
+    # work of the user's. Host time inside an op that launched GPU work is that op's dispatch
+    # and Python glue (launch overhead); CPU work is time in ops that launched nothing, or in
+    # no op at all.
     tl = Timeline.from_intervals((windows[:, 0], windows[:, 1]), (gap_start, gap_end),
-                                 sync_iv, loader_iv, pre_iv, rt_iv, quiet_iv, busy_iv)
+                                 host.sync, host.loader, pre_iv, host.runtime, host.quiet,
+                                 host.busy)
     bucket = tl.bucket(windows[:, 0], windows[:, 1])
     in_gap = tl.cover(gap_start, gap_end) & (bucket >= 0)
-    seg_gap = np.searchsorted(gap_start, tl.starts, side="right") - 1
-    loader_m, sync_m = tl.cover(*loader_iv), tl.cover(*sync_iv)
-    pre_m = tl.cover(*pre_iv) & ~loader_m & ~sync_m & ~tl.cover(*rt_iv)
-    pre_m &= tl.cover(*quiet_iv) | ~tl.cover(*busy_iv)
-    seg = pd.DataFrame({
-        "gap": seg_gap[in_gap],
-        "step": bucket[in_gap],
-        "us": tl.lengths[in_gap],
-        "start": tl.starts[in_gap],
-        "loader_us": np.where(loader_m[in_gap], tl.lengths[in_gap], 0.0),
-        "sync_us": np.where(sync_m[in_gap] & ~loader_m[in_gap], tl.lengths[in_gap], 0.0),
-        "cpu_work_us": np.where(pre_m[in_gap], tl.lengths[in_gap], 0.0),
-    })
-    out = seg.groupby(["gap", "step"], sort=True).agg(
-        us=("us", "sum"), start=("start", "min"), loader_us=("loader_us", "sum"),
-        sync_us=("sync_us", "sum"), cpu_work_us=("cpu_work_us", "sum"),
-    ).reset_index()
-    gi = out["gap"].to_numpy()
-    out["offset_us"] = out["start"].to_numpy() - windows[out["step"].to_numpy(), 0]
-    out["kind"] = kinds[kind_code[gi]]
-    out["next_name"] = names[gi]
-    out = out.rename(columns={"start": "start_us"})
-    # The CPU-work segments themselves (disjoint, in time order), for naming what ran in them.
+    starts, lengths = tl.starts, tl.lengths
+    seg_gap = np.searchsorted(gap_start, starts, side="right") - 1
+    loader_m, sync_m = tl.cover(*host.loader), tl.cover(*host.sync)
+    pre_m = tl.cover(*pre_iv) & ~loader_m & ~sync_m & ~tl.cover(*host.runtime)
+    pre_m &= tl.cover(*host.quiet) | ~tl.cover(*host.busy)
+    gap, step, length = seg_gap[in_gap], bucket[in_gap], lengths[in_gap]
+    loader_in = loader_m[in_gap]
+    # Pieces are the (gap, step) groups numbered in sorted order, as groupby(sort=True) did.
+    key = gap * max(len(windows), 1) + step
+    if len(key) == 0 or (key[1:] >= key[:-1]).all():
+        new = np.r_[True, key[1:] != key[:-1]] if len(key) else np.zeros(0, dtype=bool)
+        label, first = np.cumsum(new) - 1, np.flatnonzero(new)
+    else:
+        _, first, label = np.unique(key, return_index=True, return_inverse=True)
+    npieces = len(first)
+    piece_gap = gap[first]
+    piece_step = step[first]
+    piece_start = _group_min(starts[in_gap], label, npieces)
     cpu_seg = pre_m & in_gap
-    out.attrs["cpu_work_segments"] = (tl.starts[cpu_seg], tl.edges[1:][cpu_seg],
-                                      seg_gap[cpu_seg])
-    return out
+    return _GapPieces(
+        gap=piece_gap,
+        step=piece_step,
+        us=_group_sums(length, label, npieces),
+        start_us=piece_start,
+        loader_us=_group_sums(np.where(loader_in, length, 0.0), label, npieces),
+        sync_us=_group_sums(np.where(sync_m[in_gap] & ~loader_in, length, 0.0), label,
+                            npieces),
+        cpu_work_us=_group_sums(np.where(pre_m[in_gap], length, 0.0), label, npieces),
+        offset_us=piece_start - windows[piece_step, 0],
+        kind_code=kind_code[piece_gap],
+        next_name=names[piece_gap],
+        cpu_work_segments=(starts[cpu_seg], tl.edges[1:][cpu_seg], seg_gap[cpu_seg]),
+    )
 
 
 def split_ops(model: TraceModel) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -270,32 +352,38 @@ def split_ops(model: TraceModel) -> tuple[pd.DataFrame, pd.DataFrame]:
     a launch, copy or memset (CPU work) and those during which one did (autograd launches the
     backward from its own thread, so `loss.backward()` on the stepping thread counts as
     launching)."""
+    quiet, busy = _op_split(model)
+    return model.ops.iloc[quiet], model.ops.iloc[busy]
+
+
+def _op_split(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
+    """split_ops as positions in model.ops (no frames built)."""
     ops = model.ops
+    rows = np.arange(len(ops))
     if model.main_tid is not None and len(ops):
-        ops = ops[ops["tid"].astype(str) == str(model.main_tid)]
+        rows = np.flatnonzero(_equals_str(ops["tid"], str(model.main_tid)))
     rt = model.runtime
-    issues = per_name(rt["name"], lambda s: bool(ISSUING_CALL.search(s))).to_numpy(dtype=bool)
+    issues = _per_name(rt["name"], lambda s: bool(ISSUING_CALL.search(s)))
     ts = np.sort(rt["ts"].to_numpy(dtype=float)[issues])
-    inside = (np.searchsorted(ts, ops["end"].to_numpy(dtype=float), side="left")
-              - np.searchsorted(ts, ops["ts"].to_numpy(dtype=float), side="left"))
-    return ops[inside == 0], ops[inside > 0]
+    inside = (np.searchsorted(ts, ops["end"].to_numpy(dtype=float)[rows], side="left")
+              - np.searchsorted(ts, ops["ts"].to_numpy(dtype=float)[rows], side="left"))
+    return rows[inside == 0], rows[inside > 0]
 
 
-def _cpu_work_gaps(gaps: pd.DataFrame) -> pd.DataFrame:
-    """The host-wait pieces of gaps whose host ran at least CPU_WORK_MIN_GAP_US before the
-    launch that ended them (outside DataLoader and sync waits)."""
-    per_gap = gaps.groupby("gap")["cpu_work_us"].transform("sum")
-    return gaps[(gaps["kind"] == "host-wait") & (per_gap >= CPU_WORK_MIN_GAP_US)
-                & (gaps["cpu_work_us"] > 0)]
+def _cpu_work_pieces(p: _GapPieces, gap_label: np.ndarray, ngaps: int) -> np.ndarray:
+    """Mask of the host-wait pieces of gaps whose host ran at least CPU_WORK_MIN_GAP_US before
+    the launch that ended them (outside DataLoader and sync waits)."""
+    per_gap = _group_sums(p.cpu_work_us, gap_label, ngaps)[gap_label]
+    return (p.kind_code == 0) & (per_gap >= CPU_WORK_MIN_GAP_US) & (p.cpu_work_us > 0)
 
 
-def _cpu_work_ops(model: TraceModel, gaps: pd.DataFrame, cpu_gaps: pd.DataFrame,
+def _cpu_work_ops(model: TraceModel, host: _HostLayers, p: _GapPieces, cpu_gaps: np.ndarray,
                   n: int) -> list[dict]:
     """The stepping thread's host ops by their time inside the CPU-work part of the gaps
     (ops nest, so a parent and its child both count), plus the time no recorded op covers."""
-    ops, _ = split_ops(model)
-    seg_start, seg_end, seg_gap = gaps.attrs["cpu_work_segments"]
-    mine = np.isin(seg_gap, cpu_gaps["gap"].to_numpy())
+    op_ts, op_end = host.quiet
+    seg_start, seg_end, seg_gap = p.cpu_work_segments
+    mine = np.isin(seg_gap, cpu_gaps)
     starts, ends = seg_start[mine], seg_end[mine]
     # Covered length up to t over these disjoint intervals, so an op's overlap is a difference.
     before = np.concatenate([[0.0], np.cumsum(ends - starts)])
@@ -307,15 +395,15 @@ def _cpu_work_ops(model: TraceModel, gaps: pd.DataFrame, cpu_gaps: pd.DataFrame,
         return before[np.clip(i, 0, None)] * (i >= 0) + inside
 
     out = []
-    if len(ops):
-        overlap = covered(ops["end"].to_numpy(dtype=float)) - covered(
-            ops["ts"].to_numpy(dtype=float))
-        by_name = pd.Series(overlap, index=ops.index).groupby(
-            ops["name"].astype(str)).sum()
-        for name, us in by_name[by_name > 0].nlargest(TOP_HOST_OPS).items():
-            out.append({"op": name[:100], "ms_per_step": ms(us / n)})
-        tl = Timeline.from_intervals((starts, ends), (ops["ts"].to_numpy(), ops["end"].to_numpy()))
-        bare = tl.cover(starts, ends) & ~tl.cover(ops["ts"].to_numpy(), ops["end"].to_numpy())
+    if len(op_ts):
+        overlap = covered(op_end) - covered(op_ts)
+        label, names = _sorted_name_labels(model.ops["name"], host.quiet_rows)
+        by_name = _group_sums(overlap, label, len(names))
+        positive = np.flatnonzero(by_name > 0)
+        for i in positive[_largest(by_name[positive], TOP_HOST_OPS)]:
+            out.append({"op": names[i][:100], "ms_per_step": ms(float(by_name[i]) / n)})
+        tl = Timeline.from_intervals((starts, ends), (op_ts, op_end))
+        bare = tl.cover(starts, ends) & ~tl.cover(op_ts, op_end)
         bare_us = float(tl.lengths[bare].sum())
     else:
         bare_us = float((ends - starts).sum())
@@ -336,9 +424,167 @@ def _loader_intervals(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
     ev = model.trace.events
     if model.loader_kind is None or model.main_tid is None or len(ev) == 0:
         return np.empty(0), np.empty(0)
-    mine = ev[ev["tid"].astype(str) == str(model.main_tid)]
-    loader = mine[name_matches(mine["name"], LOADER_NAME)]
-    return loader["ts"].to_numpy(dtype=float), loader["end"].to_numpy(dtype=float)
+    mine = np.flatnonzero(_equals_str(ev["tid"], str(model.main_tid)))
+    names = ev["name"]
+    loader = mine[_per_name(names, lambda s: bool(LOADER_NAME.match(s)), mine)]
+    return ev["ts"].to_numpy(dtype=float)[loader], ev["end"].to_numpy(dtype=float)[loader]
+
+
+# ---------------------------------------------------------------- pandas-identical numpy
+# These replace pandas calls on small frames, whose per-call overhead was most of this rule's
+# cost, and give the same bits: a report must not change by one ulp.
+
+# GAP_KINDS code -> its rank among the sorted kind names (groupby("kind") labels).
+_KIND_SORT_LABEL = np.argsort(np.argsort(np.array(GAP_KINDS)))
+# Runs left to sum one element at a time in Python rather than one numpy step per element.
+_KAHAN_PYTHON_RUNS = 8
+
+
+def _group_sums(values: np.ndarray, label: np.ndarray, ngroups: int) -> np.ndarray:
+    """Per-label sums exactly as pandas 3's groupby().sum() computes them: np.add.reduceat
+    over the runs when the labels never decrease and no value is NaN, else the Cython
+    kernel's element-by-element Kahan sum in row order (skipping NaN); label -1 is dropped."""
+    values = np.asarray(values, dtype=np.float64)
+    out = np.zeros(ngroups)
+    if len(values) == 0:
+        return out
+    nan = np.isnan(values)
+    has_nan = bool(nan.any())
+    if not has_nan and (label[1:] >= label[:-1]).all():
+        lead = int(np.searchsorted(label, 0))
+        lab = label[lead:]
+        if len(lab):
+            runs = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1]])
+            out[lab[runs]] = np.add.reduceat(values[lead:], runs)
+        return out
+    keep = label >= 0
+    if has_nan:
+        keep &= ~nan
+    order = np.argsort(label[keep], kind="stable")
+    lab, vals = label[keep][order], values[keep][order]
+    if len(lab):
+        runs = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1]])
+        out[lab[runs]] = _kahan_runs(vals, runs, np.r_[runs[1:], len(lab)])
+    return out
+
+
+def _kahan_runs(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Kahan sum of each run values[starts[i]:ends[i]] (pandas' group_sum, which resets the
+    compensation when an infinity makes it NaN). Leading zeros leave the sum and compensation
+    at zero, so a run with one non-zero value sums to it; the others advance one element per
+    numpy step all together, and the last few longest finish in Python."""
+    out = np.zeros(len(starts))
+    nonzero = values != 0.0
+    before = np.concatenate([[0], np.cumsum(nonzero)])
+    count = before[ends] - before[starts]
+    where = np.flatnonzero(nonzero)
+    one = count == 1
+    out[one] = values[where[before[starts[one]]]]
+    todo = np.flatnonzero(count > 1)
+    cur, stop = where[before[starts[todo]]], ends[todo]
+    s, c = np.zeros(len(todo)), np.zeros(len(todo))
+    with np.errstate(invalid="ignore"):
+        while len(todo) > _KAHAN_PYTHON_RUNS:
+            y = values[cur] - c
+            t = s + y
+            c = (t - s) - y
+            c[np.isnan(c)] = 0.0
+            s = t
+            cur += 1
+            done = cur >= stop
+            if done.any():
+                out[todo[done]] = s[done]
+                left = ~done
+                todo, cur, stop, s, c = todo[left], cur[left], stop[left], s[left], c[left]
+    for i, k0, k1, total, comp in zip(todo.tolist(), cur.tolist(), stop.tolist(), s.tolist(),
+                                      c.tolist(), strict=True):
+        for v in values[k0:k1].tolist():
+            y = v - comp
+            t = total + y
+            comp = (t - total) - y
+            if comp != comp:
+                comp = 0.0
+            total = t
+        out[i] = total
+    return out
+
+
+def _group_min(values: np.ndarray, label: np.ndarray, ngroups: int) -> np.ndarray:
+    """Per-label minimum (exact whatever the order)."""
+    out = np.full(ngroups, np.inf)
+    np.minimum.at(out, label, values)
+    return out
+
+
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k largest values, largest first, ties in order (pandas' nlargest)."""
+    return np.argsort(-values, kind="stable")[:k]
+
+
+def _median(values: np.ndarray) -> float:
+    """Series.median: the median of the non-NaN values."""
+    return float(np.nanmedian(values[~np.isnan(values)]))
+
+
+def _string_categories(col: pd.Series) -> pd.Index | None:
+    """The categories of a categorical column of strings, else None."""
+    dtype = col.dtype
+    if isinstance(dtype, pd.CategoricalDtype) and pd.api.types.is_string_dtype(
+            dtype.categories.dtype):
+        return dtype.categories
+    return None
+
+
+def _equals_str(col: pd.Series, value: str) -> np.ndarray:
+    """`col.astype(str) == value` as a mask, on the categories rather than every row."""
+    cats = _string_categories(col)
+    if cats is None:
+        return (col.astype(str) == value).to_numpy(dtype=bool)
+    hit = np.r_[np.asarray(cats == value, dtype=bool), False]  # code -1 (missing): no match
+    return hit[col.cat.codes.to_numpy()]
+
+
+def _per_name(col: pd.Series, fn: Callable[[str], bool],
+              rows: np.ndarray | None = None) -> np.ndarray:
+    """model.per_name(col, fn) as a mask (of `rows` only when given), evaluating fn once per
+    distinct name that occurs."""
+    cats = _string_categories(col)
+    if cats is None:
+        sub = col if rows is None else col.iloc[rows]
+        return per_name(sub, fn).to_numpy(dtype=bool)
+    codes = col.cat.codes.to_numpy()
+    if rows is not None:
+        codes = codes[rows]
+    used = np.unique(codes)
+    hit = np.zeros(len(cats) + 1, dtype=bool)
+    hit[used] = [fn(str(cats[u])) if u >= 0 else fn("") for u in used.tolist()]
+    return hit[codes]
+
+
+def _take(col: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """col.to_numpy()[rows] without converting the rows not taken."""
+    cats = _string_categories(col)
+    if cats is None:
+        return col.to_numpy()[rows]
+    codes = col.cat.codes.to_numpy()[rows]
+    return np.r_[np.asarray(cats, dtype=object), np.nan][codes]
+
+
+def _sorted_name_labels(col: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Labels of `rows` by `col.astype(str)` numbered in sorted name order, as groupby did
+    (-1: missing name), and the names."""
+    cats = _string_categories(col)
+    if cats is None:
+        codes, uniques = pd.factorize(col.iloc[rows].astype(str))
+        names = np.asarray(uniques, dtype=object)
+    else:
+        codes = col.cat.codes.to_numpy()[rows]
+        names = np.asarray(cats, dtype=object)
+    used = np.unique(codes[codes >= 0])
+    used = used[np.argsort(names[used])]
+    rank = np.full(len(names) + 1, -1)
+    rank[used] = np.arange(len(used))
+    return rank[codes], [str(s) for s in names[used]]
 
 
 def _idle_cause(
