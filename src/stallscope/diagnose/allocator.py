@@ -20,7 +20,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_matches
+from stallscope.diagnose.precision import name_flags, regex_hit
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "allocator-churn"
 ALLOC_CALL = re.compile(r"^(?:(?:cuda|hip)Malloc|cuMemAlloc(?:_v2)?)$")
@@ -37,14 +38,17 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity: no device allocator.")
     rt = model.runtime
-    is_alloc = name_matches(rt["name"], ALLOC_CALL)
-    is_free = name_matches(rt["name"], FREE_CALL)
-    calls = rt[is_alloc | is_free].assign(free=is_free[is_alloc | is_free])
+    # Masks over the runtime rows: most traces have no call at all, and building sub-frames
+    # only to count them would cost more than the rule's whole answer.
+    is_alloc = name_flags(rt["name"], _is_alloc)
+    is_free = name_flags(rt["name"], _is_free)
+    is_call = is_alloc | is_free
+    dur = rt["dur"].to_numpy()
     if model.steps_source != "ProfilerStep" or len(model.steps) < 2:
         seen = (
-            f" The trace has {int((~calls['free']).sum())} malloc and "
-            f"{int(calls['free'].sum())} free calls ({ms(float(calls['dur'].sum())):.1f} ms) "
-            "in that window." if len(calls) else ""
+            f" The trace has {int((is_call & ~is_free).sum())} malloc and "
+            f"{int(is_free.sum())} free calls ({ms(float(np.nansum(dur[is_call]))):.1f} ms) "
+            "in that window." if is_call.any() else ""
         )
         return Assessment(
             RULE_ID,
@@ -53,22 +57,24 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
             "allocator legitimately grows, so churn can only be judged in the steps after it."
             + seen,
         )
-    steady = calls[calls["step"] >= 1]
+    step = rt["step"].to_numpy()
+    is_steady = is_call & (step >= 1)
     steady_steps = model.steps[1:]
     n = len(steady_steps)
     total = float(sum(s.duration_us for s in steady_steps))
-    frees = steady[steady["free"]]
-    allocs = steady[~steady["free"]]
-    spent = float(steady["dur"].sum())
-    share = pct(spent, total)
-    if steady.empty:
-        first = len(calls[calls["step"] == 0])
+    if not is_steady.any():
+        first = int((is_call & (step == 0)).sum())
         return Assessment(
             RULE_ID,
             "clear",
             f"No device malloc/free calls in the {n} steady-state step(s)"
             + (f" ({first} in the first step, where the cache grows)." if first else "."),
         )
+    steady = rt[is_steady]
+    frees = rt[is_steady & is_free]
+    allocs = rt[is_steady & ~is_free]
+    spent = float(steady["dur"].sum())
+    share = pct(spent, total)
     if frees.empty and share < CHURN_THRESHOLD_PCT:
         return Assessment(
             RULE_ID,
@@ -142,6 +148,14 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
         docs=DOCS,
     )
     return Assessment.found(finding)
+
+
+def _is_alloc(name: str) -> bool:
+    return regex_hit(ALLOC_CALL, name)
+
+
+def _is_free(name: str) -> bool:
+    return regex_hit(FREE_CALL, name)
 
 
 def _busiest_gpu_us(steps: list) -> float:

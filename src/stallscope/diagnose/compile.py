@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, per_name
+from stallscope.diagnose.precision import name_flags
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "compile-in-steps"
 COMPILE_PREFIXES = ("_compile.compile_inner", "entire_frame_compile")
@@ -38,26 +40,31 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     if not model.steps or ops.empty:
         return Assessment(RULE_ID, "not_assessed", "No steps or no CPU ops in the trace.")
     # The steps and a start-up step set aside before them (trace/windows.py): a step set aside
-    # for its length is often the compilation itself, which this rule is about.
-    inside = ops[ops["step"] >= 0]
+    # for its length is often the compilation itself, which this rule is about. Checked on
+    # arrays first: most traces have no compiled code, and sub-frames would cost more.
+    step = ops["step"].to_numpy()
+    in_steps = step >= 0
     startup = model.startup or {}
     aside_us = 0.0
+    aside = np.zeros(len(ops), dtype=bool)
     if isinstance(startup.get("start_us"), int | float):
-        aside = ops[(ops["step"] < 0) & (ops["ts"] >= startup["start_us"])
-                    & (ops["ts"] < startup["end_us"])]
-        inside = pd.concat([aside, inside])
+        ts = ops["ts"].to_numpy()
+        aside = (step < 0) & (ts >= startup["start_us"]) & (ts < startup["end_us"])
         aside_us = float(startup["end_us"] - startup["start_us"])
-    regions = inside[per_name(inside["name"], lambda n: n.startswith(REGION))]
-    compiles = _outermost(inside[per_name(
-        inside["name"], lambda n: n.startswith(COMPILE_PREFIXES) and "_data" not in n)])
+    is_region = name_flags(ops["name"], _is_region)
+    is_compile = name_flags(ops["name"], _is_compile)
     dynamo = model.trace.capture.get("dynamo")
     dynamo = dynamo if isinstance(dynamo, dict) else {}
-    if regions.empty and compiles.empty:
+    if not ((in_steps | aside) & (is_region | is_compile)).any():
         total = dynamo.get("graphs_total")
         if isinstance(total, int | float) and total > 0:
             return _fell_back(model, dynamo)
         return Assessment(RULE_ID, "not_assessed",
                           "No torch.compile regions in the recorded steps (an eager model).")
+    rows = np.r_[np.flatnonzero(aside), np.flatnonzero(in_steps)]  # set-aside step first
+    inside = ops.iloc[rows]
+    regions = inside[is_region[rows]]
+    compiles = _outermost(inside[is_compile[rows]])
     n = len(model.steps)
     # Over the distinct names (a categorical column's values), not every event.
     ids = sorted({m.groups() for name in map(str, inside["name"].unique())
@@ -164,6 +171,14 @@ def _fell_back(model: TraceModel, dynamo: dict) -> Assessment:
         saving_basis="not estimable: no compiled step was recorded to compare with",
         docs=DOCS,
     ))
+
+
+def _is_region(name: str) -> bool:
+    return name.startswith(REGION)
+
+
+def _is_compile(name: str) -> bool:
+    return name.startswith(COMPILE_PREFIXES) and "_data" not in name
 
 
 def _id_key(fc: tuple[str, str]) -> tuple[int, int]:

@@ -26,7 +26,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_matches, per_name
+from stallscope.diagnose.precision import name_flags, name_values, regex_hit
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "single-tensor-optimizer"
 # Kernels per optimizer step from which the per-parameter loop is worth reporting. foreach
@@ -51,28 +52,69 @@ FUSED_CLASSES = frozenset({"Adam", "AdamW"})
 DOCS = "https://pytorch.org/docs/stable/optim.html#algorithms"
 
 
-def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
-    """Optimizer ranges with nested ones (an optimizer wrapping another) folded into the outer."""
-    ranges = ranges.sort_values(["tid", "ts"])
-    reach = ranges.groupby("tid", observed=True)["end"].cummax().shift(1)
-    same_tid = ranges["tid"].eq(ranges["tid"].shift(1))
-    nested = same_tid & (ranges["ts"] < reach)
-    return ranges[~nested.fillna(False)]
+def _str_codes(col: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """Integer codes of a column's values compared as strings (-1: missing) and the strings,
+    read off a categorical's codes: one code per thread, not one string per event."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes, uniques = col.array.codes, col.array.categories.tolist()
+    else:
+        codes, uniques = pd.factorize(col, use_na_sentinel=True)
+    labels: dict[str, int] = {}
+    remap = np.array([labels.setdefault(str(u), len(labels)) for u in uniques] + [-1])
+    return remap[codes], list(labels)
 
 
-def _assign(ts: pd.Series, tid: pd.Series, ranges: pd.DataFrame) -> np.ndarray:
-    """Index (into `ranges`, which must not overlap per thread) of the range around each event
-    on the same thread, or -1."""
+def _step_class(name: str) -> str:
+    """The optimizer class of an `Optimizer.step#<Name>.step` range, else ''."""
+    m = STEP_NAME.match(name)
+    return m.group(1) if m else ""
+
+
+def _outermost(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Order (by thread, then start) of the optimizer ranges that are not nested in an earlier
+    one of their thread: an optimizer wrapping another is folded into the outer."""
+    # Missing threads sort last and are never nested (as pandas sorts and groups them).
+    key = np.where(tid < 0, np.iinfo(np.int64).max, tid)
+    order = np.lexsort((ts, key))
+    key, ts, end = key[order], ts[order], end[order]
+    nested = np.zeros(len(order), dtype=bool)
+    cuts = np.flatnonzero(np.diff(key)) + 1
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(order)], strict=True):
+        if tid[order[lo]] < 0:
+            continue
+        # Latest end of the ranges before each one (a missing end is no reach).
+        reach = np.fmax.accumulate(end[lo:hi])
+        reach[np.isnan(end[lo:hi])] = np.nan
+        nested[lo + 1:hi] = ts[lo + 1:hi] < reach[:-1]
+    return order[~nested]
+
+
+def _assign(ts: np.ndarray, tid: np.ndarray, r_ts: np.ndarray, r_end: np.ndarray,
+            r_tid: np.ndarray) -> np.ndarray:
+    """Position (into the ranges, which must not overlap per thread and come sorted by start
+    within a thread) of the range around each event on the same thread, or -1. `tid` and
+    `r_tid` are codes of the same thread strings."""
     out = np.full(len(ts), -1)
-    ts_a, tid_a = ts.to_numpy(), tid.astype(str).to_numpy()
-    for t, grp in ranges.groupby(ranges["tid"].astype(str), observed=True):
-        starts, ends = grp["ts"].to_numpy(), grp["end"].to_numpy()
-        mine = np.flatnonzero(tid_a == t)
-        idx = np.searchsorted(starts, ts_a[mine], side="right") - 1
+    for t in np.unique(r_tid[r_tid >= 0]):
+        mine_r = np.flatnonzero(r_tid == t)
+        starts, ends = r_ts[mine_r], r_end[mine_r]
+        mine = np.flatnonzero(tid == t)
+        idx = np.searchsorted(starts, ts[mine], side="right") - 1
         ok = idx >= 0
-        ok[ok] &= ts_a[mine][ok] < ends[idx[ok]]
-        out[mine[ok]] = grp.index.to_numpy()[idx[ok]]
+        ok[ok] &= ts[mine][ok] < ends[idx[ok]]
+        out[mine[ok]] = mine_r[idx[ok]]
     return out
+
+
+def _join(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row pairs (left, right) with equal keys, in the order of an inner `merge`: left rows in
+    order, each with its matches in right order. Keys must not be NaN."""
+    order = np.argsort(right, kind="stable")
+    lo = np.searchsorted(right[order], left, side="left")
+    n = np.searchsorted(right[order], left, side="right") - lo
+    first = np.cumsum(n) - n
+    offset = np.arange(int(n.sum())) - np.repeat(first, n)
+    return np.repeat(np.arange(len(left)), n), order[np.repeat(lo, n) + offset]
 
 
 def _covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -104,7 +146,9 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     ops = model.ops
     if ops.empty:
         return Assessment(RULE_ID, "not_assessed", "No CPU op events in the trace.")
-    is_step = name_matches(ops["name"], STEP_NAME) & (ops["step"] >= 0)
+    # Plain arrays throughout: the frames are small, so pandas' per-call cost would dominate.
+    optimizer = name_values(ops["name"], _step_class)
+    is_step = (optimizer != "") & (ops["step"].to_numpy() >= 0)
     if not is_step.any():
         return Assessment(
             RULE_ID,
@@ -112,28 +156,75 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
             "No Optimizer.step ranges inside the profiled steps (optimizer not a "
             "torch.optim.Optimizer, or stepped outside the profiled window).",
         )
-    steps = ops[is_step]
-    ranges = steps.assign(optimizer=steps["name"].astype(str).str.extract(STEP_NAME.pattern)[0])
-    ranges = _outermost(ranges)
-    # Kernels launched from inside each range, joined by correlation.
+    op_ts, op_end = ops["ts"].to_numpy(), ops["end"].to_numpy()
+    op_tid, tid_labels = _str_codes(ops["tid"])
+    steps = np.flatnonzero(is_step)
+    rows = steps[_outermost(op_tid[steps], op_ts[steps], op_end[steps])]  # the ranges, in ops
+    r_ts, r_end, r_tid = op_ts[rows], op_end[rows], op_tid[rows]
+    # Kernels launched from inside each range: runtime calls of the range's thread, joined by
+    # correlation id to the kernels.
     rt = model.runtime
-    rt_range = _assign(rt["ts"], rt["tid"], ranges)
-    launched = rt.loc[rt_range >= 0, ["correlation"]].assign(range=rt_range[rt_range >= 0])
+    rt_tid, rt_labels = _str_codes(rt["tid"])
+    same = {label: i for i, label in enumerate(tid_labels)}
+    rt_tid = np.array([same.get(label, -2) for label in rt_labels] + [-1])[rt_tid]
+    rt_range = _assign(rt["ts"].to_numpy(), rt_tid, r_ts, r_end, r_tid)
+    rt_corr = rt["correlation"].to_numpy()
+    launched = np.flatnonzero((rt_range >= 0) & ~np.isnan(rt_corr))
     gpu = model.gpu
-    kernels = gpu[gpu["kind"] == "kernel"].dropna(subset=["correlation"])
-    kernels = kernels.merge(launched.dropna(subset=["correlation"]), on="correlation")
-    kernels["multi"] = per_name(kernels["name"], lambda n: bool(MULTI_TENSOR_KERNEL.search(n)))
-    op_range = _assign(ops["ts"], ops["tid"], ranges)
-    multi_ops = pd.Series(op_range[(op_range >= 0) & name_matches(ops["name"], MULTI_TENSOR_OP)])
+    gpu_corr = gpu["correlation"].to_numpy()
+    kernel_rows = np.flatnonzero((gpu["kind"].to_numpy() == "kernel") & ~np.isnan(gpu_corr))
+    left, right = _join(gpu_corr[kernel_rows], rt_corr[launched])
+    k_rows, k_range = kernel_rows[left], rt_range[launched[right]]  # one row per join match
+    multi_kernel = name_flags(gpu["name"], _multi_tensor_kernel)[k_rows]
+    # Multi-tensor/fused ops inside the ranges (only those ops need placing in a range).
+    multi_op = np.flatnonzero(name_flags(ops["name"], _multi_tensor_op))
+    op_range = _assign(op_ts[multi_op], op_tid[multi_op], r_ts, r_end, r_tid)
+    n_ranges = len(rows)
+    kernels = np.bincount(k_range, minlength=n_ranges)
+    multi = (np.bincount(k_range[multi_kernel], minlength=n_ranges)
+             + np.bincount(op_range[op_range >= 0], minlength=n_ranges))
+    names, of_range = np.unique(optimizer[rows], return_inverse=True)
+    per_opt_ranges = np.bincount(of_range, minlength=len(names))
+    per_opt_kernels = np.bincount(of_range, weights=kernels, minlength=len(names))
+    per_opt_multi = np.bincount(of_range, weights=multi, minlength=len(names))
+    kernels_per_step = per_opt_kernels / per_opt_ranges  # counts: exact as floats
+    if not ((per_opt_multi == 0) & (kernels_per_step >= MIN_KERNELS_PER_STEP)).any():
+        described = "; ".join(
+            f"{name}: {k:.0f} kernels per step" + (", multi-tensor/fused" if m else "")
+            for name, k, m in zip(names, kernels_per_step, per_opt_multi, strict=True)
+        )
+        return Assessment(
+            RULE_ID,
+            "clear",
+            f"Optimizer steps use multi-tensor/fused kernels or launch few kernels ({described}; "
+            f"threshold {MIN_KERNELS_PER_STEP} per-parameter kernels per step).",
+        )
+    per_range = pd.DataFrame({"optimizer": optimizer[rows].astype(object), "ts": r_ts,
+                              "end": r_end, "dur": ops["dur"].to_numpy()[rows],
+                              "kernels": kernels, "multi": multi})
+    return _found(model, per_range, k_rows, k_range)
 
-    per_range = ranges[["optimizer", "ts", "end", "dur"]].copy()
-    grouped = kernels.groupby("range")
-    per_range["kernels"] = grouped.size().reindex(per_range.index, fill_value=0)
-    per_range["kernel_us"] = grouped["dur"].sum().reindex(per_range.index, fill_value=0.0)
-    per_range["multi"] = grouped["multi"].sum().reindex(per_range.index, fill_value=0)
-    per_range["multi"] += multi_ops.value_counts().reindex(per_range.index, fill_value=0)
+
+def _multi_tensor_kernel(name: str) -> bool:
+    return regex_hit(MULTI_TENSOR_KERNEL, name, anywhere=True)
+
+
+def _multi_tensor_op(name: str) -> bool:
+    return regex_hit(MULTI_TENSOR_OP, name)
+
+
+def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
+           k_range: np.ndarray) -> Assessment:
+    """The finding for the for-loop optimizer with the most host time, from the ranges (one row
+    each: optimizer, ts, end, dur, kernels, multi) and the launched kernels (gpu rows and their
+    range, one per launch match). Sums go through pandas in the rows' order as before (its
+    groupby sums are compensated), so figures keep their bits; only findings pay for it."""
+    gpu = model.gpu
+    kernel_dur = pd.Series(gpu["dur"].to_numpy()[k_rows])
+    per_range["kernel_us"] = (kernel_dur.groupby(k_range).sum()
+                              .reindex(per_range.index, fill_value=0.0))
     # GPU idle during each range, on the device that ran the optimizer's kernels.
-    device = kernels["device"].mode().iloc[0] if len(kernels) else None
+    device = gpu["device"].iloc[k_rows].mode().iloc[0] if len(k_rows) else None
     dev = gpu[gpu["device"] == device] if device is not None else gpu.iloc[0:0]
     busy = _covered(dev["ts"].to_numpy(), dev["end"].to_numpy(), per_range["ts"].to_numpy(),
                     per_range["end"].to_numpy())
@@ -150,24 +241,12 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     summary["kernels_per_step"] = summary["kernels"] / summary["ranges"]
     many = summary["kernels_per_step"] >= MIN_KERNELS_PER_STEP
     looped = summary[(summary["multi"] == 0) & many]
-    described = "; ".join(
-        f"{name}: {r.kernels_per_step:.0f} kernels per step"
-        + (", multi-tensor/fused" if r.multi else "")
-        for name, r in summary.iterrows()
-    )
-    if looped.empty:
-        return Assessment(
-            RULE_ID,
-            "clear",
-            f"Optimizer steps use multi-tensor/fused kernels or launch few kernels ({described}; "
-            f"threshold {MIN_KERNELS_PER_STEP} per-parameter kernels per step).",
-        )
     name = str(looped["host_us"].idxmax())
     r = looped.loc[name]
     n = len(model.steps)
     total = model.total_step_us
-    mine = kernels[(kernels["range"].map(per_range["optimizer"]) == name)]
-    top = mine["name"].value_counts().head(3)
+    mine = k_rows[per_range["optimizer"].to_numpy()[k_range] == name]
+    top = gpu["name"].iloc[mine].reset_index(drop=True).value_counts().head(3)
     # Host time saved can only shorten the step while the GPU has idle time to absorb it.
     gpu_idle = max(total - busiest_gpu_us(model), 0.0)
     saved = min(float(r.host_us), gpu_idle)

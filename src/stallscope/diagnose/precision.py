@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
@@ -79,6 +82,31 @@ _ARCH_HINTS = (
 )
 
 
+def name_values(names: pd.Series, fn: Callable[[str], Any]) -> np.ndarray:
+    """`fn` of each row's name as an array, evaluated once per category: the model's name
+    columns are categorical, and reading their codes costs far less than `per_name`'s
+    factorize and Series (a rule's whole budget is a few milliseconds). `fn` must be pure: it
+    also sees categories no row uses. A missing name takes `fn("")`, as in `per_name`."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        return per_name(names, fn).to_numpy()
+    cat = names.array
+    values = [fn(str(c)) for c in cat.categories.tolist()]
+    values.append(fn(""))
+    return np.array(values)[cat.codes]
+
+
+def name_flags(names: pd.Series, fn: Callable[[str], Any]) -> np.ndarray:
+    """`name_values` as booleans (a mask over the rows)."""
+    return name_values(names, fn).astype(bool)
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def regex_hit(pattern: re.Pattern[str], name: str, anywhere: bool = False) -> bool:
+    """`pattern` matched at the start of `name` (or searched anywhere in it). Cached: every rank
+    file of a job has the same names, and a long kernel name costs microseconds per pattern."""
+    return bool(pattern.search(name) if anywhere else pattern.match(name))
+
+
 def classify_kernels(names: pd.Series) -> pd.Series:
     """'tensor_core', 'fp32' or 'other' per kernel name (evaluated once per distinct name)."""
     return per_name(names, kernel_kind)
@@ -99,27 +127,61 @@ def kernel_kind(name: str) -> str:
     return "other"
 
 
-def _is_rocm(model: TraceModel, kernel_names: pd.Series) -> bool:
+def _is_rocm(model: TraceModel, kernel_names: pd.Series, rows: np.ndarray) -> bool:
+    """Whether the trace is from ROCm: an AMD device, a `hip*` runtime call, or a Tensile
+    kernel among `kernel_names[rows]`."""
     if any(_AMD_DEVICE.search(str(d.get("name", ""))) for d in model.trace.devices):
         return True
-    if len(model.runtime) and per_name(model.runtime["name"], lambda n: n.startswith("hip")).any():
+    if len(model.runtime) and name_flags(model.runtime["name"], _is_hip).any():
         return True
-    return bool(per_name(kernel_names, lambda n: bool(_AMD_KERNEL.search(n))).any())
+    return bool(name_flags(kernel_names, _is_amd_kernel)[rows].any())
 
 
-def _compute_major(model: TraceModel, kernels: pd.DataFrame) -> tuple[int | None, str]:
-    """Compute capability major of the GPUs that ran kernels, and where it came from."""
+def _is_hip(name: str) -> bool:
+    return name.startswith("hip")
+
+
+def _is_amd_kernel(name: str) -> bool:
+    return regex_hit(_AMD_KERNEL, name, anywhere=True)
+
+
+def _is_comm(name: str) -> bool:
+    return regex_hit(_COMM, name, anywhere=True)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _arch_hints(name: str) -> tuple[int | None, ...]:
+    """Per `_ARCH_HINTS` pattern, the compute major it reads in one kernel name (None: the
+    pattern is absent). Cached: the three searches over every long name are the rule's cost."""
+    found = (pattern.search(name) for pattern, _ in _ARCH_HINTS)
+    return tuple(None if m is None else (major or int(m.group(1)))
+                 for m, (_, major) in zip(found, _ARCH_HINTS, strict=True))
+
+
+def _used_names(names: pd.Series, rows: np.ndarray) -> list[str]:
+    """The distinct names of `names[rows]` (missing ones left out)."""
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes = np.unique(names.array.codes[rows])
+        categories = names.array.categories
+        return [str(categories[c]) for c in codes if c >= 0]
+    return [str(n) for n in names[rows].dropna().unique()]
+
+
+def _compute_major(model: TraceModel, gpu: pd.DataFrame,
+                   rows: np.ndarray) -> tuple[int | None, str]:
+    """Compute capability major of the GPUs that ran the kernels `gpu[rows]`, and where it
+    came from."""
     majors = model.compute_major
-    used = [majors[d] for d in kernels["device"].unique() if d in majors]
+    used = [majors[d] for d in set(gpu["device"].to_numpy()[rows]) if d in majors]
     if used:
         return min(used), "deviceProperties"
     if majors:
         return min(majors.values()), "deviceProperties"
-    names = pd.Series([str(n) for n in kernels["name"].unique()], dtype=object)
-    for pattern, major in _ARCH_HINTS:
-        found = [m for m in map(pattern.search, names) if m]
-        if found:  # the first pattern captures the major digit
-            return (major or min(int(m.group(1)) for m in found)), "kernel names"
+    hints = [_arch_hints(name) for name in _used_names(gpu["name"], rows)]
+    for i in range(len(_ARCH_HINTS)):  # the first pattern found decides
+        found = [h[i] for h in hints if h[i] is not None]
+        if found:
+            return min(found), "kernel names"
     return None, ""
 
 
@@ -134,17 +196,18 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
     if not model.steps:
         return Assessment(RULE_ID, "not_assessed", "No steps in the trace.")
     gpu = model.gpu
-    kernels = gpu[(gpu["kind"] == "kernel") & (gpu["step"] >= 0)]
-    if kernels.empty:
+    # Masks over the gpu rows rather than sub-frames: pandas' per-call cost would dominate.
+    kernels = (gpu["kind"].to_numpy() == "kernel") & (gpu["step"].to_numpy() >= 0)
+    if not kernels.any():
         return Assessment(RULE_ID, "not_assessed", "No GPU kernels inside the steps.")
-    if _is_rocm(model, kernels["name"]):
+    if _is_rocm(model, gpu["name"], kernels):
         return Assessment(
             RULE_ID,
             "not_assessed",
             "ROCm (AMD) trace: its matrix cores are not CUDA tensor cores and its kernel names "
             "do not follow cuBLAS/cuDNN conventions, so precision is not judged.",
         )
-    major, major_source = _compute_major(model, kernels)
+    major, major_source = _compute_major(model, gpu, kernels)
     if major is None:
         return Assessment(
             RULE_ID,
@@ -152,13 +215,14 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
             "The GPU's compute capability is unknown (no deviceProperties, no architecture in "
             "the kernel names): whether it has tensor cores cannot be told.",
         )
-    kind = classify_kernels(kernels["name"])
-    compute = kernels[~per_name(kernels["name"], lambda n: bool(_COMM.search(n)))]
-    compute_kind = kind.loc[compute.index]
-    compute_us = float(compute["dur"].sum())
-    fp32 = compute[compute_kind == "fp32"]
-    tc = compute[compute_kind == "tensor_core"]
-    fp32_us, tc_us = float(fp32["dur"].sum()), float(tc["dur"].sum())
+    kind = name_values(gpu["name"], kernel_kind)
+    compute = kernels & ~name_flags(gpu["name"], _is_comm)
+    dur = gpu["dur"].to_numpy()
+    # np.nansum of the selected rows is what pandas' Series.sum computes (same pairwise order).
+    compute_us = float(np.nansum(dur[compute]))
+    fp32 = compute & (kind == "fp32")
+    fp32_us = float(np.nansum(dur[fp32]))
+    tc_us = float(np.nansum(dur[compute & (kind == "tensor_core")]))
     fp32_share, tc_share = pct(fp32_us, compute_us), pct(tc_us, compute_us)
     shares = (
         f"fp32 GEMM/conv kernels take {fp32_share:.1f}% of compute kernel time, tensor-core "
@@ -183,7 +247,7 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
     busiest = busiest_gpu_us(model)
     saved = min(fp32_us * (1.0 - 1.0 / ASSUMED_SPEEDUP), busiest)
     saving = pct(saved, total)
-    top = fp32.groupby("name")["dur"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+    top = gpu[fp32].groupby("name")["dur"].agg(["sum", "count"]).sort_values("sum", ascending=False)
     top_kernels = [
         {"name": str(name)[:120], "ms_per_step": ms(r["sum"] / n), "share_pct": pct(r["sum"],
                                                                                      compute_us)}

@@ -16,7 +16,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, per_name
+from stallscope.diagnose.precision import name_flags
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "zero-grad-kernels"
 ZERO_GRAD = "Optimizer.zero_grad#"
@@ -34,19 +35,21 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
     ops = model.ops
     if not model.steps or ops.empty:
         return Assessment(RULE_ID, "not_assessed", "No steps or no CPU ops in the trace.")
-    calls = ops[per_name(ops["name"], lambda n: n.startswith(ZERO_GRAD)) & (ops["step"] >= 0)]
-    if calls.empty:
+    # Row positions and plain arrays: the frames are small, so pandas' per-call cost dominates.
+    calls = np.flatnonzero(name_flags(ops["name"], _is_zero_grad) & (ops["step"].to_numpy() >= 0))
+    if len(calls) == 0:
         return Assessment(
             RULE_ID, "not_assessed",
             "No optimizer.zero_grad() inside the recorded steps (model.zero_grad() or custom "
             "loops are not labelled in the trace).",
         )
-    launches = _launches_inside(model, calls)
+    ts, end = ops["ts"].to_numpy()[calls], ops["end"].to_numpy()[calls]
+    launches = _launches_inside(model, ops["tid"].to_numpy()[calls], ts, end)
     n = len(model.steps)
     per_call = int(launches.sum() // len(calls))
-    host_us = float(calls["dur"].sum())
+    host_us = float(np.nansum(ops["dur"].to_numpy()[calls]))  # = pandas' sum, same order
     share = pct(host_us, model.total_step_us)
-    optimizer = str(calls["name"].iloc[0]).removeprefix(ZERO_GRAD).split(".")[0]
+    optimizer = str(ops["name"].iloc[calls[0]]).removeprefix(ZERO_GRAD).split(".")[0]
     evidence = {
         "optimizer": optimizer,
         "launches_per_zero_grad": per_call,
@@ -95,15 +98,23 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
     )
 
 
-def _launches_inside(model: TraceModel, calls: pd.DataFrame) -> np.ndarray:
-    """Runtime calls on the same thread inside each zero_grad range (one search per call)."""
+def _is_zero_grad(name: str) -> bool:
+    return name.startswith(ZERO_GRAD)
+
+
+def _launches_inside(model: TraceModel, tid: np.ndarray, ts: np.ndarray,
+                     end: np.ndarray) -> np.ndarray:
+    """Runtime calls on the same thread inside each zero_grad range [ts, end) of a thread `tid`
+    (one search per call; a missing thread has none)."""
     rt = model.runtime
-    counts = np.zeros(len(calls), dtype=int)
-    for tid, group in calls.groupby("tid", observed=True):
-        ts = np.sort(rt.loc[rt["tid"] == tid, "ts"].to_numpy())
-        lo = np.searchsorted(ts, group["ts"].to_numpy(), side="left")
-        hi = np.searchsorted(ts, group["end"].to_numpy(), side="left")
-        counts[calls.index.get_indexer(group.index)] = hi - lo
+    rt_tid, rt_ts = rt["tid"].to_numpy(), rt["ts"].to_numpy()
+    counts = np.zeros(len(ts), dtype=int)
+    for t in pd.unique(tid[pd.notna(tid)]):
+        mine = tid == t
+        times = np.sort(rt_ts[rt_tid == t])
+        lo = np.searchsorted(times, ts[mine], side="left")
+        hi = np.searchsorted(times, end[mine], side="left")
+        counts[mine] = hi - lo
     return counts
 
 
