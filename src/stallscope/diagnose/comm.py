@@ -13,18 +13,16 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.replay.graph import name_mask, per_name_array
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import TraceModel, _matches, per_name
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "comm-bound"
 
@@ -61,7 +59,7 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     if len(gpu):
         kernel = (gpu["kind"].to_numpy() == "kernel" if model.has_gpu
                   else np.ones(len(gpu), dtype=bool))
-        is_comm = kernel & _name_mask(gpu["name"], COMM_NAME)
+        is_comm = kernel & name_mask(gpu["name"], COMM_NAME)
     else:
         kernel = is_comm = np.zeros(0, dtype=bool)
     if not is_comm.any():
@@ -83,7 +81,7 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     device = gpu["device"].to_numpy()
     ts, end = gpu["ts"].to_numpy(dtype=float), gpu["end"].to_numpy(dtype=float)
     kinds = np.empty(len(gpu), dtype=object)
-    kinds[is_comm] = _per_name(gpu["name"], _kernel_kind, is_comm)
+    kinds[is_comm] = per_name_array(gpu["name"], _kernel_kind, is_comm)
     results = {}
     for dev in sorted(set(device[is_comm])):
         on = kernel & (device == dev)
@@ -314,29 +312,6 @@ def _pattern(kinds: list[str]) -> str:
     return "all-reduce"
 
 
-def _per_name(names: pd.Series, fn: Callable[[str], Any],
-              rows: np.ndarray | None = None) -> np.ndarray:
-    """`fn` of each row's name (missing: fn("")), or of the rows where `rows` is True, as
-    trace.model.per_name, but evaluated once per category in use straight from a categorical's
-    codes: per_name's factorize and Series cost more than the few hundred cached calls."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        out = per_name(names, fn).to_numpy()
-        return out if rows is None else out[rows]
-    codes = names.cat.codes.to_numpy().astype(np.intp) + 1  # 0: missing
-    if rows is not None:
-        codes = codes[rows]
-    cats = names.cat.categories.tolist()
-    table = np.empty(len(cats) + 1, dtype=object)
-    for c in np.flatnonzero(np.bincount(codes, minlength=len(cats) + 1)).tolist():
-        table[c] = fn(str(cats[c - 1]) if c else "")
-    return table[codes]
-
-
-def _name_mask(names: pd.Series, pattern: re.Pattern[str]) -> np.ndarray:
-    """name_matches as a boolean array (a match at the start of each row's name)."""
-    return _per_name(names, lambda n: _matches(pattern, n)).astype(bool)
-
-
 def _kernel_kind(name: str) -> str:
     """The collective a kernel name carries (`ncclDevKernel_AllReduce_...` -> AllReduce), else
     the name's first 40 characters (as str.extract's search, then fillna(str.slice(0, 40)))."""
@@ -346,7 +321,7 @@ def _kernel_kind(name: str) -> str:
 
 def _host_names(model: TraceModel, pattern: re.Pattern[str]) -> bool:
     ops = model.ops
-    return bool(len(ops)) and bool(_name_mask(ops["name"], pattern).any())
+    return bool(len(ops)) and bool(name_mask(ops["name"], pattern).any())
 
 
 def _host_comm(model: TraceModel) -> dict | None:
@@ -355,14 +330,14 @@ def _host_comm(model: TraceModel) -> dict | None:
     ops = model.ops
     if not len(ops):
         return None
-    is_coll = _name_mask(ops["name"], HOST_COLLECTIVE)
+    is_coll = name_mask(ops["name"], HOST_COLLECTIVE)
     coll = is_coll & (ops["step"].to_numpy() >= 0)
     if not coll.any():
         return None
-    is_compute = (_per_name(ops["cat"], lambda c: c == "cpu_op").astype(bool)
-                  & ~_name_mask(ops["name"], NOT_COMPUTE) & ~is_coll)
+    is_compute = (per_name_array(ops["cat"], lambda c: c == "cpu_op").astype(bool)
+                  & ~name_mask(ops["name"], NOT_COMPUTE) & ~is_coll)
     # (backend, collective) of each collective range: its name matched HOST_COLLECTIVE.
-    found = _per_name(ops["name"], _host_kind, coll)
+    found = per_name_array(ops["name"], _host_kind, coll)
     ts, end = ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
     kinds = np.array([k for _, k in found], dtype=object)
     r = _exposed(model, (ts[coll], end[coll]), (ts[is_compute], end[is_compute]), kinds)

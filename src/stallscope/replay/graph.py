@@ -23,6 +23,7 @@ durations or removes edges, and the replay shows what follows (see docs/replay.m
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -63,6 +64,8 @@ LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:Ext)?(?:Module)?Launch|^(?:cuda|hi
 # Fallbacks when a trace shows too few clean examples to measure them.
 DEFAULT_LAUNCH_US = 5.0
 DEFAULT_STREAM_GAP_US = 1.5
+# `_event_kind` of an event name.
+LOADER_RANGE, STEP_RANGE = 1, 2
 # Event categories of host work (a thread is busy inside them).
 BUSY_CATS = frozenset({"cpu_op", "cuda_runtime", "cuda_driver", "python_function"})
 
@@ -150,7 +153,8 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     # and pandas' per-call overhead, not the data, was the cost.
     ev = model.trace.events
     w0, w1 = chosen[0].start_us, chosen[-1].end_us
-    main_pid = _main_pid(model)
+    ev_kind = per_name_array(ev["name"], _event_kind).astype(np.int64)
+    main_pid = _main_pid(model, ev_kind == STEP_RANGE)
     ev_ts, ev_end = ev["ts"].to_numpy(), ev["end"].to_numpy()
     pid_codes, pid_ids = _id_codes(ev["pid"])
     host_rows = _code_is(pid_codes, pid_ids, main_pid) & (ev_end > w0) & (ev_ts < w1)
@@ -164,7 +168,8 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     starts = np.array([s.start_us for s in chosen])
     ends = np.array([s.end_us for s in chosen])
     markers_ts = np.unique(np.concatenate([starts, ends]))
-    host = _host_nodes(ev, host_rows, rt, rt_rows, threads, model.main_tid, markers_ts, w0, w1)
+    host = _host_nodes(ev, host_rows, ev_kind[host_rows], rt, rt_rows, threads, model.main_tid,
+                       markers_ts, w0, w1)
     g = _link_gpu(gpu, host)
     _find_releases(host)
     _find_waits(host, g)
@@ -172,7 +177,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     markers = np.flatnonzero(host["kind"] == MARK)  # one per boundary time, in order
     step_start = markers[np.searchsorted(markers_ts, starts)]
     step_end = markers[np.searchsorted(markers_ts, ends)]
-    g_codes, g_names = pd.factorize(g["name"])
+    g_codes, g_names = _factorize_names(g["name"], _name_labels(model.gpu["name"]))
     return Graph(
         h_thread=host["thread"], h_kind=host["kind"], h_ts=host["ts"], h_rec_end=host["end"],
         h_dur=host["dur"], h_lead=host["lead"], h_release=host["release"],
@@ -182,7 +187,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
         thread_origin=host["origin"], markers=markers, step_start=step_start,
         step_end=step_end,
         g_stream=g["stream"], g_device=g["device"], g_kind=g["kind"], g_name=g_codes,
-        g_names=[str(n) for n in g_names],
+        g_names=g_names,
         g_ts=g["ts"], g_dur=g["dur"], g_bytes=g["bytes"], g_launch=g["launch"],
         g_lat=g["lat"], g_gap=g["gap"], g_cross=g["cross"], g_cgap=g["cgap"],
         g_anchor=g["anchor"], g_step=g["step"],
@@ -201,8 +206,8 @@ def _id_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     strings (`column.astype(str)`): a categorical's own codes, so comparing ids costs no
     per-row string."""
     if isinstance(column.dtype, pd.CategoricalDtype):
-        return (column.cat.codes.to_numpy(),
-                np.asarray(column.cat.categories.astype(str), dtype=object))
+        return (column.array.codes,
+                np.asarray(column.array.categories.astype(str), dtype=object))
     codes, uniques = pd.factorize(column.astype(str))
     return codes, np.asarray(uniques, dtype=object)
 
@@ -227,13 +232,29 @@ def _isin(values: np.ndarray, among: np.ndarray) -> np.ndarray:
     return out
 
 
-def _strings(column: pd.Series) -> np.ndarray:
-    """`column.astype(str).to_numpy(dtype=object)` (missing stays NaN); a categorical's
-    categories are converted, not its rows."""
+def _name_codes(column: pd.Series) -> np.ndarray:
+    """Each row's name as a code into `_name_labels(column)` (-1: missing)."""
     if isinstance(column.dtype, pd.CategoricalDtype):
-        cats = np.asarray(column.cat.categories.astype(str), dtype=object)
-        return np.append(cats, np.nan)[column.cat.codes.to_numpy()]  # code -1: NaN
-    return column.astype(str).to_numpy(dtype=object)
+        return column.array.codes.astype(np.int64)
+    return pd.factorize(column.astype(str).to_numpy(dtype=object))[0].astype(np.int64)
+
+
+def _name_labels(column: pd.Series) -> np.ndarray:
+    """The names `_name_codes` point at, as `.astype(str)` gives them (object array)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return np.asarray(column.array.categories.astype(str), dtype=object)
+    return np.asarray(pd.factorize(column.astype(str).to_numpy(dtype=object))[1], dtype=object)
+
+
+def _factorize_names(codes: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """pd.factorize of the rows' names (codes in order of first appearance, -1 for a missing
+    name), done on the integer codes: distinct codes are distinct names, and hashing ints
+    is cheaper than hashing the strings."""
+    out = np.full(len(codes), -1, dtype=np.int64)
+    present = codes >= 0
+    first, uniques = pd.factorize(codes[present])
+    out[present] = first
+    return out, [str(n) for n in labels[uniques]]
 
 
 def name_mask(names: pd.Series, pattern: re.Pattern[str],
@@ -252,44 +273,55 @@ def per_name_array(names: pd.Series, fn: Callable[[str], Any],
     if not isinstance(names.dtype, pd.CategoricalDtype):
         out = per_name(names, fn).to_numpy()
         return out if rows is None else out[rows]
-    codes = names.cat.codes.to_numpy().astype(np.intp) + 1  # 0: missing
+    codes = names.array.codes.astype(np.intp) + 1  # 0: missing
     if rows is not None:
         codes = codes[rows]
-    cats = names.cat.categories.tolist()
+    cats = names.array.categories.tolist()
     table = np.empty(len(cats) + 1, dtype=object)
     for c in np.flatnonzero(np.bincount(codes, minlength=len(cats) + 1)).tolist():
         table[c] = fn(str(cats[c - 1]) if c else "")
     return table[codes]
 
 
-def _main_pid(model: TraceModel) -> str:
+def _main_pid(model: TraceModel, is_step: np.ndarray | None = None) -> str:
     """The process that steps: the one holding most ProfilerStep ranges, else most events of
-    the stepping thread."""
+    the stepping thread. `is_step`: the events that are ProfilerStep ranges, when known."""
     ev = model.trace.events
-    is_step = name_mask(ev["name"], STEP_NAME)
+    if is_step is None:
+        is_step = name_mask(ev["name"], STEP_NAME)
     rows = is_step if is_step.any() else _equals(ev["tid"], str(model.main_tid))
     pid = ev["pid"]
     if isinstance(pid.dtype, pd.CategoricalDtype):
-        codes = pid.cat.codes.to_numpy()[rows]
-        counts = np.bincount(codes[codes >= 0], minlength=len(pid.cat.categories))
+        codes = pid.array.codes[rows]
+        counts = np.bincount(codes[codes >= 0], minlength=len(pid.array.categories))
         if len(counts) and (counts == counts.max()).sum() == 1 and counts.max() > 0:
-            return str(pid.cat.categories.astype(str)[int(counts.argmax())])
+            return str(pid.array.categories.astype(str)[int(counts.argmax())])
     # A tie (or no categorical): value_counts' own order decides, as it always did.
     return str(pid[rows].astype(str).value_counts().idxmax())
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _event_kind(name: str) -> int:
+    """LOADER_RANGE for a DataLoader fetch range, STEP_RANGE for a ProfilerStep range, else 0
+    (cached: one look-up per distinct name instead of one match per pattern)."""
+    if LOADER_NAME.match(name):
+        return LOADER_RANGE
+    return STEP_RANGE if STEP_NAME.match(name) else 0
 
 
 # ---------------------------------------------------------------------------- host
 
 
-def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, runtime: pd.DataFrame,
-                rt_rows: np.ndarray, threads: list[str], main_tid: str,
+def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, ev_kind: np.ndarray,
+                runtime: pd.DataFrame, rt_rows: np.ndarray, threads: list[str], main_tid: str,
                 markers_ts: np.ndarray, w0: float, w1: float) -> dict[str, np.ndarray]:
     """Per thread, in time order: its POIs (runtime calls, loader fetches, step markers, the
     start of each busy stretch), each after a fill node (see `_fill_and_pois`). The events
-    are `ev`'s rows where `ev_rows`, the runtime calls `runtime`'s where `rt_rows`."""
+    are `ev`'s rows where `ev_rows` (`ev_kind`: their `_event_kind`), the runtime calls
+    `runtime`'s where `rt_rows`."""
     busy_cat = per_name_array(ev["cat"], BUSY_CATS.__contains__, ev_rows).astype(bool)
-    is_loader = name_mask(ev["name"], LOADER_NAME, ev_rows)
-    is_step = name_mask(ev["name"], STEP_NAME, ev_rows)
+    is_loader = ev_kind == LOADER_RANGE
+    is_step = ev_kind == STEP_RANGE
     ev_tid, ev_tids = _id_codes(ev["tid"])
     ev_tid = ev_tid[ev_rows]
     ev_ts, ev_end = ev["ts"].to_numpy()[ev_rows], ev["end"].to_numpy()[ev_rows]
@@ -299,11 +331,12 @@ def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, runtime: pd.DataFrame,
     if not isinstance(rt_names.dtype, pd.CategoricalDtype):
         rt_names = rt_names.astype("category")
     rt_cats = list(map(str, rt_names.cat.categories))
-    loader_of = per_name_array(ev["name"], str, ev_rows)  # the rows' names, as str(name)
+    loader_of = np.empty(len(is_loader), dtype=object)  # the loader rows' names, as str(name)
+    loader_of[is_loader] = per_name_array(ev["name"], str, _subset(ev_rows, is_loader))
     loader_names = sorted(set(loader_of[is_loader].tolist()))
     table = ["", *rt_cats, *loader_names]
     loader_code = {n: 1 + len(rt_cats) + i for i, n in enumerate(loader_names)}
-    call_codes = rt_names.cat.codes.to_numpy()[rt_rows] + 1
+    call_codes = rt_names.array.codes[rt_rows] + 1
     rt_tid, rt_tids = _id_codes(runtime["tid"])
     rt_tid = rt_tid[rt_rows]
     rt_ts, rt_end = runtime["ts"].to_numpy()[rt_rows], runtime["end"].to_numpy()[rt_rows]
@@ -365,6 +398,13 @@ def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, runtime: pd.DataFrame,
     for p in parts:
         out["origin"][p["thread"][0]] = p["origin"][0]
     out["names"] = table
+    return out
+
+
+def _subset(rows: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """The mask of all rows selecting `rows`' selected rows where `within` (a mask of those)."""
+    out = np.zeros(len(rows), dtype=bool)
+    out[np.flatnonzero(rows)[within]] = True
     return out
 
 
@@ -476,9 +516,7 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
     if not len(calls) or not len(g["ts"]):
         return
     # A name's typical call is a short one: most sync calls do wait, so not the median.
-    names = host["name"][calls]
-    typical = pd.Series(host["dur"][calls]).groupby(names).transform(
-        lambda d: d.quantile(TYPICAL_QUANTILE)).to_numpy()
+    typical = _group_quantile(host["name"][calls], host["dur"][calls], TYPICAL_QUANTILE)
     typical = np.minimum(typical, TYPICAL_CAP_US)
     host["typical"][calls] = typical
     long = host["dur"][calls] > typical + WAIT_MARGIN_US
@@ -558,12 +596,37 @@ def _running_argmax(values: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.where(is_new, idx, 0))
 
 
+def _group_quantile(groups: np.ndarray, values: np.ndarray, q: float) -> np.ndarray:
+    """Each row's group's `q` quantile (linear interpolation), bit for bit what
+    `Series(values).groupby(groups).transform(lambda d: d.quantile(q))` gave: numpy's linear
+    method (virtual index (n - 1) * q, then its two-sided lerp) over every group at once,
+    without a Python call per group. Values with a NaN take pandas' own path."""
+    if np.isnan(values).any():
+        return pd.Series(values).groupby(groups).transform(lambda d: d.quantile(q)).to_numpy()
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    n = np.diff(np.r_[starts, len(g)])
+    virtual = (n - 1) * np.array([q])
+    prev = np.floor(virtual)
+    gamma = virtual - prev
+    lo = starts + prev.astype(np.intp)
+    hi = starts + np.minimum(prev.astype(np.intp) + 1, n - 1)
+    a, b = v[lo], v[hi]
+    diff = b - a
+    result = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+    out = np.empty(len(values))
+    out[order] = np.repeat(result, n)
+    return out
+
+
 # ---------------------------------------------------------------------------- GPU
 
 
 def _gpu_ops(model: TraceModel, w0: float, w1: float) -> dict[str, np.ndarray]:
     """GPU ops that ran in the window or were launched in it: their columns as arrays
-    (device, kind and name as object arrays of str, as `.astype(str)` gives them)."""
+    (device and kind as object arrays of str, as `.astype(str)` gives them; name as a code
+    into `_name_labels`, -1 when missing)."""
     gpu = model.gpu
     launch_ts, ts, end = (gpu[c].to_numpy(dtype=float) for c in ("launch_ts", "ts", "end"))
     rows = ((launch_ts >= w0) & (launch_ts < w1)) | ((end > w0) & (ts < w1))
@@ -572,7 +635,7 @@ def _gpu_ops(model: TraceModel, w0: float, w1: float) -> dict[str, np.ndarray]:
         "stream": gpu["stream"].to_numpy(dtype=float)[rows],
         "device": gpu["device"].astype(str).to_numpy(dtype=object)[rows],
         "kind": gpu["kind"].astype(str).to_numpy(dtype=object)[rows],
-        "name": _strings(gpu["name"])[rows],
+        "name": _name_codes(gpu["name"])[rows],
         "bytes": gpu["bytes"].to_numpy(dtype=float)[rows],
         "correlation": gpu["correlation"].to_numpy(dtype=float)[rows],
         "step": gpu["step"].to_numpy()[rows],
@@ -660,13 +723,24 @@ def _reach(launch_ts: np.ndarray, stream: np.ndarray, cross: np.ndarray) -> np.n
     this is before the call (a stream recorded out of launch order would otherwise make the
     replay need a launch the host has not reached). Iterated to a fixed point: each round is
     one more cross-stream hop."""
-    own = pd.Series(np.nan_to_num(launch_ts, nan=-np.inf))
-    reach = own.groupby(stream).cummax().to_numpy()
+    own = np.nan_to_num(launch_ts, nan=-np.inf)
+    # `_link_gpu` sorts the ops by stream: each stream's running maximum (what
+    # groupby(stream).cummax() gave) is one contiguous slice.
+    cut = (np.flatnonzero(np.diff(stream)) + 1).tolist()
+    segments = list(zip([0, *cut], [*cut, len(stream)], strict=True))
+
+    def cummax(x: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        for a, b in segments:
+            out[a:b] = np.maximum.accumulate(x[a:b])
+        return out
+
+    reach = cummax(own)
     has = cross >= 0
     for _ in range(64):
         lifted = reach.copy()
         lifted[has] = np.maximum(lifted[has], reach[cross[has]])
-        new = pd.Series(lifted).groupby(stream).cummax().to_numpy()
+        new = cummax(lifted)
         if np.array_equal(new, reach):
             break
         reach = new
