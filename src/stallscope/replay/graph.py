@@ -214,7 +214,8 @@ def _id_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 
 def _code_is(codes: np.ndarray, ids: np.ndarray, value: str) -> np.ndarray:
     """Rows whose id (see `_id_codes`) is `value`; a missing id is none."""
-    return np.isin(codes, np.flatnonzero(ids == value))
+    hits = np.flatnonzero(ids == value)
+    return codes == hits[0] if len(hits) == 1 else np.isin(codes, hits)
 
 
 def _id_strings(codes: np.ndarray, ids: np.ndarray) -> set[str]:
