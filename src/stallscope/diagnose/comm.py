@@ -10,17 +10,19 @@ micro-batches), all-gather/reduce-scatter (FSDP prefetch).
 
 from __future__ import annotations
 
+import math
 import re
+from collections import Counter
 
 import numpy as np
-import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.replay.graph import name_mask, per_name_array
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import TraceModel, name_matches
+from stallscope.trace.model import TraceModel
 
 RULE_ID = "comm-bound"
 
@@ -51,11 +53,16 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     world = model.trace.world_size
     if not model.steps or model.total_step_us <= 0:
         return Assessment(RULE_ID, "not_assessed", "No step windows to measure in.")
-    kernels = model.gpu[model.gpu["kind"] == "kernel"] if model.has_gpu else model.gpu
-    is_comm = (name_matches(kernels["name"].astype("category"), COMM_NAME).to_numpy()
-               if len(kernels) else np.zeros(0, dtype=bool))
-    comm_all = kernels[is_comm]
-    if comm_all.empty:
+    # Row masks on the GPU table's arrays: boolean-indexing the frame per device cost more
+    # than the arithmetic.
+    gpu = model.gpu
+    if len(gpu):
+        kernel = (gpu["kind"].to_numpy() == "kernel" if model.has_gpu
+                  else np.ones(len(gpu), dtype=bool))
+        is_comm = kernel & name_mask(gpu["name"], COMM_NAME)
+    else:
+        kernel = is_comm = np.zeros(0, dtype=bool)
+    if not is_comm.any():
         host = _host_comm(model)
         if host is not None:
             return _assess(model, host, where="host", backend=host["backend"])
@@ -71,13 +78,22 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
             )
         return Assessment(RULE_ID, "not_assessed",
                           "No collective communication in the trace (single-process GPU run).")
-    results = {dev: _exposed_comm(model, kernels[kernels["device"] == dev],
-                                  is_comm[(kernels["device"] == dev).to_numpy()])
-               for dev in sorted(set(comm_all["device"]))}
+    device = gpu["device"].to_numpy()
+    ts, end = gpu["ts"].to_numpy(dtype=float), gpu["end"].to_numpy(dtype=float)
+    kinds = np.empty(len(gpu), dtype=object)
+    kinds[is_comm] = per_name_array(gpu["name"], _kernel_kind, is_comm)
+    results = {}
+    for dev in sorted(set(device[is_comm])):
+        on = kernel & (device == dev)
+        comm, compute = on & is_comm, on & ~is_comm
+        results[dev] = _exposed(model, (ts[comm], end[comm]), (ts[compute], end[compute]),
+                                kinds[comm])
     dev = max(results, key=lambda d: results[d]["exposed"])
     r = results[dev]
     r["device"] = dev
-    if _host_names(model, ALL_TO_ALL_OP):  # NCCL runs all-to-all as grouped send/recv kernels
+    # NCCL runs all-to-all as grouped send/recv kernels (the host names are only read when a
+    # send/recv is among the top collectives).
+    if any(c["collective"] in P2P for c in r["top"]) and _host_names(model, ALL_TO_ALL_OP):
         for c in r["top"]:
             if c["collective"] in P2P:
                 c["collective"] = "AllToAll"
@@ -296,9 +312,16 @@ def _pattern(kinds: list[str]) -> str:
     return "all-reduce"
 
 
+def _kernel_kind(name: str) -> str:
+    """The collective a kernel name carries (`ncclDevKernel_AllReduce_...` -> AllReduce), else
+    the name's first 40 characters (as str.extract's search, then fillna(str.slice(0, 40)))."""
+    m = COLLECTIVE.search(name)
+    return m.group(1) if m else name[:40]
+
+
 def _host_names(model: TraceModel, pattern: re.Pattern[str]) -> bool:
     ops = model.ops
-    return bool(len(ops)) and bool(name_matches(ops["name"], pattern).any())
+    return bool(len(ops)) and bool(name_mask(ops["name"], pattern).any())
 
 
 def _host_comm(model: TraceModel) -> dict | None:
@@ -307,27 +330,55 @@ def _host_comm(model: TraceModel) -> dict | None:
     ops = model.ops
     if not len(ops):
         return None
-    is_coll = name_matches(ops["name"], HOST_COLLECTIVE).to_numpy()
-    coll = ops[is_coll & (ops["step"].to_numpy() >= 0)]
-    if coll.empty:
+    is_coll = name_mask(ops["name"], HOST_COLLECTIVE)
+    coll = is_coll & (ops["step"].to_numpy() >= 0)
+    if not coll.any():
         return None
-    names = coll["name"].astype(str)
-    is_compute = ((ops["cat"].astype(str) == "cpu_op").to_numpy()
-                  & ~name_matches(ops["name"], NOT_COMPUTE).to_numpy() & ~is_coll)
-    compute = ops[is_compute]
-    found = names.str.extract(HOST_COLLECTIVE.pattern, flags=re.IGNORECASE)
-    r = _exposed(model, coll, compute, found[1].fillna(names).to_numpy())
-    r["backend"] = str(found[0].dropna().str.lower().mode().iloc[0])
+    is_compute = (per_name_array(ops["cat"], lambda c: c == "cpu_op").astype(bool)
+                  & ~name_mask(ops["name"], NOT_COMPUTE) & ~is_coll)
+    # (backend, collective) of each collective range: its name matched HOST_COLLECTIVE.
+    found = per_name_array(ops["name"], _host_kind, coll)
+    ts, end = ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
+    kinds = np.array([k for _, k in found], dtype=object)
+    r = _exposed(model, (ts[coll], end[coll]), (ts[is_compute], end[is_compute]), kinds)
+    # The most common backend, the first in sorted order on a tie (Series.mode().iloc[0]).
+    counts = Counter(b.lower() for b, _ in found)
+    top = max(counts.values())
+    r["backend"] = min(b for b, c in counts.items() if c == top)
     return r
 
 
-def _exposed(model: TraceModel, comm: pd.DataFrame, compute: pd.DataFrame,
-             kinds: np.ndarray) -> dict:
-    """Collective time, the part of it with no compute running, and the compute time, inside
-    the steps; the collectives ranked by exposed time."""
+def _host_kind(name: str) -> tuple[str, str] | None:
+    """(backend, collective) of a `gloo:all_reduce` host range; None for other names."""
+    m = HOST_COLLECTIVE.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def _group_sum(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Per-group sums bit for bit as pandas' groupby sum gives them: np.add.reduceat over the
+    segments when the group codes ascend through the rows (and no value is NaN), else the
+    Kahan-compensated running sum in row order of its group_sum kernel (NaN skipped)."""
+    if len(codes) and not np.isnan(values).any() and bool(np.all(codes[1:] >= codes[:-1])):
+        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+        return np.add.reduceat(values, starts)
+    sums, comp = [0.0] * n, [0.0] * n
+    for g, v in zip(codes.tolist(), values.tolist(), strict=True):
+        if v != v:
+            continue
+        y = v - comp[g]
+        t = sums[g] + y
+        c = t - sums[g] - y
+        comp[g] = c if math.isfinite(c) else 0.0
+        sums[g] = t
+    return np.array(sums, dtype=float)
+
+
+def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
+             k_iv: tuple[np.ndarray, np.ndarray], kinds: np.ndarray) -> dict:
+    """Collective time (intervals `c_iv`, one kind each), the part of it with no compute
+    (`k_iv`) running, and the compute time, inside the steps; the collectives ranked by
+    exposed time."""
     windows = model.windows
-    c_iv = (comm["ts"].to_numpy(dtype=float), comm["end"].to_numpy(dtype=float))
-    k_iv = (compute["ts"].to_numpy(dtype=float), compute["end"].to_numpy(dtype=float))
     tl = Timeline.from_intervals((windows[:, 0], windows[:, 1]), c_iv, k_iv)
     bucket = tl.bucket(windows[:, 0], windows[:, 1])
     comm_m = tl.cover(*c_iv) & (bucket >= 0)
@@ -340,26 +391,20 @@ def _exposed(model: TraceModel, comm: pd.DataFrame, compute: pd.DataFrame,
     inside = np.concatenate([[0.0], np.cumsum(np.where(comm_m, tl.lengths, 0.0))])
     lo = np.searchsorted(tl.edges, c_iv[0], side="left")
     hi = np.searchsorted(tl.edges, c_iv[1], side="left")
-    table = pd.DataFrame({"collective": kinds, "exposed": prefix[hi] - prefix[lo],
-                          "us": inside[hi] - inside[lo]})
-    table = table[table["us"] > 0]
-    top = (table.groupby("collective")
-           .agg(count=("us", "size"), us=("us", "sum"), exposed=("exposed", "sum"))
-           .sort_values(["exposed", "us"], ascending=False).head(TOP_COLLECTIVES))
+    exposed, us = prefix[hi] - prefix[lo], inside[hi] - inside[lo]
+    keep = us > 0
+    # Grouped by collective (sorted names), ranked by exposed then collective time, ties in
+    # name order: what groupby().agg().sort_values(..., ascending=False) gave.
+    names, codes = np.unique(kinds[keep], return_inverse=True)
+    g_us = _group_sum(codes, us[keep], len(names))
+    g_exposed = _group_sum(codes, exposed[keep], len(names))
+    count = np.bincount(codes, minlength=len(names))
+    order = np.lexsort((-g_us, -g_exposed))[:TOP_COLLECTIVES]
     return {
         "comm": float(tl.sum_by(comm_m, bucket, n).sum()),
         "exposed": float(per_step.sum()),
         "compute": float(tl.sum_by(compute_m, bucket, n).sum()),
         "per_step": per_step,
-        "top": [{"collective": str(k), "count": int(row["count"]), "comm_ms": ms(row["us"]),
-                 "exposed_ms": ms(row["exposed"])} for k, row in top.iterrows()],
+        "top": [{"collective": str(names[i]), "count": int(count[i]), "comm_ms": ms(g_us[i]),
+                 "exposed_ms": ms(g_exposed[i])} for i in order.tolist()],
     }
-
-
-def _exposed_comm(model: TraceModel, kernels: pd.DataFrame, is_comm: np.ndarray) -> dict:
-    """Collective kernel time on one device, the part with no compute kernel running, and the
-    device's compute kernel time, inside the steps."""
-    comm = kernels[is_comm]
-    kind = comm["name"].str.extract(COLLECTIVE.pattern, flags=re.IGNORECASE)[0]
-    kinds = kind.fillna(comm["name"].str.slice(0, 40)).to_numpy()
-    return _exposed(model, comm, kernels[~is_comm], kinds)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
@@ -14,16 +17,25 @@ MIN_BYTES_PER_STEP = 1 << 20
 DOCS = PINNED_MEMORY_DOCS
 
 
+def nansum(values: np.ndarray) -> float:
+    """Series.sum() of a float column: NaN counted as 0, then numpy's (pairwise) sum, so the
+    bits are pandas' own."""
+    return float(np.where(np.isnan(values), 0.0, values).sum())
+
+
 def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> Assessment:
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
+    # Row masks on the copies table's arrays: boolean-indexing the frame cost more than the
+    # arithmetic.
     copies = model.copies
-    h2d = copies[(copies["direction"] == "HtoD") & (copies["step"] >= 0)]
-    if h2d.empty:
+    h2d = (copies["direction"].to_numpy(dtype=object) == "HtoD") & (copies["step"].to_numpy() >= 0)
+    if not h2d.any():
         return Assessment(RULE_ID, "clear", "No host-to-device copies inside the steps.")
-    pageable = h2d[h2d["src"] == "Pageable"]
-    if pageable.empty:
-        kinds = sorted(h2d["src"].unique())
+    src = copies["src"].to_numpy(dtype=object)
+    pageable = h2d & (src == "Pageable")
+    if not pageable.any():
+        kinds = sorted(pd.unique(src[h2d]))
         if "Pinned" in kinds or kinds == ["Device"]:
             return Assessment(RULE_ID, "clear", "Host-to-device copies come from pinned memory.")
         return Assessment(
@@ -34,10 +46,11 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         )
     n = len(model.steps)
     total = model.total_step_us
-    nbytes = float(pageable["bytes"].fillna(0).sum())
-    gpu_us = float(pageable["dur_gpu"].sum())
-    blocked = float(pageable["copy_us"].sum())
-    waited = float(pageable["wait_us"].sum())
+    size = copies["bytes"].to_numpy(dtype=float)[pageable]
+    nbytes = nansum(size)
+    gpu_us = nansum(copies["dur_gpu"].to_numpy(dtype=float)[pageable])
+    blocked = nansum(copies["copy_us"].to_numpy(dtype=float)[pageable])
+    waited = nansum(copies["wait_us"].to_numpy(dtype=float)[pageable])
     if nbytes / n < MIN_BYTES_PER_STEP:
         return Assessment(
             RULE_ID,
@@ -47,14 +60,14 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     gbps = round(nbytes / gpu_us / 1e3, 2) if gpu_us > 0 else 0.0
     saving = pct(blocked, total)
     evidence = {
-        "copies": len(pageable),
+        "copies": int(pageable.sum()),
         "bytes_per_step": int(nbytes / n),
         "achieved_gbps": gbps,
         "gpu_copy_ms_per_step": ms(gpu_us / n),
         "host_blocked_ms_per_step": ms(blocked / n),
         "host_wait_for_queue_ms_per_step": ms(waited / n),
-        "largest_copy_bytes": int(pageable["bytes"].max()),
-        "ops": sorted(o for o in pageable["op"].unique() if o),
+        "largest_copy_bytes": int(np.nanmax(size)),
+        "ops": sorted(o for o in pd.unique(copies["op"].to_numpy(dtype=object)[pageable]) if o),
     }
     title = (
         f"Host-to-device copies from pageable memory: {nbytes / n / 1e6:.1f} MB per step "

@@ -9,8 +9,11 @@ before its copy started is a synchronisation, counted by `host-device-sync` (the
 
 from __future__ import annotations
 
+import numpy as np
+
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, pct
+from stallscope.diagnose.copies import nansum
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
@@ -24,21 +27,24 @@ DOCS = PINNED_MEMORY_DOCS
 def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> Assessment:
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity in the trace.")
+    # Row masks on the copies table's arrays: boolean-indexing the frame cost more than the
+    # arithmetic.
     copies = model.copies
-    d2h = copies[(copies["direction"] == "DtoH") & (copies["step"] >= 0)]
-    pageable = d2h[d2h["dst"] == "Pageable"]
-    if pageable.empty:
+    d2h = (copies["direction"].to_numpy(dtype=object) == "DtoH") & (copies["step"].to_numpy() >= 0)
+    dst = copies["dst"].to_numpy(dtype=object)[d2h]
+    pageable = np.flatnonzero(d2h)[dst == "Pageable"]
+    if not len(pageable):
         return Assessment(
             RULE_ID, "clear",
             "No device-to-host copies into pageable memory inside the steps."
-            if d2h.empty or set(d2h["dst"]) <= {"Pinned", "Device"} else
-            f"Device-to-host copies go to {', '.join(sorted(set(d2h['dst'])))} memory, not "
+            if not len(dst) or set(dst) <= {"Pinned", "Device"} else
+            f"Device-to-host copies go to {', '.join(sorted(set(dst)))} memory, not "
             "Pageable.",
         )
     n = len(model.steps)
     total = model.total_step_us
-    copy_us = float(pageable["copy_us"].sum())
-    waited = float(pageable["wait_us"].sum())
+    copy_us = nansum(copies["copy_us"].to_numpy(dtype=float)[pageable])
+    waited = nansum(copies["wait_us"].to_numpy(dtype=float)[pageable])
     share = pct(copy_us, total)
     if share < COPY_SHARE_THRESHOLD_PCT:
         return Assessment(
@@ -48,9 +54,11 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
             + (f"; the {ms(waited / n):.1f} ms per step their calls waited for queued GPU work "
                "is host-device-sync" if waited > copy_us else "") + ".",
         )
-    nbytes = float(pageable["bytes"].fillna(0).sum())
-    gpu_us = float(pageable["dur_gpu"].sum())
+    nbytes = nansum(copies["bytes"].to_numpy(dtype=float)[pageable])
+    gpu_us = nansum(copies["dur_gpu"].to_numpy(dtype=float)[pageable])
     gbps = round(nbytes / gpu_us / 1e3, 2) if gpu_us > 0 else 0.0
+    ops = (copies["top_op"].to_numpy(dtype=object)[pageable].tolist()
+           + copies["op"].to_numpy(dtype=object)[pageable].tolist())
     evidence = {
         "copies": len(pageable),
         "copies_per_step": round(len(pageable) / n, 1),
@@ -60,7 +68,7 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
         "host_copy_ms_per_step": ms(copy_us / n),
         "host_copy_share_pct": share,
         "host_wait_for_queue_ms_per_step": ms(waited / n),
-        "ops": sorted({o for o in pageable["top_op"].tolist() + pageable["op"].tolist() if o}),
+        "ops": sorted({o for o in ops if o}),
     }
     finding = Finding(
         id=RULE_ID,

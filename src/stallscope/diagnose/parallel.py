@@ -23,6 +23,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.replay.graph import per_name_array
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "dataparallel"
@@ -40,15 +41,18 @@ DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#cuda-nn-ddp-instead"
 def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assessment:
     if not model.has_gpu:
         return Assessment(RULE_ID, "not_assessed", "No GPU activity: DataParallel needs GPUs.")
-    ops = model.ops[model.ops["step"] >= 0]
-    annotated = ops[ops["name"] == ANNOTATION]
-    dp_ops = ops[ops["name"].isin(list(DP_OPS))]
-    if annotated.empty and dp_ops.empty:
+    # Most traces hold neither name: look at the step ops' distinct names before slicing the
+    # frame (a slice costs more than the look-up).
+    in_steps = model.ops["step"].to_numpy() >= 0
+    if not any(per_name_array(model.ops["name"], _dataparallel_name, in_steps)):
         return Assessment(
             RULE_ID, "clear",
             "No DataParallel.forward and no DataParallel Broadcast/Scatter/Gather ops in the "
             "steps.",
         )
+    ops = model.ops[in_steps]
+    annotated = ops[ops["name"] == ANNOTATION]
+    dp_ops = ops[ops["name"].isin(list(DP_OPS))]
     gpu = model.gpu[(model.gpu["step"] >= 0) & (model.gpu["kind"] == "kernel")]
     devices = sorted(gpu["device"].unique().tolist())
     if annotated.empty and len(devices) < 2:
@@ -126,6 +130,11 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
         docs=DOCS,
     )
     return Assessment.found(finding)
+
+
+def _dataparallel_name(name: str) -> bool:
+    """DataParallel's annotation or one of its data-movement ops."""
+    return name == ANNOTATION or name in DP_OPS
 
 
 def _union_us(starts: np.ndarray, ends: np.ndarray) -> float:

@@ -23,14 +23,16 @@ durations or removes edges, and the replay shows what follows (see docs/replay.m
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel, name_matches
+from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel, _matches, per_name
 
 # Host node kinds: CPU time between points; a runtime call; a DataLoader fetch; a step boundary;
 # the start of a busy stretch after the thread sat idle.
@@ -62,6 +64,10 @@ LAUNCH_CALL = re.compile(r"^(?:cuda|cu|hip)(?:Ext)?(?:Module)?Launch|^(?:cuda|hi
 # Fallbacks when a trace shows too few clean examples to measure them.
 DEFAULT_LAUNCH_US = 5.0
 DEFAULT_STREAM_GAP_US = 1.5
+# `_event_kind` of an event name.
+LOADER_RANGE, STEP_RANGE = 1, 2
+# Event categories of host work (a thread is busy inside them).
+BUSY_CATS = frozenset({"cpu_op", "cuda_runtime", "cuda_driver", "python_function"})
 
 
 @dataclass
@@ -143,19 +149,27 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     chosen = model.steps[steps] if steps is not None else model.steps
     if not chosen or model.main_tid is None:
         return None
+    # Rows are selected as masks on the tables' arrays, never as frames: the tables are small
+    # and pandas' per-call overhead, not the data, was the cost.
     ev = model.trace.events
     w0, w1 = chosen[0].start_us, chosen[-1].end_us
-    main_pid = _main_pid(model)
-    host_ev = ev[_equals(ev["pid"], main_pid) & (ev["end"] > w0) & (ev["ts"] < w1)]
+    ev_kind = per_name_array(ev["name"], _event_kind).astype(np.int64)
+    main_pid = _main_pid(model, ev_kind == STEP_RANGE)
+    ev_ts, ev_end = ev["ts"].to_numpy(), ev["end"].to_numpy()
+    pid_codes, pid_ids = _id_codes(ev["pid"])
+    host_rows = _code_is(pid_codes, pid_ids, main_pid) & (ev_end > w0) & (ev_ts < w1)
     gpu = _gpu_ops(model, w0, w1)
-    runtime = model.runtime[(model.runtime["end"] > w0) & (model.runtime["ts"] < w1)]
-    launching = {str(t) for t in
-                 runtime.loc[runtime["correlation"].isin(gpu["correlation"]), "tid"].unique()}
+    rt = model.runtime
+    rt_rows = (rt["end"].to_numpy() > w0) & (rt["ts"].to_numpy() < w1)
+    rt_tid, rt_tids = _id_codes(rt["tid"])
+    launched = _isin(rt["correlation"].to_numpy(dtype=float)[rt_rows], gpu["correlation"])
+    launching = _id_strings(rt_tid[rt_rows][launched], rt_tids)
     threads = [model.main_tid] + sorted(launching - {model.main_tid})
     starts = np.array([s.start_us for s in chosen])
     ends = np.array([s.end_us for s in chosen])
     markers_ts = np.unique(np.concatenate([starts, ends]))
-    host = _host_nodes(host_ev, runtime, threads, model.main_tid, markers_ts, w0, w1)
+    host = _host_nodes(ev, host_rows, ev_kind[host_rows], rt, rt_rows, threads, model.main_tid,
+                       markers_ts, w0, w1)
     g = _link_gpu(gpu, host)
     _find_releases(host)
     _find_waits(host, g)
@@ -163,7 +177,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     markers = np.flatnonzero(host["kind"] == MARK)  # one per boundary time, in order
     step_start = markers[np.searchsorted(markers_ts, starts)]
     step_end = markers[np.searchsorted(markers_ts, ends)]
-    g_codes, g_names = pd.factorize(pd.Series(g["name"], dtype=object))
+    g_codes, g_names = _factorize_names(g["name"], _name_labels(model.gpu["name"]))
     return Graph(
         h_thread=host["thread"], h_kind=host["kind"], h_ts=host["ts"], h_rec_end=host["end"],
         h_dur=host["dur"], h_lead=host["lead"], h_release=host["release"],
@@ -173,7 +187,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
         thread_origin=host["origin"], markers=markers, step_start=step_start,
         step_end=step_end,
         g_stream=g["stream"], g_device=g["device"], g_kind=g["kind"], g_name=g_codes,
-        g_names=[str(n) for n in g_names],
+        g_names=g_names,
         g_ts=g["ts"], g_dur=g["dur"], g_bytes=g["bytes"], g_launch=g["launch"],
         g_lat=g["lat"], g_gap=g["gap"], g_cross=g["cross"], g_cgap=g["cgap"],
         g_anchor=g["anchor"], g_step=g["step"],
@@ -184,52 +198,164 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
 def _equals(column: pd.Series, value: str) -> np.ndarray:
     """`column == value` for a categorical column of ids, by category code (no per-row string
     conversion: the event table has hundreds of thousands of rows, a few dozen distinct ids)."""
+    return _code_is(*_id_codes(column), value)
+
+
+def _id_codes(column: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's id as a code (-1: missing) into an object array of the distinct ids as
+    strings (`column.astype(str)`): a categorical's own codes, so comparing ids costs no
+    per-row string."""
     if isinstance(column.dtype, pd.CategoricalDtype):
-        cats = column.cat.categories.astype(str)
-        hits = np.flatnonzero(cats == value)
-        return np.isin(column.cat.codes.to_numpy(), hits)
-    return (column.astype(str) == value).to_numpy()
+        return (column.array.codes,
+                np.asarray(column.array.categories.astype(str), dtype=object))
+    codes, uniques = pd.factorize(column.astype(str))
+    return codes, np.asarray(uniques, dtype=object)
 
 
-def _main_pid(model: TraceModel) -> str:
+def _code_is(codes: np.ndarray, ids: np.ndarray, value: str) -> np.ndarray:
+    """Rows whose id (see `_id_codes`) is `value`; a missing id is none."""
+    hits = np.flatnonzero(ids == value)
+    return codes == hits[0] if len(hits) == 1 else np.isin(codes, hits)
+
+
+def _id_strings(codes: np.ndarray, ids: np.ndarray) -> set[str]:
+    """The distinct ids of these rows as strings, a missing one as "nan" (what
+    `{str(t) for t in column.unique()}` gave)."""
+    out = {str(ids[c]) for c in np.unique(codes[codes >= 0]).tolist()}
+    return out | {"nan"} if (codes < 0).any() else out
+
+
+def _isin(values: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Series.isin on floats: NaN is in `among` when `among` holds a NaN."""
+    out = np.isin(values, among)
+    if np.isnan(among).any():
+        out |= np.isnan(values)
+    return out
+
+
+def _name_codes(column: pd.Series) -> np.ndarray:
+    """Each row's name as a code into `_name_labels(column)` (-1: missing)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return column.array.codes.astype(np.int64)
+    return pd.factorize(column.astype(str).to_numpy(dtype=object))[0].astype(np.int64)
+
+
+def _name_labels(column: pd.Series) -> np.ndarray:
+    """The names `_name_codes` point at, as `.astype(str)` gives them (object array)."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        return np.asarray(column.array.categories.astype(str), dtype=object)
+    return np.asarray(pd.factorize(column.astype(str).to_numpy(dtype=object))[1], dtype=object)
+
+
+def _factorize_names(codes: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """pd.factorize of the rows' names (codes in order of first appearance, -1 for a missing
+    name), done on the integer codes: distinct codes are distinct names, and hashing ints
+    is cheaper than hashing the strings."""
+    out = np.full(len(codes), -1, dtype=np.int64)
+    present = codes >= 0
+    first, uniques = pd.factorize(codes[present])
+    out[present] = first
+    return out, [str(n) for n in labels[uniques]]
+
+
+def name_mask(names: pd.Series, pattern: re.Pattern[str],
+              rows: np.ndarray | None = None) -> np.ndarray:
+    """name_matches (a match at the start of each row's name, missing: "") as a boolean array,
+    of the rows where `rows` is True when given."""
+    return per_name_array(names, lambda n: _matches(pattern, n), rows).astype(bool)
+
+
+def per_name_array(names: pd.Series, fn: Callable[[str], Any],
+                   rows: np.ndarray | None = None) -> np.ndarray:
+    """`fn` of each row's name (missing: fn("")), of the rows where `rows` is True when given,
+    as trace.model.per_name but evaluated once per category in use straight from a
+    categorical's codes: per_name's factorize and Series cost more than the few hundred
+    (cached) calls."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        out = per_name(names, fn).to_numpy()
+        return out if rows is None else out[rows]
+    codes = names.array.codes.astype(np.intp) + 1  # 0: missing
+    if rows is not None:
+        codes = codes[rows]
+    cats = names.array.categories.tolist()
+    table = np.empty(len(cats) + 1, dtype=object)
+    for c in np.flatnonzero(np.bincount(codes, minlength=len(cats) + 1)).tolist():
+        table[c] = fn(str(cats[c - 1]) if c else "")
+    return table[codes]
+
+
+def _main_pid(model: TraceModel, is_step: np.ndarray | None = None) -> str:
+    """The process that steps: the one holding most ProfilerStep ranges, else most events of
+    the stepping thread. `is_step`: the events that are ProfilerStep ranges, when known."""
     ev = model.trace.events
-    steps = ev[name_matches(ev["name"], STEP_NAME)]
-    if len(steps):
-        return str(steps["pid"].astype(str).value_counts().idxmax())
-    mine = ev[_equals(ev["tid"], str(model.main_tid))]
-    return str(mine["pid"].astype(str).value_counts().idxmax())
+    if is_step is None:
+        is_step = name_mask(ev["name"], STEP_NAME)
+    rows = is_step if is_step.any() else _equals(ev["tid"], str(model.main_tid))
+    pid = ev["pid"]
+    if isinstance(pid.dtype, pd.CategoricalDtype):
+        codes = pid.array.codes[rows]
+        counts = np.bincount(codes[codes >= 0], minlength=len(pid.array.categories))
+        if len(counts) and (counts == counts.max()).sum() == 1 and counts.max() > 0:
+            return str(pid.array.categories.astype(str)[int(counts.argmax())])
+    # A tie (or no categorical): value_counts' own order decides, as it always did.
+    return str(pid[rows].astype(str).value_counts().idxmax())
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _event_kind(name: str) -> int:
+    """LOADER_RANGE for a DataLoader fetch range, STEP_RANGE for a ProfilerStep range, else 0
+    (cached: one look-up per distinct name instead of one match per pattern)."""
+    if LOADER_NAME.match(name):
+        return LOADER_RANGE
+    return STEP_RANGE if STEP_NAME.match(name) else 0
 
 
 # ---------------------------------------------------------------------------- host
 
 
-def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], main_tid: str,
+def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, ev_kind: np.ndarray,
+                runtime: pd.DataFrame, rt_rows: np.ndarray, threads: list[str], main_tid: str,
                 markers_ts: np.ndarray, w0: float, w1: float) -> dict[str, np.ndarray]:
     """Per thread, in time order: its POIs (runtime calls, loader fetches, step markers, the
-    start of each busy stretch), each after a fill node (see `_fill_and_pois`)."""
-    busy_cat = ev["cat"].isin(["cpu_op", "cuda_runtime", "cuda_driver", "python_function"])
-    is_loader = name_matches(ev["name"], LOADER_NAME)
-    is_step = name_matches(ev["name"], STEP_NAME)
+    start of each busy stretch), each after a fill node (see `_fill_and_pois`). The events
+    are `ev`'s rows where `ev_rows` (`ev_kind`: their `_event_kind`), the runtime calls
+    `runtime`'s where `rt_rows`."""
+    busy_cat = per_name_array(ev["cat"], BUSY_CATS.__contains__, ev_rows).astype(bool)
+    is_loader = ev_kind == LOADER_RANGE
+    is_step = ev_kind == STEP_RANGE
+    ev_tid, ev_tids = _id_codes(ev["tid"])
+    ev_tid = ev_tid[ev_rows]
+    ev_ts, ev_end = ev["ts"].to_numpy()[ev_rows], ev["end"].to_numpy()[ev_rows]
     # Names as codes into one table: "" (fill, markers, resumes), the runtime calls' names,
     # the loader ranges' names; no per-node string.
-    rt_names = runtime["name"].astype("category")
-    loader_names = sorted({str(n) for n in ev.loc[is_loader, "name"].unique()})
-    table = ["", *map(str, rt_names.cat.categories), *loader_names]
-    loader_code = {n: 1 + len(rt_names.cat.categories) + i for i, n in enumerate(loader_names)}
-    call_codes = rt_names.cat.codes.to_numpy() + 1
+    rt_names = runtime["name"]
+    if not isinstance(rt_names.dtype, pd.CategoricalDtype):
+        rt_names = rt_names.astype("category")
+    rt_cats = list(map(str, rt_names.cat.categories))
+    loader_of = np.empty(len(is_loader), dtype=object)  # the loader rows' names, as str(name)
+    loader_of[is_loader] = per_name_array(ev["name"], str, _subset(ev_rows, is_loader))
+    loader_names = sorted(set(loader_of[is_loader].tolist()))
+    table = ["", *rt_cats, *loader_names]
+    loader_code = {n: 1 + len(rt_cats) + i for i, n in enumerate(loader_names)}
+    call_codes = rt_names.array.codes[rt_rows] + 1
+    rt_tid, rt_tids = _id_codes(runtime["tid"])
+    rt_tid = rt_tid[rt_rows]
+    rt_ts, rt_end = runtime["ts"].to_numpy()[rt_rows], runtime["end"].to_numpy()[rt_rows]
+    rt_corr = runtime["correlation"].to_numpy(dtype=float)[rt_rows]
     parts: list[dict[str, np.ndarray]] = []
     for t_index, t in enumerate(threads):
-        mine = ev[_equals(ev["tid"], t) & (busy_cat | is_loader) & ~is_step]
-        on_thread = _equals(runtime["tid"], t)
-        calls = runtime[on_thread]
-        loaders = mine[is_loader.loc[mine.index]] if t == main_tid else mine.iloc[0:0]
-        loaders = loaders.sort_values("ts")
-        poi_ts = [calls["ts"].to_numpy(), loaders["ts"].to_numpy()]
-        poi_end = [calls["end"].to_numpy(), loaders["end"].to_numpy()]
-        poi_kind = [np.full(len(calls), CALL), np.full(len(loaders), LOADER)]
+        mine = _code_is(ev_tid, ev_tids, t) & (busy_cat | is_loader) & ~is_step
+        on_thread = _code_is(rt_tid, rt_tids, t)
+        lrows = np.flatnonzero(mine & is_loader) if t == main_tid else np.zeros(0, np.intp)
+        lrows = lrows[_nargsort(ev_ts[lrows])]  # as sort_values("ts")
+        l_ts, l_end = ev_ts[lrows], ev_end[lrows]
+        poi_ts = [rt_ts[on_thread], l_ts]
+        poi_end = [rt_end[on_thread], l_end]
+        poi_kind = [np.full(int(on_thread.sum()), CALL), np.full(len(lrows), LOADER)]
         poi_name = [call_codes[on_thread],
-                    np.array([loader_code[str(n)] for n in loaders["name"]], dtype=np.int64)]
-        poi_corr = [calls["correlation"].to_numpy(dtype=float), np.full(len(loaders), np.nan)]
+                    np.array([loader_code[n] for n in loader_of[lrows].tolist()],
+                             dtype=np.int64)]
+        poi_corr = [rt_corr[on_thread], np.full(len(lrows), np.nan)]
         if t == main_tid:
             poi_ts.append(markers_ts)
             poi_end.append(markers_ts)
@@ -240,14 +366,14 @@ def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], mai
         kind, name = np.concatenate(poi_kind), np.concatenate(poi_name)
         corr = np.concatenate(poi_corr)
         # Calls inside a DataLoader fetch are part of the fetch.
-        inside = _inside(ts, loaders["ts"].to_numpy(), loaders["end"].to_numpy()) & (kind == CALL)
+        inside = _inside(ts, l_ts, l_end) & (kind == CALL)
         keep = ~inside & (end >= w0) & (ts <= w1)
         ts, end, kind, name, corr = ts[keep], end[keep], kind[keep], name[keep], corr[keep]
         if not len(ts):
             continue
         ts = np.clip(ts, w0, w1)
         end = np.clip(end, ts, w1)
-        b_start, b_end = _blocks(mine, w0, w1, ts, end)
+        b_start, b_end = _blocks(ev_ts[mine], ev_end[mine], w0, w1, ts, end)
         # Each busy stretch after the first starts with a resume point.
         resumes = b_start[1:]
         ts = np.concatenate([ts, resumes])
@@ -276,6 +402,21 @@ def _host_nodes(ev: pd.DataFrame, runtime: pd.DataFrame, threads: list[str], mai
     return out
 
 
+def _subset(rows: np.ndarray, within: np.ndarray) -> np.ndarray:
+    """The mask of all rows selecting `rows`' selected rows where `within` (a mask of those)."""
+    out = np.zeros(len(rows), dtype=bool)
+    out[np.flatnonzero(rows)[within]] = True
+    return out
+
+
+def _nargsort(values: np.ndarray) -> np.ndarray:
+    """The order DataFrame.sort_values gives one float column (pandas' nargsort): numpy's
+    default (unstable) argsort of the non-NaN values, then the NaNs in row order."""
+    nan = np.isnan(values)
+    idx = np.arange(len(values))
+    return np.concatenate([idx[~nan][values[~nan].argsort(kind="quicksort")], idx[nan]])
+
+
 def _inside(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Whether each point lies strictly inside one of the (non-overlapping, sorted) ranges."""
     if not len(starts):
@@ -287,11 +428,11 @@ def _inside(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return out
 
 
-def _blocks(mine: pd.DataFrame, w0: float, w1: float, poi_ts: np.ndarray,
+def _blocks(ev_ts: np.ndarray, ev_end: np.ndarray, w0: float, w1: float, poi_ts: np.ndarray,
             poi_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The thread's busy stretches: its events (and POIs) merged across gaps under MERGE_US."""
-    s = np.concatenate([np.clip(mine["ts"].to_numpy(), w0, w1), poi_ts])
-    e = np.concatenate([np.clip(mine["end"].to_numpy(), w0, w1), poi_end])
+    s = np.concatenate([np.clip(ev_ts, w0, w1), poi_ts])
+    e = np.concatenate([np.clip(ev_end, w0, w1), poi_end])
     order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
     reach = np.maximum.accumulate(e)
@@ -376,9 +517,7 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
     if not len(calls) or not len(g["ts"]):
         return
     # A name's typical call is a short one: most sync calls do wait, so not the median.
-    names = host["name"][calls]
-    typical = pd.Series(host["dur"][calls]).groupby(names).transform(
-        lambda d: d.quantile(TYPICAL_QUANTILE)).to_numpy()
+    typical = _group_quantile(host["name"][calls], host["dur"][calls], TYPICAL_QUANTILE)
     typical = np.minimum(typical, TYPICAL_CAP_US)
     host["typical"][calls] = typical
     long = host["dur"][calls] > typical + WAIT_MARGIN_US
@@ -458,36 +597,72 @@ def _running_argmax(values: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(np.where(is_new, idx, 0))
 
 
+def _group_quantile(groups: np.ndarray, values: np.ndarray, q: float) -> np.ndarray:
+    """Each row's group's `q` quantile (linear interpolation), bit for bit what
+    `Series(values).groupby(groups).transform(lambda d: d.quantile(q))` gave: numpy's linear
+    method (virtual index (n - 1) * q, then its two-sided lerp) over every group at once,
+    without a Python call per group. Values with a NaN take pandas' own path."""
+    if np.isnan(values).any():
+        return pd.Series(values).groupby(groups).transform(lambda d: d.quantile(q)).to_numpy()
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    n = np.diff(np.r_[starts, len(g)])
+    virtual = (n - 1) * np.array([q])
+    prev = np.floor(virtual)
+    gamma = virtual - prev
+    lo = starts + prev.astype(np.intp)
+    hi = starts + np.minimum(prev.astype(np.intp) + 1, n - 1)
+    a, b = v[lo], v[hi]
+    diff = b - a
+    result = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+    out = np.empty(len(values))
+    out[order] = np.repeat(result, n)
+    return out
+
+
 # ---------------------------------------------------------------------------- GPU
 
 
-def _gpu_ops(model: TraceModel, w0: float, w1: float) -> pd.DataFrame:
-    """GPU ops that ran in the window or were launched in it."""
+def _gpu_ops(model: TraceModel, w0: float, w1: float) -> dict[str, np.ndarray]:
+    """GPU ops that ran in the window or were launched in it: their columns as arrays
+    (device and kind as object arrays of str, as `.astype(str)` gives them; name as a code
+    into `_name_labels`, -1 when missing)."""
     gpu = model.gpu
-    launched_in = (gpu["launch_ts"] >= w0) & (gpu["launch_ts"] < w1)
-    ran_in = (gpu["end"] > w0) & (gpu["ts"] < w1)
-    return gpu[launched_in | ran_in].reset_index(drop=True)
+    launch_ts, ts, end = (gpu[c].to_numpy(dtype=float) for c in ("launch_ts", "ts", "end"))
+    rows = ((launch_ts >= w0) & (launch_ts < w1)) | ((end > w0) & (ts < w1))
+    return {
+        "ts": ts[rows], "dur": gpu["dur"].to_numpy(dtype=float)[rows],
+        "stream": gpu["stream"].to_numpy(dtype=float)[rows],
+        "device": gpu["device"].astype(str).to_numpy(dtype=object)[rows],
+        "kind": gpu["kind"].astype(str).to_numpy(dtype=object)[rows],
+        "name": _name_codes(gpu["name"])[rows],
+        "bytes": gpu["bytes"].to_numpy(dtype=float)[rows],
+        "correlation": gpu["correlation"].to_numpy(dtype=float)[rows],
+        "step": gpu["step"].to_numpy()[rows],
+    }
 
 
-def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
+def _link_gpu(gpu: dict[str, np.ndarray], host: dict[str, np.ndarray]) -> dict:
     """Each op's launch node, stream chain and cross-stream wait, with every slack measured."""
-    stream_id = gpu["stream"].fillna(-1.0).to_numpy(dtype=float)
+    stream_id = np.where(np.isnan(gpu["stream"]), -1.0, gpu["stream"])
     dev_codes, _ = pd.factorize(gpu["device"], sort=False)
     sid_codes, sids = pd.factorize(stream_id, sort=False)
     key = dev_codes * (len(sids) + 1) + sid_codes
     stream = np.searchsorted(np.unique(key), key).astype(np.int64)
-    order = np.lexsort((gpu["ts"].to_numpy(), stream))
-    gpu = gpu.iloc[order].reset_index(drop=True)
+    order = np.lexsort((gpu["ts"], stream))
+    gpu = {k: v[order] for k, v in gpu.items()}
     stream = stream[order]
-    ts = gpu["ts"].to_numpy(dtype=float)
-    dur = gpu["dur"].to_numpy(dtype=float)
+    ts = gpu["ts"]
+    dur = gpu["dur"]
     end = ts + dur
-    n = len(gpu)
-    # launch node by correlation id
+    n = len(ts)
+    # launch node by correlation id (the first call node of each id)
     call_nodes = np.flatnonzero((host["kind"] == CALL) & ~np.isnan(host["corr"]))
-    by_corr = pd.Series(call_nodes, index=host["corr"][call_nodes])
-    by_corr = by_corr[~by_corr.index.duplicated()]
-    launch = gpu["correlation"].map(by_corr).fillna(-1).to_numpy(dtype=np.int64)
+    ids, first_of = np.unique(host["corr"][call_nodes], return_index=True)
+    at = np.clip(np.searchsorted(ids, gpu["correlation"]), 0, max(len(ids) - 1, 0))
+    known = (ids[at] == gpu["correlation"]) if len(ids) else np.zeros(n, dtype=bool)
+    launch = np.where(known, call_nodes[first_of[at]] if len(ids) else -1, -1).astype(np.int64)
     launch_ts = np.where(launch >= 0, host["ts"][np.clip(launch, 0, None)], np.nan)
     first = np.concatenate([[True], stream[1:] != stream[:-1]]) if n else np.zeros(0, bool)
     prev_end = np.where(first, -np.inf, np.concatenate([[-np.inf], end[:-1]]))
@@ -516,8 +691,7 @@ def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
     # was (on the launch, the stream, or the recorded time).
     late = np.flatnonzero(~explained)
     if len(late):
-        other = _latest_end_on_other_stream(ts, end, stream, gpu["device"].astype(str).to_numpy(),
-                                            late)
+        other = _latest_end_on_other_stream(ts, end, stream, gpu["device"], late)
         has = other >= 0
         cross[late[has]] = other[has]
         cgap[late[has]] = ts[late[has]] - end[other[has]]
@@ -535,14 +709,12 @@ def _link_gpu(gpu: pd.DataFrame, host: dict[str, np.ndarray]) -> dict:
     gap[unlaunched_free] = ts[unlaunched_free] - prev_end[unlaunched_free]
     submit = np.where(launch >= 0, launch_ts, ts)
     return {
-        "stream": stream, "device": gpu["device"].astype(str).to_numpy(dtype=object),
-        "kind": gpu["kind"].astype(str).to_numpy(dtype=object),
-        "name": gpu["name"].astype(str).to_numpy(dtype=object), "ts": ts, "dur": dur,
-        "bytes": gpu["bytes"].to_numpy(dtype=float), "launch": launch, "lat": lat,
+        "stream": stream, "device": gpu["device"], "kind": gpu["kind"], "name": gpu["name"],
+        "ts": ts, "dur": dur, "bytes": gpu["bytes"], "launch": launch, "lat": lat,
         "gap": gap, "cross": cross, "cgap": cgap, "anchor": anchor,
-        "step": gpu["step"].to_numpy(), "launch_us": launch_us,
+        "step": gpu["step"], "launch_us": launch_us,
         "submit": submit, "reach": _reach(launch_ts, stream, cross),
-        "correlation": gpu["correlation"].to_numpy(dtype=float),
+        "correlation": gpu["correlation"],
     }
 
 
@@ -552,13 +724,24 @@ def _reach(launch_ts: np.ndarray, stream: np.ndarray, cross: np.ndarray) -> np.n
     this is before the call (a stream recorded out of launch order would otherwise make the
     replay need a launch the host has not reached). Iterated to a fixed point: each round is
     one more cross-stream hop."""
-    own = pd.Series(np.nan_to_num(launch_ts, nan=-np.inf))
-    reach = own.groupby(stream).cummax().to_numpy()
+    own = np.nan_to_num(launch_ts, nan=-np.inf)
+    # `_link_gpu` sorts the ops by stream: each stream's running maximum (what
+    # groupby(stream).cummax() gave) is one contiguous slice.
+    cut = (np.flatnonzero(np.diff(stream)) + 1).tolist()
+    segments = list(zip([0, *cut], [*cut, len(stream)], strict=True))
+
+    def cummax(x: np.ndarray) -> np.ndarray:
+        out = np.empty_like(x)
+        for a, b in segments:
+            out[a:b] = np.maximum.accumulate(x[a:b])
+        return out
+
+    reach = cummax(own)
     has = cross >= 0
     for _ in range(64):
         lifted = reach.copy()
         lifted[has] = np.maximum(lifted[has], reach[cross[has]])
-        new = pd.Series(lifted).groupby(stream).cummax().to_numpy()
+        new = cummax(lifted)
         if np.array_equal(new, reach):
             break
         reach = new
