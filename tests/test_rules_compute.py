@@ -203,6 +203,8 @@ def test_for_loop_adam_is_found_with_fused_advice(tmp_path: Path):
     a = single_tensor_optimizer(model)
     assert a.status == "finding"
     assert a.finding.evidence["kernels_per_optimizer_step"] == 200
+    # Only the kernels the optimizer launched, not the step's GEMM with a count of 0.
+    assert a.finding.evidence["top_kernels"] == [{"name": kernel, "count_per_step": 200.0}]
     assert "fused=True" in a.finding.snippet
     # The whole 4 ms optimizer step, at most, of a 10 ms step.
     assert a.finding.estimated_saving_pct == pytest.approx(40.0, abs=0.1)

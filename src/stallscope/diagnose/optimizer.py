@@ -246,7 +246,9 @@ def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
     n = len(model.steps)
     total = model.total_step_us
     mine = k_rows[per_range["optimizer"].to_numpy()[k_range] == name]
+    # A categorical's value_counts lists every category: names no optimizer kernel has are 0.
     top = gpu["name"].iloc[mine].reset_index(drop=True).value_counts().head(3)
+    top = top[top > 0]
     # Host time saved can only shorten the step while the GPU has idle time to absorb it.
     gpu_idle = max(total - busiest_gpu_us(model), 0.0)
     saved = min(float(r.host_us), gpu_idle)
@@ -260,7 +262,7 @@ def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
         "optimizer_share_of_step_pct": pct(float(r.host_us), total),
         "gpu_idle_share_of_step_pct": pct(gpu_idle, total),
         "step_ms_mean": ms(total / n),
-        "top_kernels": [{"name": str(k)[:120], "count_per_step": round(c / r.ranges, 1)}
+        "top_kernels": [{"name": str(k)[:120], "count_per_step": round(float(c / r.ranges), 1)}
                         for k, c in top.items()],
     }
     known = name in FOREACH_CLASSES
