@@ -24,6 +24,7 @@ import pandas as pd
 from stallscope.trace.intervals import Timeline, enclosing, exclusive
 from stallscope.trace.load import Trace
 from stallscope.trace.windows import (
+    STARTUP_CALL_US,
     Iterations,
     Startup,
     describe_startup,
@@ -186,49 +187,49 @@ def build_model(trace: Trace) -> TraceModel:
             "regularly on the busiest thread: the trace is analysed as one window, so per-step "
             "figures are for that window."
         )
-    host = ev[ev["pid"] == main_pid] if main_pid is not None else ev.iloc[0:0]
-    loader = host[(host["tid"] == main_tid) & name_matches(host["name"], LOADER_NAME)]
-    loader_kind = _loader_kind(loader["name"])
+    cols = _EventColumns.of(trace)
+    host = cols.is_in("pid", (main_pid,)) if main_pid is not None else cols.none()
+    loader = np.flatnonzero(host & cols.is_in("tid", (main_tid,)) & cols.matches(LOADER_NAME))
+    loader_kind = _loader_kind(cols.text("name", loader), len(loader))
+    loader_iv = (cols.ts[loader], cols.end[loader])
 
-    runtime = host[host["cat"].isin(RUNTIME_CATS)]
-    gpu = ev[ev["cat"].isin(list(GPU_CATS))]
-    has_gpu = len(gpu) > 0
-    need = runtime.index.union(gpu.index)
-    args = trace.args.loc[need]
-
-    gpu = gpu.assign(
-        kind=gpu["cat"].astype(str).map(GPU_CATS),
-        device=_device_column(gpu, args),
-        correlation=args.loc[gpu.index, "correlation"],
-        bytes=args.loc[gpu.index, "bytes"],
-    )
-    gpu_devices = sorted(gpu["device"].unique().tolist(), key=_natural)
-    copies = _copies(runtime, gpu, args)
-    syncs = _syncs(runtime)
-    ops = host[(host["cat"] == "cpu_op") & ~name_matches(host["name"], NOT_AN_OP)]
+    rt = np.flatnonzero(host & cols.is_in("cat", RUNTIME_CATS))
+    gpu = _GpuRows.of(cols)
+    has_gpu = len(gpu.pos) > 0
+    gpu_devices = sorted(dict.fromkeys(gpu.device.tolist()), key=_natural)
+    copies = _copies(cols, rt, gpu)
+    syncs = _syncs(cols, rt)
+    ops = _OpRows.of(cols, np.flatnonzero(host & cols.is_in("cat", ("cpu_op",))
+                                          & ~cols.matches(NOT_AN_OP)))
     for table in (copies, syncs):
         table["op"], table["top_op"] = _enclosing_ops(ops, table)
-    windows, startup = _set_aside_startup(windows, source, runtime, ops, gpu, copies, notes)
+    windows, startup = _set_aside_startup(windows, source, cols, rt, ops, gpu, copies, notes)
     windows, step_names, set_aside = _set_aside_outliers(
-        windows, step_names, runtime.assign(correlation=args.loc[runtime.index, "correlation"]),
-        gpu, source, notes)
+        windows, step_names, (cols.ts[rt], cols.arg("correlation")[rt]), gpu, source, notes)
 
-    steps = _steps(windows, step_names, loader, copies, syncs, gpu, gpu_devices)
+    steps = _steps(windows, step_names, loader_iv, copies, syncs, gpu, gpu_devices)
     copies["step"] = _step_of(copies["ts"].to_numpy(), windows)
     syncs["step"] = _step_of(syncs["ts"].to_numpy(), windows)
-    runtime_table = runtime[["name", "tid", "ts", "dur", "end"]].assign(
-        name=runtime["name"].cat.remove_unused_categories(),
-        correlation=args.loc[runtime.index, "correlation"],
-        step=_step_of(runtime["ts"].to_numpy(), windows),
-    ).reset_index(drop=True)
-    gpu_table = _gpu_table(gpu, runtime_table, args, windows)
-    is_op = host["cat"].isin(["cpu_op", "user_annotation"]) & ~name_matches(
-        host["name"], NOT_AN_OP
-    ) & ~name_matches(host["name"], LOADER_NAME)
-    op_table = host.loc[is_op, ["cat", "name", "tid", "ts", "dur", "end"]]
+    runtime_table = _table({
+        "name": cols.take("name", rt).remove_unused_categories(),
+        "tid": cols.take("tid", rt),
+        "ts": cols.ts[rt],
+        "dur": cols.dur[rt],
+        "end": cols.end[rt],
+        "correlation": cols.arg("correlation")[rt],
+        "step": _step_of(cols.ts[rt], windows),
+    })
+    gpu_table = _gpu_table(cols, gpu, runtime_table, windows)
+    is_op = np.flatnonzero(host & cols.is_in("cat", ("cpu_op", "user_annotation"))
+                           & ~cols.matches(NOT_AN_OP) & ~cols.matches(LOADER_NAME))
     # Names stay categorical: tens of thousands of ops, a few hundred distinct names.
-    op_table = op_table.assign(step=_step_of(op_table["ts"].to_numpy(), windows))
-    op_table = op_table.reset_index(drop=True)
+    op_table = _table({
+        **{c: cols.take(c, is_op) for c in ("cat", "name", "tid")},
+        "ts": cols.ts[is_op],
+        "dur": cols.dur[is_op],
+        "end": cols.end[is_op],
+        "step": _step_of(cols.ts[is_op], windows),
+    })
     workload = workload_of(op_table, gpu_table)
     too_little = (_too_little(gpu_table, windows, workload) if has_gpu
                   else _too_little_host(op_table, windows))
@@ -256,25 +257,28 @@ def build_model(trace: Trace) -> TraceModel:
 
 
 def _set_aside_startup(
-    windows: np.ndarray, source: str, runtime: pd.DataFrame, ops: pd.DataFrame,
-    gpu: pd.DataFrame, copies: pd.DataFrame, notes: list[str],
+    windows: np.ndarray, source: str, cols: _EventColumns, rt: np.ndarray, ops: _OpRows,
+    gpu: _GpuRows, copies: pd.DataFrame, notes: list[str],
 ) -> tuple[np.ndarray, Startup | None]:
     """Start-up before the steady-state window: initialisation calls (context creation, library
     set-up, module loading) before the first step, or, in a one-window trace, up to the end of
     the last of them and of a long wait for the first GPU work. The window is trimmed so the
     rules never judge start-up as the step's bottleneck."""
-    if not len(windows) or runtime.empty:
+    if not len(windows) or not len(rt):
         return windows, None
     whole = source == "whole-trace"
+    if not whole and not (cols.dur[rt] >= STARTUP_CALL_US).any():
+        return windows, None  # no call long enough to be start-up (startup_calls' first test)
+    runtime = cols.events.iloc[rt]
     origin = float(windows[0, 0])
     calls = startup_calls(runtime, None if whole else float(windows[0, 0]))
     if whole:
         calls = calls[calls["end"] < windows[0, 1]]
     start = float(calls["end"].max()) if len(calls) else origin
     gap = 0.0
-    if whole and len(gpu):
-        first_gpu = float(gpu.loc[gpu["ts"] >= start, "ts"].min()) if (
-            gpu["ts"] >= start).any() else start
+    if whole and len(gpu.pos):
+        later = gpu.ts[gpu.ts >= start]
+        first_gpu = float(later.min()) if len(later) else start
         if first_gpu - start >= STARTUP_GAP_US:
             gap, start = first_gpu - start, first_gpu
     if not len(calls) and not gap:
@@ -282,11 +286,12 @@ def _set_aside_startup(
     if len(calls):
         inner, outer = _enclosing_ops(ops, calls.reset_index(drop=True))
         calls = calls.assign(op=inner, top_op=outer)
-    rows, what = describe_startup(calls, float(runtime["ts"].min()), gap)
+    first_call = float(cols.ts[rt].min())
+    rows, what = describe_startup(calls, first_call, gap)
     if whole:
         what += _startup_copies(copies[copies["ts"] < start])
     end = start if whole else float(windows[0, 0])
-    startup = Startup(origin if whole else float(runtime["ts"].min()), end, rows, what)
+    startup = Startup(origin if whole else first_call, end, rows, what)
     if whole:
         windows = windows.copy()
         windows[0, 0] = start
@@ -310,10 +315,11 @@ def _startup_copies(copies: pd.DataFrame) -> str:
 
 
 def _set_aside_outliers(
-    windows: np.ndarray, names: list[str], runtime: pd.DataFrame, gpu: pd.DataFrame,
-    source: str, notes: list[str],
+    windows: np.ndarray, names: list[str], runtime: tuple[np.ndarray, np.ndarray],
+    gpu: _GpuRows, source: str, notes: list[str],
 ) -> tuple[np.ndarray, list[str], list[dict[str, Any]]]:
-    """Leave a one-off first step out of the verdict (trace/windows.py says which)."""
+    """Leave a one-off first step out of the verdict (trace/windows.py says which).
+    `runtime`: the start and correlation id of each runtime call of the stepping process."""
     if source == "whole-trace" or not len(windows):
         return windows, names, []
     n = len(windows)
@@ -335,16 +341,18 @@ def _set_aside_outliers(
     return windows[1:], names[1:], [dropped]
 
 
-def _pre_window_busy(window: np.ndarray, runtime: pd.DataFrame, gpu: pd.DataFrame) -> float:
+def _pre_window_busy(window: np.ndarray, runtime: tuple[np.ndarray, np.ndarray],
+                     gpu: _GpuRows) -> float:
     """GPU time inside `window` taken by work launched before the window began (merged)."""
-    if gpu.empty or runtime.empty:
+    rt_ts, rt_corr = runtime
+    if not len(gpu.pos) or not len(rt_ts):
         return 0.0
-    early = runtime.loc[runtime["ts"] < window[0], "correlation"]
-    if early.empty:
+    early = rt_corr[rt_ts < window[0]]
+    if not len(early):
         return 0.0
-    g = gpu[gpu["correlation"].isin(early.dropna().to_numpy())]
-    lo = np.clip(g["ts"].to_numpy(), window[0], window[1])
-    hi = np.clip(g["end"].to_numpy(), window[0], window[1])
+    g = np.isin(gpu.correlation, early[~np.isnan(early)])
+    lo = np.clip(gpu.ts[g], window[0], window[1])
+    hi = np.clip(gpu.end[g], window[0], window[1])
     if not len(lo):
         return 0.0
     tl = Timeline.from_intervals((lo, hi))
@@ -353,9 +361,9 @@ def _pre_window_busy(window: np.ndarray, runtime: pd.DataFrame, gpu: pd.DataFram
 
 def _too_little(gpu: pd.DataFrame, windows: np.ndarray, workload: str) -> str | None:
     """What the judged window holds, when it is too little GPU work to judge a step."""
-    inside = gpu[gpu["step"] >= 0]
-    if len(inside) >= MIN_GPU_OPS or not len(windows):
+    if int((gpu["step"].to_numpy() >= 0).sum()) >= MIN_GPU_OPS or not len(windows):
         return None
+    inside = gpu[gpu["step"] >= 0]
     kernels = int((inside["kind"] == "kernel").sum())
     busy = float(inside["dur"].sum())
     span = float(windows[-1, 1] - windows[0, 0])
@@ -388,45 +396,64 @@ def _too_little_host(ops: pd.DataFrame, windows: np.ndarray) -> str | None:
 
 
 def _gpu_table(
-    gpu: pd.DataFrame, runtime: pd.DataFrame, args: pd.DataFrame, windows: np.ndarray
+    cols: _EventColumns, gpu: _GpuRows, runtime: pd.DataFrame, windows: np.ndarray
 ) -> pd.DataFrame:
-    """GPU events with the host time of the call that launched each (joined by correlation)."""
-    table = gpu[["kind", "device", "name", "ts", "dur", "end", "correlation", "bytes"]].assign(
-        name=gpu["name"].cat.remove_unused_categories(),
-        stream=args.loc[gpu.index, "stream"],
-    )
-    launches = runtime.dropna(subset=["correlation"]).drop_duplicates("correlation")
-    launch_ts = launches.set_index("correlation")["ts"]
-    table["launch_ts"] = table["correlation"].map(launch_ts)
-    table["step"] = _step_of(table["ts"].to_numpy(), windows)
-    return table.sort_values("ts").reset_index(drop=True)
+    """GPU events with the host time of the call that launched each (joined by correlation),
+    by start (the order of pandas' sort_values: numpy's default argsort)."""
+    # The first runtime call of each correlation id launched it.
+    corr = runtime["correlation"].to_numpy()
+    known = np.flatnonzero(~np.isnan(corr))
+    ids, first = np.unique(corr[known], return_index=True)
+    launch_of = runtime["ts"].to_numpy()[known[first]]
+    at = np.minimum(np.searchsorted(ids, gpu.correlation), max(len(ids) - 1, 0))
+    launch_ts = np.full(len(gpu.pos), np.nan)
+    if len(ids):
+        hit = ids[at] == gpu.correlation
+        launch_ts[hit] = launch_of[at[hit]]
+    order = np.argsort(gpu.ts, kind="quicksort")
+    rows = gpu.pos[order]
+    return _table({
+        "kind": pd.array(gpu.kind[order], dtype="str"),
+        "device": pd.array(gpu.device[order], dtype="str"),
+        "name": cols.take("name", rows).remove_unused_categories(),
+        "ts": gpu.ts[order],
+        "dur": gpu.dur[order],
+        "end": gpu.end[order],
+        "correlation": gpu.correlation[order],
+        "bytes": gpu.bytes[order],
+        "stream": cols.arg("stream")[rows],
+        "launch_ts": launch_ts[order],
+        "step": _step_of(gpu.ts[order], windows),
+    })
 
 
 def _steps(
     windows: np.ndarray,
     step_names: list[str],
-    loader: pd.DataFrame,
+    loader_iv: tuple[np.ndarray, np.ndarray],
     copies: pd.DataFrame,
     syncs: pd.DataFrame,
-    gpu: pd.DataFrame,
+    gpu: _GpuRows,
     gpu_devices: list[str],
 ) -> list[Step]:
     """Per-step host and GPU breakdowns, from one timeline cut at every boundary that matters."""
-    has_gpu = len(gpu) > 0
+    has_gpu = len(gpu.pos) > 0
+    copy_ts, wait_us = copies["ts"].to_numpy(), copies["wait_us"].to_numpy()
+    copy_start = copy_ts + wait_us
+    copy_end = copy_start + copies["copy_us"].to_numpy()
     sync_iv = (
-        np.concatenate([syncs["ts"].to_numpy(), copies["ts"].to_numpy()]),
-        np.concatenate([syncs["end"].to_numpy(), (copies["ts"] + copies["wait_us"]).to_numpy()]),
+        np.concatenate([syncs["ts"].to_numpy(), copy_ts]),
+        np.concatenate([syncs["end"].to_numpy(), copy_start]),
     )
-    is_h2d = copies["direction"] == "HtoD"
-    copy_start = (copies["ts"] + copies["wait_us"]).to_numpy()
-    copy_end = (copies["ts"] + copies["wait_us"] + copies["copy_us"]).to_numpy()
-    h2d_iv = (copy_start[is_h2d.to_numpy()], copy_end[is_h2d.to_numpy()])
-    other_iv = (copy_start[~is_h2d.to_numpy()], copy_end[~is_h2d.to_numpy()])
-    loader_iv = (loader["ts"].to_numpy(), loader["end"].to_numpy())
-    gpu_ivs = {
-        (dev, kind): (g["ts"].to_numpy(), g["end"].to_numpy())
-        for (dev, kind), g in gpu.groupby(["device", "kind"], observed=True)
-    }
+    is_h2d = (copies["direction"] == "HtoD").to_numpy()
+    h2d_iv = (copy_start[is_h2d], copy_end[is_h2d])
+    other_iv = (copy_start[~is_h2d], copy_end[~is_h2d])
+    gpu_ivs = {}
+    for dev in gpu_devices:
+        for kind in ("kernel", "memcpy", "memset"):
+            mine = (gpu.device == dev) & (gpu.kind == kind)
+            if mine.any():
+                gpu_ivs[(dev, kind)] = (gpu.ts[mine], gpu.end[mine])
     win = (windows[:, 0], windows[:, 1])
     tl = Timeline.from_intervals(win, loader_iv, sync_iv, h2d_iv, other_iv, *gpu_ivs.values())
     bucket = tl.bucket(*win)
@@ -487,30 +514,35 @@ def _step_windows(
 ) -> tuple[np.ndarray, list[str], str | None, str | None, Iterations | None]:
     """Step windows [start, end) in trace time, their names ([] for the whole-trace window),
     and the (pid, tid) of the thread that steps. Odd step markers are noted, not hidden."""
-    is_step = name_matches(ev["name"], STEP_NAME) & ev["cat"].isin(["user_annotation", "cpu_op"])
-    steps = ev[is_step].sort_values("ts")
-    if len(steps):
-        numbers = steps["name"].astype(str).str.extract(STEP_NAME.pattern)[0].astype(int)
-        steps = steps.assign(number=numbers.to_numpy())
-        repeated = steps["number"].duplicated(keep="first")
-        if repeated.any():
-            again = sorted(set(steps.loc[repeated, "number"].tolist()))
+    is_step = (name_matches(ev["name"], STEP_NAME).to_numpy()
+               & _is_in(ev["cat"], ("user_annotation", "cpu_op")))
+    rows = np.flatnonzero(is_step)
+    if len(rows):
+        all_ts = ev["ts"].to_numpy()
+        rows = rows[np.argsort(all_ts[rows], kind="quicksort")]  # as sort_values("ts") orders
+        names = ev["name"].iloc[rows]
+        numbers = per_name(names, _step_number).to_numpy().astype(np.int64)
+        first = np.zeros(len(rows), dtype=bool)
+        first[np.unique(numbers, return_index=True)[1]] = True
+        if not first.all():
+            repeated = ~first
+            again = sorted(set(numbers[repeated].tolist()))
             shown = ", ".join(f"#{n}" for n in again[:5]) + (" ..." if len(again) > 5 else "")
             notes.append(
                 f"ProfilerStep numbers repeat ({shown}; {int(repeated.sum())} repeats): only the "
                 "first range of each number is a step here. Two recordings in one file, or two "
                 "threads stepping, do this; analyse them as separate files."
             )
-            steps = steps[~repeated]
-        starts = steps["ts"].to_numpy()
-        ends = steps["end"].to_numpy()
+            rows, numbers = rows[first], numbers[first]
+        starts = all_ts[rows]
+        ends = ev["end"].to_numpy()[rows]
         # A step cannot outlast the start of the next one.
         ends = np.minimum(ends, np.append(starts[1:], np.inf))
         keep = ends > starts
         if keep.any():  # else only empty markers: treated as no markers
-            steps = steps[keep]
-            names_out = [f"ProfilerStep#{n}" for n in steps["number"]]
-            main = steps[["pid", "tid"]].astype(str).value_counts().idxmax()
+            rows = rows[keep]
+            names_out = [f"ProfilerStep#{n}" for n in numbers[keep].tolist()]
+            main = _stepping_thread(ev, rows)
             return (np.column_stack([starts[keep], ends[keep]]), names_out, main[0], main[1],
                     None)
     host = ev[ev["cat"].isin(HOST_CATS)]
@@ -528,6 +560,23 @@ def _step_windows(
     if inferred is not None:
         return inferred.windows, [], str(busiest[0]), str(busiest[1]), inferred
     return window, [], str(busiest[0]), str(busiest[1]), None
+
+def _step_number(name: str) -> int:
+    """N of a `ProfilerStep#N` name."""
+    return int(STEP_NAME.match(name).group(1))  # type: ignore[union-attr]
+
+
+def _stepping_thread(ev: pd.DataFrame, rows: np.ndarray) -> tuple[str, str]:
+    """(pid, tid) of the thread holding most of the step ranges at `rows`."""
+    pid, tid = ev["pid"], ev["tid"]
+    if isinstance(pid.dtype, pd.CategoricalDtype) and isinstance(tid.dtype, pd.CategoricalDtype):
+        p, t = pid.array.codes[rows], tid.array.codes[rows]
+        if p[0] >= 0 and t[0] >= 0 and (p == p[0]).all() and (t == t[0]).all():  # one thread
+            return (_category_text_array(pid.dtype.categories)[p[0]],
+                    _category_text_array(tid.dtype.categories)[t[0]])
+    # Several: the most frequent, ties as pandas' value_counts orders them.
+    main = ev.iloc[rows][["pid", "tid"]].astype(str).value_counts().idxmax()
+    return main[0], main[1]
 
 
 def per_name(names: pd.Series, fn: Callable[[str], Any]) -> pd.Series:
@@ -647,89 +696,123 @@ def _matches(pattern: re.Pattern[str], name: str) -> bool:
     return bool(pattern.match(name))
 
 
-def _loader_kind(names: pd.Series) -> str | None:
-    text = " ".join(names.astype(str).unique())
+def _loader_kind(names: np.ndarray, count: int) -> str | None:
+    """The DataLoader kind from the names of the training thread's `__next__` ranges."""
+    text = " ".join(dict.fromkeys(str(n) for n in names))
     if "_MultiProcessingDataLoaderIter" in text:
         return "multi-process"
     if "_SingleProcessDataLoaderIter" in text:
         return "single-process"
     if "DataPipe" in text:
         return "datapipe"
-    return "other" if len(names) else None
+    return "other" if count else None
 
 
-def _device_column(gpu: pd.DataFrame, args: pd.DataFrame) -> pd.Series:
-    """`args.device` as a string, else the GPU row's pid (vectorised: one value per event)."""
-    raw = args.loc[gpu.index, "device"]
+def _device_column(cols: _EventColumns, rows: np.ndarray) -> np.ndarray:
+    """`args.device` as text, else the GPU row's pid (one conversion per distinct value)."""
+    raw = cols.arg("device")[rows]
     # A device id is a whole number; a fractional or out-of-range one (damage) counts as absent.
-    raw = raw.where((raw == np.floor(raw)) & (raw.abs() < 2**53))
-    dev = raw.astype("Int64").astype("string")
-    return dev.fillna(gpu["pid"].astype("string")).astype(str)
+    with np.errstate(invalid="ignore"):
+        whole = (raw == np.floor(raw)) & (np.abs(raw) < 2**53)
+    out = cols.text("pid", rows)
+    if whole.any():
+        ids, where = np.unique(raw[whole], return_inverse=True)
+        out[whole] = np.array([str(int(i)) for i in ids], dtype=object)[where]
+    return out
 
 
 def _natural(s: str) -> tuple[int, str]:
     return (int(s), "") if s.isdigit() else (1 << 30, s)
 
 
-def _copies(runtime: pd.DataFrame, gpu: pd.DataFrame, args: pd.DataFrame) -> pd.DataFrame:
-    """Host copy calls joined to their GPU copies, with the host time split into wait and copy."""
-    calls = runtime[name_matches(runtime["name"], MEMCPY_CALL)]
-    calls = calls.assign(correlation=args.loc[calls.index, "correlation"])
-    dev_copies = gpu[gpu["kind"] == "memcpy"]
-    joined = calls[["name", "tid", "ts", "dur", "end", "correlation"]].merge(
-        dev_copies[["name", "ts", "dur", "end", "correlation", "bytes", "device"]].dropna(
-            subset=["correlation"]
-        ),
-        on="correlation",
-        how="inner",
-        suffixes=("", "_gpu"),
-    )
-    parsed = joined["name_gpu"].astype(str).str.extract(MEMCPY_NAME.pattern)
-    joined["direction"] = parsed[0].fillna("unknown")
-    joined["src"] = parsed[1].fillna("unknown")
-    joined["dst"] = parsed[2].fillna("unknown")
-    blocking = joined["end"] >= joined["ts_gpu"] - CLOCK_TOLERANCE_US
-    wait = (joined["ts_gpu"] - joined["ts"]).clip(lower=0.0)
-    wait = np.minimum(wait, joined["dur"])
-    joined["blocking"] = blocking
-    joined["wait_us"] = wait.where(blocking, 0.0)
-    joined["copy_us"] = (joined["dur"] - joined["wait_us"]).where(blocking, 0.0)
-    return joined.reset_index(drop=True)
+def _copies(cols: _EventColumns, rt: np.ndarray, gpu: _GpuRows) -> pd.DataFrame:
+    """Host copy calls joined to their GPU copies, with the host time split into wait and copy.
+
+    The join is pandas' inner merge on correlation, done on arrays: one row per (call, GPU
+    copy) pair with equal ids, in the calls' order, then the GPU copies' order."""
+    calls = rt[cols.matches(MEMCPY_CALL)[rt]]
+    call_corr = cols.arg("correlation")[calls]
+    dev = np.flatnonzero((gpu.kind == "memcpy") & ~np.isnan(gpu.correlation))
+    order = dev[np.argsort(gpu.correlation[dev], kind="stable")]
+    keys = gpu.correlation[order]
+    lo = np.searchsorted(keys, call_corr, side="left")
+    hi = np.searchsorted(keys, call_corr, side="right")
+    count = hi - lo
+    left = np.repeat(np.arange(len(calls)), count)
+    first = np.repeat(lo - (np.cumsum(count) - count), count)  # key run start, less offset
+    right = order[first + np.arange(len(left))]
+    host, copy = calls[left], gpu.pos[right]
+    ts, dur, end = cols.ts[host], cols.dur[host], cols.end[host]
+    ts_gpu = cols.ts[copy]
+    parsed = [_memcpy_parts(n) for n in cols.text("name", copy)]
+    blocking = end >= ts_gpu - CLOCK_TOLERANCE_US
+    wait = ts_gpu - ts
+    wait = np.minimum(np.where(wait < 0.0, 0.0, wait), dur)
+    wait_us = np.where(blocking, wait, 0.0)
+    return _table({
+        "name": cols.take("name", host),
+        "tid": cols.take("tid", host),
+        "ts": ts,
+        "dur": dur,
+        "end": end,
+        "correlation": call_corr[left],
+        "name_gpu": cols.take("name", copy),
+        "ts_gpu": ts_gpu,
+        "dur_gpu": cols.dur[copy],
+        "end_gpu": cols.end[copy],
+        "bytes": gpu.bytes[right],
+        "device": pd.array(gpu.device[right], dtype="str"),
+        **{part: pd.array([p[i] for p in parsed], dtype="str")
+           for i, part in enumerate(("direction", "src", "dst"))},
+        "blocking": blocking,
+        "wait_us": wait_us,
+        "copy_us": np.where(blocking, dur - wait_us, 0.0),
+    })
 
 
-def _syncs(runtime: pd.DataFrame) -> pd.DataFrame:
+@functools.lru_cache(maxsize=1 << 12)
+def _memcpy_parts(name: str | float) -> tuple[str, str, str]:
+    """Direction, source and destination memory of a GPU copy, from its name (NaN: none)."""
+    found = MEMCPY_NAME.match(name) if isinstance(name, str) else None
+    return found.groups() if found else ("unknown", "unknown", "unknown")
+
+
+def _syncs(cols: _EventColumns, rt: np.ndarray) -> pd.DataFrame:
     """Explicit synchronisation calls."""
-    calls = runtime[runtime["name"].isin(list(SYNC_CALLS))]
-    out = calls[["name", "tid", "ts", "dur", "end"]].copy()
-    out["name"] = out["name"].astype(str)
-    return out.reset_index(drop=True)
+    calls = rt[cols.is_in("name", tuple(SYNC_CALLS))[rt]]
+    return _table({
+        "name": pd.array(cols.text("name", calls), dtype="str"),
+        "tid": cols.take("tid", calls),
+        "ts": cols.ts[calls],
+        "dur": cols.dur[calls],
+        "end": cols.end[calls],
+    })
 
 
-def _enclosing_ops(ops: pd.DataFrame, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _enclosing_ops(ops: _OpRows, calls: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Innermost and outermost CPU op (same thread) around each runtime call, or ''.
 
     Done by time containment rather than External id, whose meaning on runtime events varies
-    between Kineto versions.
+    between Kineto versions. `calls` has a 0..n-1 index.
     """
     inner = np.full(len(calls), "", dtype=object)
     outer = np.full(len(calls), "", dtype=object)
-    if len(calls) == 0 or len(ops) == 0:
+    if len(calls) == 0 or len(ops.ts) == 0:
         return inner, outer
     # Only calls that held the host up are worth naming, and only ops at least that long can
-    # hold such a call: most ops are shorter, so this shrinks the search manyfold.
-    held = calls[calls["dur"] >= MIN_NAMED_CALL_US]
-    ops = ops[ops["dur"] >= MIN_NAMED_CALL_US]
-    op_tids = ops["tid"].astype(str).to_numpy()
-    for tid, positions in held.groupby(held["tid"].astype(str), observed=True).indices.items():
-        positions = held.index.to_numpy()[positions]  # calls has a 0..n-1 index
-        mine = ops[op_tids == tid]
-        if mine.empty:
+    # hold such a call (`_OpRows` keeps only those): most ops are shorter, so this shrinks the
+    # search manyfold.
+    held = np.flatnonzero(calls["dur"].to_numpy() >= MIN_NAMED_CALL_US)
+    tids = calls["tid"].astype(str).to_numpy(dtype=object)[held]
+    call_ts, call_end = calls["ts"].to_numpy(), calls["end"].to_numpy()
+    for tid in dict.fromkeys(t for t in tids.tolist() if isinstance(t, str)):
+        positions = held[tids == tid]
+        mine = ops.tid == tid
+        if not mine.any():
             continue
-        i_in, i_out = enclosing(
-            mine["ts"].to_numpy(), mine["end"].to_numpy(),
-            calls["ts"].to_numpy()[positions], calls["end"].to_numpy()[positions],
-        )
-        names = mine["name"].astype(str).to_numpy()
+        i_in, i_out = enclosing(ops.ts[mine], ops.end[mine], call_ts[positions],
+                                call_end[positions])
+        names = ops.name[mine]
         found = i_in >= 0
         inner[positions[found]] = names[i_in[found]]
         outer[positions[found]] = names[i_out[found]]
@@ -742,3 +825,106 @@ def _step_of(ts: np.ndarray, windows: np.ndarray) -> np.ndarray:
     idx = np.searchsorted(windows[:, 0], ts, side="right") - 1
     ok = (idx >= 0) & (ts < windows[np.clip(idx, 0, None), 1])
     return np.where(ok, idx, -1)
+
+
+class _EventColumns:
+    """The event table's columns as arrays, read once. Rows are picked with boolean masks and
+    positions on these: each pandas filter of the frame costs a fraction of a millisecond, and
+    the model makes dozens of them on tables of a few thousand rows."""
+
+    def __init__(self, events: pd.DataFrame, args: pd.DataFrame) -> None:
+        self.events = events
+        self.n = len(events)
+        self.ts = events["ts"].to_numpy()
+        self.dur = events["dur"].to_numpy()
+        self.end = events["end"].to_numpy()
+        if not args.index.equals(events.index):  # same rows by label, then by position
+            args = args.loc[events.index]
+        self.args = args
+
+    @classmethod
+    def of(cls, trace: Trace) -> _EventColumns:
+        return cls(trace.events, trace.args)
+
+    def none(self) -> np.ndarray:
+        return np.zeros(self.n, dtype=bool)
+
+    def arg(self, name: str) -> np.ndarray:
+        """An `args` field (float64) per event."""
+        return self.args[name].to_numpy()
+
+    def is_in(self, column: str, values: tuple[Any, ...]) -> np.ndarray:
+        return _is_in(self.events[column], values)
+
+    def matches(self, pattern: re.Pattern[str]) -> np.ndarray:
+        return name_matches(self.events["name"], pattern).to_numpy()
+
+    def take(self, column: str, rows: np.ndarray) -> Any:
+        """`events[column]` at `rows` as an array (a categorical keeps its categories)."""
+        return self.events[column].array.take(rows)
+
+    def text(self, column: str, rows: np.ndarray) -> np.ndarray:
+        """`events[column].astype(str)` at `rows`, as an object array (NaN where missing)."""
+        series = self.events[column]
+        if isinstance(series.dtype, pd.CategoricalDtype):
+            text = _category_text_array(series.dtype.categories)
+            return text[series.array.codes[rows]]
+        return series.iloc[rows].astype(str).to_numpy(dtype=object)
+
+
+def _is_in(series: pd.Series, values: tuple[Any, ...]) -> np.ndarray:
+    """`series.isin(values)` as an array; for a categorical, by its codes."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        table = np.append(series.dtype.categories.isin(list(values)), False)
+        return table[series.array.codes]  # code -1 (missing) is in nothing
+    return series.isin(list(values)).to_numpy()
+
+
+def _category_text_array(categories: pd.Index) -> np.ndarray:
+    """The categories as Python strings, then NaN (what code -1, a missing value, reads as)."""
+    return _cached(categories, "text-array",
+                   lambda: np.array([*(str(c) for c in categories), np.nan], dtype=object))
+
+
+def _table(columns: dict[str, Any]) -> pd.DataFrame:
+    """A frame of `columns` (arrays of one length) on a 0..n-1 index (pandas' default)."""
+    return pd.DataFrame(columns)
+
+
+@dataclass
+class _GpuRows:
+    """The GPU events (kernels, copies, memsets) of the trace as arrays, in table order."""
+
+    pos: np.ndarray  # rows of the event table
+    kind: np.ndarray  # object: kernel | memcpy | memset
+    device: np.ndarray  # object: `args.device` as text, else the row's pid
+    ts: np.ndarray
+    dur: np.ndarray
+    end: np.ndarray
+    correlation: np.ndarray
+    bytes: np.ndarray
+
+    @classmethod
+    def of(cls, cols: _EventColumns) -> _GpuRows:
+        pos = np.flatnonzero(cols.is_in("cat", tuple(GPU_CATS)))
+        kind = np.empty(len(pos), dtype=object)
+        for cat, name in GPU_CATS.items():
+            kind[cols.is_in("cat", (cat,))[pos]] = name
+        return cls(pos, kind, _device_column(cols, pos), cols.ts[pos], cols.dur[pos],
+                   cols.end[pos], cols.arg("correlation")[pos], cols.arg("bytes")[pos])
+
+
+@dataclass
+class _OpRows:
+    """CPU ops long enough to hold a runtime call worth naming (see `_enclosing_ops`)."""
+
+    tid: np.ndarray  # object: thread id as text
+    ts: np.ndarray
+    end: np.ndarray
+    name: np.ndarray  # object: op name
+
+    @classmethod
+    def of(cls, cols: _EventColumns, rows: np.ndarray) -> _OpRows:
+        rows = rows[cols.dur[rows] >= MIN_NAMED_CALL_US]
+        return cls(cols.text("tid", rows), cols.ts[rows], cols.end[rows],
+                   cols.text("name", rows))
