@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_matches
+from stallscope.trace.model import TraceModel, exact_sums, name_matches
 
 RULE_ID = "rank-imbalance"
 JOB_LABEL = "job"
@@ -173,17 +174,30 @@ def _how_far(behind: list[dict]) -> str:
 _COLLECTIVE = re.compile(r"(?i).*(nccl|rccl)")
 
 
+def _busiest_device_us(devices: pd.Series, dur: np.ndarray, rows: np.ndarray) -> float | None:
+    """The largest per-device sum of `dur` over `rows` (None without any): a bincount where
+    its sums are exact (the same bits in any order), else pandas' groupby sum."""
+    values = dur[rows]
+    names = devices.to_numpy(dtype=object)[rows]
+    if exact_sums(values) and all(isinstance(d, str) for d in set(names.tolist())):
+        if not len(values):
+            return None
+        _, group = np.unique(names.astype(str), return_inverse=True)
+        return float(np.bincount(group, weights=values).max())
+    per_dev = pd.Series(values).groupby(names).sum()
+    return float(per_dev.max()) if len(per_dev) else None
+
+
 def _work(model: TraceModel) -> dict:
     n = len(model.steps)
     gpu = model.gpu
     compute_ms = 0.0
     if len(gpu):
-        kernels = gpu[(gpu["kind"] == "kernel") & (gpu["step"] >= 0)]
-        if len(kernels):
-            names = kernels["name"].astype("category")
-            comm = name_matches(names, _COLLECTIVE).to_numpy()
-            per_dev = kernels[~comm].groupby("device")["dur"].sum()
-            compute_ms = float(per_dev.max()) / 1000 / n if len(per_dev) else 0.0
+        kernels = (gpu["kind"].to_numpy() == "kernel") & (gpu["step"].to_numpy() >= 0)
+        if kernels.any():
+            compute = kernels & ~name_matches(gpu["name"], _COLLECTIVE).to_numpy()
+            busiest = _busiest_device_us(gpu["device"], gpu["dur"].to_numpy(), compute)
+            compute_ms = busiest / 1000 / n if busiest is not None else 0.0
     durations = np.array([s.duration_us for s in model.steps])
     return {
         "rank": model.trace.rank,

@@ -11,10 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from stallscope.report.loader_work import inside_loader
-from stallscope.trace.model import TraceModel
+from stallscope.trace.model import TraceModel, exact_sums
 
 TOP_N = 10
 
@@ -47,20 +48,23 @@ def host_op_totals(model: TraceModel) -> HotTotals:
     steps, by inclusive time. Ops the training thread ran inside DataLoader `__next__` (the
     dataset's own work) are left out: the breakdown counts them as time in the loader, and
     listing them here would present them as the model's."""
-    frame = None
-    if len(model.ops):
-        in_step = model.ops[model.ops["step"] >= 0]
-        frame = in_step.loc[~inside_loader(model, in_step), ["name", "dur"]]
-    return HotTotals(_by_name(frame), len(model.steps), _ns(model.total_step_us))
+    by_name: dict[str, list[int]] = {}
+    ops = model.ops
+    if len(ops):
+        keep = (ops["step"].to_numpy() >= 0) & ~inside_loader(model, ops)  # row by row
+        by_name = _by_name(ops["name"], ops["dur"].to_numpy(), keep)
+    return HotTotals(by_name, len(model.steps), _ns(model.total_step_us))
 
 
 def gpu_kernel_totals(model: TraceModel) -> HotTotals:
     """The GPU kernels inside steps by busy time, over every GPU of the trace."""
-    if len(model.gpu) == 0:
+    gpu = model.gpu
+    if len(gpu) == 0:
         return HotTotals()
-    kernels = model.gpu[(model.gpu["kind"] == "kernel") & (model.gpu["step"] >= 0)]
+    keep = (gpu["kind"].to_numpy() == "kernel") & (gpu["step"].to_numpy() >= 0)
     window = model.total_step_us * max(len(model.gpu_devices), 1)
-    return HotTotals(_by_name(kernels[["name", "dur"]]), len(model.steps), _ns(window))
+    return HotTotals(_by_name(gpu["name"], gpu["dur"].to_numpy(), keep), len(model.steps),
+                     _ns(window))
 
 
 def summed(totals: Iterable[HotTotals]) -> HotTotals:
@@ -92,9 +96,23 @@ def _ns(us: float) -> int:
     return round(us * 1000)
 
 
-def _by_name(frame: pd.DataFrame | None) -> dict[str, list[int]]:
-    if frame is None or len(frame) == 0:
+def _by_name(names: pd.Series, dur: np.ndarray, keep: np.ndarray) -> dict[str, list[int]]:
+    """[total ns, calls] of the rows in `keep` by name, names in order (as pandas' groupby by
+    `names.astype(str)` gives them). Summed with bincount where every partial sum is exact
+    (`exact_sums`: then the order of summation cannot change a bit), else by that groupby."""
+    if not keep.any():
         return {}
+    values = dur[keep]
+    if isinstance(names.dtype, pd.CategoricalDtype) and exact_sums(values):
+        codes = names.array.codes[keep]
+        if (codes >= 0).all():
+            size = len(names.dtype.categories)
+            calls = np.bincount(codes, minlength=size)
+            totals = np.bincount(codes, weights=values, minlength=size)
+            text = [str(c) for c in names.dtype.categories]
+            return {text[c]: [_ns(float(totals[c])), int(calls[c])]
+                    for c in sorted(np.flatnonzero(calls).tolist(), key=text.__getitem__)}
+    frame = pd.DataFrame({"name": names[keep], "dur": values})
     grouped = frame["dur"].groupby(frame["name"].astype(str)).agg(["sum", "count"])
     return {str(name): [_ns(float(total)), int(calls)]
             for name, total, calls in zip(grouped.index, grouped["sum"], grouped["count"],

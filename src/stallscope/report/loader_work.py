@@ -13,18 +13,27 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches
+from stallscope.trace.model import (
+    LOADER_NAME,
+    TraceModel,
+    column_equals_text,
+    column_isin,
+    name_matches,
+)
 
 
 def loader_spans(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (us) of the training thread's DataLoader `__next__` ranges, by start."""
+    """Start and end (us) of the training thread's DataLoader `__next__` ranges, by start
+    (numpy's default argsort, as sort_values orders them)."""
     ev = model.trace.events
     if model.main_tid is None or len(ev) == 0:
         return np.empty(0), np.empty(0)
-    on_main = (ev["tid"].astype(str) == str(model.main_tid)) & ev["cat"].isin(
-        ["user_annotation", "cpu_op"])
-    loader = ev[on_main & name_matches(ev["name"], LOADER_NAME)].sort_values("ts")
-    return loader["ts"].to_numpy(float), loader["end"].to_numpy(float)
+    on_main = column_equals_text(ev["tid"], str(model.main_tid)) & column_isin(
+        ev["cat"], ("user_annotation", "cpu_op"))
+    rows = np.flatnonzero(on_main & name_matches(ev["name"], LOADER_NAME).to_numpy())
+    ts = ev["ts"].to_numpy(float)[rows]
+    order = np.argsort(ts, kind="quicksort")
+    return ts[order], ev["end"].to_numpy(float)[rows][order]
 
 
 def inside_loader(model: TraceModel, ops: pd.DataFrame) -> np.ndarray:
@@ -39,4 +48,4 @@ def inside_loader(model: TraceModel, ops: pd.DataFrame) -> np.ndarray:
     ok = idx >= 0
     within = np.zeros(len(ops), dtype=bool)
     within[ok] = ops["end"].to_numpy(float)[ok] <= ends[idx[ok]]
-    return within & (ops["tid"].astype(str) == str(model.main_tid)).to_numpy()
+    return within & column_equals_text(ops["tid"], str(model.main_tid))

@@ -515,7 +515,7 @@ def _step_windows(
     """Step windows [start, end) in trace time, their names ([] for the whole-trace window),
     and the (pid, tid) of the thread that steps. Odd step markers are noted, not hidden."""
     is_step = (name_matches(ev["name"], STEP_NAME).to_numpy()
-               & _is_in(ev["cat"], ("user_annotation", "cpu_op")))
+               & column_isin(ev["cat"], ("user_annotation", "cpu_op")))
     rows = np.flatnonzero(is_step)
     if len(rows):
         all_ts = ev["ts"].to_numpy()
@@ -854,7 +854,7 @@ class _EventColumns:
         return self.args[name].to_numpy()
 
     def is_in(self, column: str, values: tuple[Any, ...]) -> np.ndarray:
-        return _is_in(self.events[column], values)
+        return column_isin(self.events[column], values)
 
     def matches(self, pattern: re.Pattern[str]) -> np.ndarray:
         return name_matches(self.events["name"], pattern).to_numpy()
@@ -872,12 +872,30 @@ class _EventColumns:
         return series.iloc[rows].astype(str).to_numpy(dtype=object)
 
 
-def _is_in(series: pd.Series, values: tuple[Any, ...]) -> np.ndarray:
-    """`series.isin(values)` as an array; for a categorical, by its codes."""
+def exact_sums(values: np.ndarray) -> bool:
+    """Whether every sum of any of `values`, in any order, is exact in float64: all are whole
+    multiples of 1/1024 and their magnitudes sum below 2**53 of those. Then a bincount gives
+    the same bits as pandas' (compensated) groupby sum; trace times in whole microseconds are."""
+    scaled = values * 1024.0
+    with np.errstate(invalid="ignore"):
+        whole = bool((scaled == np.floor(scaled)).all())
+    return whole and float(np.abs(scaled).sum()) < 2.0**53
+
+
+def column_isin(series: pd.Series, values: tuple[Any, ...]) -> np.ndarray:
+    """`series.isin(values)` as an array; for a categorical, one test per category."""
     if isinstance(series.dtype, pd.CategoricalDtype):
         table = np.append(series.dtype.categories.isin(list(values)), False)
         return table[series.array.codes]  # code -1 (missing) is in nothing
     return series.isin(list(values)).to_numpy()
+
+
+def column_equals_text(series: pd.Series, text: str) -> np.ndarray:
+    """`series.astype(str) == text` as an array; for a categorical, one test per category."""
+    if isinstance(series.dtype, pd.CategoricalDtype):
+        table = _category_text_array(series.dtype.categories) == text  # NaN (missing): False
+        return table[series.array.codes]
+    return (series.astype(str) == text).to_numpy()
 
 
 def _category_text_array(categories: pd.Index) -> np.ndarray:
