@@ -561,6 +561,7 @@ def _step_windows(
         return inferred.windows, [], str(busiest[0]), str(busiest[1]), inferred
     return window, [], str(busiest[0]), str(busiest[1]), None
 
+
 def _step_number(name: str) -> int:
     """N of a `ProfilerStep#N` name."""
     return int(STEP_NAME.match(name).group(1))  # type: ignore[union-attr]
