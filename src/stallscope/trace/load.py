@@ -239,18 +239,19 @@ def _build(path: Path, decoded: Decoded) -> Trace:
     legacy = any(c in LEGACY_CATEGORIES for c in cats.categories)
     if legacy:
         cats = cats.rename_categories(_merge_names(cats.categories, LEGACY_CATEGORIES))
+    rel = ts - t0
     frame = pd.DataFrame(
         {
             "cat": cats,
             "name": _categorical(cols.column("name", np.int32)[keep], cols.name.values),
             "pid": _categorical(cols.column("pid", np.int32)[keep], cols.pid.values),
             "tid": _categorical(cols.column("tid", np.int32)[keep], cols.tid.values),
-            "ts": ts - t0,
+            "ts": rel,
             "dur": dur,
+            "end": rel + dur,
         },
         copy=False,
     )
-    frame["end"] = frame["ts"] + frame["dur"]
     args = pd.DataFrame({f: cols.column(f)[keep] for f in ARG_FIELDS}, copy=False)
     listed = meta.deviceProperties if isinstance(meta.deviceProperties, list) else []
     devices = [d for d in listed if isinstance(d, dict)]
