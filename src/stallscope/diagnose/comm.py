@@ -10,7 +10,6 @@ micro-batches), all-gather/reduce-scatter (FSDP prefetch).
 
 from __future__ import annotations
 
-import math
 import re
 from collections import Counter
 
@@ -20,9 +19,9 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.replay.graph import name_mask, per_name_array
+from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import TraceModel
+from stallscope.trace.model import TraceModel, name_array, name_mask
 
 RULE_ID = "comm-bound"
 
@@ -81,7 +80,7 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     device = gpu["device"].to_numpy()
     ts, end = gpu["ts"].to_numpy(dtype=float), gpu["end"].to_numpy(dtype=float)
     kinds = np.empty(len(gpu), dtype=object)
-    kinds[is_comm] = per_name_array(gpu["name"], _kernel_kind, is_comm)
+    kinds[is_comm] = name_array(gpu["name"], _kernel_kind, is_comm)
     results = {}
     for dev in sorted(set(device[is_comm])):
         on = kernel & (device == dev)
@@ -334,10 +333,10 @@ def _host_comm(model: TraceModel) -> dict | None:
     coll = is_coll & (ops["step"].to_numpy() >= 0)
     if not coll.any():
         return None
-    is_compute = (per_name_array(ops["cat"], lambda c: c == "cpu_op").astype(bool)
+    is_compute = (name_array(ops["cat"], lambda c: c == "cpu_op").astype(bool)
                   & ~name_mask(ops["name"], NOT_COMPUTE) & ~is_coll)
     # (backend, collective) of each collective range: its name matched HOST_COLLECTIVE.
-    found = per_name_array(ops["name"], _host_kind, coll)
+    found = name_array(ops["name"], _host_kind, coll)
     ts, end = ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
     kinds = np.array([k for _, k in found], dtype=object)
     r = _exposed(model, (ts[coll], end[coll]), (ts[is_compute], end[is_compute]), kinds)
@@ -352,25 +351,6 @@ def _host_kind(name: str) -> tuple[str, str] | None:
     """(backend, collective) of a `gloo:all_reduce` host range; None for other names."""
     m = HOST_COLLECTIVE.match(name)
     return (m.group(1), m.group(2)) if m else None
-
-
-def _group_sum(codes: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """Per-group sums bit for bit as pandas' groupby sum gives them: np.add.reduceat over the
-    segments when the group codes ascend through the rows (and no value is NaN), else the
-    Kahan-compensated running sum in row order of its group_sum kernel (NaN skipped)."""
-    if len(codes) and not np.isnan(values).any() and bool(np.all(codes[1:] >= codes[:-1])):
-        starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-        return np.add.reduceat(values, starts)
-    sums, comp = [0.0] * n, [0.0] * n
-    for g, v in zip(codes.tolist(), values.tolist(), strict=True):
-        if v != v:
-            continue
-        y = v - comp[g]
-        t = sums[g] + y
-        c = t - sums[g] - y
-        comp[g] = c if math.isfinite(c) else 0.0
-        sums[g] = t
-    return np.array(sums, dtype=float)
 
 
 def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
@@ -396,8 +376,8 @@ def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
     # Grouped by collective (sorted names), ranked by exposed then collective time, ties in
     # name order: what groupby().agg().sort_values(..., ascending=False) gave.
     names, codes = np.unique(kinds[keep], return_inverse=True)
-    g_us = _group_sum(codes, us[keep], len(names))
-    g_exposed = _group_sum(codes, exposed[keep], len(names))
+    g_us = group_sums(us[keep], codes, len(names))
+    g_exposed = group_sums(exposed[keep], codes, len(names))
     count = np.bincount(codes, minlength=len(names))
     order = np.lexsort((-g_us, -g_exposed))[:TOP_COLLECTIVES]
     return {

@@ -20,8 +20,7 @@ import pandas as pd
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.precision import name_flags
-from stallscope.trace.model import TraceModel
+from stallscope.trace.model import TraceModel, name_flags
 
 RULE_ID = "compile-in-steps"
 COMPILE_PREFIXES = ("_compile.compile_inner", "entire_frame_compile")

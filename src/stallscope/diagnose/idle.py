@@ -23,6 +23,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import LOADER_NAME, TraceModel, per_name
 from stallscope.trace.workload import step_word
@@ -79,23 +80,23 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
             f"(threshold {IDLE_THRESHOLD_PCT:.0f}%).",
         )
     p = by_device[dev]
-    # Sums by kind and by gap as pandas' groupby gave them (see _group_sums), kinds labelled
+    # Sums by kind and by gap as pandas' groupby gave them (trace/grouped.py), kinds labelled
     # in their sorted order as groupby("kind") did.
     kind_label = _KIND_SORT_LABEL[p.kind_code]
-    by_kind = _group_sums(p.us, kind_label, len(GAP_KINDS))
+    by_kind = group_sums(p.us, kind_label, len(GAP_KINDS))
     host_us, other_us, unknown_us = (float(by_kind[_KIND_SORT_LABEL[k]]) for k in range(3))
     loader_us = float(p.loader_us.sum())
     sync_us = float(p.sync_us.sum())
     # Idle time not explained by the DataLoader wait, split by cause.
-    not_loader = _group_sums(p.us - p.loader_us, kind_label, len(GAP_KINDS))
+    not_loader = group_sums(p.us - p.loader_us, kind_label, len(GAP_KINDS))
     rest_host, rest_other, rest_unknown = (float(not_loader[_KIND_SORT_LABEL[k]])
                                            for k in range(3))
     rest = rest_host + rest_other + rest_unknown
     # One row per gap: its pieces (one per step it spans) are consecutive.
     gap_first = np.flatnonzero(np.r_[True, p.gap[1:] != p.gap[:-1]]) if len(p.gap) else p.gap
     gap_label = np.cumsum(np.r_[True, p.gap[1:] != p.gap[:-1]]) - 1 if len(p.gap) else p.gap
-    gap_us = _group_sums(p.us, gap_label, len(gap_first))
-    gap_loader = _group_sums(p.loader_us, gap_label, len(gap_first))
+    gap_us = group_sums(p.us, gap_label, len(gap_first))
+    gap_loader = group_sums(p.loader_us, gap_label, len(gap_first))
     gap_kind = p.kind_code[gap_first]
     top = _largest(gap_us, TOP_GAPS)
     g = model.gpu
@@ -334,12 +335,12 @@ def _gap_pieces(model: TraceModel, dev: str, windows: np.ndarray,
     return _GapPieces(
         gap=piece_gap,
         step=piece_step,
-        us=_group_sums(length, label, npieces),
+        us=group_sums(length, label, npieces),
         start_us=piece_start,
-        loader_us=_group_sums(np.where(loader_in, length, 0.0), label, npieces),
-        sync_us=_group_sums(np.where(sync_m[in_gap] & ~loader_in, length, 0.0), label,
+        loader_us=group_sums(np.where(loader_in, length, 0.0), label, npieces),
+        sync_us=group_sums(np.where(sync_m[in_gap] & ~loader_in, length, 0.0), label,
                             npieces),
-        cpu_work_us=_group_sums(np.where(pre_m[in_gap], length, 0.0), label, npieces),
+        cpu_work_us=group_sums(np.where(pre_m[in_gap], length, 0.0), label, npieces),
         offset_us=piece_start - windows[piece_step, 0],
         kind_code=kind_code[piece_gap],
         next_name=names[piece_gap],
@@ -373,7 +374,7 @@ def _op_split(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
 def _cpu_work_pieces(p: _GapPieces, gap_label: np.ndarray, ngaps: int) -> np.ndarray:
     """Mask of the host-wait pieces of gaps whose host ran at least CPU_WORK_MIN_GAP_US before
     the launch that ended them (outside DataLoader and sync waits)."""
-    per_gap = _group_sums(p.cpu_work_us, gap_label, ngaps)[gap_label]
+    per_gap = group_sums(p.cpu_work_us, gap_label, ngaps)[gap_label]
     return (p.kind_code == 0) & (per_gap >= CPU_WORK_MIN_GAP_US) & (p.cpu_work_us > 0)
 
 
@@ -398,7 +399,7 @@ def _cpu_work_ops(model: TraceModel, host: _HostLayers, p: _GapPieces, cpu_gaps:
     if len(op_ts):
         overlap = covered(op_end) - covered(op_ts)
         label, names = _sorted_name_labels(model.ops["name"], host.quiet_rows)
-        by_name = _group_sums(overlap, label, len(names))
+        by_name = group_sums(overlap, label, len(names))
         positive = np.flatnonzero(by_name > 0)
         for i in positive[_largest(by_name[positive], TOP_HOST_OPS)]:
             out.append({"op": names[i][:100], "ms_per_step": ms(float(by_name[i]) / n)})
@@ -436,77 +437,6 @@ def _loader_intervals(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
 
 # GAP_KINDS code -> its rank among the sorted kind names (groupby("kind") labels).
 _KIND_SORT_LABEL = np.argsort(np.argsort(np.array(GAP_KINDS)))
-# Runs left to sum one element at a time in Python rather than one numpy step per element.
-_KAHAN_PYTHON_RUNS = 8
-
-
-def _group_sums(values: np.ndarray, label: np.ndarray, ngroups: int) -> np.ndarray:
-    """Per-label sums exactly as pandas 3's groupby().sum() computes them: np.add.reduceat
-    over the runs when the labels never decrease and no value is NaN, else the Cython
-    kernel's element-by-element Kahan sum in row order (skipping NaN); label -1 is dropped."""
-    values = np.asarray(values, dtype=np.float64)
-    out = np.zeros(ngroups)
-    if len(values) == 0:
-        return out
-    nan = np.isnan(values)
-    has_nan = bool(nan.any())
-    if not has_nan and (label[1:] >= label[:-1]).all():
-        lead = int(np.searchsorted(label, 0))
-        lab = label[lead:]
-        if len(lab):
-            runs = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1]])
-            out[lab[runs]] = np.add.reduceat(values[lead:], runs)
-        return out
-    keep = label >= 0
-    if has_nan:
-        keep &= ~nan
-    order = np.argsort(label[keep], kind="stable")
-    lab, vals = label[keep][order], values[keep][order]
-    if len(lab):
-        runs = np.flatnonzero(np.r_[True, lab[1:] != lab[:-1]])
-        out[lab[runs]] = _kahan_runs(vals, runs, np.r_[runs[1:], len(lab)])
-    return out
-
-
-def _kahan_runs(values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Kahan sum of each run values[starts[i]:ends[i]] (pandas' group_sum, which resets the
-    compensation when an infinity makes it NaN). Leading zeros leave the sum and compensation
-    at zero, so a run with one non-zero value sums to it; the others advance one element per
-    numpy step all together, and the last few longest finish in Python."""
-    out = np.zeros(len(starts))
-    nonzero = values != 0.0
-    before = np.concatenate([[0], np.cumsum(nonzero)])
-    count = before[ends] - before[starts]
-    where = np.flatnonzero(nonzero)
-    one = count == 1
-    out[one] = values[where[before[starts[one]]]]
-    todo = np.flatnonzero(count > 1)
-    cur, stop = where[before[starts[todo]]], ends[todo]
-    s, c = np.zeros(len(todo)), np.zeros(len(todo))
-    with np.errstate(invalid="ignore"):
-        while len(todo) > _KAHAN_PYTHON_RUNS:
-            y = values[cur] - c
-            t = s + y
-            c = (t - s) - y
-            c[np.isnan(c)] = 0.0
-            s = t
-            cur += 1
-            done = cur >= stop
-            if done.any():
-                out[todo[done]] = s[done]
-                left = ~done
-                todo, cur, stop, s, c = todo[left], cur[left], stop[left], s[left], c[left]
-    for i, k0, k1, total, comp in zip(todo.tolist(), cur.tolist(), stop.tolist(), s.tolist(),
-                                      c.tolist(), strict=True):
-        for v in values[k0:k1].tolist():
-            y = v - comp
-            t = total + y
-            comp = (t - total) - y
-            if comp != comp:
-                comp = 0.0
-            total = t
-        out[i] = total
-    return out
 
 
 def _group_min(values: np.ndarray, label: np.ndarray, ngroups: int) -> np.ndarray:

@@ -26,8 +26,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.precision import name_flags, name_values, regex_hit
-from stallscope.trace.model import TraceModel
+from stallscope.trace.model import TraceModel, name_array, name_flags, regex_hit
 
 RULE_ID = "single-tensor-optimizer"
 # Kernels per optimizer step from which the per-parameter loop is worth reporting. foreach
@@ -147,7 +146,7 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     if ops.empty:
         return Assessment(RULE_ID, "not_assessed", "No CPU op events in the trace.")
     # Plain arrays throughout: the frames are small, so pandas' per-call cost would dominate.
-    optimizer = name_values(ops["name"], _step_class)
+    optimizer = name_array(ops["name"], _step_class)
     is_step = (optimizer != "") & (ops["step"].to_numpy() >= 0)
     if not is_step.any():
         return Assessment(

@@ -23,8 +23,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.replay.graph import per_name_array
-from stallscope.trace.model import TraceModel
+from stallscope.trace.model import TraceModel, name_array
 
 RULE_ID = "dataparallel"
 ANNOTATION = "DataParallel.forward"
@@ -44,7 +43,7 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
     # Most traces hold neither name: look at the step ops' distinct names before slicing the
     # frame (a slice costs more than the look-up).
     in_steps = model.ops["step"].to_numpy() >= 0
-    if not any(per_name_array(model.ops["name"], _dataparallel_name, in_steps)):
+    if not any(name_array(model.ops["name"], _dataparallel_name, in_steps)):
         return Assessment(
             RULE_ID, "clear",
             "No DataParallel.forward and no DataParallel Broadcast/Scatter/Gather ops in the "

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +36,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import autocast, for_torch, grad_scaler, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, per_name
+from stallscope.trace.model import TraceModel, name_array, name_flags, per_name, regex_hit
 
 RULE_ID = "no-mixed-precision"
 # Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.
@@ -80,31 +78,6 @@ _ARCH_HINTS = (
     (re.compile(r"ampere|cutlass_8\d_", re.IGNORECASE), 8),
     (re.compile(r"volta|turing|cutlass_7\d_", re.IGNORECASE), 7),
 )
-
-
-def name_values(names: pd.Series, fn: Callable[[str], Any]) -> np.ndarray:
-    """`fn` of each row's name as an array, evaluated once per category: the model's name
-    columns are categorical, and reading their codes costs far less than `per_name`'s
-    factorize and Series (a rule's whole budget is a few milliseconds). `fn` must be pure: it
-    also sees categories no row uses. A missing name takes `fn("")`, as in `per_name`."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        return per_name(names, fn).to_numpy()
-    cat = names.array
-    values = [fn(str(c)) for c in cat.categories.tolist()]
-    values.append(fn(""))
-    return np.array(values)[cat.codes]
-
-
-def name_flags(names: pd.Series, fn: Callable[[str], Any]) -> np.ndarray:
-    """`name_values` as booleans (a mask over the rows)."""
-    return name_values(names, fn).astype(bool)
-
-
-@functools.lru_cache(maxsize=1 << 17)
-def regex_hit(pattern: re.Pattern[str], name: str, anywhere: bool = False) -> bool:
-    """`pattern` matched at the start of `name` (or searched anywhere in it). Cached: every rank
-    file of a job has the same names, and a long kernel name costs microseconds per pattern."""
-    return bool(pattern.search(name) if anywhere else pattern.match(name))
 
 
 def classify_kernels(names: pd.Series) -> pd.Series:
@@ -215,7 +188,7 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
             "The GPU's compute capability is unknown (no deviceProperties, no architecture in "
             "the kernel names): whether it has tensor cores cannot be told.",
         )
-    kind = name_values(gpu["name"], kernel_kind)
+    kind = name_array(gpu["name"], kernel_kind)
     compute = kernels & ~name_flags(gpu["name"], _is_comm)
     dur = gpu["dur"].to_numpy()
     # np.nansum of the selected rows is what pandas' Series.sum computes (same pairwise order).

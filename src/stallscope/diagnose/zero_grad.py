@@ -16,8 +16,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.precision import name_flags
-from stallscope.trace.model import TraceModel
+from stallscope.trace.model import TraceModel, name_flags
 
 RULE_ID = "zero-grad-kernels"
 ZERO_GRAD = "Optimizer.zero_grad#"

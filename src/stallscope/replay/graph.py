@@ -27,12 +27,11 @@ import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel, _matches, per_name
+from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel, name_array, name_mask
 
 # Host node kinds: CPU time between points; a runtime call; a DataLoader fetch; a step boundary;
 # the start of a busy stretch after the thread sat idle.
@@ -153,7 +152,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     # and pandas' per-call overhead, not the data, was the cost.
     ev = model.trace.events
     w0, w1 = chosen[0].start_us, chosen[-1].end_us
-    ev_kind = per_name_array(ev["name"], _event_kind).astype(np.int64)
+    ev_kind = name_array(ev["name"], _event_kind).astype(np.int64)
     main_pid = _main_pid(model, ev_kind == STEP_RANGE)
     ev_ts, ev_end = ev["ts"].to_numpy(), ev["end"].to_numpy()
     pid_codes, pid_ids = _id_codes(ev["pid"])
@@ -258,32 +257,6 @@ def _factorize_names(codes: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray,
     return out, [str(n) for n in labels[uniques]]
 
 
-def name_mask(names: pd.Series, pattern: re.Pattern[str],
-              rows: np.ndarray | None = None) -> np.ndarray:
-    """name_matches (a match at the start of each row's name, missing: "") as a boolean array,
-    of the rows where `rows` is True when given."""
-    return per_name_array(names, lambda n: _matches(pattern, n), rows).astype(bool)
-
-
-def per_name_array(names: pd.Series, fn: Callable[[str], Any],
-                   rows: np.ndarray | None = None) -> np.ndarray:
-    """`fn` of each row's name (missing: fn("")), of the rows where `rows` is True when given,
-    as trace.model.per_name but evaluated once per category in use straight from a
-    categorical's codes: per_name's factorize and Series cost more than the few hundred
-    (cached) calls."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        out = per_name(names, fn).to_numpy()
-        return out if rows is None else out[rows]
-    codes = names.array.codes.astype(np.intp) + 1  # 0: missing
-    if rows is not None:
-        codes = codes[rows]
-    cats = names.array.categories.tolist()
-    table = np.empty(len(cats) + 1, dtype=object)
-    for c in np.flatnonzero(np.bincount(codes, minlength=len(cats) + 1)).tolist():
-        table[c] = fn(str(cats[c - 1]) if c else "")
-    return table[codes]
-
-
 def _main_pid(model: TraceModel, is_step: np.ndarray | None = None) -> str:
     """The process that steps: the one holding most ProfilerStep ranges, else most events of
     the stepping thread. `is_step`: the events that are ProfilerStep ranges, when known."""
@@ -320,7 +293,7 @@ def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, ev_kind: np.ndarray,
     start of each busy stretch), each after a fill node (see `_fill_and_pois`). The events
     are `ev`'s rows where `ev_rows` (`ev_kind`: their `_event_kind`), the runtime calls
     `runtime`'s where `rt_rows`."""
-    busy_cat = per_name_array(ev["cat"], BUSY_CATS.__contains__, ev_rows).astype(bool)
+    busy_cat = name_array(ev["cat"], BUSY_CATS.__contains__, ev_rows).astype(bool)
     is_loader = ev_kind == LOADER_RANGE
     is_step = ev_kind == STEP_RANGE
     ev_tid, ev_tids = _id_codes(ev["tid"])
@@ -333,7 +306,7 @@ def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, ev_kind: np.ndarray,
         rt_names = rt_names.astype("category")
     rt_cats = list(map(str, rt_names.cat.categories))
     loader_of = np.empty(len(is_loader), dtype=object)  # the loader rows' names, as str(name)
-    loader_of[is_loader] = per_name_array(ev["name"], str, _subset(ev_rows, is_loader))
+    loader_of[is_loader] = name_array(ev["name"], str, _subset(ev_rows, is_loader))
     loader_names = sorted(set(loader_of[is_loader].tolist()))
     table = ["", *rt_cats, *loader_names]
     loader_code = {n: 1 + len(rt_cats) + i for i, n in enumerate(loader_names)}

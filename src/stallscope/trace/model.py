@@ -619,16 +619,16 @@ def name_matches(names: pd.Series, pattern: re.Pattern[str]) -> pd.Series:
     a categorical column, once per category list and pattern: the model and the rules match a
     dozen patterns against slices of the same few name columns)."""
     if not isinstance(names.dtype, pd.CategoricalDtype):
-        return per_name(names, lambda n: _matches(pattern, n)).astype(bool)
+        return per_name(names, lambda n: regex_hit(pattern, n)).astype(bool)
     codes, used, missing = _codes_used(names)
     categories = names.dtype.categories
     table = _match_table(categories, pattern)
     todo = used[table[used] < 0]
     if len(todo):
         text = _category_text(categories)
-        table[todo] = [_matches(pattern, text[c]) for c in todo.tolist()]
+        table[todo] = [regex_hit(pattern, text[c]) for c in todo.tolist()]
     if missing:
-        table[-1] = _matches(pattern, "")
+        table[-1] = regex_hit(pattern, "")
     return pd.Series(table[codes] > 0, index=names.index)
 
 
@@ -690,11 +690,42 @@ def _codes_used(names: pd.Series) -> tuple[np.ndarray, np.ndarray, bool]:
     return codes, np.flatnonzero(present[1:]), bool(present[0])
 
 
+def name_array(names: pd.Series, fn: Callable[[str], Any],
+               rows: np.ndarray | None = None) -> np.ndarray:
+    """`per_name` as an array, of the rows where `rows` is True when given: for a categorical
+    column, `fn` once per category in use, read straight off the codes (a rule's whole budget
+    is a few milliseconds; a Series and factorize per call cost more than the calls)."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        out = per_name(names, fn).to_numpy()
+        return out if rows is None else out[rows]
+    codes = names.array.codes.astype(np.intp) + 1  # 0: missing
+    if rows is not None:
+        codes = codes[rows]
+    cats = _category_text(names.dtype.categories)
+    table = np.empty(len(cats) + 1, dtype=object)
+    for c in np.flatnonzero(np.bincount(codes, minlength=len(cats) + 1)).tolist():
+        table[c] = fn(cats[c - 1] if c else "")
+    return table[codes]
+
+
+def name_flags(names: pd.Series, fn: Callable[[str], Any],
+               rows: np.ndarray | None = None) -> np.ndarray:
+    """`name_array` as booleans: a mask over the rows."""
+    return name_array(names, fn, rows).astype(bool)
+
+
+def name_mask(names: pd.Series, pattern: re.Pattern[str],
+              rows: np.ndarray | None = None) -> np.ndarray:
+    """`name_matches` as a boolean array, of the rows where `rows` is True when given."""
+    return name_flags(names, lambda n: regex_hit(pattern, n), rows)
+
+
 @functools.lru_cache(maxsize=1 << 17)
-def _matches(pattern: re.Pattern[str], name: str) -> bool:
-    """Cached: the rules match the same patterns against the same op and kernel names in every
-    rank file of a job, and a long kernel name costs tens of microseconds per pattern."""
-    return bool(pattern.match(name))
+def regex_hit(pattern: re.Pattern[str], name: str, anywhere: bool = False) -> bool:
+    """`pattern` matched at the start of `name` (or searched anywhere in it). Cached: the rules
+    match the same patterns against the same op and kernel names in every rank file of a job,
+    and a long kernel name costs tens of microseconds per pattern."""
+    return bool(pattern.search(name) if anywhere else pattern.match(name))
 
 
 def _loader_kind(names: np.ndarray, count: int) -> str | None:
