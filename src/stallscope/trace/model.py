@@ -906,8 +906,9 @@ class _EventColumns:
 
 def exact_sums(values: np.ndarray) -> bool:
     """Whether every sum of any of `values`, in any order, is exact in float64: all are whole
-    multiples of 1/1024 and their magnitudes sum below 2**53 of those. Then a bincount gives
-    the same bits as pandas' (compensated) groupby sum; trace times in whole microseconds are."""
+    multiples of 1/1024 and their magnitudes sum below 2**53 of those (trace times in whole
+    microseconds are). Then a bincount gives the same bits as pandas' compensated groupby
+    sum, which the totals were summed with before."""
     scaled = values * 1024.0
     with np.errstate(invalid="ignore"):
         whole = bool((scaled == np.floor(scaled)).all())
