@@ -13,7 +13,6 @@ fix belong to `dataloader-bound`.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +24,14 @@ from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import LOADER_NAME, TraceModel, per_name
+from stallscope.trace.model import (
+    LOADER_NAME,
+    TraceModel,
+    column_equals_text,
+    name_flags,
+    name_mask,
+    regex_hit,
+)
 from stallscope.trace.workload import step_word
 
 RULE_ID = "gpu-idle"
@@ -362,9 +368,9 @@ def _op_split(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
     ops = model.ops
     rows = np.arange(len(ops))
     if model.main_tid is not None and len(ops):
-        rows = np.flatnonzero(_equals_str(ops["tid"], str(model.main_tid)))
+        rows = np.flatnonzero(column_equals_text(ops["tid"], str(model.main_tid)))
     rt = model.runtime
-    issues = _per_name(rt["name"], lambda s: bool(ISSUING_CALL.search(s)))
+    issues = name_flags(rt["name"], lambda s: regex_hit(ISSUING_CALL, s, anywhere=True))
     ts = np.sort(rt["ts"].to_numpy(dtype=float)[issues])
     inside = (np.searchsorted(ts, ops["end"].to_numpy(dtype=float)[rows], side="left")
               - np.searchsorted(ts, ops["ts"].to_numpy(dtype=float)[rows], side="left"))
@@ -425,9 +431,9 @@ def _loader_intervals(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
     ev = model.trace.events
     if model.loader_kind is None or model.main_tid is None or len(ev) == 0:
         return np.empty(0), np.empty(0)
-    mine = np.flatnonzero(_equals_str(ev["tid"], str(model.main_tid)))
+    mine = np.flatnonzero(column_equals_text(ev["tid"], str(model.main_tid)))
     names = ev["name"]
-    loader = mine[_per_name(names, lambda s: bool(LOADER_NAME.match(s)), mine)]
+    loader = mine[name_mask(names, LOADER_NAME, mine)]
     return ev["ts"].to_numpy(dtype=float)[loader], ev["end"].to_numpy(dtype=float)[loader]
 
 
@@ -463,32 +469,6 @@ def _string_categories(col: pd.Series) -> pd.Index | None:
             dtype.categories.dtype):
         return dtype.categories
     return None
-
-
-def _equals_str(col: pd.Series, value: str) -> np.ndarray:
-    """`col.astype(str) == value` as a mask, on the categories rather than every row."""
-    cats = _string_categories(col)
-    if cats is None:
-        return (col.astype(str) == value).to_numpy(dtype=bool)
-    hit = np.r_[np.asarray(cats == value, dtype=bool), False]  # code -1 (missing): no match
-    return hit[col.cat.codes.to_numpy()]
-
-
-def _per_name(col: pd.Series, fn: Callable[[str], bool],
-              rows: np.ndarray | None = None) -> np.ndarray:
-    """model.per_name(col, fn) as a mask (of `rows` only when given), evaluating fn once per
-    distinct name that occurs."""
-    cats = _string_categories(col)
-    if cats is None:
-        sub = col if rows is None else col.iloc[rows]
-        return per_name(sub, fn).to_numpy(dtype=bool)
-    codes = col.cat.codes.to_numpy()
-    if rows is not None:
-        codes = codes[rows]
-    used = np.unique(codes)
-    hit = np.zeros(len(cats) + 1, dtype=bool)
-    hit[used] = [fn(str(cats[u])) if u >= 0 else fn("") for u in used.tolist()]
-    return hit[codes]
 
 
 def _take(col: pd.Series, rows: np.ndarray) -> np.ndarray:
