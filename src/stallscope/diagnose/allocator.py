@@ -20,7 +20,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_flags, regex_hit
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_flags, regex_hit
 
 RULE_ID = "allocator-churn"
 ALLOC_CALL = re.compile(r"^(?:(?:cuda|hip)Malloc|cuMemAlloc(?:_v2)?)$")

@@ -21,7 +21,8 @@ from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import TraceModel, name_array, name_mask
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_array, name_mask
 
 RULE_ID = "comm-bound"
 

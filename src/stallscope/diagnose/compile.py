@@ -20,7 +20,8 @@ import pandas as pd
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_flags
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_flags
 
 RULE_ID = "compile-in-steps"
 COMPILE_PREFIXES = ("_compile.compile_inner", "entire_frame_compile")

@@ -28,7 +28,8 @@ from stallscope.errors import StallscopeError
 from stallscope.replay import transforms as tf
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
-from stallscope.trace.model import SYNC_CALLS, TraceModel, name_matches, per_name
+from stallscope.trace.model import SYNC_CALLS, TraceModel
+from stallscope.trace.names import name_matches, per_name
 
 # Tensor-core speedup assumed for fp32 GEMM/conv kernels, by target precision. Peak ratios are
 # 8x (V100 fp16, A100 TF32) to 16x (A100 bf16) over fp32 SIMT; convolutions carry layout

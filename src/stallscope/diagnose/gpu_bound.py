@@ -39,7 +39,8 @@ from stallscope.diagnose.precision import (
     classify_kernels,
 )
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import TraceModel, per_name
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import per_name
 from stallscope.trace.workload import step_word
 
 RULE_ID = "gpu-bound"

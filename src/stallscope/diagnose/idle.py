@@ -24,14 +24,8 @@ from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
-from stallscope.trace.model import (
-    LOADER_NAME,
-    TraceModel,
-    column_equals_text,
-    name_flags,
-    name_mask,
-    regex_hit,
-)
+from stallscope.trace.model import LOADER_NAME, TraceModel
+from stallscope.trace.names import column_equals_text, name_flags, name_mask, regex_hit
 from stallscope.trace.workload import step_word
 
 RULE_ID = "gpu-idle"

@@ -26,7 +26,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_array, name_flags, regex_hit
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_array, name_flags, regex_hit
 
 RULE_ID = "single-tensor-optimizer"
 # Kernels per optimizer step from which the per-parameter loop is worth reporting. foreach

@@ -23,7 +23,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_array
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_array
 
 RULE_ID = "dataparallel"
 ANNOTATION = "DataParallel.forward"

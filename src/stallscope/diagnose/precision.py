@@ -36,7 +36,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import autocast, for_torch, grad_scaler, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_array, name_flags, per_name, regex_hit
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_array, name_flags, per_name, regex_hit
 
 RULE_ID = "no-mixed-precision"
 # Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.

@@ -20,7 +20,9 @@ import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, exact_sums, name_matches
+from stallscope.trace.grouped import exact_sums
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_matches
 
 RULE_ID = "rank-imbalance"
 JOB_LABEL = "job"

@@ -22,7 +22,8 @@ from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
-from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches, per_name
+from stallscope.trace.model import LOADER_NAME, TraceModel
+from stallscope.trace.names import name_matches, per_name
 
 RULE_ID = "worker-startup"
 

@@ -16,7 +16,8 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.model import TraceModel, name_flags
+from stallscope.trace.model import TraceModel
+from stallscope.trace.names import name_flags
 
 RULE_ID = "zero-grad-kernels"
 ZERO_GRAD = "Optimizer.zero_grad#"

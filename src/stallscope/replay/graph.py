@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel, name_array, name_mask
+from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel
+from stallscope.trace.names import name_array, name_mask
 
 # Host node kinds: CPU time between points; a runtime call; a DataLoader fetch; a step boundary;
 # the start of a busy stretch after the thread sat idle.

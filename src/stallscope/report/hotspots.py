@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from stallscope.report.loader_work import inside_loader
-from stallscope.trace.model import TraceModel, exact_sums
+from stallscope.trace.grouped import exact_sums
+from stallscope.trace.model import TraceModel
 
 TOP_N = 10
 

@@ -13,13 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.trace.model import (
-    LOADER_NAME,
-    TraceModel,
-    column_equals_text,
-    column_isin,
-    name_matches,
-)
+from stallscope.trace.model import LOADER_NAME, TraceModel
+from stallscope.trace.names import column_equals_text, column_isin, name_matches
 
 
 def loader_spans(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:

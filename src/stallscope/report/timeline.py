@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from stallscope.report.loader_work import inside_loader
-from stallscope.trace.model import LOADER_NAME, TraceModel, name_matches
+from stallscope.trace.model import LOADER_NAME, TraceModel
+from stallscope.trace.names import name_matches
 
 # Horizontal resolution the merge is sized for (the SVG draws about this many pixels).
 PIXELS = 1000

@@ -5,7 +5,8 @@ its fixed cost per call dominated, so they now sum on arrays. To keep every figu
 report unchanged, the sums follow pandas 3's two ways of adding: `np.add.reduceat` over the
 runs when the group labels never decrease and no value is NaN, else its compensated (Kahan)
 running sum in row order, NaN skipped. (The two differ in the last bit: which one applies
-depends on the row order, as it did under pandas.)
+depends on the row order, as it did under pandas.) Where every partial sum is exact
+(`exact_sums`), the order does not matter and `np.bincount` gives the same bits.
 """
 
 from __future__ import annotations
@@ -37,3 +38,14 @@ def group_sums(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
         comp[g] = 0.0 if c != c else c  # an infinity makes it NaN: pandas resets it
         sums[g] = t
     return np.array(sums, dtype=np.float64)
+
+
+def exact_sums(values: np.ndarray) -> bool:
+    """Whether every sum of any of `values`, in any order, is exact in float64: all are whole
+    multiples of 1/1024 and their magnitudes sum below 2**53 of those (trace times in whole
+    microseconds are). Then a bincount gives the same bits as pandas' compensated groupby
+    sum, which the totals were summed with before."""
+    scaled = values * 1024.0
+    with np.errstate(invalid="ignore"):
+        whole = bool((scaled == np.floor(scaled)).all())
+    return whole and float(np.abs(scaled).sum()) < 2.0**53
