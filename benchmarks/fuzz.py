@@ -530,12 +530,26 @@ def _by_mutation(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     return table
 
 
+# `stallscope ARGS` in this interpreter, then its own VmHWM (kB) written to argv[1]. Not the
+# rusage of wait4: Linux carries a process's peak RSS across fork and exec, so a child's
+# ru_maxrss is at least what this (large) fuzzing process held when it forked.
+_PEAK_OF_CLI = """
+import sys, runpy
+out = sys.argv[1]
+sys.argv = ["stallscope", *sys.argv[2:]]
+try:
+    runpy.run_module("stallscope", run_name="__main__", alter_sys=True)
+finally:
+    kb = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+    open(out, "w").write(kb[0])
+"""
+
+
 def remeasure(out: Path, largest: int, seed: int) -> dict[str, Any]:
     """Peak memory of the heaviest cases of a finished run, each analysed by `stallscope
     analyze` in a fresh process (the in-process figure carries what the fuzzing process kept
     from earlier cases): every case on the `largest` largest seed traces, whose memory bounds
     the rest (docs/robustness.md has the whitespace and decompression bombs measured apart)."""
-    import os
     import subprocess
 
     results = json.loads((out / "partial.json").read_text())
@@ -554,15 +568,17 @@ def remeasure(out: Path, largest: int, seed: int) -> dict[str, Any]:
                             + (".gz" if data[:2] == b"\x1f\x8b" else ""))
         target.write_bytes(data)
         del data
+        hwm = scratch / "vmhwm"
+        hwm.unlink(missing_ok=True)
         t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "stallscope", "analyze", str(target),
-                                 "-q", "--force", "-o", str(scratch / "report")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
-        rows.append({"case": r["case"], "what": what, "exit": os.waitstatus_to_exitcode(status),
-                     "wall_s": time.perf_counter() - t0, "peak_rss_mb": usage.ru_maxrss / 1024})
+        proc = subprocess.run([sys.executable, "-c", _PEAK_OF_CLI, str(hwm), "analyze",
+                               str(target), "-q", "--force", "-o", str(scratch / "report")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows.append({"case": r["case"], "what": what, "exit": proc.returncode,
+                     "wall_s": time.perf_counter() - t0,
+                     "peak_rss_mb": int(hwm.read_text()) / 1024 if hwm.exists() else None})
         target.unlink()
-    top = max(rows, key=lambda x: x["peak_rss_mb"]) if rows else None
+    top = max(rows, key=lambda x: x["peak_rss_mb"] or 0) if rows else None
     summary = {"command": " ".join(sys.argv), "cases": len(rows),
                "peak_rss_mb": top["peak_rss_mb"] if top else 0, "peak_case": top,
                "exits": {str(k): sum(1 for x in rows if x["exit"] == k)
