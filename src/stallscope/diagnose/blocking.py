@@ -26,6 +26,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.allocator import enclosing_ops
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.trace.keyed import first_match, pick
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
 from stallscope.trace.workload import step_word
 
@@ -184,22 +185,13 @@ def _next_call(model: TraceModel, correlation: np.ndarray) -> _NextCall:
     follows[:-1] = (key[order][1:] == key[order][:-1]) & (tid_code[order][:-1] >= 0)
     after = np.full(len(order), -1)
     after[order[:-1][follows[:-1]]] = order[1:][follows[:-1]]
-    corr = rt["correlation"].to_numpy(dtype=float)[order]
-    known = np.flatnonzero(~np.isnan(corr))
-    ids, first = np.unique(corr[known], return_index=True)
-    at = np.clip(np.searchsorted(ids, correlation), 0, max(len(ids) - 1, 0))
-    found = (at < len(ids)) & (ids[at] == correlation) if len(ids) else np.zeros(
-        len(correlation), dtype=bool)
-    call = np.where(found, order[known[first[at]]] if len(ids) else -1, -1)
-    nxt = np.where(call >= 0, after[np.clip(call, 0, None)], -1)
-    has = nxt >= 0
-    pick = np.clip(nxt, 0, None)
-    code = np.where(has, name_code[pick], -1)
+    call = pick(order, first_match(rt["correlation"].to_numpy(dtype=float)[order], correlation), -1)
+    nxt = pick(after, call, -1)
     return _NextCall(
-        name_code=code,
+        name_code=pick(name_code, nxt, -1),
         names=name.dtype,
-        ts=np.where(has, ts[pick], np.nan),
-        end=np.where(has, end[pick], np.nan),
+        ts=pick(ts, nxt, np.nan),
+        end=pick(end, nxt, np.nan),
     )
 
 

@@ -26,6 +26,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.trace.keyed import inner_join
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_flags, regex_hit
 
@@ -106,17 +107,6 @@ def _assign(ts: np.ndarray, tid: np.ndarray, r_ts: np.ndarray, r_end: np.ndarray
     return out
 
 
-def _join(left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row pairs (left, right) with equal keys, in the order of an inner `merge`: left rows in
-    order, each with its matches in right order. Keys must not be NaN."""
-    order = np.argsort(right, kind="stable")
-    lo = np.searchsorted(right[order], left, side="left")
-    n = np.searchsorted(right[order], left, side="right") - lo
-    first = np.cumsum(n) - n
-    offset = np.arange(int(n.sum())) - np.repeat(first, n)
-    return np.repeat(np.arange(len(left)), n), order[np.repeat(lo, n) + offset]
-
-
 def _covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Length of [lo, hi) covered by the union of the intervals, per query."""
     if len(starts) == 0:
@@ -173,7 +163,7 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     gpu = model.gpu
     gpu_corr = gpu["correlation"].to_numpy()
     kernel_rows = np.flatnonzero((gpu["kind"].to_numpy() == "kernel") & ~np.isnan(gpu_corr))
-    left, right = _join(gpu_corr[kernel_rows], rt_corr[launched])
+    left, right = inner_join(gpu_corr[kernel_rows], rt_corr[launched])
     k_rows, k_range = kernel_rows[left], rt_range[launched[right]]  # one row per join match
     multi_kernel = name_flags(gpu["name"], _multi_tensor_kernel)[k_rows]
     # Multi-tensor/fused ops inside the ranges (only those ops need placing in a range).

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from stallscope.trace.keyed import first_match, pick
 from stallscope.trace.model import LOADER_NAME, STEP_NAME, TraceModel
 from stallscope.trace.names import name_array, name_mask
 
@@ -632,11 +633,9 @@ def _link_gpu(gpu: dict[str, np.ndarray], host: dict[str, np.ndarray]) -> dict:
     end = ts + dur
     n = len(ts)
     # launch node by correlation id (the first call node of each id)
-    call_nodes = np.flatnonzero((host["kind"] == CALL) & ~np.isnan(host["corr"]))
-    ids, first_of = np.unique(host["corr"][call_nodes], return_index=True)
-    at = np.clip(np.searchsorted(ids, gpu["correlation"]), 0, max(len(ids) - 1, 0))
-    known = (ids[at] == gpu["correlation"]) if len(ids) else np.zeros(n, dtype=bool)
-    launch = np.where(known, call_nodes[first_of[at]] if len(ids) else -1, -1).astype(np.int64)
+    call_nodes = np.flatnonzero(host["kind"] == CALL)
+    caller = first_match(host["corr"][call_nodes], gpu["correlation"])
+    launch = pick(call_nodes, caller, -1).astype(np.int64)
     launch_ts = np.where(launch >= 0, host["ts"][np.clip(launch, 0, None)], np.nan)
     first = np.concatenate([[True], stream[1:] != stream[:-1]]) if n else np.zeros(0, bool)
     prev_end = np.where(first, -np.inf, np.concatenate([[-np.inf], end[:-1]]))

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.trace.intervals import Timeline, enclosing, exclusive
+from stallscope.trace.keyed import first_match, inner_join, pick
 from stallscope.trace.load import Trace
 from stallscope.trace.names import category_strings, column_isin, name_matches, per_name
 from stallscope.trace.windows import (
@@ -400,15 +401,8 @@ def _gpu_table(
     """GPU events with the host time of the call that launched each (joined by correlation),
     by start (the order of pandas' sort_values: numpy's default argsort)."""
     # The first runtime call of each correlation id launched it.
-    corr = runtime["correlation"].to_numpy()
-    known = np.flatnonzero(~np.isnan(corr))
-    ids, first = np.unique(corr[known], return_index=True)
-    launch_of = runtime["ts"].to_numpy()[known[first]]
-    at = np.minimum(np.searchsorted(ids, gpu.correlation), max(len(ids) - 1, 0))
-    launch_ts = np.full(len(gpu.pos), np.nan)
-    if len(ids):
-        hit = ids[at] == gpu.correlation
-        launch_ts[hit] = launch_of[at[hit]]
+    call = first_match(runtime["correlation"].to_numpy(), gpu.correlation)
+    launch_ts = pick(runtime["ts"].to_numpy(), call, np.nan)
     order = np.argsort(gpu.ts, kind="quicksort")
     rows = gpu.pos[order]
     return _table({
@@ -615,15 +609,9 @@ def _copies(cols: _EventColumns, rt: np.ndarray, gpu: _GpuRows) -> pd.DataFrame:
     copy) pair with equal ids, in the calls' order, then the GPU copies' order."""
     calls = rt[cols.matches(MEMCPY_CALL)[rt]]
     call_corr = cols.arg("correlation")[calls]
-    dev = np.flatnonzero((gpu.kind == "memcpy") & ~np.isnan(gpu.correlation))
-    order = dev[np.argsort(gpu.correlation[dev], kind="stable")]
-    keys = gpu.correlation[order]
-    lo = np.searchsorted(keys, call_corr, side="left")
-    hi = np.searchsorted(keys, call_corr, side="right")
-    count = hi - lo
-    left = np.repeat(np.arange(len(calls)), count)
-    first = np.repeat(lo - (np.cumsum(count) - count), count)  # key run start, less offset
-    right = order[first + np.arange(len(left))]
+    dev = np.flatnonzero(gpu.kind == "memcpy")
+    left, right = inner_join(call_corr, gpu.correlation[dev])
+    right = dev[right]  # positions among the GPU rows
     host, copy = calls[left], gpu.pos[right]
     ts, dur, end = cols.ts[host], cols.dur[host], cols.end[host]
     ts_gpu = cols.ts[copy]
