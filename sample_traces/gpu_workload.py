@@ -5,7 +5,8 @@ in exactly one thing.
 Each sample costs `--sample-ms` of CPU in the loader (a decode stand-in), so 0 workers starve
 the GPU; batches are large enough in bytes (3x128x128 fp32, 128 per batch: 25 MB) that a
 pageable copy shows. `--time N` runs N steps without any profiler and prints the mean step a
-user would see (wall time over the last N - 10 steps, the GPU synchronized at both ends).
+user would see (wall time over N steps after the first `--time-from`, the GPU synchronized at
+both ends).
 
     python sample_traces/gpu_workload.py --num-workers 4 --pin-memory --non-blocking --time 60
 """
@@ -71,6 +72,8 @@ def main() -> None:
     p.add_argument("--optimizer", choices=("forloop", "foreach", "fused"), default="foreach")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--time", type=int, default=0, help="time N steps without a profiler")
+    p.add_argument("--time-from", type=int, default=10,
+                   help="steps run before the timing starts (prefetched batches drain)")
     p.add_argument("--samples", type=int, default=128 * 400)
     a = p.parse_args()
 
@@ -87,7 +90,7 @@ def main() -> None:
     amp = a.amp == "bf16"
     t0, timed = 0.0, 0
     for i, (x, y) in enumerate(loader):
-        if a.time and i == 10:
+        if a.time and i == a.time_from:
             sync()
             t0 = time.perf_counter()
         x = x.to(dev, non_blocking=a.non_blocking)
@@ -99,9 +102,9 @@ def main() -> None:
         opt.step()
         if (i + 1) % a.item_every == 0:
             print(f"step {i + 1}: loss {loss.item():.3f}", flush=True)
-        if a.time and i + 1 == a.time:
+        if a.time and i + 1 == a.time_from + a.time:
             sync()
-            timed = i + 1 - 10
+            timed = a.time
             break
     if a.time:
         ms = (time.perf_counter() - t0) * 1000 / timed
