@@ -26,7 +26,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.allocator import enclosing_ops
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.keyed import first_match, pick
+from stallscope.trace.keyed import first_match, missing_last, pick
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
 from stallscope.trace.workload import step_word
 
@@ -179,7 +179,7 @@ def _next_call(model: TraceModel, correlation: np.ndarray) -> _NextCall:
     name_code = name.cat.codes.to_numpy()
     ts, end = rt["ts"].to_numpy(dtype=float), rt["end"].to_numpy(dtype=float)
     # Missing threads sort last and have no next call (groupby drops them).
-    key = np.where(tid_code < 0, np.iinfo(np.int64).max, tid_code)
+    key = missing_last(tid_code)
     order = np.lexsort((ts, key))
     follows = np.zeros(len(order), dtype=bool)
     follows[:-1] = (key[order][1:] == key[order][:-1]) & (tid_code[order][:-1] >= 0)

@@ -26,7 +26,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.trace.keyed import inner_join
+from stallscope.trace.keyed import inner_join, missing_last
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_flags, regex_hit
 
@@ -75,7 +75,7 @@ def _outermost(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Order (by thread, then start) of the optimizer ranges that are not nested in an earlier
     one of their thread: an optimizer wrapping another is folded into the outer."""
     # Missing threads sort last and are never nested (as pandas sorts and groups them).
-    key = np.where(tid < 0, np.iinfo(np.int64).max, tid)
+    key = missing_last(tid)
     order = np.lexsort((ts, key))
     key, ts, end = key[order], ts[order], end[order]
     nested = np.zeros(len(order), dtype=bool)

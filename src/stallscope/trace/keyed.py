@@ -22,6 +22,15 @@ def first_match(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return out
 
 
+def missing_last(codes: np.ndarray) -> np.ndarray:
+    """Category codes as a sort key that puts the missing ones (-1) after every other, as
+    pandas sorts and groups them. The key is int64 whatever the codes' width: codes are int8
+    for a small table, where numpy 2.4 wraps the int64 maximum to -1 (sorting missing first)
+    and numpy 2.5 raises OverflowError."""
+    codes = np.asarray(codes).astype(np.int64)
+    return np.where(codes < 0, np.iinfo(np.int64).max, codes)
+
+
 def pick(values: np.ndarray, positions: np.ndarray, missing: object) -> np.ndarray:
     """`values[positions]`, with `missing` where a position is -1 (as from `first_match`)."""
     out = np.full(len(positions), missing, dtype=np.result_type(values, type(missing)))
