@@ -1,4 +1,5 @@
-"""Keep torch's own `USDT: ... profiler_start` / `profiler_stop` lines off the user's terminal.
+"""Keep torch's own `USDT: ... profiler_start` / `profiler_stop` lines, and its warning about
+clearing events between profiler cycles, off the user's terminal.
 
 Kineto writes them from C++ straight to file descriptor 2 whenever tracing starts or stops, with
 no setting to silence them (KINETO_LOG_LEVEL and TORCH_CPP_LOG_LEVEL leave them): they read as
@@ -13,9 +14,20 @@ import contextlib
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 
 _NOISE = b"USDT:"
+# torch.profiler warns once per process when a profiler cycle is prepared after another (seen
+# on every real H200 recording with torch 2.11+CUDA): stallscope keeps the one cycle it records,
+# so the advice in it (acc_events=True) is nothing a user can act on.
+_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
+
+
+def quiet_profiler_warnings() -> None:
+    """Ignore torch.profiler's cycle warning; every other warning, the script's too, is shown
+    as before (the filter matches that message alone, and adding it twice changes nothing)."""
+    warnings.filterwarnings("ignore", message=_CYCLE_WARNING, category=UserWarning)
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.overrides import loader_overrides
-from stallscope.capture.quiet import usdt_filtered
+from stallscope.capture.quiet import quiet_profiler_warnings, usdt_filtered
 from stallscope.capture.steps import StepDriver
 
 # torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
@@ -138,6 +138,7 @@ class CaptureSession:
         self.foreign = ForeignProfilers(self, trace_dir, worker)
 
     def start(self) -> None:
+        quiet_profiler_warnings()
         self.watcher.install()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
