@@ -1,15 +1,16 @@
-"""Record the real-h100 traces and their plain timings (GUIDE section 7), on a lent H100/H200.
+"""Record the real GPU traces and their plain timings (GUIDE section 7), on a lent H100/H200.
 
 For each configuration of gpu_workload.py: `--repeats` runs timed without any profiler (the mean
 step a user sees, over `--steps` steps after the first 25, so the loader's prefetched batches
 are used up as in the recording), then one `stallscope run` that records 6 steps after 24
-skipped. Writes `real-h100-<name>.pt.trace.json.gz`, the run's `report-<name>.json` and
-`h100-measured.json` (the plain timings, each run's exit status and time; the recorded steps
-come from the traces themselves) into OUT. A configuration that fails is logged
-(`<name>.log`) and the next one runs; none starts after `--deadline` seconds, so a lease that
-runs out still returns what was recorded.
+skipped. Writes `real-<gpu>-<name>.pt.trace.json.gz` (h100, h200: the GPU it ran on), the
+run's `report-<name>.json` and `h100-measured.json` (the plain timings, each run's exit status
+and time; the recorded steps come from the traces themselves) into OUT. A configuration that
+fails is logged (`<name>.log`) and the next one runs; none starts after `--deadline` seconds,
+so a lease that runs out still returns what was recorded.
 
     python sample_traces/record_h100.py OUT [--only NAME,NAME] [--deadline 420]
+    python sample_traces/publish_gpu_recordings.py r1=OUT   # label them for sample_traces/
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from publish_gpu_recordings import gpu_label  # noqa: E402
+
 WORKLOAD = HERE / "gpu_workload.py"
 W = ["--num-workers", "8"]
 # name -> the workload's arguments; pairs differ in one switch (see README.md). The order is
@@ -57,7 +61,7 @@ def plain(args: list[str], steps: int, log: Path) -> float | None:
     return float(found.group(1))
 
 
-def record(name: str, args: list[str], out: Path, work: Path, log: Path) -> dict:
+def record(name: str, args: list[str], out: Path, work: Path, log: Path, label: str) -> dict:
     dest = work / name
     shutil.rmtree(dest, ignore_errors=True)
     t = time.perf_counter()
@@ -70,7 +74,7 @@ def record(name: str, args: list[str], out: Path, work: Path, log: Path) -> dict
                 f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}\n")
     traces = sorted((dest / "tensorboard").rglob("*.pt.trace.json.gz"))
     if traces:
-        shutil.copyfile(traces[0], out / f"real-h100-{name}.pt.trace.json.gz")
+        shutil.copyfile(traces[0], out / f"real-{label}-{name}.pt.trace.json.gz")
     if (dest / "report.json").exists():
         shutil.copyfile(dest / "report.json", out / f"report-{name}.json")
     return {"run_exit": proc.returncode, "record_s": round(secs, 1), "traces": len(traces)}
@@ -101,6 +105,7 @@ def main() -> None:
         "run": RUN, "time_from": TIME_FROM, "timed_steps": a.steps, "extra": a.extra,
     }
     extra = shlex.split(a.extra)
+    label = gpu_label(result["_env"]["gpu"]) if cuda else "cpu"
     for name in names:
         if a.deadline and time.perf_counter() - start > a.deadline:
             print(f"{name:22} not run: past the {a.deadline:.0f} s deadline", flush=True)
@@ -108,7 +113,7 @@ def main() -> None:
         args = [*CONFIGS[name], *extra]
         log = a.out / f"{name}.log"
         times = [plain(args, a.steps, log) for _ in range(a.repeats)]
-        rec = record(name, args, a.out, work, log)
+        rec = record(name, args, a.out, work, log, label)
         result[name] = {"args": args, "plain_mean_step_ms": times, **rec}
         result_path.write_text(json.dumps(result, indent=1))
         shown = " ".join("failed" if t is None else f"{t:7.2f}" for t in times)

@@ -1,0 +1,72 @@
+"""Label the traces of record_h100.py sessions for the corpus (GUIDE section 7).
+
+Each session folder (record_h100.py's OUT) becomes `real-<gpu>-<session>-<name>.pt.trace.json.gz`
+here, with a top-level `stallscope_recording` object in the trace saying it is a real recording,
+on which GPU, with which torch and how (the workload's arguments and the `stallscope run`
+options); the sessions' plain timings go to `real-<gpu>-measured.json`, keyed by session. The
+trace events are kept as recorded.
+
+    python sample_traces/publish_gpu_recordings.py r1=h100/rec1 r2=h100/rec2
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def gpu_label(name: str) -> str:
+    """'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    found = re.search(r"\b([A-Z]+\d+)\b", name)
+    return (found.group(1) if found else name.split()[-1]).lower()
+
+
+def publish(session: str, folder: Path, out: Path, measured: dict) -> str:
+    facts = json.loads((folder / "h100-measured.json").read_text())
+    env = facts.pop("_env")
+    label = gpu_label(env["gpu"])
+    measured.setdefault(label, {})[session] = {"_env": env, **facts}
+    for name, run in facts.items():
+        src = next(folder.glob(f"real-*-{name}.pt.trace.json.gz"), None)
+        if src is None:
+            continue
+        with gzip.open(src, "rt") as f:
+            trace = json.load(f)
+        trace["stallscope_recording"] = {
+            "kind": f"real-{label}", "gpu": env["gpu"], "torch": env["torch"],
+            "cuda": env["cuda"], "python": env["python"], "cpus": env["cpus"],
+            "session": session,
+            "script": "sample_traces/gpu_workload.py " + " ".join(run["args"]),
+            "recorded_with": "stallscope run " + " ".join(env["run"]) +
+                             " (sample_traces/record_h100.py)",
+            "plain_mean_step_ms": run["plain_mean_step_ms"],
+        }
+        dest = out / f"real-{label}-{session}-{name}.pt.trace.json.gz"
+        with gzip.GzipFile(dest, "wb", mtime=0) as f:
+            f.write(json.dumps(trace, separators=(",", ":")).encode())
+        print(f"{dest.name}: {dest.stat().st_size / 1e6:.2f} MB")
+    return label
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("sessions", nargs="+", help="SESSION=FOLDER")
+    p.add_argument("--out", type=Path, default=HERE)
+    a = p.parse_args()
+    measured: dict = {}
+    for item in a.sessions:
+        session, folder = item.split("=", 1)
+        publish(session, Path(folder), a.out, measured)
+    for label, sessions in measured.items():
+        path = a.out / f"real-{label}-measured.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**old, **sessions}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
