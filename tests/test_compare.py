@@ -240,6 +240,51 @@ def test_a_measurably_slower_after_fails_the_slower_gate(tmp_path: Path, sample_
     assert data["step_time"]["ratio_digits"] == 3
 
 
+def test_a_change_inside_the_run_to_run_floor_is_not_claimed(tmp_path: Path,
+                                                             sample_report: Path):
+    """Each side steady inside itself (halves 0.1% apart), 6% slower: the interval clears that
+    noise, but two runs of one unchanged script differ by more (0.80-1.04 measured here), so
+    the default 10% floor claims nothing; a user on a quiet machine lowers it."""
+    def steady(factor: float) -> Any:
+        def edit(report: dict[str, Any]) -> None:
+            for i, step in enumerate(report["steps"]):
+                step["duration_us"] = factor * (100_000.0 + 50.0 * (i % 2))
+        return edit
+
+    before = _edited(sample_report, tmp_path / "before", steady(1.0))
+    after = _edited(sample_report, tmp_path / "after", steady(1.06))
+    assert compare(str(before), str(after), "-o", str(tmp_path / "c"), "-q",
+                   "--fail-on", "slower") == 0
+    data, _, md = outputs(tmp_path / "c")
+    st = data["step_time"]
+    assert st["interval_verdict"] == st["verdict"] == "no measurable difference"
+    assert st["interval"]["high"] < 1 / (1 + st["aa_noise"])  # the noise alone would say slower
+    assert st["noise_floor"] == 0.1 and "run-to-run floor 10%" in data["verdict"]
+    assert compare(str(before), str(after), "-o", str(tmp_path / "d"), "-q",
+                   "--fail-on", "slower", "--noise-floor", "2") == 6
+    assert outputs(tmp_path / "d")[0]["step_time"]["verdict"] == "slower"
+
+
+def test_the_noise_is_the_noisier_side_s(tmp_path: Path, sample_report: Path):
+    """A steady BEFORE and an AFTER whose second half is 30% slower than its first: the
+    noise a change must clear is AFTER's, not BEFORE's alone."""
+    def steady(report: dict[str, Any]) -> None:
+        for step in report["steps"]:
+            step["duration_us"] = 100_000.0
+
+    def drifting(report: dict[str, Any]) -> None:
+        n = len(report["steps"])
+        for i, step in enumerate(report["steps"]):
+            step["duration_us"] = 100_000.0 * (1.3 if i >= n // 2 else 1.0)
+
+    before = _edited(sample_report, tmp_path / "before", steady)
+    after = _edited(sample_report, tmp_path / "after", drifting)
+    assert compare(str(before), str(after), "-o", str(tmp_path / "c"), "-q") == 0
+    st = outputs(tmp_path / "c")[0]["step_time"]
+    assert st["aa_noise_sides"] == [0.0, 0.3] and st["aa_noise"] == 0.3
+    assert st["aa_noise_from"].startswith("AFTER")
+
+
 def test_a_busy_machine_is_said(tmp_path: Path, sample_report: Path,
                                 capsys: pytest.CaptureFixture[str]):
     def busy(report: dict[str, Any]) -> None:

@@ -129,12 +129,14 @@ def noise_text(noise: float | None) -> str:
     return "not measured" if noise is None else f"{100 * noise:.1f}%"
 
 
-def classify(interval: Interval, noise: float) -> str:
+def classify(interval: Interval, noise: float, floor: float = 0.0) -> str:
     """FASTER only when the whole interval clears 1 + noise; SLOWER when it lies below
-    1 / (1 + noise); otherwise SAME."""
-    if interval.low > 1.0 + noise:
+    1 / (1 + noise); otherwise SAME. With a `floor`, the speedup itself must also clear
+    1 + floor (or lie below 1 / (1 + floor)): the least change worth claiming when the noise
+    could not see what varies between two runs."""
+    if interval.low > 1.0 + noise and interval.point > 1.0 + floor:
         return FASTER
-    if interval.high < 1.0 / (1.0 + noise):
+    if interval.high < 1.0 / (1.0 + noise) and interval.point < 1.0 / (1.0 + floor):
         return SLOWER
     return SAME
 
