@@ -29,6 +29,12 @@ def all_real_traces() -> list[Path]:
     return sorted(p for p in REAL.rglob("*") if p.is_file() and ".json" in p.name)
 
 
+def recorded_gpu_samples() -> list[Path]:
+    """The real GPU traces this project recorded itself (sample_traces/real-*: committed, so
+    never skipped), for the tests every real trace goes through."""
+    return sorted(SAMPLES.glob("real-*.pt.trace.json.gz"))
+
+
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "stallscope", *args],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.commands.pipeline import analyze_paths
-from tests.conftest import all_real_traces, real_trace, run_cli
+from tests.conftest import all_real_traces, real_trace, recorded_gpu_samples, run_cli
 
 NW0 = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 NW4 = [
@@ -78,7 +78,7 @@ def test_a_torch2_cpu_trace_with_a_dominant_loader_is_dataloader_bound():
     assert statuses["host-device-sync"] == "not_assessed"
 
 
-@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", all_real_traces() + recorded_gpu_samples(), ids=lambda p: p.name)
 def test_every_real_trace_analyses_and_says_what_it_could_not_assess(path: Path, tmp_path: Path):
     out = tmp_path / "out"
     result = run_cli("analyze", str(path), "-o", str(out), "-q")

@@ -21,7 +21,7 @@ from stallscope.replay.engine import replay
 from stallscope.replay.graph import build_graph
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
-from tests.conftest import SAMPLES, all_real_traces, real_trace, run_cli
+from tests.conftest import SAMPLES, all_real_traces, real_trace, recorded_gpu_samples, run_cli
 
 RESNET_0 = [
     "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
@@ -49,7 +49,10 @@ def _stepped(paths: list[Path]) -> list[Path]:
     return [p for p in paths if _model(p).steps_source == "ProfilerStep"]
 
 
-@pytest.mark.parametrize("path", _stepped(all_real_traces()), ids=lambda p: p.name[:40])
+REAL = all_real_traces() + recorded_gpu_samples()
+
+
+@pytest.mark.parametrize("path", _stepped(REAL), ids=lambda p: p.name[:40])
 def test_the_unchanged_replay_reproduces_every_recorded_step(path: Path) -> None:
     model = _model(path)
     graph = build_graph(model)
@@ -89,7 +92,7 @@ def test_committed_cpu_pairs_predicted_within_15pct(load: str, workers: int) -> 
             predicted  # waiting on storage: 4 workers on 2 cores still cut the step
 
 
-@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: p.name[:40])
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name[:40])
 def test_the_plan_never_promises_more_than_the_step_minus_its_floor(path: Path) -> None:
     model = build_model(load_trace(path))
     assessments = diagnose(model)
@@ -110,7 +113,7 @@ def test_the_plan_never_promises_more_than_the_step_minus_its_floor(path: Path) 
             assert f.estimated_saving_pct == entry.saving_pct
 
 
-@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: p.name[:40])
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.name[:40])
 def test_the_verdict_is_the_plans_first_entry(path: Path) -> None:
     report = analyze_paths([path])
     if not report.plan or not report.plan["entries"]:

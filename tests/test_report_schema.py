@@ -12,7 +12,7 @@ import pytest
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.json_writer import render_json
 from stallscope.report.schema import SCHEMA_FILE, check, render_schema
-from tests.conftest import ROOT, SAMPLES, all_real_traces
+from tests.conftest import ROOT, SAMPLES, all_real_traces, recorded_gpu_samples
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra")
 
@@ -63,7 +63,7 @@ def test_the_schema_rejects_a_report_that_breaks_the_contract():
     assert not jsonschema.Draft202012Validator(schema).is_valid(data)
 
 
-@pytest.mark.parametrize("path", all_real_traces(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", all_real_traces() + recorded_gpu_samples(), ids=lambda p: p.name)
 def test_every_real_trace_report_validates(path: Path):
     data = validate(render_json(analyze_paths([path])))
     assert not no_empty_strings(data), no_empty_strings(data)
