@@ -6,7 +6,8 @@ sample_traces/gpu_workload.py (see sample_traces/README.md). For each, the produ
 configuration: its recorded steps (the median `analyze` reports, under the profiler as the
 before was) and the mean step of plain runs without any profiler (what a user sees;
 sample_traces/real-h200-measured.json, two runs per recording session). Every recording session
-(r1, r2) is predicted from its own before trace.
+(r1, r2) is predicted from its own before trace. The last columns set the predicted change of
+the step against the recorded change and the plain runs' change (after / before - 1).
 
     python benchmarks/bench_gpu_pairs.py [--dir sample_traces]
 """
@@ -52,8 +53,8 @@ def main() -> None:
     a = p.parse_args()
     plain = json.loads((a.dir / "real-h200-measured.json").read_text())
     sessions = sorted(k for k in plain if not k.startswith("_"))
-    print(f"{'session':7} {'before -> after':40} {'before':>7} {'predicted':>9} "
-          f"{'after rec':>9} {'error':>7} {'plain before':>13} {'plain after':>12} {'error':>7}")
+    print(f"{'session':7} {'before -> after':34} {'before':>7} {'predicted':>9} {'after':>7} "
+          f"{'error':>7} | {'change: predicted':>17} {'recorded':>8} {'plain':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         for session in sessions:
             def trace(name: str, s: str = session) -> Path:
@@ -69,10 +70,11 @@ def main() -> None:
                 pb = statistics.mean(plain[session][before]["plain_mean_step_ms"])
                 pa = statistics.mean(plain[session][after]["plain_mean_step_ms"])
                 err = 100 * (pred - meas_after) / meas_after
-                print(f"{session:7} {before + ' -> ' + after:40} {meas_before:6.1f}ms "
-                      f"{pred:8.1f}ms {meas_after:8.1f}ms {err:+6.1f}% "
-                      f"{pb:12.1f}ms {pa:11.1f}ms {100 * (pred - pa) / pa:+6.1f}%  "
-                      f"({' '.join(changes)})", flush=True)
+                print(f"{session:7} {before + ' -> ' + after:34} {meas_before:6.1f}ms "
+                      f"{pred:8.1f}ms {meas_after:6.1f}ms {err:+6.1f}% | "
+                      f"{100 * (pred / meas_before - 1):+16.1f}% "
+                      f"{100 * (meas_after / meas_before - 1):+7.1f}% {100 * (pa / pb - 1):+6.1f}%"
+                      f"  ({' '.join(changes)})", flush=True)
 
 
 if __name__ == "__main__":
