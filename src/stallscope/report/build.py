@@ -343,6 +343,38 @@ def attach_run(
         )
     if first.script_profiler and first.script_profiler.get("note"):
         report.notes.insert(0, first.script_profiler["note"])  # which trace this report is of
+    recorded = (report.summary.get("step_time_us") or {}).get("median")
+    if first.trace_source == "stallscope" and recorded:
+        note = profiler_cost_note(list(first.unprofiled_steps_us), float(recorded))
+        if note:
+            report.notes.append(note)
+
+
+# Recorded steps this much longer than the unprofiled ones are said: below it, two runs of one
+# unchanged script differ as much (compare's run-to-run floor, measured there).
+PROFILER_COST_PCT = 10.0
+# The unprofiled steps compared: the later half, at least this many (the first skipped steps
+# hold start-up and batches the workers prefetched).
+UNPROFILED_MIN = 4
+
+
+def profiler_cost_note(unprofiled_us: list[float], recorded_median_us: float) -> str | None:
+    """What the profiler cost the recorded steps, when the steps `run` skipped (timed without
+    it) show it: the replay predicts from the recorded steps, so a fix that shortens GPU work
+    may save more than predicted once the profiler's host cost is gone (docs/replay.md)."""
+    later = sorted(unprofiled_us[len(unprofiled_us) // 2:])
+    if len(later) < UNPROFILED_MIN or recorded_median_us <= 0:
+        return None
+    mid = len(later) // 2
+    plain = later[mid] if len(later) % 2 else (later[mid - 1] + later[mid]) / 2
+    extra = 100.0 * (recorded_median_us / plain - 1.0) if plain > 0 else 0.0
+    if extra < PROFILER_COST_PCT:
+        return None
+    return (f"The profiler's own cost: the recorded steps' median ({recorded_median_us / 1000:.1f} "
+            f"ms, measured) is {extra:.0f}% above that of the last {len(later)} steps before "
+            f"recording, timed without it ({plain / 1000:.1f} ms, measured). Predictions are for "
+            "the recorded steps: a fix that shortens GPU work can save more than predicted once "
+            "the profiler is off (docs/replay.md, \"The profiler's cost on the host\").")
 
 
 def _ended_phrase(run: dict[str, Any]) -> str:
