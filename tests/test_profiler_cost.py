@@ -1,6 +1,7 @@
 """The report says what the profiler cost the recorded steps, from the steps `run` skipped
 (timed without it): on the real H200 recordings the replay, which starts from the recorded
-steps, missed bf16's ~20% win because the profiler had made the step host-bound."""
+steps, predicted no gain from bf16 (plain runs measured 17-23% faster) because the profiler
+had made the step host-bound."""
 
 from __future__ import annotations
 
