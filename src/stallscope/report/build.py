@@ -362,11 +362,10 @@ def profiler_cost_note(unprofiled_us: list[float], recorded_median_us: float) ->
     """What the profiler cost the recorded steps, when the steps `run` skipped (timed without
     it) show it: the replay predicts from the recorded steps, so a fix that shortens GPU work
     may save more than predicted once the profiler's host cost is gone (docs/replay.md)."""
-    later = sorted(unprofiled_us[len(unprofiled_us) // 2:])
+    later = unprofiled_us[len(unprofiled_us) // 2:]
     if len(later) < UNPROFILED_MIN or recorded_median_us <= 0:
         return None
-    mid = len(later) // 2
-    plain = later[mid] if len(later) % 2 else (later[mid - 1] + later[mid]) / 2
+    plain = statistics.median(later)
     extra = 100.0 * (recorded_median_us / plain - 1.0) if plain > 0 else 0.0
     if extra < PROFILER_COST_PCT:
         return None
