@@ -45,13 +45,15 @@ EXIT_NEW = 7
 EXIT_WORSE = 8
 FAIL_ON = {"slower": EXIT_SLOWER, "new": EXIT_NEW, "worse": EXIT_WORSE}
 # The least speedup (or slowdown) claimed between two recordings, in percent. One recording's
-# halves see the drift of a second or so, not the machine's between two runs: two `run`s of one
-# unchanged script (examples/loader_bound.py) on this project's 2-core VM gave mean-step ratios
-# 0.80-1.04 with halves noise as low as 0.2%, and `--fail-on slower` fired on one such pair in
-# CI; on a lent H200 one configuration's recorded median moved 3-41% between two sessions
-# (sample_traces/README.md). 10% keeps those from being called a change; `--noise-floor` sets
-# it for a quieter machine. The interval must still clear the sides' own noise.
-NOISE_FLOOR_PCT = 10.0
+# halves see the drift of a second or so, not the machine's between two runs: nine pairs of
+# `run`s of one unchanged script (examples/loader_bound.py, the acceptance test's) on this
+# project's 2-core VM gave mean-step ratios 0.80-1.17, while a run's two halves differed by
+# 0.2-6% in 10 of the 12 runs measured (28% in two); `--fail-on slower` fired on two such
+# pairs in CI (at no floor, then at 10%). On a lent H200 one configuration's recorded median
+# moved 3-41% between two sessions (sample_traces/README.md). 20% keeps those from being called
+# a change; `--noise-floor` sets it for a quieter machine. The interval must still clear the
+# sides' own noise.
+NOISE_FLOOR_PCT = 20.0
 
 
 @dataclass

@@ -350,8 +350,9 @@ def attach_run(
             report.notes.append(note)
 
 
-# Recorded steps this much longer than the unprofiled ones are said: below it, two runs of one
-# unchanged script differ as much (compare's run-to-run floor, measured there).
+# Recorded steps this much longer than the unprofiled ones (the same process, seconds before) are
+# said: a run's two halves of steps differed by up to 6% in 10 of the 12 runs measured for
+# compare's floor (commands/compare.py).
 PROFILER_COST_PCT = 10.0
 # The unprofiled steps compared: the later half, at least this many (the first skipped steps
 # hold start-up and batches the workers prefetched).
