@@ -15,6 +15,7 @@ the step against the recorded change and the plain runs' change (after / before 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import statistics
@@ -38,7 +39,9 @@ PAIRS: list[tuple[str, tuple[str, ...], str]] = [
 ]
 
 
+@functools.cache
 def analyze(trace: Path, changes: tuple[str, ...], work: Path) -> dict:
+    """report.json of `analyze TRACE --what-if ...`; each after trace serves several pairs."""
     out = work / "report"
     shutil.rmtree(out, ignore_errors=True)
     what = [a for c in changes for a in ("--what-if", c)]

@@ -27,7 +27,7 @@ def gpu_label(name: str) -> str:
 
 
 def publish(session: str, folder: Path, out: Path, measured: dict) -> str:
-    facts = json.loads((folder / "h100-measured.json").read_text())
+    facts = json.loads((folder / "measured.json").read_text())
     env = facts.pop("_env")
     label = gpu_label(env["gpu"])
     measured.setdefault(label, {})[session] = {"_env": env, **facts}

@@ -4,7 +4,7 @@ For each configuration of gpu_workload.py: `--repeats` runs timed without any pr
 step a user sees, over `--steps` steps after the first 25, so the loader's prefetched batches
 are used up as in the recording), then one `stallscope run` that records 6 steps after 24
 skipped. Writes `real-<gpu>-<name>.pt.trace.json.gz` (h100, h200: the GPU it ran on), the
-run's `report-<name>.json` and `h100-measured.json` (the plain timings, each run's exit status
+run's `report-<name>.json` and `measured.json` (the plain timings, each run's exit status
 and time; the recorded steps come from the traces themselves) into OUT. A configuration that
 fails is logged (`<name>.log`) and the next one runs; none starts after `--deadline` seconds,
 so a lease that runs out still returns what was recorded.
@@ -94,7 +94,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.out / "work"
     names = a.only.split(",") if a.only else list(CONFIGS)
-    result_path = a.out / "h100-measured.json"
+    result_path = a.out / "measured.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     import torch
 

@@ -334,7 +334,7 @@ def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]],
     iv = step["interval"]
     figures = (f"{iv['speedup']:.2f}x mean step speedup, 95% interval "
                f"{iv['low']:.2f}-{iv['high']:.2f}x, A/A noise {stats.noise_text(step['aa_noise'])}"
-               f", run-to-run floor {100 * step.get('noise_floor', 0.0):g}%")
+               f", run-to-run floor {100 * step['noise_floor']:g}%")
     if step["verdict"] == stats.FASTER:
         head = f"Faster: {figures}"
     elif step["verdict"] == stats.SLOWER:
