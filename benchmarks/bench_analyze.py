@@ -3,7 +3,7 @@ each stage of it: load, model, diagnose, the replay and its fix plan, HTML.
 
     python benchmarks/bench_analyze.py [TRACE] [--repeat N]
 
-Default TRACE: the largest file in ../shared/real_traces. Prints, as medians over N runs, the
+Default TRACE: the largest file in sample_traces/public. Prints, as medians over N runs, the
 wall time of the whole CLI in a fresh process (start-up included), of the in-process pipeline
 stages, and of a plain `json.loads` of the same (decompressed) file for scale, plus the CLI's
 peak resident memory.
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT.parent / "shared" / "real_traces"
+REAL = ROOT / "sample_traces" / "public"
 
 
 def largest_real_trace() -> Path:

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT.parent / "shared" / "real_traces"
+REAL = ROOT / "sample_traces" / "public"
 WORKLOAD = ROOT / "sample_traces" / "replay_workload.py"
 KINETO = REAL / "kineto"
 COMMITTED = (("cpu", 1), ("io", 4))  # sample_traces/cpu-replay-<load>-w<N>

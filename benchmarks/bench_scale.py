@@ -3,7 +3,7 @@
     python benchmarks/bench_scale.py [--source TRACE] [--tiles 10] [--gzip] [--huge]
                                      [--ranks 16] [--hta-python PYTHON] [--work DIR]
 
-Builds, from a real trace (default: kineto/resnet50_num_workers_0 in ../shared/real_traces), a
+Builds, from a real trace (default: kineto/resnet50_num_workers_0 in sample_traces/public), a
 tiled trace of `--tiles` copies end to end, then times in fresh processes, one at a time:
   1. a plain `json.loads` of the file (read + gunzip + parse): the yardstick;
   2. `stallscope analyze` end to end (CLI, interpreter start-up and report writing included);
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiling import tile_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT.parent / "shared" / "real_traces"
+REAL = ROOT / "sample_traces" / "public"
 DEFAULT_SOURCE = REAL / "kineto" / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 GB = 1e9
 

@@ -2,7 +2,7 @@
 
     python benchmarks/fuzz.py --cases 10000 --seed 1 --out /tmp/fuzz [--jobs 2]
 
-Each case takes a seed trace (the shared real traces under ../shared/real_traces, read-only,
+Each case takes a seed trace (the public real traces under sample_traces/public, read-only,
 and sample_traces/*.gz), applies one to three mutations, writes the result to a scratch file
 and runs what `stallscope analyze` runs on it: the loader, the step model, the rules, the fix
 plan and every writer (JSON, HTML, Markdown, terminal). A case ends in one of:
@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL = ROOT.parent / "shared" / "real_traces"
+REAL = ROOT / "sample_traces" / "public"
 
 # Values a field may be given instead of its own: wrong types, out-of-range numbers, odd text.
 ODD_VALUES: list[Any] = [

@@ -7,14 +7,14 @@
 #
 # TREE=<checkout> analyses with that checkout's src (default: this one). RANKS=<folder of
 # bench_ranks.py rank files> adds that job (e.g. /tmp/ranks/job128). Run by hand; with the
-# real traces of ../shared/real_traces when present.
+# public real traces of sample_traces/public.
 set -u
 out=${1:?usage: same_reports.sh OUT}
 here=$(cd "$(dirname "$0")/.." && pwd)
 tree=${TREE:-$here}
-# Resolved: the reports name the paths they read, so two checkouts must spell them alike.
-real=$(cd "$tree/../shared/real_traces" 2>/dev/null || cd "$here/../shared/real_traces" 2>/dev/null \
-       && pwd)
+# This checkout's copy for both trees: the reports name the paths they read, so two checkouts
+# must spell them alike.
+real=$here/sample_traces/public
 export PYTHONPATH=$tree/src
 py=${PYTHON:-python}
 rm -rf "$out" && mkdir -p "$out"

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-REAL = ROOT.parent / "shared" / "real_traces"
+REAL = ROOT / "sample_traces" / "public"
 
 
 def inputs(real: Path) -> dict[str, list[Path]]:

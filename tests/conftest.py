@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
+import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL = ROOT.parent / "shared" / "real_traces"
 SAMPLES = ROOT / "sample_traces"
+# The public real GPU traces (HTA, kineto), committed with their licences: a clone tests itself.
+REAL = SAMPLES / "public"
 
 
 def real_trace(relative: str) -> Path:
-    """A trace from ../shared/real_traces, or skip when that folder is not beside the checkout."""
+    """A committed public trace (`hta/...`, `kineto/...`); a missing one fails the test."""
     path = REAL / relative
-    if not path.exists():
-        pytest.skip(f"real trace not available: {path}")
+    assert path.is_file(), f"public trace missing from the checkout: {path}"
     return path
 
 
 def all_real_traces() -> list[Path]:
-    if not REAL.is_dir():
-        return []
     return sorted(p for p in REAL.rglob("*") if p.is_file() and ".json" in p.name)
 
 
@@ -36,6 +40,20 @@ def recorded_gpu_samples() -> list[Path]:
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`stallscope ARGS` as a user types it, with its exit status, stdout and stderr.
+
+    `analyze` and `compare` run in this process (`stallscope.cli.main`, output captured): they
+    are pure functions of their files, and a fresh interpreter per call cost about a second of
+    imports. `run` and `tune` execute the user's script (which may exit, fork, or take signals)
+    and so get a process of their own, as `run_process` does."""
+    if args and args[0] in ("run", "tune"):
+        return run_process(*args, cwd=cwd)
+    return cli_in_process(*args, cwd=cwd)
+
+
+def run_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m stallscope ARGS` in a process of its own: where the process boundary (exit
+    status of a real process, signals, a user script) is what the test is about."""
     return subprocess.run(
         [sys.executable, "-m", "stallscope", *args],
         capture_output=True,
@@ -45,9 +63,61 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
     )
 
 
+def cli_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`stallscope.cli.main(args)` with stdout and stderr captured and `cwd` as the working
+    folder; argparse's own exits become the status, as in a process."""
+    from stallscope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    before = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                status = main(list(args))
+            except SystemExit as stop:
+                status = stop.code if isinstance(stop.code, int) else (0 if stop.code is None
+                                                                       else 1)
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(["stallscope", *args], status, out.getvalue(),
+                                       err.getvalue())
+
+
 def write_trace(path: Path, events: list[dict], **meta: object) -> Path:
     """Write a small Kineto-shaped trace (gzip when the name ends in .gz)."""
     doc = {"schemaVersion": 1, "deviceProperties": [], **meta, "traceEvents": events}
     data = json.dumps(doc).encode()
     path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path
+
+
+@pytest.fixture(scope="session")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium, driven through chromedriver, for every browser test of the
+    session (a fresh profile, no network); skips, naming what to install, where either is
+    missing (`.ci/run` installs both)."""
+    from selenium import webdriver
+
+    binary = next((p for p in map(shutil.which, ("chromium", "chromium-browser",
+                                                 "google-chrome")) if p), None)
+    driver_path = shutil.which("chromedriver")
+    if binary is None or driver_path is None:
+        pytest.skip("needs Chromium and chromedriver (Debian: apt-get install chromium "
+                    "chromium-driver; .ci/run installs them)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync", "--no-first-run",
+                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(options=options,
+                              service=webdriver.ChromeService(executable_path=driver_path))
+    driver.set_page_load_timeout(20)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -148,6 +148,7 @@ def test_tune_tries_counts_beyond_the_cores_only_for_a_waiting_loader() -> None:
 # ----------------------------------------------------------------------- under stallscope run
 
 
+@pytest.mark.slow
 def test_waiting_loader_is_told_to_use_workers_beyond_the_cores(tmp_path: Path) -> None:
     proc, report = _run(tmp_path, EXAMPLES / "loader_waiting.py", "--samples", "480")
     loader = _loader(report)
@@ -197,6 +198,7 @@ def test_anatomy_bar_splits_a_batch_into_measured_parts() -> None:
     assert loader_views([{"call_site": "t.py:1", "anatomy": {}}]) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_workers_report_their_anatomy_and_the_users_hooks_still_run(tmp_path: Path,
                                                                     ctx: str) -> None:
@@ -212,6 +214,7 @@ def test_workers_report_their_anatomy_and_the_users_hooks_still_run(tmp_path: Pa
     assert a["bound"] == "waiting"
 
 
+@pytest.mark.slow
 def test_cpu_bound_loader_is_never_told_to_exceed_the_cores(tmp_path: Path) -> None:
     # One intra-op thread, as a user who exported it: two OpenMP threads on a 2-core machine
     # that other work keeps busy made this model's step 240 ms instead of 10 (barrier
@@ -252,6 +255,7 @@ FROZEN = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_loader_that_cannot_be_wrapped_loses_only_its_anatomy(tmp_path: Path) -> None:
     script = tmp_path / "frozen.py"
     script.write_text(FROZEN)

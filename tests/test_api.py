@@ -220,6 +220,7 @@ MARKED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_step_places_the_boundaries_under_run(tmp_path: Path) -> None:
     (tmp_path / "marked.py").write_text("MARK = True\n" + MARKED)
     proc = run_cli("run", "-q", "marked.py", cwd=tmp_path)
@@ -250,6 +251,7 @@ def test_repr_html_is_the_page_in_a_self_contained_frame() -> None:
     assert "<link" not in fragment and "src=\"http" not in html.unescape(srcdoc)
 
 
+@pytest.mark.slow
 def test_report_renders_inline_in_a_notebook(tmp_path: Path) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

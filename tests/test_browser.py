@@ -14,31 +14,16 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.by import By
 
 from tests.conftest import ROOT, SAMPLES, real_trace, run_cli
 
-webdriver = pytest.importorskip(
-    "selenium.webdriver", reason="selenium is not installed (pip install -e '.[test]')"
-)
-from selenium.webdriver.common.by import By  # noqa: E402
-
-CHROMIUM = next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
-CHROMEDRIVER = shutil.which("chromedriver")
-if CHROMIUM is None or CHROMEDRIVER is None:
-    pytest.skip(
-        "browser test needs Chromium and chromedriver "
-        "(Debian: apt-get install chromium chromium-driver; .ci/run installs them)",
-        allow_module_level=True,
-    )
+pytestmark = pytest.mark.slow  # a real browser: the slow tier
 
 SCREENSHOTS = ROOT / ".artifacts" / "screenshots"
 VIEWPORT = (1280, 900)  # a laptop screen: the verdict must be readable without scrolling
@@ -46,23 +31,12 @@ SIZE_BUDGET = 1_000_000  # issue 5: a typical report well under 1 MB
 GPU_TRACE = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One headless Chromium for the module, with a fresh profile so no state leaks in."""
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
-                f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    service = webdriver.ChromeService(executable_path=CHROMEDRIVER)
-    driver = webdriver.Chrome(options=options, service=service)
-    driver.set_page_load_timeout(20)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+@pytest.fixture
+def browser(chromium: Any) -> Any:
+    """The session's headless Chromium at a laptop's viewport: the verdict must be readable
+    without scrolling."""
+    chromium.set_window_size(*VIEWPORT)
+    return chromium
 
 
 def open_page(driver: Any, page: Path) -> tuple[list[dict], list[str]]:

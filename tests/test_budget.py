@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from stallscope.capture import budget
 from stallscope.commands.run import DEFAULT_RECORD_MB
 
@@ -64,6 +66,7 @@ def _run(tmp_path: Path, ops: float, limit_mb: int,
     return proc, json.loads((out / "report.json").read_text())
 
 
+@pytest.mark.slow
 def test_budget_ends_recording_at_the_boundary_the_next_step_would_cross(tmp_path: Path) -> None:
     proc, report = _run(tmp_path, 3000, 48)  # 12 MB of recording
     cut = report["run"]["recording_cut"]
@@ -75,6 +78,7 @@ def test_budget_ends_recording_at_the_boundary_the_next_step_would_cross(tmp_pat
     assert "memory budget" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_budget_spent_mid_step_writes_the_part_recorded(tmp_path: Path) -> None:
     # Steps of 1.5 s, so the monitor (every 0.25 s) finds the 2 MB of recording spent inside
     # one rather than at its end. (A fixed 30,000 ops took 1 s on one machine and 0.2 s on

@@ -302,6 +302,7 @@ def test_a_busy_machine_is_said(tmp_path: Path, sample_report: Path,
     assert "busy machine (after): other processes took up to 80%" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_two_runs_of_the_same_unchanged_script_are_no_measurable_difference(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The issue's acceptance: `run` twice on one unchanged script, then compare. One

@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 COMPILED = textwrap.dedent(
     """
     import sys, torch
@@ -43,6 +45,7 @@ def _assessment(report: dict) -> dict:
     return next(a for a in report["assessments"] if a["rule"] == "compile-in-steps")
 
 
+@pytest.mark.slow
 def test_recording_waits_for_the_first_compilation(tmp_path: Path) -> None:
     report = _run(tmp_path, "--skip", "1")
     # The first step compiled: recording waited one more step, and nothing compiled inside.
@@ -51,6 +54,7 @@ def test_recording_waits_for_the_first_compilation(tmp_path: Path) -> None:
     assert a["status"] == "clear" and "compiled nothing there" in a["detail"]
 
 
+@pytest.mark.slow
 def test_recompiles_inside_the_recorded_steps_are_a_finding(tmp_path: Path) -> None:
     report = _run(tmp_path, "--skip", "12", script_args=("64",))
     f = next(f for f in report["findings"] if f["id"] == "compile-in-steps")
@@ -61,6 +65,7 @@ def test_recompiles_inside_the_recorded_steps_are_a_finding(tmp_path: Path) -> N
     assert "recompiled" in report["verdict"]["text"]
 
 
+@pytest.mark.slow
 def test_recompile_limit_reached_is_said(tmp_path: Path) -> None:
     # dynamo's default limit (8 recompiles) is reached while recording, or before it.
     report = _run(tmp_path, "--skip", "12")

@@ -24,6 +24,7 @@ def _job(tmp_path: Path) -> Path:
     return job
 
 
+@pytest.mark.slow
 def test_dask_cluster_gives_the_local_pools_report_json(tmp_path: Path) -> None:
     pytest.importorskip("distributed", reason="the [dask] extra is not installed")
     job = _job(tmp_path)

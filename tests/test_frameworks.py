@@ -154,6 +154,7 @@ def finding(report: dict, rule: str) -> dict:
 # ------------------------------------------------------------------------- real runs
 
 
+@pytest.mark.slow
 def test_hf_trainer_advice_is_training_arguments_at_the_users_line(tmp_path: Path) -> None:
     """Trainer builds `DataLoader(...)` in transformers/trainer.py and accelerate rebuilds it:
     the user's knob is `TrainingArguments(dataloader_num_workers=...)`, at their line."""
@@ -187,6 +188,7 @@ def test_hf_trainer_advice_is_training_arguments_at_the_users_line(tmp_path: Pat
         in html
 
 
+@pytest.mark.slow
 def test_lightning_advice_names_the_users_train_dataloader(tmp_path: Path) -> None:
     """Lightning wraps DataLoader's constructor: the call site is still the `DataLoader(...)`
     inside the user's `train_dataloader()`, not Lightning's wrapper."""
@@ -205,6 +207,7 @@ def test_lightning_advice_names_the_users_train_dataloader(tmp_path: Path) -> No
     assert loader["user_site"] == f"{site} in Model.train_dataloader"
 
 
+@pytest.mark.slow
 def test_accelerate_advice_names_the_loader_passed_to_prepare(tmp_path: Path) -> None:
     """accelerate's prepare builds a new DataLoader inside a DataLoaderShard: the loader the
     step draws from keeps the call site of the one the user wrote."""
@@ -223,6 +226,7 @@ def test_accelerate_advice_names_the_loader_passed_to_prepare(tmp_path: Path) ->
     assert loader["batch_size"] == 8  # the rebuild passes a batch sampler; the size is the user's
 
 
+@pytest.mark.slow
 def test_set_num_workers_reaches_the_loader_trainer_builds(tmp_path: Path) -> None:
     """`--set` acts on the DataLoader constructor: the one Trainer builds and the one accelerate
     rebuilds from it both run 2 workers, and the report says what the script asked for."""
@@ -239,6 +243,7 @@ def test_set_num_workers_reaches_the_loader_trainer_builds(tmp_path: Path) -> No
     assert "Overridden run" in md and "num_workers=2" in md
 
 
+@pytest.mark.slow
 def test_workers_of_the_loader_accelerate_rebuilds_are_measured(tmp_path: Path) -> None:
     """accelerate hands the rebuilt loader the original's collate_fn and worker_init_fn, which
     stallscope had wrapped already: its workers must report into the rebuilt loader's anatomy
@@ -254,6 +259,7 @@ def test_workers_of_the_loader_accelerate_rebuilds_are_measured(tmp_path: Path) 
     assert loader["bound"] == "waiting"
 
 
+@pytest.mark.slow
 def test_tune_under_trainer_proposes_training_arguments(tmp_path: Path) -> None:
     """tune measures with `--set` and writes the winning change as the user writes it."""
     pytest.importorskip("transformers")

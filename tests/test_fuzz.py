@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -21,6 +23,7 @@ def load_fuzzer():
     return module
 
 
+@pytest.mark.slow
 def test_forty_fuzz_cases_end_in_a_report_or_one_clear_line(tmp_path: Path, monkeypatch):
     fuzz = load_fuzzer()
     samples = sorted((ROOT / "sample_traces").glob("*.pt.trace.json.gz"))

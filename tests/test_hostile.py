@@ -15,11 +15,9 @@ import html.parser
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -262,29 +260,6 @@ def test_the_data_block_cannot_be_closed_by_a_name(hostile):
 # ---------------------------------------------------------------------------- in a browser
 
 
-@pytest.fixture(scope="module")
-def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Headless Chromium as tests/test_browser.py drives it; skipped where it is absent."""
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-    binary = next((p for p in map(shutil.which, ("chromium", "chromium-browser",
-                                                 "google-chrome")) if p), None)
-    driver_path = shutil.which("chromedriver")
-    if binary is None or driver_path is None:
-        pytest.skip("needs Chromium and chromedriver (apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(options=options,
-                              service=webdriver.ChromeService(executable_path=driver_path))
-    driver.set_page_load_timeout(20)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
 PAGE_STATE = """
 const data = document.getElementById('stallscope-data');
 return {
@@ -301,6 +276,7 @@ return {
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("csp", ["as written", "removed"])
 def test_browser_runs_nothing_from_the_trace(chromium: Any, hostile, tmp_path: Path, csp: str):
     """As written, and with the page's Content-Security-Policy taken out: escaping alone must
@@ -324,6 +300,7 @@ def test_browser_runs_nothing_from_the_trace(chromium: Any, hostile, tmp_path: P
     assert IMG in state["gpus"]  # shown as text
 
 
+@pytest.mark.slow
 def test_the_browser_check_sees_an_injection(chromium: Any, tmp_path: Path):
     """The check above can fail: the same page with one name left unescaped sets the flag."""
     page = tmp_path / "report.html"

@@ -53,6 +53,7 @@ def _lightning_fit(tmp_path: Path, batches: int, **callback: object):
     return cb, trainer
 
 
+@pytest.mark.slow
 def test_lightning_callback_writes_a_report_and_training_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "out"
     cb, trainer = _lightning_fit(tmp_path, batches=12, steps=3, skip=2, out_dir=out)
@@ -67,6 +68,7 @@ def test_lightning_callback_writes_a_report_and_training_goes_on(tmp_path: Path)
     assert not stallscope.marker.active()
 
 
+@pytest.mark.slow
 def test_lightning_callback_with_too_few_batches_warns_and_trains(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -80,6 +82,7 @@ def test_lightning_callback_with_too_few_batches_warns_and_trains(tmp_path: Path
 # ---------------------------------------------------------------------------- transformers
 
 
+@pytest.mark.slow
 def test_transformers_callback_writes_a_report(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate")

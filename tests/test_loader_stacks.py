@@ -170,6 +170,7 @@ def _assert_pil_decode(report: dict) -> dict:
 # ----------------------------------------------------------------------- under stallscope run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_pil_decode_in_workers_is_named_with_its_fix(tmp_path: Path, ctx: str) -> None:
     _images(tmp_path / "images")
@@ -179,6 +180,7 @@ def test_pil_decode_in_workers_is_named_with_its_fix(tmp_path: Path, ctx: str) -
     assert loader["anatomy"]["where"] == "workers"
 
 
+@pytest.mark.slow
 def test_num_workers_0_samples_the_training_process(tmp_path: Path) -> None:
     _images(tmp_path / "images")
     report = _run(tmp_path, "pil", "0", "fork", "16", steps=12)
@@ -186,6 +188,7 @@ def test_num_workers_0_samples_the_training_process(tmp_path: Path) -> None:
     assert loader["anatomy"]["where"] == "main process"
 
 
+@pytest.mark.slow
 def test_expensive_collate_is_sampled_as_collate(tmp_path: Path) -> None:
     report = _run(tmp_path, "collate", "2", "fork", "8", steps=16)
     loader = _loader(report)
@@ -197,6 +200,7 @@ def test_expensive_collate_is_sampled_as_collate(tmp_path: Path) -> None:
     assert _finding(report)["evidence"]["loader_top_category"] == COLLATE
 
 
+@pytest.mark.slow
 def test_sleeping_loader_waits_in_its_sleep(tmp_path: Path) -> None:
     report = _run(tmp_path, "sleep", "2", "fork", "16", steps=20)
     loader = _loader(report)

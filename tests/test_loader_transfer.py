@@ -76,6 +76,7 @@ LARGE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_large_batches_get_a_transfer_time_per_batch(tmp_path: Path) -> None:
     # 60 steps (about 1 s at 17 ms a step): the workers write their figures every FLUSH_S
     # (0.25 s), so a recording much shorter than that (8 steps took 134 ms) sees none of its
@@ -122,6 +123,7 @@ BURSTY = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_bursty_loader_is_told_to_prefetch_deeper(tmp_path: Path) -> None:
     report = _run(tmp_path, BURSTY, 40)
     a = _loader(report)["anatomy"]
@@ -162,6 +164,7 @@ RESTARTS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_workers_restarted_each_epoch_are_counted_and_said_once(tmp_path: Path) -> None:
     report = _run(tmp_path, RESTARTS, 12)
     a = _loader(report)["anatomy"]

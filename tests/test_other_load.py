@@ -159,6 +159,7 @@ def notes_about_load(report: dict) -> list[str]:
     return [n for n in report["notes"] if n.startswith("Other load:")]
 
 
+@pytest.mark.slow
 def test_run_under_heavy_other_load_says_so(tmp_path: Path):
     # One busy loop per core: others take well over a quarter of the cores.
     go = tmp_path / "go"
@@ -189,6 +190,7 @@ def test_run_under_heavy_other_load_says_so(tmp_path: Path):
     assert notes_about_load(again) == [note]
 
 
+@pytest.mark.slow
 def test_run_notes_the_load_only_when_the_measured_share_reaches_the_threshold(tmp_path: Path):
     report = run(tmp_path, "--steps", "8")
     host = report["environment"]["captured"]["host"]

@@ -89,6 +89,7 @@ def test_set_takes_a_value_and_the_script_keeps_its_own_set() -> None:
         ("num_workers", "expected KEY=VALUE"),
     ],
 )
+@pytest.mark.slow
 def test_bad_set_is_one_line_and_exit_2_before_the_script_runs(
     tmp_path: Path, value: str, message: str
 ) -> None:
@@ -102,6 +103,7 @@ def test_bad_set_is_one_line_and_exit_2_before_the_script_runs(
     assert not (tmp_path / "RAN").exists()
 
 
+@pytest.mark.slow
 def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
     """loader_bound.py builds `DataLoader(..., num_workers=0)`; forcing two persistent workers
     must show in the loader table and take wait out of the step. Two workers and the step
@@ -159,6 +161,7 @@ def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
     assert 'id="overrides-' not in (tmp_path / "base" / "report.html").read_text()
 
 
+@pytest.mark.slow
 def test_persistent_workers_without_workers_is_dropped_with_a_note(tmp_path: Path) -> None:
     (tmp_path / "loaders.py").write_text(LOADERS)
     proc = stallscope("run", "-q", "--skip", "1", "--steps", "2", "-o", "out",
@@ -175,6 +178,7 @@ def test_persistent_workers_without_workers_is_dropped_with_a_note(tmp_path: Pat
                             "num_workers > 0") for n in report["notes"]), report["notes"]
 
 
+@pytest.mark.slow
 def test_positional_arguments_are_overridden_and_refused_combinations_reset(
     tmp_path: Path,
 ) -> None:
@@ -224,6 +228,7 @@ THREADS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_torch_threads_holds_the_step_threads_and_workers_keep_their_own(tmp_path: Path) -> None:
     """tune measures a worker count with the threads it leaves the step: `--set torch_threads=1`
     must reach the training process even when the script sets its own, say that it did, and

@@ -198,6 +198,7 @@ def kept(copy: Path) -> Path:
     return copy
 
 
+@pytest.mark.slow
 def test_tutorial_profiler_gives_a_report_of_the_script_trace(tmp_path: Path) -> None:
     proc = run(tmp_path, TUTORIAL)
     assert_no_crash(proc)
@@ -226,6 +227,7 @@ def test_tutorial_profiler_gives_a_report_of_the_script_trace(tmp_path: Path) ->
     assert run_info["ended"] == "stopped" and "SCRIPT FINISHED" not in proc.stdout
 
 
+@pytest.mark.slow
 def test_profiler_without_schedule_exported_at_the_end(tmp_path: Path) -> None:
     proc = run(tmp_path, EXPORT_AT_END, "--run-to-end")
     assert_no_crash(proc)
@@ -239,6 +241,7 @@ def test_profiler_without_schedule_exported_at_the_end(tmp_path: Path) -> None:
     assert hashlib.sha256(kept(copy).read_bytes()).hexdigest() == digests["own_trace.json"]
 
 
+@pytest.mark.slow
 def test_autograd_profiler_around_each_step(tmp_path: Path) -> None:
     proc = run(tmp_path, AUTOGRAD_IN_LOOP)
     assert_no_crash(proc)
@@ -257,6 +260,7 @@ def test_autograd_profiler_around_each_step(tmp_path: Path) -> None:
         (tmp_path / "out" / "report.json").read_text())["notes"][0]
 
 
+@pytest.mark.slow
 def test_script_profiler_after_stallscope_recorded_its_steps(tmp_path: Path) -> None:
     proc = run(tmp_path, FINAL_EVAL, "--run-to-end")
     assert_no_crash(proc)
@@ -274,6 +278,7 @@ def test_script_profiler_after_stallscope_recorded_its_steps(tmp_path: Path) -> 
     assert all("script-profiler" not in t["path"] for t in report["traces"])
 
 
+@pytest.mark.slow
 def test_script_profiler_starting_while_stallscope_records(tmp_path: Path) -> None:
     proc = run(tmp_path, STARTS_MID_RECORDING)
     assert_no_crash(proc)
@@ -289,6 +294,7 @@ def test_script_profiler_starting_while_stallscope_records(tmp_path: Path) -> No
     assert "stepped aside after 2 of 5 step(s)" in script["note"]
 
 
+@pytest.mark.slow
 def test_lightning_pytorch_profiler(tmp_path: Path) -> None:
     pytest.importorskip("lightning", reason="lightning is not installed")
     proc = run(tmp_path, LIGHTNING)

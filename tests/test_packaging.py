@@ -7,6 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT, SAMPLES
 
 RENDER = (
@@ -23,6 +25,7 @@ def test_editable_checkout_finds_the_top_level_templates():
     assert (templates_dir() / "report.html.j2").exists()
 
 
+@pytest.mark.slow
 def test_report_renders_from_a_built_wheel(tmp_path: Path):
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),

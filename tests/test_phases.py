@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from stallscope.capture.steps import PHASE_OPTIMIZER_STEPS, StepDriver
 
 TWO_PHASES = textwrap.dedent(
@@ -51,6 +53,7 @@ def _run(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 def test_second_phase_is_recorded_when_skip_passes_the_first(tmp_path: Path) -> None:
     proc = _run(tmp_path, TWO_PHASES, "--skip", "14", "--steps", "4")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -61,6 +64,7 @@ def test_second_phase_is_recorded_when_skip_passes_the_first(tmp_path: Path) -> 
     assert "in the phase of optimizer Adam" in notes
 
 
+@pytest.mark.slow
 def test_loop_with_no_step_is_told_how_to_mark_steps_while_it_runs(tmp_path: Path) -> None:
     proc = _run(tmp_path, NO_STEPS, "--no-step-warning", "2")
     assert "warning: no training step seen after 2 s" in proc.stderr
@@ -97,6 +101,7 @@ SLOW_FIRST_STEP = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_long_first_step_is_not_mistaken_for_a_loop_without_steps(tmp_path: Path) -> None:
     proc = _run(tmp_path, SLOW_FIRST_STEP, "--no-step-warning", "2", "--skip", "0",
                 "--steps", "1")

@@ -74,6 +74,7 @@ def test_an_error_after_progress_still_ends_in_one_error_line(tmp_path: Path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_run_reports_recording_step_by_step_and_q_silences_it(tmp_path: Path):
     script = [str(ROOT / "examples" / "balanced.py"), "--samples", "512", "--width", "8"]
     proc = cli("run", "-o", str(tmp_path / "a"), "--steps", "3", *script)
@@ -92,6 +93,7 @@ def test_run_reports_recording_step_by_step_and_q_silences_it(tmp_path: Path):
     assert progress_lines(quiet.stderr) == [] and quiet.stdout == ""
 
 
+@pytest.mark.slow
 def test_run_of_a_failing_script_ends_in_one_error_line(tmp_path: Path):
     train = tmp_path / "train.py"
     train.write_text(

@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import sys, warnings
@@ -36,6 +38,7 @@ def stderr_of(mode: str) -> str:
                           check=True, timeout=120).stderr
 
 
+@pytest.mark.slow
 def test_the_profiler_cycle_warning_is_dropped_and_the_scripts_own_warning_kept() -> None:
     assert "Profiler clears events" in stderr_of("loud")  # torch does say it
     quiet = stderr_of("quiet")

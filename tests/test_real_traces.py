@@ -1,4 +1,4 @@
-"""Acceptance on real GPU traces recorded by others (../shared/real_traces; skipped if absent)."""
+"""Acceptance on real GPU traces recorded by others (sample_traces/public, committed)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,5 @@ def test_every_real_trace_analyses_and_says_what_it_could_not_assess(path: Path,
         assert sum(step["breakdown_us"].values()) == pytest.approx(step["duration_us"], rel=1e-6)
 
 
-def test_all_real_traces_exist_when_the_folder_does():
-    if not all_real_traces():
-        pytest.skip("../shared/real_traces not present")
+def test_all_real_traces_are_committed():
     assert len(all_real_traces()) >= 21

@@ -70,6 +70,4 @@ def test_every_real_trace_report_validates(path: Path):
 
 
 def test_real_traces_are_there_to_validate():
-    if not all_real_traces():
-        pytest.skip("../shared/real_traces not present")
     assert len(all_real_traces()) >= 21

@@ -1,6 +1,6 @@
 """Rules about how the GPU computes: `no-mixed-precision` and `single-tensor-optimizer`.
 
-Real traces (../shared/real_traces, skipped when absent) anchor both rules; small synthetic
+Real traces (sample_traces/public) anchor both rules; small synthetic
 traces cover the patterns the real corpus lacks (an Ampere fp32 model, a for-loop Adam)."""
 
 from __future__ import annotations

@@ -99,6 +99,7 @@ def one_line_error(proc: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 def test_script_sees_what_plain_python_shows(tmp_path: Path, entry: str) -> None:
     (tmp_path / "sub").mkdir()
@@ -116,6 +117,7 @@ def test_script_sees_what_plain_python_shows(tmp_path: Path, entry: str) -> None
     assert (tmp_path / "stallscope-probe" / "report.json").is_file()
 
 
+@pytest.mark.slow
 def test_module_with_arguments_like_python_m(tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
@@ -131,6 +133,7 @@ def test_module_with_arguments_like_python_m(tmp_path: Path) -> None:
     assert run["steps_recorded"] == 2 and run["ended"] == "stopped"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -147,6 +150,7 @@ def test_bad_target_is_one_line_and_exit_2(tmp_path: Path, args: list[str], mess
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", list(ENTRY_POINTS))
 def test_exception_keeps_status_1_and_a_partial_report(tmp_path: Path, entry: str) -> None:
     (tmp_path / "train.py").write_text(FAILING)
@@ -166,6 +170,7 @@ def test_exception_keeps_status_1_and_a_partial_report(tmp_path: Path, entry: st
     assert len(list((out / "tensorboard" / "train").glob("*.pt.trace.json.gz"))) == 1
 
 
+@pytest.mark.slow
 def test_colour_codes_in_the_scripts_exception_are_not_repeated(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
     proc = stallscope("run", "train.py", "colour", "6", cwd=tmp_path)
@@ -183,6 +188,7 @@ def test_colour_codes_in_the_scripts_exception_are_not_repeated(tmp_path: Path) 
         assert "[1;31m" not in text and "[0m" not in text and "pwned" not in text
 
 
+@pytest.mark.slow
 def test_sys_exit_3_keeps_status_3(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
     proc = stallscope("run", "train.py", "exit", "7", cwd=tmp_path)
@@ -193,6 +199,7 @@ def test_sys_exit_3_keeps_status_3(tmp_path: Path) -> None:
     assert run["steps_recorded"] == 3
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_status_130_and_a_partial_report(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
     proc = stallscope("run", "train.py", "interrupt", "6", cwd=tmp_path)
@@ -201,6 +208,7 @@ def test_ctrl_c_keeps_status_130_and_a_partial_report(tmp_path: Path) -> None:
     assert (run["exit_status"], run["ended"], run["partial"]) == (130, "interrupted", True)
 
 
+@pytest.mark.slow
 def test_stops_the_script_once_steps_are_recorded(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
     proc = stallscope("run", "train.py", "never", "0", cwd=tmp_path)
@@ -211,6 +219,7 @@ def test_stops_the_script_once_steps_are_recorded(tmp_path: Path) -> None:
     assert "tensorboard --logdir" in proc.stdout and "ui.perfetto.dev" in proc.stdout
 
 
+@pytest.mark.slow
 def test_run_to_end_lets_the_script_finish(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING.replace("4000", "400"))
     proc = stallscope("run", "--run-to-end", "train.py", "never", "0", cwd=tmp_path)
@@ -220,6 +229,7 @@ def test_run_to_end_lets_the_script_finish(tmp_path: Path) -> None:
     assert (run["ended"], run["partial"], run["steps_recorded"]) == ("finished", False, 5)
 
 
+@pytest.mark.slow
 def test_no_step_seen_says_why_and_exits_4(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("import torch\nprint(torch.ones(3).sum().item())\n")
     proc = stallscope("run", "train.py", cwd=tmp_path)
@@ -229,6 +239,7 @@ def test_no_step_seen_says_why_and_exits_4(tmp_path: Path) -> None:
     assert not (tmp_path / "stallscope-train" / "report.json").exists()
 
 
+@pytest.mark.slow
 def test_steps_from_dataloader_batches_without_torch_optim(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(textwrap.dedent(
         """
@@ -262,6 +273,7 @@ def _call_site(script: Path) -> str:
     return f"examples/{script.name}:{line}"
 
 
+@pytest.mark.slow
 def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
     proc = stallscope("run", "-o", str(tmp_path / "out"), "examples/loader_bound.py", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -296,6 +308,7 @@ def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
     assert any(f"{cores} core(s)" in a for a in report["plan"]["entries"][0]["assumptions"])
 
 
+@pytest.mark.slow
 def test_balanced_example_is_not_dataloader_bound(tmp_path: Path) -> None:
     proc = stallscope("run", "-o", str(tmp_path / "out"), "examples/balanced.py", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
@@ -305,6 +318,7 @@ def test_balanced_example_is_not_dataloader_bound(tmp_path: Path) -> None:
     assert check["status"] == "clear"
 
 
+@pytest.mark.slow
 def test_worker_processes_write_nothing(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = stallscope("run", "-o", str(out), "examples/loader_bound.py", "--num-workers", "2",
@@ -321,6 +335,7 @@ def test_worker_processes_write_nothing(tmp_path: Path) -> None:
     assert report_of(out)["dataloaders"][0]["num_workers"] == 2
 
 
+@pytest.mark.slow
 def test_refuses_to_overwrite_a_report_without_force(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
     assert stallscope("run", "-q", "train.py", "never", "0", cwd=tmp_path).returncode == 0
@@ -337,6 +352,7 @@ def test_refuses_to_overwrite_a_report_without_force(tmp_path: Path) -> None:
     assert len(list(run_dir.iterdir())) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None,
                     reason="torchrun not installed beside this python")
 def test_torchrun_two_gloo_ranks_give_two_traces_and_one_report(tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import os
@@ -28,6 +30,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_os_exit_keeps_the_steps_recorded_and_the_status(tmp_path: Path):
     (tmp_path / "train.py").write_text(SCRIPT)
     proc = subprocess.run(
@@ -47,6 +50,7 @@ CLOSES = SCRIPT.replace("if i == 20:", "if i == 3:").replace(
 ).replace("import os\n", "import os, sys\n")
 
 
+@pytest.mark.slow
 def test_a_script_that_closes_stdout_and_stderr_still_gets_its_report_and_status_0(
         tmp_path: Path):
     assert "sys.stderr.close()" in CLOSES
@@ -61,6 +65,7 @@ def test_a_script_that_closes_stdout_and_stderr_still_gets_its_report_and_status
     assert report["run"]["steps_recorded"] == 5
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_the_trace_is_written_is_stallscopes_exit_2(tmp_path: Path):
     """Disk full simulated as in test_outputs.py (RLIMIT_FSIZE: writes past it fail as ENOSPC
     would). Before: exit 1 blamed on the script, "0 steps recorded", a half-written .gz left."""

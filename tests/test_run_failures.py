@@ -200,6 +200,7 @@ def assert_partial_report(tmp_path: Path, status: int, ended: str) -> dict:
         ("global", "worker-exit", "exited unexpectedly"),
     ],
 )
+@pytest.mark.slow
 def test_a_dying_worker_keeps_status_1_a_partial_report_and_names_the_cause(
     tmp_path: Path, context: str, mode: str, cause: str
 ) -> None:
@@ -260,6 +261,7 @@ def test_torchs_vaguer_wording_of_a_worker_death_gets_its_exit_status(reaped: bo
 # ------------------------------------------------------------------ fork and spawn workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("context", "module"),
     [("fork", False), ("spawn", False), ("global", False), ("spawn", True)],
@@ -295,6 +297,7 @@ def _hang_line() -> int:
     return next(i for i, text in enumerate(SCRIPT.splitlines(), 1) if "HANGS HERE" in text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mode", "workers"), [("sleep", 0), ("worker-hang", 2)])
 def test_timeout_stops_a_hung_script_with_124_and_a_partial_report(
     tmp_path: Path, mode: str, workers: int
@@ -315,6 +318,7 @@ def test_timeout_stops_a_hung_script_with_124_and_a_partial_report(
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_timeout_ends_a_script_that_catches_the_stop_and_keeps_its_steps(tmp_path: Path
                                                                          ) -> None:
     proc, _ = run(tmp_path, "--steps", "50", "--timeout", HANG_S, mode="swallow")
@@ -326,6 +330,7 @@ def test_timeout_ends_a_script_that_catches_the_stop_and_keeps_its_steps(tmp_pat
     assert_no_process_left(tmp_path)  # its two workers were idle, waiting: killed
 
 
+@pytest.mark.slow
 def test_timeout_ends_a_script_stuck_in_c_code_without_a_report(tmp_path: Path) -> None:
     proc, wall = run(tmp_path, "--steps", "50", "--timeout", HANG_S, mode="mutex")
     assert proc.returncode == 124, proc.stderr
@@ -341,6 +346,7 @@ def test_timeout_ends_a_script_stuck_in_c_code_without_a_report(tmp_path: Path) 
     assert_no_process_left(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_timeout_not_reached_changes_nothing(tmp_path: Path) -> None:
     proc, _ = run(tmp_path, "-q", "--timeout", "120", mode="none", workers=0)
     assert proc.returncode == 0, proc.stderr
@@ -356,6 +362,7 @@ def test_a_bad_timeout_is_one_line_and_exit_2(tmp_path: Path, value: str) -> Non
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_tune_timeout_stops_a_hung_baseline(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(SCRIPT)
     (tmp_path / "pids").mkdir()

@@ -58,6 +58,7 @@ def run(tmp_path: Path, stops: str) -> tuple[subprocess.CompletedProcess[str], f
     return proc, time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_a_thread_that_never_stops_ends_after_the_grace_with_a_line_and_a_note(tmp_path: Path):
     proc, wall = run(tmp_path, "no")  # before: never ended (the subprocess timeout fired)
     assert proc.returncode == 0, proc.stderr
@@ -70,6 +71,7 @@ def test_a_thread_that_never_stops_ends_after_the_grace_with_a_line_and_a_note(t
     assert any("metrics-logger" in n for n in report["notes"]), report["notes"]
 
 
+@pytest.mark.slow
 def test_a_thread_the_script_stops_is_waited_for_without_a_word(tmp_path: Path):
     proc, wall = run(tmp_path, "yes")
     assert proc.returncode == 0, proc.stderr

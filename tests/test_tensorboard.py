@@ -59,6 +59,7 @@ def assert_scalars_match(acc, steps: list[dict], prefix: str = "") -> None:
         assert got == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_run_writes_scalars_and_findings_beside_the_trace(tmp_path: Path):
     out = tmp_path / "out"
     proc = run_cli("run", "-o", str(out), "--steps", "3",
@@ -107,6 +108,7 @@ def test_analyze_without_the_option_writes_no_tensorboard_files(tmp_path: Path):
     assert not (tmp_path / "out" / "tensorboard").exists()
 
 
+@pytest.mark.slow
 def test_several_traces_get_one_tag_prefix_each_and_force_replaces_the_points(tmp_path: Path):
     out = tmp_path / "out"
     files = [SAMPLES / "cpu-worker-startup.pt.trace.json.gz",
@@ -196,6 +198,7 @@ def test_analyze_tensorboard_puts_a_trace_the_plugin_reads_into_the_logdir(tmp_p
     assert plugin_loader_share(source, tmp_path / "cache") == 0.0  # what it showed before
 
 
+@pytest.mark.slow
 def test_run_keeps_the_recorded_trace_beside_the_plugin_copy(tmp_path: Path):
     out = tmp_path / "out"
     proc = run_cli("run", "-q", "-o", str(out), "--steps", "3",

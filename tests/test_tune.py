@@ -303,6 +303,7 @@ def test_refuses_to_overwrite_an_earlier_result_before_running_anything(tmp_path
     assert (out / "tune.json").read_text() == "{}"
 
 
+@pytest.mark.slow
 def test_a_failing_script_ends_with_its_status_in_one_line(tmp_path: Path):
     script = tmp_path / "boom.py"
     script.write_text("import sys\nsys.exit(7)\n")
@@ -312,6 +313,7 @@ def test_a_failing_script_ends_with_its_status_in_one_line(tmp_path: Path):
     assert len(lines) == 1 and lines[0].startswith("stallscope: the baseline run failed")
 
 
+@pytest.mark.slow
 def test_a_budget_that_fits_only_the_baseline_exits_5_and_says_so(tmp_path: Path):
     out = tmp_path / "tune"
     proc = tune_cli("-q", "-o", str(out), "--budget", "1", str(EXAMPLE), "--samples", "512",
@@ -333,6 +335,7 @@ def _has_set() -> bool:
     return "--set" in help_text
 
 
+@pytest.mark.slow
 def test_tune_measures_a_loader_bound_speedup_of_at_least_1_5x(tmp_path: Path):
     if not _has_set():
         pytest.skip("`stallscope run --set` is not available yet: tune cannot apply overrides")

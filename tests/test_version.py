@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from stallscope.diagnose import diagnose
 from stallscope.diagnose.precision import no_mixed_precision
 from stallscope.trace.load import load_trace
@@ -89,6 +91,7 @@ def test_recorded_version_picks_the_spelling(tmp_path: Path):
     assert "torch 2.x" in s_unknown
 
 
+@pytest.mark.slow
 def test_stallscope_run_records_the_torch_version_in_the_trace_and_report(tmp_path: Path):
     import torch
 

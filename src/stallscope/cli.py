@@ -21,6 +21,7 @@ from stallscope import __version__
 from stallscope.commands import analyze, compare, run, tune
 from stallscope.commands.common import Parser, split_run_argv
 from stallscope.errors import EXIT_USAGE, exit_line
+from stallscope.outputs import release_out_dirs
 
 # In the order `stallscope --help` lists them.
 COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (analyze, run, compare, tune)}
@@ -66,3 +67,5 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command].main(args, script_args, ["stallscope", *argv])
     except (Exception, KeyboardInterrupt) as exc:
         return exit_line(exc)
+    finally:
+        release_out_dirs()

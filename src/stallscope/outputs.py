@@ -27,8 +27,9 @@ REPORT_FILES = ("report.json", "report.html", "report.md")
 _UNSAFE_NAME = re.compile(r"[^\w.+-]+")
 _MAX_NAME = 100
 # Output folders this process holds locked (resolved path -> open descriptor of the folder),
-# held until the process ends: a second `analyze`/`run` writing the same folder at once is
-# refused instead of silently replacing one report with the other.
+# held until the command ends (`release_out_dirs`) or the process does: a second
+# `analyze`/`run` writing the same folder at once is refused instead of silently replacing one
+# report with the other.
 _LOCKS: dict[str, int] = {}
 
 
@@ -78,7 +79,8 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
 
 def lock_out_dir(out: Path) -> None:
     """Hold an exclusive lock on the folder itself (flock on its descriptor: no lock file to
-    leave behind) until this process ends; another process holding it is exit 2."""
+    leave behind) until the command or the process ends; another process holding it is exit
+    2."""
     key = str(out.resolve())
     if key in _LOCKS or fcntl is None:
         return
@@ -95,6 +97,14 @@ def lock_out_dir(out: Path) -> None:
         raise OutputError(f"{out} is being written by another stallscope process; wait for it "
                           "to finish or use -o for another folder") from None
     _LOCKS[key] = fd
+
+
+def release_out_dirs() -> None:
+    """Unlock every folder this process locked: the command that wrote them has finished (a
+    process that calls `stallscope.cli.main` again, or a notebook, may write there next)."""
+    while _LOCKS:
+        _, fd = _LOCKS.popitem()
+        os.close(fd)  # closing the descriptor releases its flock
 
 
 def write_atomic(path: Path, text: str) -> None:
