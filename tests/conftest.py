@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import io
 import json
@@ -10,11 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from stallscope.commands.pipeline import analyze_paths
+from stallscope.report.build import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_traces"
@@ -31,6 +35,41 @@ def real_trace(relative: str) -> Path:
 
 def all_real_traces() -> list[Path]:
     return sorted(p for p in REAL.rglob("*") if p.is_file() and ".json" in p.name)
+
+
+@functools.cache
+def report_of(*paths: Path) -> Report:
+    """`analyze_paths(paths)` once per test process: the committed traces are analysed by many
+    tests (verdicts, schema, replay invariants, views); each reads the same Report and must not
+    change it."""
+    return analyze_paths(list(paths))
+
+
+def committed_traces() -> list[Path]:
+    """Every trace file committed in sample_traces/ (its own recordings, the synthetic ones and
+    the public real traces): what the snapshot and end-to-end tests walk through."""
+    return sorted(p for p in SAMPLES.rglob("*") if p.is_file() and ".json" in p.name
+                  and p.name != "real-h200-measured.json")
+
+
+@pytest.fixture(scope="session")
+def analysed(tmp_path_factory: pytest.TempPathFactory
+             ) -> Callable[[Path], tuple[subprocess.CompletedProcess[str], Path]]:
+    """`stallscope analyze TRACE -q` run once per committed trace and test process, from the
+    project root with the path relative to it (so the reports do not name this checkout's
+    place): the CLI's result and the folder its report files are in."""
+    root = tmp_path_factory.mktemp("analysed")
+    done: dict[Path, tuple[subprocess.CompletedProcess[str], Path]] = {}
+
+    def analyse(path: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+        relative = path.resolve().relative_to(ROOT)
+        if relative not in done:
+            out = root / f"{len(done)}"
+            done[relative] = (cli_in_process("analyze", relative.as_posix(), "-o", str(out),
+                                             "-q", cwd=ROOT), out)
+        return done[relative]
+
+    return analyse
 
 
 def recorded_gpu_samples() -> list[Path]:

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from stallscope.commands.pipeline import analyze_paths
 from stallscope.diagnose import RULES
 from stallscope.report.build import Report
 
-from .conftest import REAL, all_real_traces, real_trace
+from .conftest import REAL, all_real_traces, real_trace, report_of
 
 # Rules whose signal exists only on NVIDIA CUDA (tensor-core kernel names, CUDA's memcpy source
 # kinds): they must never fire on CPU-only or AMD traces.
@@ -188,7 +187,7 @@ def test_every_shared_trace_has_a_case() -> None:
 
 @functools.cache
 def _report(relative: str) -> Report:
-    return analyze_paths([real_trace(relative)])
+    return report_of(real_trace(relative))
 
 
 @pytest.mark.parametrize("relative", sorted(EXPECT))

@@ -267,14 +267,13 @@ def test_tune_under_trainer_proposes_training_arguments(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(HF_TRAINER)
     proc = subprocess.run(
         [sys.executable, "-m", "stallscope", "tune", "-q", "-o", "tune", "--repeats", "1",
-         "--budget", "40", "train.py"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=400, check=False)
-    assert proc.returncode in (0, 5), proc.stderr[-3000:]  # 5: the budget fitted no candidate
+         "--budget", "600", "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
+    # A budget no busy machine exhausts (transformers alone takes seconds to import in each
+    # run): tune ends when its candidates are measured, not at the budget.
+    assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((tmp_path / "tune" / "tune.json").read_text())
-    measured = [c for c in result["candidates"] if c["status"] == "measured"]
-    if not measured:
-        pytest.skip("the baseline run took over half the 40 s budget on this machine: no "
-                    f"candidate fitted ({result['baseline']['runs'][0]['wall_s']} s)")
+    assert [c for c in result["candidates"] if c["status"] == "measured"], result["skipped"]
     assert result["call_site"] == f"train.py:{line_of(HF_TRAINER, 'ARGS')}"
     assert result["best"]["overrides"]["num_workers"] >= 1  # the loader sleeps: workers help
     assert result["change"].startswith("TrainingArguments(..., dataloader_num_workers=")

@@ -5,22 +5,24 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from stallscope import progress
-from tests.conftest import ROOT, SAMPLES
+from tests.conftest import ROOT, SAMPLES, run_cli
 
 TWO = [SAMPLES / "cpu-worker-startup.pt.trace.json.gz",
        SAMPLES / "cpu-persistent-workers.pt.trace.json.gz"]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`stallscope ARGS` with `env` and without any STALLSCOPE_PROGRESS of the caller's: in
+    this process for `analyze`, in its own for `run` (see conftest.run_cli)."""
     environ = {k: v for k, v in os.environ.items() if k != progress.ENV}
-    return subprocess.run([sys.executable, "-m", "stallscope", *args], capture_output=True,
-                          text=True, timeout=300, env={**environ, **(env or {})})
+    with mock.patch.dict(os.environ, {**environ, **(env or {})}, clear=True):
+        return run_cli(*args)
 
 
 def progress_lines(stderr: str) -> list[str]:

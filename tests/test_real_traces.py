@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.commands.pipeline import analyze_paths
-from tests.conftest import all_real_traces, real_trace, recorded_gpu_samples, run_cli
+from tests.conftest import all_real_traces, real_trace, recorded_gpu_samples, report_of
 
 NW0 = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 NW4 = [
@@ -22,7 +21,7 @@ def findings(report, rule: str) -> list:
 
 
 def test_resnet50_single_process_loader_is_dataloader_bound():
-    report = analyze_paths([real_trace(NW0)])
+    report = report_of(real_trace(NW0))
     (f,) = findings(report, "dataloader-bound")
     # The TensorBoard plugin's own figure for this span: DataLoader 33.37% of the step.
     assert abs(f.evidence["wait_share_pct"] - 33.4) <= 3.0
@@ -34,14 +33,14 @@ def test_resnet50_single_process_loader_is_dataloader_bound():
 
 @pytest.mark.parametrize("name", NW4)
 def test_resnet50_multi_process_loader_is_not_dataloader_bound(name: str):
-    report = analyze_paths([real_trace(name)])
+    report = report_of(real_trace(name))
     assert not findings(report, "dataloader-bound")
     verdict = {a["rule"]: a["status"] for a in report.assessments}
     assert verdict["dataloader-bound"] == "clear"
 
 
 def test_alexnet_pageable_htod_is_start_up_not_a_step_cost():
-    report = analyze_paths([real_trace("hta/a100_alexnet_pageable_htod.pt.trace.json.gz")])
+    report = report_of(real_trace("hta/a100_alexnet_pageable_htod.pt.trace.json.gz"))
     # README: 150 MB at ~4.3 GB/s, but every copy is a one-off upload before the first forward
     # (the measured forward copies nothing): start-up, said as such, not a step's bottleneck.
     assert not findings(report, "pageable-h2d-copy")
@@ -54,7 +53,7 @@ def test_alexnet_pageable_htod_is_start_up_not_a_step_cost():
 
 
 def test_queue_wait_in_memcpy_is_sync_not_a_slow_copy():
-    report = analyze_paths([real_trace("hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz")])
+    report = report_of(real_trace("hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz"))
     (sync,) = findings(report, "host-device-sync")
     top = sync.evidence["sources"][0]
     assert top["call"] == "cudaMemcpyAsync DtoH"
@@ -68,7 +67,7 @@ def test_queue_wait_in_memcpy_is_sync_not_a_slow_copy():
 def test_a_torch2_cpu_trace_with_a_dominant_loader_is_dataloader_bound():
     from tests.conftest import SAMPLES
 
-    report = analyze_paths([SAMPLES / "cpu-loader-bound.pt.trace.json.gz"])
+    report = report_of(SAMPLES / "cpu-loader-bound.pt.trace.json.gz")
     (f,) = findings(report, "dataloader-bound")
     # CPU-only: no GPU to overlap with, so the wait is the whole loader share.
     assert f.evidence["wait_share_pct"] == f.evidence["loader_share_pct"]
@@ -79,9 +78,8 @@ def test_a_torch2_cpu_trace_with_a_dominant_loader_is_dataloader_bound():
 
 
 @pytest.mark.parametrize("path", all_real_traces() + recorded_gpu_samples(), ids=lambda p: p.name)
-def test_every_real_trace_analyses_and_says_what_it_could_not_assess(path: Path, tmp_path: Path):
-    out = tmp_path / "out"
-    result = run_cli("analyze", str(path), "-o", str(out), "-q")
+def test_every_real_trace_analyses_and_says_what_it_could_not_assess(path: Path, analysed):
+    result, out = analysed(path)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     data = json.loads((out / "report.json").read_text())

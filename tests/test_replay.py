@@ -21,7 +21,14 @@ from stallscope.replay.engine import replay
 from stallscope.replay.graph import build_graph
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
-from tests.conftest import SAMPLES, all_real_traces, real_trace, recorded_gpu_samples, run_cli
+from tests.conftest import (
+    SAMPLES,
+    all_real_traces,
+    real_trace,
+    recorded_gpu_samples,
+    report_of,
+    run_cli,
+)
 
 RESNET_0 = [
     "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
@@ -115,7 +122,7 @@ def test_the_plan_never_promises_more_than_the_step_minus_its_floor(path: Path) 
 
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.name[:40])
 def test_the_verdict_is_the_plans_first_entry(path: Path) -> None:
-    report = analyze_paths([path])
+    report = report_of(path)
     if not report.plan or not report.plan["entries"]:
         return
     first = report.plan["entries"][0]
@@ -268,7 +275,7 @@ def test_launches_into_a_full_queue_wait_for_the_gpu() -> None:
     assert graph is not None
     queued = graph.host_named(lambda n: "Launch" in n) & (graph.h_wait >= 0)
     assert queued.sum() > 400  # of 696 long launch calls in the 5 steps
-    report = analyze_paths([path])
+    report = report_of(path)
     first = report.plan["entries"][0]
     assert first["id"] == "no-mixed-precision"
     # fp32 GEMM/convolution is 63% of kernel time; at 2x the step loses close to a third,

@@ -14,7 +14,7 @@ from stallscope.report.html import render_html
 from stallscope.report.json_writer import render_json
 from stallscope.report.markdown import render_markdown
 from stallscope.report.terminal import render_terminal
-from tests.conftest import SAMPLES, real_trace, write_trace
+from tests.conftest import SAMPLES, real_trace, report_of, write_trace
 
 HOSTILE = '</script><img src=x onerror=alert(1)>|`rm`\x1b[31m'
 
@@ -135,7 +135,7 @@ def test_terminal_shows_the_fix_plan_what_if_and_labelled_savings(planned):
 
 
 def test_without_a_plan_markdown_and_terminal_give_upper_bounds():
-    report = analyze_paths([SAMPLES / "cpu-persistent-workers.pt.trace.json.gz"])
+    report = report_of(SAMPLES / "cpu-persistent-workers.pt.trace.json.gz")
     assert report.plan is not None and not report.plan["entries"]
     pct = f"{report.findings[0].estimated_saving_pct:.1f}%"
     text = render_markdown(report)

@@ -11,7 +11,7 @@ import pytest
 
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.html import render_html, round_ticks
-from tests.conftest import SAMPLES, real_trace
+from tests.conftest import SAMPLES, real_trace, report_of
 
 RESNET = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 
@@ -52,9 +52,9 @@ def test_both_charts_have_round_tick_labels(trace):
 
 def test_trace_table_drops_columns_empty_in_every_row():
     """A CPU trace has no GPUs: the trace table leaves that column out instead of an empty one."""
-    html = render_html(analyze_paths([SAMPLES / "cpu-loader-bound.pt.trace.json.gz"]))
+    html = render_html(report_of(SAMPLES / "cpu-loader-bound.pt.trace.json.gz"))
     table = re.search(r'<table id="traces">.*?</table>', html, re.S).group(0)
     assert "<th>GPUs</th>" not in table and "<th>findings</th>" in table
     assert "<th class=\"num\">time in the loader %</th>" in table
-    gpu = render_html(analyze_paths([real_trace(RESNET)]))
+    gpu = render_html(report_of(real_trace(RESNET)))
     assert "<th>GPUs</th>" in re.search(r'<table id="traces">.*?</table>', gpu, re.S).group(0)

@@ -6,10 +6,9 @@ import re
 
 import pytest
 
-from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.evidence_view import figure, unit_of
 from stallscope.report.html import render_html
-from tests.conftest import real_trace
+from tests.conftest import real_trace, report_of
 
 QUEUE = "hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz"
 
@@ -35,7 +34,7 @@ def evidence_tables(html: str) -> list[str]:
 def test_nested_evidence_is_a_table_with_units_not_raw_json():
     """The queue-wait trace's sync finding lists its sources (a list of dicts): they were one
     JSON line per source, cut mid-string; now a table with a column per key and units."""
-    report = analyze_paths([real_trace(QUEUE)])
+    report = report_of(real_trace(QUEUE))
     html = render_html(report)
     assert 'class="json"' not in html
     sync = next(f for f in report.findings if f.id == "host-device-sync")

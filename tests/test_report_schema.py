@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.json_writer import render_json
 from stallscope.report.schema import SCHEMA_FILE, check, render_schema
-from tests.conftest import ROOT, SAMPLES, all_real_traces, recorded_gpu_samples
+from tests.conftest import ROOT, SAMPLES, all_real_traces, recorded_gpu_samples, report_of
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra")
 
@@ -47,7 +46,7 @@ def no_empty_strings(value, where: str = "") -> list[str]:
 
 
 def test_cpu_sample_report_is_valid_with_null_for_absent_values():
-    data = validate(render_json(analyze_paths([SAMPLES / "cpu-loader-bound.pt.trace.json.gz"])))
+    data = validate(render_json(report_of(SAMPLES / "cpu-loader-bound.pt.trace.json.gz")))
     assert data["verdict"]["id"] == "dataloader-bound" and data["verdict"]["text"]
     # A finding with no cause says null, not "" (CI scripts test `is None`).
     assert data["findings"][0]["caused_by"] is None
@@ -55,7 +54,7 @@ def test_cpu_sample_report_is_valid_with_null_for_absent_values():
 
 
 def test_the_schema_rejects_a_report_that_breaks_the_contract():
-    data = json.loads(render_json(analyze_paths([SAMPLES / "cpu-loader-bound.pt.trace.json.gz"])))
+    data = json.loads(render_json(report_of(SAMPLES / "cpu-loader-bound.pt.trace.json.gz")))
     schema = json.loads(SCHEMA_FILE.read_text())
     broken = {k: v for k, v in data.items() if k != "verdict"}
     assert not jsonschema.Draft202012Validator(schema).is_valid(broken)
@@ -65,7 +64,7 @@ def test_the_schema_rejects_a_report_that_breaks_the_contract():
 
 @pytest.mark.parametrize("path", all_real_traces() + recorded_gpu_samples(), ids=lambda p: p.name)
 def test_every_real_trace_report_validates(path: Path):
-    data = validate(render_json(analyze_paths([path])))
+    data = validate(render_json(report_of(path)))
     assert not no_empty_strings(data), no_empty_strings(data)
 
 

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 
-from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.html import render_html
 from stallscope.report.json_writer import render_json
 from stallscope.report.markdown import render_markdown
 from stallscope.report.terminal import render_terminal
-from tests.conftest import real_trace
+from tests.conftest import real_trace, report_of
 
 RESNET = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 
 
 def test_both_loader_figures_are_named_and_explained_in_every_view():
-    report = analyze_paths([real_trace(RESNET)])
+    report = report_of(real_trace(RESNET))
     f = next(f for f in report.findings if f.id == "dataloader-bound")
     time_pct, wait_pct = f.evidence["loader_share_pct"], f.evidence["wait_share_pct"]
     assert time_pct - wait_pct > 5  # the two differ on this trace: the reader must be told why
@@ -39,7 +38,7 @@ def test_both_loader_figures_are_named_and_explained_in_every_view():
 
 
 def test_markdown_has_the_gpu_busy_idle_line_and_human_category_names():
-    report = analyze_paths([real_trace(RESNET)])
+    report = report_of(real_trace(RESNET))
     text = render_markdown(report)
     gpu = report.summary["gpu_pct"]["0"]
     assert (f"GPU 0: busy {100 - gpu['idle']:.1f}% of the step (GPU kernels "

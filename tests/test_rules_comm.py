@@ -12,7 +12,7 @@ from stallscope.diagnose.fixes import Change
 from stallscope.diagnose.sync import host_device_sync
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
-from tests.conftest import SAMPLES, real_trace
+from tests.conftest import SAMPLES, real_trace, report_of
 
 RANK3OF8 = "hta/a100_rank3of8_trace_diff_control.pt.trace.json.gz"
 V100_TEST = "hta/v100_rank1of2_trace_diff_test.pt.trace.json.gz"
@@ -53,7 +53,7 @@ def test_sync_off_cannot_beat_a_busy_gpu_in_the_replay() -> None:
 
 
 def test_sync_off_still_predicts_the_lost_lead_on_rank3of8() -> None:
-    report = analyze_paths([real_trace(RANK3OF8)])
+    report = report_of(real_trace(RANK3OF8))
     assert "sync=off" in report.verdict
     entry = report.plan_entry(report.top_finding)
     assert 60_000 < entry["predicted_step_us"] < 70_000  # measured 76.9 ms
@@ -105,6 +105,6 @@ def test_overlap_saving_never_exceeds_the_compute_to_hide_under() -> None:
     assert f.estimated_saving_pct == ev["hideable_share_pct"]
     total_ms = ev["exposed_ms_per_step"] / ev["exposed_share_pct"] * 100
     assert f.estimated_saving_pct <= 100 * ev["compute_ms_per_step"] / total_ms + 0.01
-    report = analyze_paths([real_trace(RANK0OF128)])
+    report = report_of(real_trace(RANK0OF128))
     (comm,) = [x for x in report.findings if x.id == "comm-bound"]
     assert comm.saving_kind == "upper_bound" and comm.estimated_saving_pct <= 17.2

@@ -108,7 +108,6 @@ def test_analyze_without_the_option_writes_no_tensorboard_files(tmp_path: Path):
     assert not (tmp_path / "out" / "tensorboard").exists()
 
 
-@pytest.mark.slow
 def test_several_traces_get_one_tag_prefix_each_and_force_replaces_the_points(tmp_path: Path):
     out = tmp_path / "out"
     files = [SAMPLES / "cpu-worker-startup.pt.trace.json.gz",
@@ -128,10 +127,11 @@ def test_several_traces_get_one_tag_prefix_each_and_force_replaces_the_points(tm
     assert "| trace |" in findings_text(acc)
 
 
+@pytest.mark.slow
 def test_pytorch_profiler_plugin_lists_the_run(tmp_path: Path):
     if importlib.util.find_spec("torch_tb_profiler") is None:
         pytest.skip("torch_tb_profiler (the PyTorch profiler TensorBoard plugin) is not "
-                    "installed; it is deprecated and not a stallscope dependency")
+                    "installed: pip install -e '.[tbplugin]' (.ci/run does)")
     from tensorboard.plugins import base_plugin
     from torch_tb_profiler.plugin import TorchProfilerPlugin
     from werkzeug.test import Client
@@ -191,7 +191,8 @@ def test_analyze_tensorboard_puts_a_trace_the_plugin_reads_into_the_logdir(tmp_p
     assert report_again["verdict"]["text"] == report["verdict"]["text"]
     assert report_again["summary"]["breakdown_pct"] == report["summary"]["breakdown_pct"]
     if importlib.util.find_spec("torch_tb_profiler") is None:
-        pytest.skip("torch_tb_profiler is not installed: the plugin's own parser was not run")
+        pytest.skip("torch_tb_profiler is not installed (pip install -e '.[tbplugin]'): "
+                    "the plugin's own parser was not run")
     share = report["summary"]["breakdown_pct"]["dataloader"]
     assert share > 50
     assert plugin_loader_share(copy, tmp_path / "cache") == pytest.approx(share, abs=0.1)
@@ -211,7 +212,8 @@ def test_run_keeps_the_recorded_trace_beside_the_plugin_copy(tmp_path: Path):
     assert {e["cat"] for e in loader_events(original)} == {"user_annotation"}
     assert {e["cat"] for e in loader_events(copy)} == {"cpu_op"}
     if importlib.util.find_spec("torch_tb_profiler") is None:
-        pytest.skip("torch_tb_profiler is not installed: the plugin's own parser was not run")
+        pytest.skip("torch_tb_profiler is not installed (pip install -e '.[tbplugin]'): "
+                    "the plugin's own parser was not run")
     report = json.loads((out / "report.json").read_text())
     share = report["summary"]["breakdown_pct"]["dataloader"]
     assert plugin_loader_share(copy, tmp_path / "cache") == pytest.approx(share, abs=1.0)
