@@ -1,6 +1,6 @@
 """Write small, deterministic, GPU-shaped Kineto traces for patterns the real corpus lacks.
 
-No GPU is available to this project, and `../shared/real_traces` holds no DataParallel run, no
+No GPU is available to this project, and `sample_traces/public` holds no DataParallel run, no
 allocator churn in steady-state steps and no pinned host-to-device copy that blocks the host.
 This script builds such traces event by event, following the Kineto facts in GUIDE §3 and the
 shapes of the real traces (`hta/a100_rank3of8_trace_diff_control`,

@@ -39,7 +39,7 @@ SLOW_DATASET = textwrap.dedent(
     class SlowDataset(Dataset):
         # Each item waits 4 ms, as a read from slow storage would: the step waits on loading.
         def __len__(self):
-            return 192
+            return 512
 
         def __getitem__(self, i):
             time.sleep(0.004)

@@ -335,6 +335,53 @@ def test_worker_processes_write_nothing(tmp_path: Path) -> None:
     assert report_of(out)["dataloaders"][0]["num_workers"] == 2
 
 
+# Persistent workers, each leaving a file when it exits normally (a multiprocessing finalizer
+# runs at a worker's normal exit, not when torch terminates a worker that did not stop).
+PERSISTENT = textwrap.dedent(
+    """
+    import sys, time
+    from multiprocessing.util import Finalize
+    from pathlib import Path
+    import torch
+    from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+    class Data(Dataset):
+        def __len__(self):
+            return 512
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.full((4,), float(i))
+
+    def init(worker_id):
+        done = Path(sys.argv[1]) / f"worker-{worker_id}-exited"
+        Finalize(None, done.touch, exitpriority=0)
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(Data(), batch_size=8, num_workers=3, persistent_workers=True,
+                        worker_init_fn=init)
+    for x in loader:
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    """
+)
+
+
+@pytest.mark.slow
+def test_persistent_workers_of_a_stopped_script_are_stopped_not_killed(tmp_path: Path) -> None:
+    """A script stopped mid-loop keeps its iterator in a reference cycle; the workers must be
+    told to stop (as when a loop ends), not left to torch's 5 s join timeout and SIGTERM."""
+    (tmp_path / "train.py").write_text(PERSISTENT)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proc = stallscope("run", "-q", "-o", "out", "train.py", str(marks), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert report_of(tmp_path / "out")["run"]["ended"] == "stopped"
+    assert sorted(p.name for p in marks.iterdir()) == [f"worker-{i}-exited" for i in range(3)]
+
+
 @pytest.mark.slow
 def test_refuses_to_overwrite_a_report_without_force(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)

@@ -20,6 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,8 @@ class LoaderWatcher:
         self._record_start = float("inf")
         self._pins = transfer.PinLedger()
         self._arguments = frameworks.ArgumentsWatch()  # where TrainingArguments are built
+        # The worker iterators the script made (weakly): see shutdown_workers.
+        self._worker_iters: weakref.WeakSet[Any] = weakref.WeakSet()
 
     @property
     def recording(self) -> bool:
@@ -149,6 +152,8 @@ class LoaderWatcher:
 
         def __iter__(loader: Any) -> Any:  # noqa: N807
             it = orig_iter(loader)
+            if isinstance(it, _MultiProcessingDataLoaderIter) and os.getpid() == watcher._pid:
+                watcher._worker_iters.add(it)
             info = loader.__dict__.get(_ATTR)
             if info is not None:
                 it.__dict__[_ATTR] = info
@@ -226,6 +231,17 @@ class LoaderWatcher:
         except OSError:  # no temporary folder: no worker anatomy, the rest as before
             self._folder = None
         self._arguments.install()
+
+    def shutdown_workers(self) -> None:
+        """Shut down the workers of every iterator the script left alive, as torch does when a
+        loop's iterator is released. A script stopped mid-loop leaves its iterator in a
+        reference cycle (frames, the exception); the garbage collector then closes the index
+        queues' feeder threads before the iterator's `__del__` asks the workers to stop, and
+        each persistent worker is joined only after a 5 s timeout (40 s for 8 workers)."""
+        for it in list(self._worker_iters):
+            with contextlib.suppress(Exception):  # torch kills what does not stop
+                it._shutdown_workers()
+        self._worker_iters = weakref.WeakSet()
 
     def uninstall(self) -> None:
         for cls, name, fn in reversed(self._saved):

@@ -135,7 +135,9 @@ def capture(
         ending = Ending(ended, status, f"ended with status {status} ({cause})", [note])
     else:
         ending = Ending(ended, status, f"ended with status {status}" if status else None)
-    # Drop the script's frames (and the loaders and workers they hold) before analysis.
+    # Stop the workers the script's loops left, then drop its frames (and the loaders they
+    # hold) before analysis.
+    session.watcher.shutdown_workers()
     error = None
     sys.last_type = sys.last_value = sys.last_traceback = None
     gc.collect()
