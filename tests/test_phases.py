@@ -87,6 +87,32 @@ def test_alternating_optimizers_keep_the_first_driving() -> None:
     assert len(d.phases) == 2
 
 
+def test_a_new_optimizer_at_a_freed_ones_address_is_a_new_phase() -> None:
+    """Experiment A's optimizer is freed and B's is allocated at the same address (CPython
+    reuses it at once): B is still a new phase, seen in the same steps whatever the ids."""
+
+    class SGD:
+        pass
+
+    class Adam:
+        pass
+
+    d = StepDriver("auto", lambda: None)
+    first = SGD()
+    address = id(first)
+    for _ in range(5):
+        d.on_optimizer_step(first)
+    del first
+    keep = []
+    second = Adam()
+    while id(second) != address and len(keep) < 1000:  # find the reused address
+        keep.append(second)
+        second = Adam()
+    for _ in range(PHASE_OPTIMIZER_STEPS + 1):
+        d.on_optimizer_step(second)
+    assert [name for name, _ in d.phases] == ["optimizer SGD", "optimizer Adam"]
+
+
 SLOW_FIRST_STEP = textwrap.dedent(
     """
     import time, torch

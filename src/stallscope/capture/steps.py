@@ -13,6 +13,7 @@ the boundaries.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,9 @@ class StepDriver:
         self.source: str | None = "dataloader" if mode == "dataloader" else None
         self.direct = False  # optimizer boundaries placed in the hook (no loader in the loop)
         self._on_boundary = on_boundary
-        self._optimizer: int | None = None
+        # The driving optimizer, held weakly: an id alone is reused once an optimizer is freed
+        # (experiment A's SGD, then B's Adam at the same address, was no new phase).
+        self._optimizer: Callable[[], Any] | None = None
         self._loader: LoaderInfo | None = None
         self._pending = False
         self._batches_without_step = 0
@@ -60,13 +63,13 @@ class StepDriver:
             return
         if self._optimizer is None:
             # Several optimizers (GANs, per-module optimizers): the first one to step drives.
-            self._optimizer = id(optimizer)
+            self._optimizer = _held(optimizer)
             self.source = "optimizer"
             self._phase(f"optimizer {type(optimizer).__name__}")
-        elif id(optimizer) != self._optimizer:
+        elif self._optimizer() is not optimizer:
             if not self._takes_over(id(optimizer), PHASE_OPTIMIZER_STEPS):
                 return
-            self._optimizer = id(optimizer)  # a new phase: this optimizer drives from now
+            self._optimizer = _held(optimizer)  # a new phase: this optimizer drives from now
             self._phase(f"optimizer {type(optimizer).__name__}")
         else:
             self._rival = None
@@ -134,3 +137,10 @@ class StepDriver:
         self._rival_count += 1
         return self._rival_count >= needed
 
+
+def _held(obj: Any) -> Callable[[], Any]:
+    """A weak reference to `obj` (a strong one for the rare object that refuses weak ones)."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
