@@ -162,7 +162,7 @@ def test_profile_with_manual_steps_and_out_dir(tmp_path: Path) -> None:
     import torch
 
     w = torch.randn(64, 64)
-    with stallscope.profile(steps=3, skip=1, out_dir=tmp_path / "out") as session:
+    with stallscope.profile(steps=3, skip=1, out_dir=tmp_path / "out", steady=False) as session:
         x = torch.randn(32, 64)
         for _ in range(10):  # no optimizer, no DataLoader: only the markers say where steps end
             x = torch.tanh(x @ w)
@@ -187,7 +187,7 @@ def test_profile_that_records_nothing_says_why(tmp_path: Path) -> None:
 
 def test_profile_keeps_the_steps_recorded_before_the_block_raised() -> None:
     with pytest.raises(RuntimeError, match="boom"), \
-            stallscope.profile(steps=5, skip=1) as session:
+            stallscope.profile(steps=5, skip=1, steady=False) as session:
         for i in range(20):
             if i == 5:  # markers 0-4: 1 skipped, 1 warm-up, 2 recorded, 1 cut short
                 raise RuntimeError("boom")

@@ -70,7 +70,7 @@ def analysed(tmp_path: Path, path: Path) -> dict:
         (b'{"traceEvents": {"ph": "X"}}', "no 'traceEvents' list"),
         (b'{"traceEvents": [', "truncated"),
         (b"not json at all", "not valid JSON"),
-        (gzip.compress(b'{"traceEvents": []}')[:12], "damaged or truncated gzip"),
+        (gzip.compress(b'{"traceEvents": []}', mtime=0)[:12], "damaged or truncated gzip"),
     ],
     ids=["blank", "no-events-key", "events-not-a-list", "cut-at-start", "not-json",
          "gzip-header-only"],

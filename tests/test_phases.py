@@ -55,7 +55,7 @@ def _run(tmp_path: Path, source: str, *args: str) -> subprocess.CompletedProcess
 
 @pytest.mark.slow
 def test_second_phase_is_recorded_when_skip_passes_the_first(tmp_path: Path) -> None:
-    proc = _run(tmp_path, TWO_PHASES, "--skip", "14", "--steps", "4")
+    proc = _run(tmp_path, TWO_PHASES, "--skip", "14", "--steps", "4", "--no-steady-wait")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["run"]["steps_recorded"] == 4

@@ -155,7 +155,8 @@ def test_bad_target_is_one_line_and_exit_2(tmp_path: Path, args: list[str], mess
 def test_exception_keeps_status_1_and_a_partial_report(tmp_path: Path, entry: str) -> None:
     (tmp_path / "train.py").write_text(FAILING)
     # skip 2 + warmup 1, then iteration 6 raises inside the third recorded step.
-    proc = stallscope("run", "train.py", "raise", "6", cwd=tmp_path, entry=entry)
+    proc = stallscope("run", "--no-steady-wait", "train.py", "raise", "6", cwd=tmp_path,
+                      entry=entry)
     assert proc.returncode == 1
     assert "RuntimeError: boom at iteration 6" in proc.stderr  # the user's own traceback
     assert 'File "' + str(tmp_path / "train.py") + '", line' in proc.stderr
@@ -173,7 +174,7 @@ def test_exception_keeps_status_1_and_a_partial_report(tmp_path: Path, entry: st
 @pytest.mark.slow
 def test_colour_codes_in_the_scripts_exception_are_not_repeated(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
-    proc = stallscope("run", "train.py", "colour", "6", cwd=tmp_path)
+    proc = stallscope("run", "--no-steady-wait", "train.py", "colour", "6", cwd=tmp_path)
     assert proc.returncode == 1
     # stallscope's own line and the report say the message without the escape sequences: no
     # ESC byte, and no "[31m" left behind by dropping only that byte. (The traceback above it
@@ -191,7 +192,7 @@ def test_colour_codes_in_the_scripts_exception_are_not_repeated(tmp_path: Path) 
 @pytest.mark.slow
 def test_sys_exit_3_keeps_status_3(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
-    proc = stallscope("run", "train.py", "exit", "7", cwd=tmp_path)
+    proc = stallscope("run", "--no-steady-wait", "train.py", "exit", "7", cwd=tmp_path)
     assert proc.returncode == 3
     assert "ended with status 3" in proc.stderr
     run = report_of(tmp_path / "stallscope-train")["run"]
@@ -202,7 +203,7 @@ def test_sys_exit_3_keeps_status_3(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_ctrl_c_keeps_status_130_and_a_partial_report(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(FAILING)
-    proc = stallscope("run", "train.py", "interrupt", "6", cwd=tmp_path)
+    proc = stallscope("run", "--no-steady-wait", "train.py", "interrupt", "6", cwd=tmp_path)
     assert proc.returncode == 130
     run = report_of(tmp_path / "stallscope-train")["run"]
     assert (run["exit_status"], run["ended"], run["partial"]) == (130, "interrupted", True)

@@ -34,7 +34,8 @@ SCRIPT = textwrap.dedent(
 def test_os_exit_keeps_the_steps_recorded_and_the_status(tmp_path: Path):
     (tmp_path / "train.py").write_text(SCRIPT)
     proc = subprocess.run(
-        [sys.executable, "-m", "stallscope", "run", "-o", "out", "--steps", "50", "train.py"],
+        [sys.executable, "-m", "stallscope", "run", "-o", "out", "--no-steady-wait", "--steps",
+         "50", "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 3, proc.stderr
     traces = list((tmp_path / "out").rglob("*.pt.trace.json.gz"))

@@ -37,14 +37,15 @@ TARGET = "stallscope.profile()"  # report.json run.target: what ran, in place of
 
 
 def profile(steps: int = 5, skip: int = 2, out_dir: str | os.PathLike[str] | None = None, *,
-            warmup: int = 1, step_on: str = "auto") -> ProfileSession:
-    """Profile the loop in the `with` block: `skip` steps pass, `warmup` warm the profiler up,
-    `steps` are recorded; then the loop runs on unprofiled. On leaving the block the recorded
-    steps are analysed into `session.report` (and written to `out_dir` when given).
+            warmup: int = 1, step_on: str = "auto", steady: bool = True) -> ProfileSession:
+    """Profile the loop in the `with` block: `skip` steps pass (then, with `steady`, more
+    until the steps have settled, as `run` waits), `warmup` warm the profiler up, `steps` are
+    recorded; then the loop runs on unprofiled. On leaving the block the recorded steps are
+    analysed into `session.report` (and written to `out_dir` when given).
 
     `step_on`: what ends a step, as `run --step-on` ("auto", "optimizer", "dataloader"), or
     "marker" for `session.step()` / `stallscope.step()` calls only."""
-    return ProfileSession(steps, skip, out_dir, warmup=warmup, step_on=step_on)
+    return ProfileSession(steps, skip, out_dir, warmup=warmup, step_on=step_on, steady=steady)
 
 
 class ProfileSession:
@@ -52,7 +53,7 @@ class ProfileSession:
 
     def __init__(self, steps: int = 5, skip: int = 2,
                  out_dir: str | os.PathLike[str] | None = None, *, warmup: int = 1,
-                 step_on: str = "auto") -> None:
+                 step_on: str = "auto", steady: bool = True) -> None:
         from stallscope.capture.steps import MODES
 
         for name, value, least in (("steps", steps, 1), ("skip", skip, 0), ("warmup", warmup, 0)):
@@ -62,6 +63,7 @@ class ProfileSession:
         if step_on not in MODES:
             raise StallscopeError(f"step_on must be one of {', '.join(MODES)}, got {step_on!r}")
         self.steps, self.skip, self.warmup, self.step_on = steps, skip, warmup, step_on
+        self.steady = steady
         self.out_dir = Path(out_dir).expanduser().resolve() if out_dir is not None else None
         self.report: Report | None = None
         self.trace_dir: Path | None = None
@@ -94,7 +96,7 @@ class ProfileSession:
         if self.trace_dir.is_dir():  # an earlier session's traces from this host: replaced
             for old in self.trace_dir.glob(f"{worker}.*.pt.trace.json*"):
                 old.unlink(missing_ok=True)
-        self._capture = CaptureSession(Schedule(self.skip, self.warmup, self.steps),
+        self._capture = CaptureSession(Schedule(self.skip, self.warmup, self.steps, self.steady),
                                        self.step_on, self.trace_dir, worker, run_to_end=True)
         self._capture.start()
         return self

@@ -65,6 +65,10 @@ class LoaderWatcher:
         self._arguments = frameworks.ArgumentsWatch()  # where TrainingArguments are built
         # The worker iterators the script made (weakly): see shutdown_workers.
         self._worker_iters: weakref.WeakSet[Any] = weakref.WeakSet()
+        # Before recording (capture/steady.py): the iterator whose batch opened the latest
+        # step, and the time spent in `__next__` since the step boundary before.
+        self.current: weakref.ref[Any] | None = None
+        self.unprofiled_wait_us = 0.0
 
     @property
     def recording(self) -> bool:
@@ -178,8 +182,15 @@ class LoaderWatcher:
         def __next__(it: Any) -> Any:  # noqa: N807
             info = it.__dict__.get(_ATTR)
             if info is not None and os.getpid() == watcher._pid and not _exhausted(it):
+                watcher.current = weakref.ref(it)  # weakly: the script's loop owns it
                 watcher._on_batch(info, it)  # may open a new step, or stop the script
                 info.batches += 1
+                if not watcher.recording:  # the wait of an unprofiled step (capture/steady.py)
+                    start = time.perf_counter()
+                    try:
+                        return orig_next(it)
+                    finally:
+                        watcher.unprofiled_wait_us += (time.perf_counter() - start) * 1e6
                 if watcher.recording:
                     info.batches_recorded += 1
                     tap = watcher._taps.get(id(info))
@@ -232,6 +243,24 @@ class LoaderWatcher:
             self._folder = None
         self._arguments.install()
 
+    def take_unprofiled_wait(self) -> float:
+        """The time (us) the training process spent in DataLoader `__next__` since the last
+        call: the loader wait of the unprofiled step that just ended."""
+        wait, self.unprofiled_wait_us = self.unprofiled_wait_us, 0.0
+        return wait
+
+    def prefetched_left(self) -> tuple[int, int]:
+        """Of the batches the current iterator's workers prefetched when it started (an epoch's
+        `num_workers * prefetch_factor`), how many are still queued; and its worker count."""
+        it = self.current() if self.current is not None else None
+        if not isinstance(it, _MultiProcessingDataLoaderIter):
+            return 0, 0
+        try:
+            workers = int(it._num_workers)
+            return max(0, workers * int(it._prefetch_factor) - int(it._num_yielded)), workers
+        except (AttributeError, TypeError, ValueError):  # another torch: no such counters
+            return 0, 0
+
     def shutdown_workers(self) -> None:
         """Shut down the workers of every iterator the script left alive, as torch does when a
         loop's iterator is released. A script stopped mid-loop leaves its iterator in a
@@ -242,6 +271,7 @@ class LoaderWatcher:
             with contextlib.suppress(Exception):  # torch kills what does not stop
                 it._shutdown_workers()
         self._worker_iters = weakref.WeakSet()
+        self.current = None
 
     def uninstall(self) -> None:
         for cls, name, fn in reversed(self._saved):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stallscope.capture import budget
+from stallscope.capture import budget, steady
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import describe as describe_source
@@ -265,10 +265,14 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
             "still compiling graphs (dynamo's graph count grew in the last skipped step)"
             + ("; it still was after that many, so recording went ahead: see compile-in-steps."
                if capped else "."))
+    context.window = session.window
+    note = window_note(session.window, session.sched.warmup)
+    if note:
+        context.notes.append(note)
     phases = session.driver.phases
     context.step_phases = [{"driver": d, "from_boundary": at + 1} for d, at in phases]
     if len(phases) > 1:
-        start = session.sched.skip + session.sched.warmup + 1  # the first recorded boundary
+        start = session.first_recorded_boundary
         active = [d for d, at in phases if at < start][-1] if phases[0][1] < start else None
         chain = ", then ".join(f"{d} (from step boundary {at + 1})" for d, at in phases)
         context.notes.append(
@@ -292,6 +296,21 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
             "The script caught stallscope's stop request (a bare except or except "
             "BaseException) and ran on."
         )
+
+
+def window_note(window: dict[str, Any] | None, warmup: int) -> str | None:
+    """Which steps were recorded and why those, when the wait for a steady run (capture/
+    steady.py) went past --skip; None when recording began right after --skip."""
+    if not window or (window["steady"] and not window["extra_steps"]):
+        return None
+    first, extra = window["first_step"], window["extra_steps"]
+    where = (f"Recording began at step {first} ({extra} step(s) past --skip {window['skip']} "
+             f"and {warmup} warm-up step(s))")
+    if window["steady"]:
+        return f"{where}, once the unprofiled steps were steady: {window['why']}."
+    return (f"{where} although the run was still moving: {window['why']}; the wait is capped "
+            f"at {steady.MAX_EXTRA_STEPS} steps and {steady.MAX_EXTRA_S:g} s past --skip. The "
+            "recorded steps may not show the run's steady pace.")
 
 
 def _timed_out(watchdog: Watchdog) -> Ending:

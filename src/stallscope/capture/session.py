@@ -30,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from stallscope import __version__, marker, progress
-from stallscope.capture import budget, hostload
+from stallscope.capture import budget, hostload, steady
 from stallscope.capture.export import export_trace
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
@@ -60,6 +60,9 @@ class Schedule:
     skip: int = 2
     warmup: int = 1
     steps: int = 5
+    # Past `skip`, wait for the unprofiled steps to settle (capture/steady.py); False records
+    # right after `skip` (`run --no-steady-wait`: an exact window, steady or not).
+    steady: bool = True
 
     @property
     def profiled(self) -> int:
@@ -93,6 +96,15 @@ class CaptureSession:
         # perf_counter() at each step boundary before the profiler starts: the skipped steps'
         # durations, which no profiler slowed (`tune` compares configurations on them).
         self.unprofiled_at: list[float] = []
+        # ...and at each of those boundaries, the time spent waiting on the DataLoader since
+        # the one before (the first entry: start-up, before any boundary).
+        self.unprofiled_wait_us: list[float] = []
+        # Steps skipped beyond --skip until the unprofiled steps were steady (capture/steady.py)
+        # and how that wait ended: the `window` of report.json's `run`.
+        self.steady_wait = 0
+        self.window: dict[str, Any] | None = None
+        self._judged_from = 0  # the first unprofiled step after the start-up prefetch
+        self._skip_passed_at: float | None = None
         self.recorded = 0
         self.incomplete_step: str | None = None
         self.done = False
@@ -274,8 +286,15 @@ class CaptureSession:
         self.boundaries += 1
         if not self._started:
             self.unprofiled_at.append(time.perf_counter())
-        if self.boundaries <= self.sched.skip + self.compile_wait:
-            self._wait_for_compile(self.boundaries == self.sched.skip + self.compile_wait)
+            self.unprofiled_wait_us.append(self.watcher.take_unprofiled_wait())
+        if self.boundaries <= self.last_skipped:
+            if self.boundaries == self.last_skipped:
+                compiling = self.compile_wait
+                self._wait_for_compile(True)
+                if self.compile_wait == compiling:  # compilation settled: is the run steady?
+                    self._wait_for_steady()
+            else:
+                self._wait_for_compile(False)
             return  # the profiler is not touched at all while steps are skipped
         if not self._started:
             self._started = True
@@ -313,6 +332,54 @@ class CaptureSession:
         if self.prof.step_num >= self.sched.profiled:  # the trace was written by this step()
             self.recorded = self.sched.steps
             self._stop_recording()
+
+    @property
+    def last_skipped(self) -> int:
+        """The boundary after which the profiler starts: --skip, plus the steps waited for
+        torch.compile and for a steady run."""
+        return self.sched.skip + self.compile_wait + self.steady_wait
+
+    @property
+    def first_recorded_boundary(self) -> int:
+        """The step boundary that ends the first recorded step (1-based)."""
+        return self.last_skipped + self.sched.warmup + 1
+
+    def _wait_for_steady(self) -> None:
+        """At the last skipped boundary: skip one more step while the unprofiled steps are
+        still moving (capture/steady.py), up to its caps; say how the wait ended."""
+        now = time.perf_counter()
+        if self._skip_passed_at is None:
+            self._skip_passed_at = now
+        if not self.sched.steady:
+            self.window = {"skip": self.sched.skip, "extra_steps": 0, "extra_s": 0.0,
+                           "steady": None, "why": "--no-steady-wait: recorded right after "
+                           "--skip, steady or not", "first_step": self.first_recorded_boundary}
+            return
+        left, workers = self.watcher.prefetched_left()
+        steps = self.unprofiled_steps_us()
+        if left > 0:  # the step starting now takes a batch prefetched at start-up
+            self._judged_from = len(steps) + 1
+        one_rank = int(os.environ.get("WORLD_SIZE") or 1) <= 1
+        judged = steady.judge(steps[self._judged_from:],
+                              self.unprofiled_wait_us[1:][self._judged_from:], left,
+                              steady.group_size(workers), by_time=one_rank)
+        waited_s = now - self._skip_passed_at
+        capped = not judged.steady and (self.steady_wait >= steady.MAX_EXTRA_STEPS
+                                        or waited_s >= steady.MAX_EXTRA_S)
+        if judged.steady or capped:
+            self.window = {
+                "skip": self.sched.skip, "extra_steps": self.steady_wait,
+                "extra_s": round(waited_s, 3), "steady": judged.steady, "why": judged.why,
+                "first_step": self.first_recorded_boundary,
+            }
+            if self.steady_wait or capped:
+                progress.say(f"recording from step {self.first_recorded_boundary}: "
+                             + (judged.why if judged.steady else f"still moving ({judged.why})"
+                                f" after {self.steady_wait} extra step(s)"))
+            return
+        if self.steady_wait == 0:
+            progress.say(f"waiting for steady steps before recording: {judged.why}")
+        self.steady_wait += 1
 
     def unprofiled_steps_us(self) -> list[float]:
         """The skipped steps' durations (us), from the first boundary on: the step before it
@@ -417,6 +484,7 @@ class CaptureSession:
             "torch": torch.__version__,
             "step_source": self.driver.source,
             "incomplete_step": self.incomplete_step,
+            "window": self.window,
         }
         if self.budget.cut is not None:
             meta["recording_cut"] = self.budget.cut.to_dict()

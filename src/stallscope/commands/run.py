@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stallscope import progress
+from stallscope.capture import steady
 from stallscope.capture.context import RunContext
 from stallscope.capture.overrides import OVERRIDE_KEYS, parse_overrides
 from stallscope.capture.target import Target
@@ -63,6 +64,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="steps the profiler warms up on, not recorded (default 1)")
     run.add_argument("--steps", type=whole_number(1), default=5, metavar="N",
                      help="steps to record (default 5)")
+    run.add_argument("--no-steady-wait", action="store_true",
+                     help="record right after --skip; by default recording waits (at most "
+                     f"{steady.MAX_EXTRA_STEPS} steps, {steady.MAX_EXTRA_S:g} s) until the "
+                     "unprofiled steps have settled and the loader's start-up prefetch is used")
     run.add_argument(
         "--step-on",
         choices=("auto", "optimizer", "dataloader"),
@@ -137,7 +142,8 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
         rank=launch.rank if launch.distributed else None,
         world_size=launch.world_size if launch.distributed else None,
     )
-    options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps), args.step_on,
+    options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps,
+                                      steady=not args.no_steady_wait), args.step_on,
                              args.run_to_end, overrides, args.timeout, args.max_record_mb,
                              args.no_step_warning)
     progress.say(
