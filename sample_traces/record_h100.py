@@ -44,6 +44,10 @@ CONFIGS: dict[str, list[str]] = {
     "w8-adam-fused": [*W, "--optimizer", "fused"],
     "w4": ["--num-workers", "4"],
     "w8-compile": [*W, "--compile"],
+    # pinned memory alone: a blocking copy from pinned memory (no non_blocking)
+    "w8-pinned-blocking": [*W, "--pin-memory"],
+    # a step the host bounds: a narrow CNN on small images, many short kernels per step
+    "hostbound": [*W, "--width", "8", "--side", "32", "--batch-size", "32", "--sample-ms", "0"],
 }
 RUN = ["--skip", "24", "--warmup", "1", "--steps", "6"]
 TIME_FROM = 25

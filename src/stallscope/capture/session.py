@@ -30,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from stallscope import __version__, marker, progress
-from stallscope.capture import budget, hostload, steady
+from stallscope.capture import budget, hostload, opcost, steady
 from stallscope.capture.export import export_trace
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
@@ -46,6 +46,8 @@ from stallscope.capture.steps import StepDriver
 COMPILE_WAIT_MAX = 3
 # `run --no-step-warning`: seconds without a step boundary before stallscope says so.
 NO_STEP_S = 60.0
+# Input shapes are recorded with every op (rules read them: GEMM shapes, copy sizes).
+RECORD_SHAPES = True
 
 
 class StopScript(BaseException):
@@ -137,6 +139,10 @@ class CaptureSession:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self.activities = [a.name for a in activities]
+        self._activities = activities
+        # What one recorded op costs the host under this profiler (capture/opcost.py),
+        # measured by start(): the replay takes it out of the recorded steps.
+        self.profiler_cost: dict[str, Any] = {}
         self.export_failed: str | None = None  # what was lost when the export failed
         with warnings.catch_warnings():  # warmup 0 is the user's explicit choice
             warnings.simplefilter("ignore", UserWarning)
@@ -145,12 +151,14 @@ class CaptureSession:
             activities=activities,
             schedule=plan,
             on_trace_ready=self._on_trace_ready,
-            record_shapes=True,
+            record_shapes=RECORD_SHAPES,
         )
         self.foreign = ForeignProfilers(self, trace_dir, worker)
 
     def start(self) -> None:
         quiet_profiler_warnings()
+        with usdt_filtered():  # before any hook: the calibration's ops are no script's
+            self.profiler_cost = opcost.session_costs(self._activities, RECORD_SHAPES)
         self.watcher.install()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
@@ -485,6 +493,7 @@ class CaptureSession:
             "step_source": self.driver.source,
             "incomplete_step": self.incomplete_step,
             "window": self.window,
+            "profiler_cost": self.profiler_cost,
         }
         if self.budget.cut is not None:
             meta["recording_cut"] = self.budget.cut.to_dict()
