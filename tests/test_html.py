@@ -72,7 +72,7 @@ def test_gpu_report_reads_verdict_first_with_timeline_and_top_tables(resnet_html
     # The verdict now quotes the replayed prediction (it said "can save up to" before replay).
     plan = report.plan
     assert "DataLoader" in verdict and (
-        f"the replay predicts {ms(plan['measured_step_us'])} -&gt; "
+        f"the replay predicts {ms(plan['baseline_step_us'])} -&gt; "
         f"{ms(plan['entries'][0]['predicted_step_us'])} ms") in verdict
     assert html.index('id="verdict"') < html.index('id="findings"') < html.index("step-timeline")
     assert "176.3 ms" in section(html, "summary", 'id="findings-summary"')  # median step
@@ -195,12 +195,16 @@ def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resne
         'id="findings"')
     assert 'href="#fix-plan"' in section(html, "findings-summary", "</nav>")
     bars = plan_bars(html)
-    assert [kind for kind, _, _ in bars] == ["measured"] + ["predicted"] * n
+    # The measured step, the step without the profiler's cost (where the changes start), then
+    # each change on top of the ones before.
+    assert [kind for kind, _, _ in bars] == ["measured"] + ["predicted"] * (n + 1)
     assert bars[0][1:] == ("measured", f"{ms(plan['measured_step_us'])} ms")
-    for i, ((_, label, value), e) in enumerate(zip(bars[1:], plan["entries"], strict=True), 1):
+    assert bars[1][1] == "without the profiler"
+    assert bars[1][2].startswith(f"{ms(plan['baseline_step_us'])} ms (")
+    for i, ((_, label, value), e) in enumerate(zip(bars[2:], plan["entries"], strict=True), 1):
         assert label == f"{i}. {e['change']}"
         assert value == f"{ms(e['predicted_step_us'])} ms (\u2212{e['saving_pct']:.1f}%)"
-    assert bars[1][1].startswith("1. num_workers=")
+    assert bars[2][1].startswith("1. num_workers=")
     chart = html_text.unescape(section(html, "plan-chart", "</svg>"))
     assert f"floor: busiest GPU's remaining work, {ms(plan['floor_us'])} ms" in chart
     assert 'class="plan-floor"' in chart
@@ -217,6 +221,7 @@ def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resne
     assert "replaying the recorded steps" in basis
     assert "ProfilerStep#6 ... ProfilerStep#10 (5 of 6 recorded steps" in basis
     assert f"measured {ms(plan['measured_step_us'])} ms" in basis
+    assert f"without the profiler about {ms(plan['baseline_step_us'])} ms (predicted" in basis
     assert 'id="what-if"' not in html  # no --what-if given
 
 
@@ -238,7 +243,7 @@ def test_summary_table_tile_and_cards_say_replayed_or_upper_bound(resnet_html):
     card = section(html, "finding-1", "Evidence")
     assert f"saves {pct}" in card and "replayed · step 1 of the fix plan" in card
     assert "Estimate (replayed prediction):" in card
-    assert f"{ms(plan['measured_step_us'])} → {ms(first['predicted_step_us'])} ms" in card
+    assert f"{ms(plan['baseline_step_us'])} → {ms(first['predicted_step_us'])} ms" in card
     assert "can save up to" not in card
 
 
@@ -271,18 +276,22 @@ def test_what_if_section_shows_each_change_alone_and_together():
     assert 'href="#what-if"' in html and html.index('id="fix-plan"') < html.index('id="what-if"')
     table = html_text.unescape(section(html, "what-if-table", "</table>"))
     rows = table.split("<tr>")[2:]
-    assert len(rows) == 5  # measured, replayed as recorded, two changes alone, together
+    # measured, replayed as recorded, without the profiler, two changes alone, together
+    assert len(rows) == 6
     assert f"<td>measured</td><td class=\"num\">{ms(w['measured_step_us'])}</td>" in rows[0]
     assert "measurement" in rows[0] and "replay" in rows[1]
+    assert f"without the profiler (the changes start here)</td><td class=\"num\">" \
+        f"{ms(w['baseline_step_us'])}</td>" in rows[2]
     alone = w["each"][0]
-    change = 100 * (alone["predicted_step_us"] - w["measured_step_us"]) / w["measured_step_us"]
+    base = w["baseline_step_us"]
+    change = 100 * (alone["predicted_step_us"] - base) / base
     assert f"<td>num_workers=4 alone</td><td class=\"num\">{ms(alone['predicted_step_us'])}" \
-        in rows[2]
-    assert f"{change:+.1f}%".replace("-", "\u2212") in rows[2]
-    assert "replayed prediction" in rows[2]
-    assert all(a in rows[2] for a in alone["assumptions"])
-    assert "amp=bf16 alone" in rows[3]
-    assert f"not replayed: {w['each'][1]['not_replayed']}" in rows[3]
-    assert "all together" in rows[4] and "not replayed" in rows[4]
+        in rows[3]
+    assert f"{change:+.1f}%".replace("-", "\u2212") in rows[3]
+    assert "replayed prediction" in rows[3]
+    assert all(a in rows[3] for a in alone["assumptions"])
+    assert "amp=bf16 alone" in rows[4]
+    assert f"not replayed: {w['each'][1]['not_replayed']}" in rows[4]
+    assert "all together" in rows[5] and "not replayed" in rows[5]
     # A CPU-only trace's floor is the host's own work.
     assert "floor: host work" in section(html, "plan-chart", "</svg>")

@@ -77,7 +77,7 @@ def planned():
 
 def plan_lines(report) -> list[str]:
     """The fix plan as the writers should print it: previous step -> predicted, each change."""
-    out, before = [], report.plan["measured_step_us"]
+    out, before = [], report.plan["baseline_step_us"]
     for i, e in enumerate(report.plan["entries"], 1):
         out.append(f"{i}. {e['change']} ({e['id']}): {ms(before)} -> "
                    f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")

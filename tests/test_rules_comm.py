@@ -56,7 +56,9 @@ def test_sync_off_still_predicts_the_lost_lead_on_rank3of8() -> None:
     report = report_of(real_trace(RANK3OF8))
     assert "sync=off" in report.verdict
     entry = report.plan_entry(report.top_finding)
-    assert 60_000 < entry["predicted_step_us"] < 70_000  # measured 76.9 ms
+    # measured 76.9 ms; 71.3 ms without the profiler's assumed cost (6,786 recorded ops per
+    # step); sync=off takes about 14 ms off that, not below the GPU's 51.9 ms floor
+    assert report.plan["floor_us"] < entry["predicted_step_us"] < 65_000
 
 
 def test_gloo_all_reduce_on_cpu_is_assessed_with_gloo_advice() -> None:

@@ -20,6 +20,7 @@ from stallscope.diagnose.fixes import Change, Context, apply, changes_for, no_ch
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
+from stallscope.replay.unprofile import ProfilerCost, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 
@@ -52,11 +53,15 @@ class Scenario:
 @dataclass
 class Plan:
     trace: str
-    measured_step_us: float  # median of the steps used, as recorded
+    measured_step_us: float  # median of the steps used, as recorded (under the profiler)
     replayed_step_us: float  # the unchanged graph replayed, over the same steps
+    # The step the fixes start from: the measured one less the profiler's own cost on the host
+    # (replay/unprofile.py), as the replay of the graph without it says; `profiler` how.
     floor_us: float  # the busiest GPU's work per step once every change is made (host, if none)
     steps_used: list[str]
     floor_kind: str  # "gpu": the busiest GPU's remaining work; "host": the stepping thread's
+    baseline_step_us: float = 0.0
+    profiler: dict[str, Any] = field(default_factory=dict)
     # Why some recorded steps are not in the medians, or None when all are.
     steps_note: str | None = None
     min_gain_pct: float = MIN_GAIN_PCT
@@ -95,14 +100,25 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     recorded = np.array([s.duration_us for s in steps])
     used = slice(1, None) if len(recorded) >= 3 else slice(None)
     base = replay(graph)
+    cost = ProfilerCost.of(model)
+    counts = op_counts(graph, model)
+    graph = unprofile(graph, counts, cost.op_us)
+    unprofiled = replay(graph)
+    measured = float(np.median(recorded[used]))
+    profiler_us = max(0.0, _median(base, used) - _median(unprofiled, used))
     plan = Plan(
         trace=model.trace.label,
-        measured_step_us=float(np.median(recorded[used])),
+        measured_step_us=measured,
         replayed_step_us=_median(base, used),
         floor_us=0.0,
         steps_used=[s.name for s in steps[used]],
         floor_kind="gpu" if len(graph.g_ts) else "host",
         steps_note=_steps_note(len(model.steps), window, used),
+        baseline_step_us=max(measured - profiler_us, 0.0),
+        profiler={"op_us": round(cost.op_us, 3), "measured": cost.measured,
+                  "source": cost.source,
+                  "ops_per_step": round(float(counts.sum()) / graph.steps, 1),
+                  "step_cost_us": round(profiler_us, 1)},
     )
     facts = LoaderFacts.from_capture(model.trace.capture)
     memo: dict[str, Any] = {}
@@ -130,8 +146,8 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
                 continue
             f.predicted_step_us = round(alone[f.id].step_us, 1)
             options[f.id] = changes
-    final = _greedy(plan, Scenario(graph, base, plan.measured_step_us, []), options, predict,
-                    alone)
+    final = _greedy(plan, Scenario(graph, unprofiled, plan.baseline_step_us, []), options,
+                    predict, alone)
     plan.floor_us = _floor(final.graph, final.replay, used)
     if what_if:
         plan.what_if = _what_if(plan, graph, what_if, predict)
@@ -163,8 +179,9 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
             first: dict[str, Scenario]) -> Scenario:
     """Each round, the change that takes most off the current prediction, until none saves
     MIN_GAIN_PCT. Findings that share a change (pageable and blocking copies) share one entry.
-    Returns the scenario with every entry's change made. The start's step is the measured one,
-    so the entries' savings add up to measured minus the end state."""
+    Returns the scenario with every entry's change made. The start's step is the baseline (the
+    measured one less the profiler's cost), so the entries' savings add up to the baseline
+    minus the end state."""
     current, applied = start, []
     left = dict(options)
     while left:
@@ -179,7 +196,7 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
         if best is None:
             break
         fid, s = best
-        gain = 100.0 * (current.step_us - s.step_us) / plan.measured_step_us
+        gain = 100.0 * (current.step_us - s.step_us) / plan.baseline_step_us
         if gain < MIN_GAIN_PCT:
             break
         text = " + ".join(c.text for c in left[fid])
@@ -206,6 +223,7 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> d
         "changes": [c.text for c in changes],
         "measured_step_us": round(plan.measured_step_us, 1),
         "replayed_step_us": round(plan.replayed_step_us, 1),
+        "baseline_step_us": round(plan.baseline_step_us, 1),
         "each": each,
     }
     try:
@@ -221,7 +239,7 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> d
 def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]]) -> None:
     """Savings from the plan: a finding claims only what its change adds on top of the ones
     before it; one the replay cannot model keeps its rule's upper bound, labelled so."""
-    measured = plan.measured_step_us
+    measured = plan.baseline_step_us
     by_id = {e.id: (i, e) for i, e in enumerate(plan.entries)}
     for f in findings:
         if f.id in by_id:

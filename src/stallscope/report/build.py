@@ -113,7 +113,9 @@ class Report:
         entry = self.plan_entry(top)
         if entry is not None:  # the change as the user writes it (TrainingArguments' fields)
             entry = {**entry, "change": as_written(entry["change"], top.id, self.dataloaders)}
-        replayed = (f"the replay predicts {self.plan['measured_step_us'] / 1000:.1f} -> "
+        start = self.plan.get("baseline_step_us") or self.plan["measured_step_us"] if (
+            self.plan is not None) else 0.0
+        replayed = (f"the replay predicts {start / 1000:.1f} -> "
                     f"{entry['predicted_step_us'] / 1000:.1f} ms per step"
                     if entry is not None and self.plan is not None else "")
         bound = self._gpu_bound(top)

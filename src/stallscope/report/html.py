@@ -23,12 +23,14 @@ from stallscope.report.build import Report
 from stallscope.report.evidence_view import evidence_value
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
+    baseline,
     category_name,
     floor_phrase,
     loader_story,
     ms,
     pct_of,
     plan_of,
+    profiler_phrase,
     saving_label,
     steps_phrase,
     with_before,
@@ -219,6 +221,9 @@ def _headline(report: Report) -> dict[str, Any]:
         "top": top,
         "top_saving": _saving_view(report, top) if top else None,
         "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
+        # The step without the profiler's cost (diagnose/plan.py), when it differs.
+        "unprofiled_ms": _ms(baseline(report.plan)) if report.plan and profiler_phrase(
+            report.plan) else None,
     }
 
 
@@ -235,7 +240,8 @@ def _saving_view(report: Report, f: Finding) -> dict[str, Any]:
         "text": text,
         "entry": entry,
         "before_us": before,
-        "measured_us": plan["measured_step_us"] if plan else None,
+        "measured_us": baseline(plan) if plan else None,
+        "unprofiled": bool(plan and profiler_phrase(plan)),
         "plan_size": len(plan["entries"]) if plan else 0,
         "steps_used": len(plan["steps_used"]) if plan else 0,
         "min_gain_pct": plan["min_gain_pct"] if plan else None,
@@ -265,6 +271,7 @@ def _fix_plan(report: Report) -> dict[str, Any] | None:
         "left_out": [(f.id, f.predicted_step_us, i) for i, f in mine
                      if f.predicted_step_us is not None and f.plan_rank is None],
         "min_gain_pct": plan["min_gain_pct"],
+        "profiler": profiler_phrase(plan),
     }
 
 
@@ -272,6 +279,10 @@ def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
     """A waterfall in SVG units: the measured step, then each change's cumulative predicted
     step, the time it takes off drawn beside it, and the floor as a dashed line."""
     rows = [("measured", plan["measured_step_us"], None, None)]
+    if profiler_phrase(plan):  # the profiler's cost taken out: the step the fixes start from
+        rows.append(("without the profiler", baseline(plan), plan["measured_step_us"],
+                     round(100 * (plan["measured_step_us"] - baseline(plan))
+                           / plan["measured_step_us"], 1)))
     rows += [(f"{i}. {e['change']}", e["predicted_step_us"], before, e["saving_pct"])
              for i, (e, before) in enumerate(with_before(plan), 1)]
     labels = [(full, full if len(full) <= MAX_LABEL_CHARS else
@@ -324,6 +335,12 @@ def _what_if(what_if: dict[str, Any] | None) -> list[dict[str, Any]] | None:
         {"what": "replayed as recorded (no change)", "kind": "replay",
          "us": what_if["replayed_step_us"], "assumptions": [], "why": None},
     ]
+    base = what_if.get("baseline_step_us")
+    if base and what_if["measured_step_us"] - base >= 0.01 * what_if["measured_step_us"]:
+        rows.append({"what": "without the profiler (the changes start here)",
+                     "kind": "replayed prediction", "us": base,
+                     "assumptions": ["the profiler's cost per recorded op taken out of the "
+                                     "host's work (replay/unprofile.py)"], "why": None})
     changes = [(f"{c['change']} alone", c) for c in what_if["each"]]
     if len(what_if["each"]) > 1:
         changes.append(("all together: " + " + ".join(what_if["changes"]), what_if))

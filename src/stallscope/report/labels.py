@@ -51,17 +51,36 @@ def steps_phrase(report: Report, plan: dict[str, Any]) -> str:
     return f"{names} ({len(used)} step{'s' if len(used) != 1 else ''})"
 
 
+def baseline(plan: dict[str, Any]) -> float:
+    """The step the plan's fixes start from: the measured one without the profiler's cost
+    (diagnose/plan.py), or the measured one in a report written before that existed."""
+    return plan.get("baseline_step_us") or plan["measured_step_us"]
+
+
 def with_before(plan: dict[str, Any]) -> list[tuple[dict[str, Any], float]]:
-    """Each plan entry with the step predicted before it (the measured step for the first):
-    every writer shows an entry as before -> after."""
-    befores = [plan["measured_step_us"], *(e["predicted_step_us"] for e in plan["entries"])]
+    """Each plan entry with the step predicted before it (the baseline for the first): every
+    writer shows an entry as before -> after."""
+    befores = [baseline(plan), *(e["predicted_step_us"] for e in plan["entries"])]
     return list(zip(plan["entries"], befores, strict=False))
 
 
 def pct_of(plan: dict[str, Any], us: float) -> float:
-    """`us` as a change from the plan's measured step, in % (negative: faster)."""
-    measured = plan["measured_step_us"] or 1.0
-    return 100.0 * (us - measured) / measured
+    """`us` as a change from the plan's baseline step, in % (negative: faster)."""
+    base = baseline(plan) or 1.0
+    return 100.0 * (us - base) / base
+
+
+def profiler_phrase(plan: dict[str, Any]) -> str:
+    """The baseline and how it follows from the measured step, in one clause; "" when the
+    profiler cost the recorded steps next to nothing (under 1%)."""
+    cost = plan.get("profiler") or {}
+    base, measured = baseline(plan), plan["measured_step_us"]
+    if not cost or measured - base < 0.01 * measured:
+        return ""
+    how = ("measured at the start of this run" if cost.get("measured")
+           else "assumed, as this trace does not say")
+    return (f"without the profiler about {ms(base)} ms (predicted: {cost['ops_per_step']:.0f} "
+            f"recorded host ops per step at {cost['op_us']:.1f} us each, {how})")
 
 
 def ms(us: float | None, missing: str = "?") -> str:

@@ -7,12 +7,14 @@ from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
 from stallscope.report.labels import (
+    baseline,
     category_name,
     floor_phrase,
     loader_story,
     ms,
     pct_of,
     plan_of,
+    profiler_phrase,
     saving_label,
     steps_phrase,
     with_before,
@@ -41,7 +43,8 @@ def _plan_lines(report: Report) -> list[str]:
         "this order, each on top of the ones before. Medians over "
         f"{md(steps_phrase(report, plan))}; "
         f"measured {ms(plan['measured_step_us'])} ms per step (the unchanged replay: "
-        f"{ms(plan['replayed_step_us'])} ms).",
+        f"{ms(plan['replayed_step_us'])} ms)"
+        + (f"; {md(profiler_phrase(plan))}." if profiler_phrase(plan) else "."),
         "",
     ]
     for i, (e, before) in enumerate(with_before(plan), 1):
@@ -105,8 +108,8 @@ def _estimate_line(report: Report, f: Finding) -> str:
         alone = f"; this change alone: {ms(f.predicted_step_us)} ms" if (
             f.predicted_step_us is not None) else ""
         return (f"*Estimate (replayed prediction):* step {f.plan_rank} of the fix plan, "
-                f"-{f.estimated_saving_pct:.1f}% of the measured "
-                f"{ms(plan['measured_step_us'])} ms step (down to "
+                f"-{f.estimated_saving_pct:.1f}% of the "
+                f"{ms(baseline(plan))} ms step (down to "
                 f"{ms(entry['predicted_step_us'])} ms){alone} ({md(f.saving_basis)}).")
     if kind == "replayed":
         return (f"*Estimate (replayed prediction):* {f.estimated_saving_pct:.1f}% of step time "
@@ -147,7 +150,9 @@ def render_markdown(report: Report) -> str:
         t = s["step_time_us"]
         lines += [
             f"Step time: median {t['median'] / 1000:.1f} ms, mean {t['mean'] / 1000:.1f} ms, "
-            f"p90 {t['p90'] / 1000:.1f} ms over {s['steps']} step(s).",
+            f"p90 {t['p90'] / 1000:.1f} ms over {s['steps']} step(s)"
+            + (f", recorded under the profiler; {md(profiler_phrase(report.plan))}."
+               if report.plan and profiler_phrase(report.plan) else "."),
             "",
             "| where the step's time goes | share |",
             "|---|---:|",

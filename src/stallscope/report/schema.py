@@ -121,6 +121,11 @@ class Plan(msgspec.Struct):
     floor_us: float
     entries: list[PlanEntry]
     what_if: Json | None = None
+    # The step the fixes start from: measured, less the profiler's own cost on the host.
+    baseline_step_us: float | None = None
+    # How that cost was found: op_us, measured (or assumed), source, ops_per_step,
+    # step_cost_us (replay/unprofile.py).
+    profiler: Json | None = None
 
 
 class Trace(msgspec.Struct):

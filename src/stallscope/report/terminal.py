@@ -12,6 +12,7 @@ from stallscope.report.labels import (
     loader_story,
     ms,
     pct_of,
+    profiler_phrase,
     saving_label,
     with_before,
 )
@@ -39,6 +40,8 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
             f"  steps: {s['steps']}{across}, median {t['median'] / 1000:.1f} ms "
             f"(p90 {t['p90'] / 1000:.1f} ms); host time: {shares}"
         )
+        if report.plan and profiler_phrase(report.plan):
+            out.append(f"  recorded under the profiler; {profiler_phrase(report.plan)}")
         for dev, parts in s["gpu_pct"].items():
             out.append(
                 f"  GPU {_p(dev)}: kernels {parts['kernel']:.1f}%, "
@@ -93,7 +96,8 @@ def _plan_lines(report: Report) -> list[str]:
         return []
     of = f" for {_p(plan['trace'])}" if len(report.traces) > 1 else ""
     out = [f"  fix plan{of} (replayed predictions, medians of {len(plan['steps_used'])} "
-           f"step(s), measured {ms(plan['measured_step_us'])} ms):"]
+           f"step(s), measured {ms(plan['measured_step_us'])} ms"
+           + (f"; {profiler_phrase(plan)}" if profiler_phrase(plan) else "") + "):"]
     for i, (e, before) in enumerate(with_before(plan)[:MAX_PLAN_ENTRIES], 1):
         out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> "
                    f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")

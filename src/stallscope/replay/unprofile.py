@@ -1,0 +1,88 @@
+"""The recorded steps without the profiler: each host segment loses what the profiler added to
+the ops it recorded there.
+
+Every op the host records pays the profiler's bookkeeping (capture/opcost.py measures it at
+the start of `stallscope run`). A host segment of the graph (the CPU time before a runtime
+call, a DataLoader fetch in the training process, the call itself) that holds n recorded ops
+ran n times that cost longer than it does in the user's own run. Taking it out gives the
+step the user has; the fixes are then replayed on that graph, so a step the profiler made
+host-bound is GPU-bound again where it is (on the real H100 recordings of a small CNN, the
+host-bound configuration ran 8.1 ms per step recorded, 5.9 ms unprofiled under run's hooks,
+4.1 ms plain; its 374 recorded ops per step at 6.4 us account for 2.4 ms).
+
+Each segment keeps at least `KEEP` of its recorded time: a cost measured on tiny ops and
+applied to bigger ones can only be too large, never make a segment vanish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stallscope.replay.graph import FILL, Graph
+from stallscope.trace.model import TraceModel
+
+# Per recorded op (us), when the trace does not carry run's own measurement: the median of
+# benchmarks/bench_profiler_cost.py on a lent 16-core H100 host (torch 2.11.0+cu130, CPU and
+# CUDA activity, shapes recorded: 4.50, 4.54, 4.59 us; 3.6 us with shapes off), 2026-11-26.
+DEFAULT_OP_US = 4.5
+DEFAULT_SOURCE = ("assumed: 4.5 us per recorded op, the profiler's cost measured on a 16-core "
+                  "H100 host with torch 2.11 (benchmarks/bench_profiler_cost.py); this trace "
+                  "does not say what it cost where it was recorded")
+KEEP = 0.1
+# The recorded events that each cost the host one op's bookkeeping.
+RECORDED_CATS = ("cpu_op", "user_annotation", "Operator")
+
+
+@dataclass(frozen=True)
+class ProfilerCost:
+    """What one recorded op cost the host, and where that figure comes from."""
+
+    op_us: float
+    measured: bool
+    source: str
+
+    @classmethod
+    def of(cls, model: TraceModel) -> ProfilerCost:
+        """The cost `run` measured at its start (trace metadata), else the stated default."""
+        cpu = (model.trace.capture.get("profiler_cost") or {}).get("cpu_op") or {}
+        added = cpu.get("added_us")
+        if isinstance(added, int | float) and 0 <= added < 1000:
+            return cls(float(added), True, f"measured: {added:.1f} us per recorded op at the "
+                                             "start of this run (capture/opcost.py)")
+        return cls(DEFAULT_OP_US, False, DEFAULT_SOURCE)
+
+
+def op_counts(g: Graph, model: TraceModel) -> np.ndarray:
+    """Per host node, the recorded ops that began inside it on its thread: a fill holds those
+    from its start to its POI, a POI those inside its own span."""
+    ev = model.trace.events
+    counts = np.zeros(len(g.h_ts))
+    if ev.empty or not len(g.h_ts):
+        return counts
+    cat = ev["cat"].astype(str).to_numpy()
+    tid = ev["tid"].astype(str).to_numpy()
+    ts = ev["ts"].to_numpy(dtype=float)
+    recorded = np.isin(cat, RECORDED_CATS)
+    for t_index, thread in enumerate(g.thread_ids):
+        nodes = np.flatnonzero(g.h_thread == t_index)
+        if not len(nodes):
+            continue
+        starts = np.sort(ts[recorded & (tid == thread)])
+        lo = g.h_ts[nodes]
+        hi = g.h_rec_end[nodes].copy()
+        fills = g.h_kind[nodes] == FILL
+        # A fill's own end is its CPU time packed up; its ops lie up to the POI after it.
+        nxt = np.append(lo[1:], hi[-1])
+        hi[fills] = np.maximum(hi[fills], nxt[fills])
+        counts[nodes] = (np.searchsorted(starts, hi, side="left")
+                         - np.searchsorted(starts, lo, side="left"))
+    return counts
+
+
+def unprofile(g: Graph, counts: np.ndarray, op_us: float) -> Graph:
+    """A copy of `g` whose host nodes lose `op_us` per recorded op, keeping KEEP of each."""
+    out = g.copy()
+    out.h_dur = np.maximum(g.h_dur - counts * op_us, g.h_dur * KEEP)
+    return out
