@@ -1,15 +1,17 @@
-"""The replay's predictions against the GPU pairs recorded on a lent H200 (run by hand).
+"""The replay's predictions against the GPU pairs recorded on a lent H200 or H100 (by hand).
 
 Each pair of sample_traces/real-h200-* recordings differs in one switch of
 sample_traces/gpu_workload.py (see sample_traces/README.md). For each, the product's prediction
 (`stallscope analyze BEFORE --what-if CHANGE`) is set against two measurements of the after
-configuration: its recorded steps (the median `analyze` reports, under the profiler as the
-before was) and the mean step of plain runs without any profiler (what a user sees;
-sample_traces/real-h200-measured.json, two runs per recording session). Every recording session
-(r1, r2) is predicted from its own before trace. The last columns set the predicted change of
-the step against the recorded change and the plain runs' change (after / before - 1).
+configuration: the mean step of plain runs without any profiler (what a user sees;
+sample_traces/real-<gpu>-measured.json, two runs per recording session), and the after
+recording's own step without the profiler's cost (its plan's baseline), as the prediction is.
+Every recording session (r1, r2) is predicted from its own before trace. The columns: the
+before trace's recorded step, its step without the profiler (where the changes start), the
+prediction, the plain after-timing and the prediction's error against it; then the after
+recording's step without the profiler and the error against that.
 
-    python benchmarks/bench_gpu_pairs.py [--dir sample_traces]
+    python benchmarks/bench_gpu_pairs.py [--dir sample_traces] [--gpu h200|h100]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ PAIRS: list[tuple[str, tuple[str, ...], str]] = [
     ("w8-adam-forloop", ("optimizer=foreach",), "w8"),
     ("w8-adam-forloop", ("optimizer=fused",), "w8-adam-fused"),
     ("w8", ("optimizer=fused",), "w8-adam-fused"),
+    ("w8", ("pin_memory=true",), "w8-pinned-blocking"),
 ]
 
 
@@ -53,31 +56,40 @@ def analyze(trace: Path, changes: tuple[str, ...], work: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=ROOT / "sample_traces")
+    p.add_argument("--gpu", default="h200", help="the recordings' label: h200 or h100")
     a = p.parse_args()
-    plain = json.loads((a.dir / "real-h200-measured.json").read_text())
+    plain = json.loads((a.dir / f"real-{a.gpu}-measured.json").read_text())
     sessions = sorted(k for k in plain if not k.startswith("_"))
-    print(f"{'session':7} {'before -> after':34} {'before':>7} {'predicted':>9} {'after':>7} "
-          f"{'error':>7} | {'change: predicted':>17} {'recorded':>8} {'plain':>7}")
+    print(f"{'session':7} {'before -> after':34} {'recorded':>8} {'without':>8} "
+          f"{'predicted':>9} {'plain':>7} {'error':>7} | {'after w/o':>9} {'error':>7}")
+    errors: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for session in sessions:
             def trace(name: str, s: str = session) -> Path:
-                return a.dir / f"real-h200-{s}-{name}.pt.trace.json.gz"
+                return a.dir / f"real-{a.gpu}-{s}-{name}.pt.trace.json.gz"
 
             for before, changes, after in PAIRS:
-                if not (trace(before).exists() and trace(after).exists()):
+                if not (trace(before).exists() and trace(after).exists()
+                        and after in plain[session]):
                     continue
                 rep = analyze(trace(before), changes, Path(tmp))
                 pred = rep["what_if"]["predicted_step_us"] / 1000
-                meas_before = rep["plan"]["measured_step_us"] / 1000
-                meas_after = analyze(trace(after), (), Path(tmp))["plan"]["measured_step_us"] / 1000
-                pb = statistics.mean(plain[session][before]["plain_mean_step_ms"])
+                recorded = rep["plan"]["measured_step_us"] / 1000
+                without = rep["plan"]["baseline_step_us"] / 1000
+                after_plan = analyze(trace(after), (), Path(tmp))["plan"]
+                after_without = after_plan["baseline_step_us"] / 1000
                 pa = statistics.mean(plain[session][after]["plain_mean_step_ms"])
-                err = 100 * (pred - meas_after) / meas_after
-                print(f"{session:7} {before + ' -> ' + after:34} {meas_before:6.1f}ms "
-                      f"{pred:8.1f}ms {meas_after:6.1f}ms {err:+6.1f}% | "
-                      f"{100 * (pred / meas_before - 1):+16.1f}% "
-                      f"{100 * (meas_after / meas_before - 1):+7.1f}% {100 * (pa / pb - 1):+6.1f}%"
-                      f"  ({' '.join(changes)})", flush=True)
+                err = 100 * (pred - pa) / pa
+                errors.append(abs(err))
+                err_after = 100 * (pred - after_without) / after_without
+                print(f"{session:7} {before + ' -> ' + after:34} {recorded:7.1f}ms "
+                      f"{without:7.1f}ms {pred:8.1f}ms {pa:6.1f}ms {err:+6.1f}% | "
+                      f"{after_without:8.1f}ms {err_after:+6.1f}%  ({' '.join(changes)})",
+                      flush=True)
+    if errors:
+        print(f"prediction against the plain after-timing: median |error| "
+              f"{statistics.median(errors):.1f}%, worst {max(errors):.1f}%, within 15%: "
+              f"{sum(e <= 15 for e in errors)} of {len(errors)}")
 
 
 if __name__ == "__main__":
