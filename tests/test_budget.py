@@ -57,7 +57,8 @@ def _run(tmp_path: Path, ops: float, limit_mb: int,
     script.write_text(script_text)
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "stallscope", "run", "-o", str(out), "--skip", "1", "--warmup", "0",
+        [sys.executable, "-m", "stallscope", "run", "-o", str(out), "--no-steady-wait",
+         "--skip", "1", "--warmup", "0",
          "--max-record-mb",
          str(limit_mb), str(script), str(ops)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
@@ -68,7 +69,9 @@ def _run(tmp_path: Path, ops: float, limit_mb: int,
 
 @pytest.mark.slow
 def test_budget_ends_recording_at_the_boundary_the_next_step_would_cross(tmp_path: Path) -> None:
-    proc, report = _run(tmp_path, 3000, 48)  # 12 MB of recording
+    # 6,000 ops a step: over the 12 MB the 48 MB budget leaves to recording within a few steps
+    # (the first reuse the memory run's measurement of the profiler's cost freed)
+    proc, report = _run(tmp_path, 6000, 48)
     cut = report["run"]["recording_cut"]
     assert cut and cut["reason"] == "memory budget" and cut["mid_step"] is False, cut
     assert 1 <= report["run"]["steps_recorded"] < 5

@@ -156,7 +156,9 @@ LIGHTNING = textwrap.dedent(
 def run(tmp_path: Path, script: str, *options: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "train.py").write_text(script)
     return subprocess.run(
-        [sys.executable, "-m", "stallscope", "run", "-o", "out", *options, "train.py"],
+        # The script starts its profiler at a known step: record right after --skip.
+        [sys.executable, "-m", "stallscope", "run", "-o", "out", "--no-steady-wait", *options,
+         "train.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
 

@@ -280,7 +280,9 @@ def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     report = report_of(tmp_path / "out")
     top = report["findings"][0]
-    assert top["id"] == "dataloader-bound" and top["severity"] == "high"
+    # high on a quiet machine; under other load the step without the profiler (the plan's
+    # baseline) is measured loaded too, and the saving's share can fall to medium
+    assert top["id"] == "dataloader-bound" and top["severity"] in ("high", "medium")
     site = _call_site(EXAMPLES / "loader_bound.py")
     assert top["recommendation"].startswith(f"{site} DataLoader(num_workers=0, pin_memory=False)")
     cores = report["environment"]["captured"]["cpu"]["cores_per_process"]

@@ -59,6 +59,7 @@ def test_group_size_is_a_round_of_workers_clipped():
 
 def test_the_note_says_which_steps_and_why_or_what_still_moved():
     assert window_note({"steady": True, "extra_steps": 0, "first_step": 4, "skip": 2}, 1) is None
+    assert window_note({"steady": None, "extra_steps": 0, "first_step": 4, "skip": 2}, 1) is None
     waited = window_note({"steady": True, "extra_steps": 3, "first_step": 7, "skip": 2,
                           "why": "the last 2 ..."}, 1)
     assert waited.startswith("Recording began at step 7 (3 step(s) past --skip 2")

@@ -111,6 +111,7 @@ class RecordingBudget:
         self._installed = False
         self._previous: Any = None
         self._thread: threading.Thread | None = None
+        self._last_growth = 0.0  # the growth at the last recorded boundary
 
     def growth(self) -> float | None:
         now = rss_bytes()
@@ -139,11 +140,16 @@ class RecordingBudget:
             self._installed = False
 
     def next_step_fits(self, recorded: int) -> bool:
-        """After `recorded` complete steps: would one more stay within the budget?"""
+        """After `recorded` complete steps: would one more stay within the budget? The next
+        step is taken to grow the process as much as the mean step did, or as the last one
+        did when that was more: the first steps can reuse memory freed before recording
+        (run's measurement of the profiler's cost leaves its buffers behind) and grow it
+        little, the later ones as much as recording really takes."""
         grown = self.growth()
         if grown is None or recorded <= 0 or self.limit <= 0:
             return True
-        if grown + grown / recorded <= self.limit:
+        last, self._last_growth = grown - self._last_growth, grown
+        if grown + max(grown / recorded, last) <= self.limit:
             return True
         self.cut = Cut(self.limit_mb, grown / 1e6, recorded, mid_step=False)
         return False

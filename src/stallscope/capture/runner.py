@@ -301,8 +301,9 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
 def window_note(window: dict[str, Any] | None, warmup: int) -> str | None:
     """Which steps were recorded and why those, when the wait for a steady run (capture/
     steady.py) went past --skip; None when recording began right after --skip."""
-    if not window or (window["steady"] and not window["extra_steps"]):
-        return None
+    if not window or window["steady"] is None or (window["steady"]
+                                                   and not window["extra_steps"]):
+        return None  # right after --skip, as asked (--no-steady-wait) or as it came
     first, extra = window["first_step"], window["extra_steps"]
     where = (f"Recording began at step {first} ({extra} step(s) past --skip {window['skip']} "
              f"and {warmup} warm-up step(s))")

@@ -469,7 +469,7 @@ class CaptureSession:
         sched = self.sched
         if ended is None:
             progress.say(
-                f"{sched.skip} step(s) skipped: starting the profiler"
+                f"{self.last_skipped} step(s) skipped: starting the profiler"
                 + (f", warming up for {sched.warmup} step(s)" if sched.warmup else "")
             )
         elif sched.is_recording(ended):
