@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,45 @@ def cli_in_process(*args: str, cwd: Path | None = None) -> subprocess.CompletedP
         os.chdir(before)
     return subprocess.CompletedProcess(["stallscope", *args], status, out.getvalue(),
                                        err.getvalue())
+
+
+def storage_script(items: int, sleep_s: float, batch: int, loader_args: str = "",
+                   before_loop: str = "") -> str:
+    """A training script whose loader waits on storage: each sample sleeps `sleep_s` (no CPU)
+    and the step's own work is well under a millisecond, so loading sets the pace and machine
+    load cannot make a step shorter than its sleeps. `loader_args` go to the DataLoader;
+    `before_loop` runs between building the loader and the loop (model building)."""
+    return textwrap.dedent(f"""\
+        import time
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+
+        class Storage(Dataset):
+            def __len__(self):
+                return {items}
+
+            def __getitem__(self, i):
+                time.sleep({sleep_s})
+                return torch.full((8,), float(i % 5)), i % 2
+
+
+        if __name__ == "__main__":
+            model = torch.nn.Linear(8, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            loader = DataLoader(Storage(), batch_size={batch}{loader_args})
+            {before_loop}
+            for x, y in loader:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        """)
+
+
+def line_of(script: str, start: str) -> int:
+    """The 1-based line of `script` whose text (indent stripped) starts with `start`."""
+    return next(i for i, line in enumerate(script.splitlines(), 1)
+                if line.strip().startswith(start))
 
 
 def write_trace(path: Path, events: list[dict], **meta: object) -> Path:

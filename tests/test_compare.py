@@ -12,7 +12,7 @@ import pytest
 
 from stallscope.commands.compare import add_parser, main
 from stallscope.errors import InputError, OutputError
-from tests.conftest import SAMPLES, real_trace, report_of, run_cli
+from tests.conftest import SAMPLES, real_trace, report_of, run_cli, storage_script
 
 SAMPLE = SAMPLES / "cpu-loader-bound.pt.trace.json.gz"
 RESNET_0 = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
@@ -313,28 +313,7 @@ def test_a_busy_machine_is_said(tmp_path: Path, sample_report: Path,
 # from slow storage, in the training process) and a millisecond of compute: two runs of it
 # differ by the machine's wake-up jitter, a few percent, on a quiet or a loaded machine alike,
 # well inside compare's 20% run-to-run floor.
-UNCHANGED = """
-import time
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-
-class Storage(Dataset):
-    def __len__(self):
-        return 256
-
-    def __getitem__(self, i):
-        time.sleep(0.005)
-        return torch.full((8,), float(i % 5)), i % 2
-
-
-model = torch.nn.Linear(8, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for x, y in DataLoader(Storage(), batch_size=8):
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-"""
+UNCHANGED = storage_script(256, 0.005, 8)
 
 
 @pytest.mark.slow

@@ -4,14 +4,13 @@ the loader's workers prefetched at start-up, and once the unprofiled steps stop 
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from stallscope.capture import steady
 from stallscope.capture.runner import window_note
-from tests.conftest import run_process
+from tests.conftest import run_process, storage_script
 
 
 def test_prefetched_batches_are_never_a_steady_window():
@@ -70,35 +69,12 @@ def test_the_note_says_which_steps_and_why_or_what_still_moved():
 
 
 # One spawn worker that sleeps 60 ms per batch: while the script builds its model (1 s) the
-# worker prefetches its 2 batches, so the first steps after start-up take no time at all; the
+# worker prefetches its 4 batches, so the first steps after start-up take no time at all; the
 # steady pace is 60 ms a step, and no machine load can make a step shorter than the sleep.
-SPAWN_WORKER = textwrap.dedent(
-    """
-    import time
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-
-    class Storage(Dataset):
-        def __len__(self):
-            return 256
-
-        def __getitem__(self, i):
-            time.sleep(0.06)
-            return torch.full((8,), float(i % 5)), i % 2
-
-    if __name__ == "__main__":
-        model = torch.nn.Linear(8, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = DataLoader(Storage(), batch_size=1, num_workers=1,
-                            multiprocessing_context="spawn", prefetch_factor=4)
-        batches = iter(loader)
-        time.sleep(1.0)  # building the model: the worker fills its prefetch meanwhile
-        for x, y in batches:
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-    """
-)
+SPAWN_WORKER = storage_script(
+    256, 0.06, 1, loader_args=', num_workers=1, multiprocessing_context="spawn", '
+    "prefetch_factor=4",
+    before_loop="loader = iter(loader); time.sleep(1.0)  # the worker prefetches meanwhile")
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from stallscope.commands.tune_plan import (
     prefetch_candidates,
     worker_candidates,
 )
-from tests.conftest import cli_in_process
+from tests.conftest import cli_in_process, line_of, storage_script
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "loader_bound.py"
@@ -331,29 +331,7 @@ def test_a_budget_that_fits_only_the_baseline_exits_5_and_says_so(tmp_path: Path
 # the step's own work is well under a millisecond. Workers overlap the waits, so the win is
 # several-fold whatever else the machine runs; how large it is on a real CPU-bound loader is
 # measured by benchmarks/bench_tune.py, not asserted here.
-WAITING_LOADER = """
-import time
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-
-class Storage(Dataset):
-    def __len__(self):
-        return 1024
-
-    def __getitem__(self, i):
-        time.sleep(0.005)
-        return torch.full((8,), float(i % 7)), i % 2
-
-
-model = torch.nn.Linear(8, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = DataLoader(Storage(), batch_size=8)
-for x, y in loader:
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-"""
+WAITING_LOADER = storage_script(1024, 0.005, 8)
 
 
 @pytest.mark.slow
@@ -371,8 +349,7 @@ def test_tune_finds_workers_for_a_loader_that_waits_on_storage(tmp_path: Path):
     # Timed on steps no profiler slowed: at 0 workers it records every loading op in-process.
     assert all(r["timing"] == "unprofiled" for c in [result["baseline"], *result["candidates"]]
                for r in c["runs"])
-    line = WAITING_LOADER.split("\n").index("loader = DataLoader(Storage(), batch_size=8)") + 1
-    assert result["call_site"] == f"train.py:{line}"
+    assert result["call_site"] == f"train.py:{line_of(WAITING_LOADER, 'loader = DataLoader')}"
     html = (out / "tune.html").read_text()
     assert f"{result['speedup']:.2f}x" in html
     assert result["change"] in html
