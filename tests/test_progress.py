@@ -78,7 +78,7 @@ def test_an_error_after_progress_still_ends_in_one_error_line(tmp_path: Path):
 
 @pytest.mark.slow
 def test_run_reports_recording_step_by_step_and_q_silences_it(tmp_path: Path):
-    script = [str(ROOT / "examples" / "balanced.py"), "--samples", "512", "--width", "8"]
+    script = [str(ROOT / "examples" / "balanced.py"), "--samples", "2048", "--width", "8"]
     proc = cli("run", "-o", str(tmp_path / "a"), "--steps", "3", *script)
     assert proc.returncode == 0, proc.stderr
     text = "\n".join(progress_lines(proc.stderr))

@@ -68,6 +68,19 @@ def test_the_note_says_which_steps_and_why_or_what_still_moved():
     assert f"capped at {steady.MAX_EXTRA_STEPS} steps" in capped
 
 
+def test_the_wait_ends_while_the_epoch_still_holds_the_window():
+    """A one-epoch script of 16 batches must not be waited out: the window (1 warm-up + 5
+    recorded steps, and the batch that ends the last) is started while it still fits."""
+    assert steady.epoch_too_short(None, 6) == ""  # no length: an iterable dataset
+    assert steady.epoch_too_short(8, 6) == ""  # one more step leaves 7 = 6 + 1
+    assert "7 batch(es) were left in this epoch for a window of 6" in steady.epoch_too_short(7, 6)
+    assert steady.epoch_too_short(0, 6) == ""  # the epoch ended: the next one decides
+    note = window_note({"steady": False, "extra_steps": 5, "first_step": 11, "skip": 2,
+                        "why": "the step time was still moving; recorded now: 7 batch(es) were "
+                               "left in this epoch for a window of 6 step(s)"}, 1)
+    assert "run more samples or epochs" in note and "capped at" not in note
+
+
 # One spawn worker that sleeps 60 ms per batch: while the script builds its model (1 s) the
 # worker prefetches its 4 batches, so the first steps after start-up take no time at all; the
 # steady pace is 60 ms a step, and no machine load can make a step shorter than the sleep.

@@ -261,6 +261,17 @@ class LoaderWatcher:
         except (AttributeError, TypeError, ValueError):  # another torch: no such counters
             return 0, 0
 
+    def batches_left(self) -> int | None:
+        """Batches the driving loader's current iterator has still to yield this epoch; None
+        when unknown (no loader seen, an iterable dataset without a length)."""
+        it = self.current() if self.current is not None else None
+        if it is None:
+            return None
+        try:
+            return max(0, len(it) - int(it._num_yielded))
+        except Exception:  # no length, or another torch's iterator
+            return None
+
     def shutdown_workers(self) -> None:
         """Shut down the workers of every iterator the script left alive, as torch does when a
         loop's iterator is released. A script stopped mid-loop leaves its iterator in a

@@ -309,8 +309,11 @@ def window_note(window: dict[str, Any] | None, warmup: int) -> str | None:
              f"and {warmup} warm-up step(s))")
     if window["steady"]:
         return f"{where}, once the unprofiled steps were steady: {window['why']}."
-    return (f"{where} although the run was still moving: {window['why']}; the wait is capped "
-            f"at {steady.MAX_EXTRA_STEPS} steps and {steady.MAX_EXTRA_S:g} s past --skip. The "
+    cap = ("the wait ends where the epoch's batches would no longer hold the window; run more "
+           "samples or epochs for a steady one" if "left in this epoch" in window["why"] else
+           f"the wait is capped at {steady.MAX_EXTRA_STEPS} steps and {steady.MAX_EXTRA_S:g} s "
+           "past --skip")
+    return (f"{where} although the run was still moving: {window['why']}; {cap}. The "
             "recorded steps may not show the run's steady pace.")
 
 

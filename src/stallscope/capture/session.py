@@ -374,6 +374,10 @@ class CaptureSession:
         waited_s = now - self._skip_passed_at
         capped = not judged.steady and (self.steady_wait >= steady.MAX_EXTRA_STEPS
                                         or waited_s >= steady.MAX_EXTRA_S)
+        short = steady.epoch_too_short(self.watcher.batches_left(),
+                                       self.sched.warmup + self.sched.steps)
+        if not judged.steady and short:
+            capped, judged = True, steady.Judgement(False, f"{judged.why}; {short}")
         if judged.steady or capped:
             self.window = {
                 "skip": self.sched.skip, "extra_steps": self.steady_wait,

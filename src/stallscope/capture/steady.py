@@ -13,8 +13,10 @@ the profiler are judged, and recording waits one more step while the run is stil
 
 A group is one round of the driving loader's workers (a round of 4 workers can be 3 quick
 steps and one slow one), between `MIN_GROUP` and `MAX_GROUP` steps. The extra wait is capped
-at `MAX_EXTRA_STEPS` steps and `MAX_EXTRA_S` seconds past `--skip`; a capped window is recorded
-anyway, and the report says what was still moving.
+at `MAX_EXTRA_STEPS` steps and `MAX_EXTRA_S` seconds past `--skip`, and ends where one more
+step would leave the epoch too few batches for the window (a window past the epoch's end holds
+the next epoch's start-up, or nothing when the script trains one epoch); a capped window is
+recorded anyway, and the report says what was still moving.
 """
 
 from __future__ import annotations
@@ -73,6 +75,17 @@ def judge(steps_us: list[float], waits_us: list[float], prefetched_left: int,
                                 f"{ms(wa)} ms per step)")
     return Judgement(True, f"the last {group} unprofiled steps (mean {ms(a)} ms) within "
                            f"{SPREAD:.0%} of the {group} before ({ms(b)} ms)")
+
+
+def epoch_too_short(batches_left: int | None, window_steps: int) -> str:
+    """Why waiting one more step would leave this epoch too few batches for the warm-up and
+    recorded steps (plus the batch that ends the last one), or "" when it would not or the
+    epoch's length is unknown. At 0 the epoch has ended: the next step starts another (its
+    start-up prefetch is judged as any other), or the script ends whatever is decided here."""
+    if not batches_left or batches_left - 1 >= window_steps + 1:
+        return ""
+    return (f"recorded now: {batches_left} batch(es) were left in this epoch for a window of "
+            f"{window_steps} step(s)")
 
 
 def ms(us: float) -> str:
