@@ -96,6 +96,41 @@ def test_analyze_a_finished_profile_object(tmp_path: Path) -> None:
     assert files == REPORT_FILES | {"profile.pt.trace.json.gz"}
 
 
+def test_a_profile_analysed_in_its_process_sizes_workers_to_its_cores(tmp_path: Path) -> None:
+    """A loader that costs 30x the step, profiled by the caller's own torch.profiler: its
+    advice is capped at the cores this process may use, as `run` caps it, not 30 workers."""
+    import os
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+    from torch.utils.data import DataLoader, Dataset
+
+    class Slow(Dataset):
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            end = time.process_time() + 0.0015  # CPU, not waiting: capped at the cores
+            while time.process_time() < end:
+                pass
+            return torch.ones(8)
+
+    w = torch.randn(8, 8)
+    plan = schedule(wait=0, warmup=1, active=5, repeat=1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=plan) as prof:
+        for i, x in enumerate(DataLoader(Slow(), batch_size=8)):
+            (x @ w).sum()
+            prof.step()
+            if i == 5:
+                break
+    found = {f.id: f for f in stallscope.analyze(prof).findings}
+    evidence = found["dataloader-bound"].evidence
+    cores = len(os.sched_getaffinity(0))
+    assert evidence["cores_per_process"] == cores
+    assert evidence["ideal_num_workers"] > cores >= evidence["suggested_num_workers"]
+
+
 def _frames(exc: pytest.ExceptionInfo[BaseException]) -> list[str]:
     return [f.filename for f in traceback.extract_tb(exc.tb)]
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.api.result import Report
+from stallscope.capture.context import RunContext
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.errors import InputError, StallscopeError
 from stallscope.report.build import analyze_command
@@ -39,8 +40,9 @@ def analyze(source: str | os.PathLike[str] | Any, *more: str | os.PathLike[str] 
     profiles' exported traces kept there); returns the Report."""
     out = Path(out_dir).expanduser().resolve() if out_dir is not None else None
     try:
-        with _trace_files((source, *more), out) as paths:
-            report = analyze_paths(paths)
+        items = (source, *more)
+        with _trace_files(items, out) as paths:
+            report = analyze_paths(paths, contexts=_live_contexts(items, paths))
             report.source["command"] = analyze_command(report.source["paths"], None, False)
             result = Report(report)
         if out is not None:
@@ -48,6 +50,21 @@ def analyze(source: str | os.PathLike[str] | Any, *more: str | os.PathLike[str] 
     except StallscopeError as exc:
         raise exc.with_traceback(None) from None
     return result
+
+
+def _live_contexts(items: Sequence[Any], paths: list[Path]) -> dict[str, RunContext]:
+    """The facts of this process for each profile recorded in it: the cores it may use and its
+    intra-op threads, as `run` records them. Without them a loader's advice had no core count
+    to cap the workers at (22 workers advised on a 2-core machine in one run, 4 in the next).
+    A trace file may come from another machine: it keeps only what it holds itself."""
+    if not any(_is_profile(item) for item in items):
+        return {}
+    from stallscope.capture.facts import environment  # torch: a profile means it is loaded
+
+    facts = environment()
+    return {str(path.resolve()): RunContext(command=[], target="a torch.profiler.profile",
+                                            environment=facts)
+            for item, path in zip(items, paths, strict=True) if _is_profile(item)}
 
 
 @contextlib.contextmanager
