@@ -266,6 +266,10 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
             + ("; it still was after that many, so recording went ahead: see compile-in-steps."
                if capped else "."))
     context.window = session.window
+    if session.window is None and session.steady_wait:
+        context.notes.append(
+            f"The script ended while recording waited for steady steps ({session.steady_wait} "
+            f"step(s) past --skip {session.sched.skip}): {session.still_moving}.")
     note = window_note(session.window, session.sched.warmup)
     if note:
         context.notes.append(note)

@@ -104,6 +104,7 @@ class CaptureSession:
         # Steps skipped beyond --skip until the unprofiled steps were steady (capture/steady.py)
         # and how that wait ended: the `window` of report.json's `run`.
         self.steady_wait = 0
+        self.still_moving = ""  # why the wait for steady steps went on, while it did
         self.window: dict[str, Any] | None = None
         self._judged_from = 0  # the first unprofiled step after the start-up prefetch
         self._skip_passed_at: float | None = None
@@ -392,6 +393,7 @@ class CaptureSession:
         if self.steady_wait == 0:
             progress.say(f"waiting for steady steps before recording: {judged.why}")
         self.steady_wait += 1
+        self.still_moving = judged.why
 
     def unprofiled_steps_us(self) -> list[float]:
         """The skipped steps' durations (us), from the first boundary on: the step before it

@@ -293,11 +293,12 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     contexts, missing = gather(plan, launch, ctx)
     try:
         report = analyze_run(contexts, missing, plan)
-    except NoStepsError:
+    except NoStepsError as exc:
+        seen = write_unrecorded(plan, contexts[0])
         if ctx.exit_status:
             why = why or f"ended with status {ctx.exit_status}"
-            return fail(f"no step recorded: the script {why}", ctx.exit_status)
-        raise
+            return fail(f"no step recorded: the script {why}{seen}", ctx.exit_status)
+        raise NoStepsError(f"{exc}{seen}") from None
     write_report(report, plan.out, quiet, trace_dir(plan))
     assert report.run is not None
     if not quiet:
@@ -314,9 +315,30 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     return gate(report, fail_on)
 
 
-def ended_text(ctx: RunContext) -> str:
-    """How the script ended, for the progress line after it."""
-    how = {
+def write_unrecorded(plan: RunPlan, ctx: RunContext) -> str:
+    """What was seen of a script that ended before a step was recorded, in report.md and
+    run.json (report/unrecorded.py); the clause for the error line: where it is, and the
+    command that records the steps the script ran. "" for a script whose own profiler ran."""
+    from stallscope.report import unrecorded
+
+    if ctx.script_profiler is not None:
+        return ""
+    window = unrecorded.Window.fitting(ctx.boundaries_seen, ctx.steps_requested or 5)
+    command = None if window is None else unrecorded.rerun_command(
+        plan.command, len(plan.target.args) + 1, window)
+    try:
+        unrecorded.write(plan.out, ctx, how_it_ended(ctx), command)
+    except OSError:
+        return ""  # the error line says what went wrong; this is only what was seen
+    where = f"what ran: {plan.out / 'report.md'}"
+    if command is None:
+        return f" ({where})"
+    return f"; this records {window.steps} of the steps it ran: {command} ({where})"
+
+
+def how_it_ended(ctx: RunContext) -> str:
+    """How the script ended, as a clause after "the script"."""
+    return {
         "stopped": "stopped after recording",
         "finished": "finished",
         "exit": f"exited with status {ctx.exit_status}",
@@ -325,6 +347,11 @@ def ended_text(ctx: RunContext) -> str:
         "terminated": "was terminated",
         "timed out": "was stopped at --timeout",
     }.get(ctx.ended, str(ctx.ended))
+
+
+def ended_text(ctx: RunContext) -> str:
+    """How the script ended, for the progress line after it."""
+    how = how_it_ended(ctx)
     if ctx.trace_source == "script-profiler":
         how = how.replace("stopped after recording", "stopped once its profiler wrote a trace")
         return f"the script {how}; analysing the trace its own profiler wrote"
@@ -375,5 +402,7 @@ def no_steps_reason(ctx: RunContext) -> str:
         )
     return (
         "no step recorded: the script ended before recording began (during the --skip and "
-        "--warmup steps); lower them or let the script run more steps"
+        "--warmup steps" + (", and the wait for steady steps" if ctx.window is None and any(
+            "waited for steady steps" in n for n in ctx.notes) else "")
+        + "); lower them or let the script run more steps"
     )
