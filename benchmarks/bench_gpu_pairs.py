@@ -61,8 +61,10 @@ def main() -> None:
     plain = json.loads((a.dir / f"real-{a.gpu}-measured.json").read_text())
     sessions = sorted(k for k in plain if not k.startswith("_"))
     print(f"{'session':7} {'before -> after':34} {'recorded':>8} {'without':>8} "
-          f"{'predicted':>9} {'plain':>7} {'error':>7} | {'after w/o':>9} {'error':>7}")
+          f"{'predicted':>9} {'range':>11} {'plain':>7} {'error':>7} | {'after w/o':>9} "
+          f"{'error':>7}")
     errors: list[float] = []
+    inside: list[bool] = []  # the plain after-timings (each run) inside the predicted range
     with tempfile.TemporaryDirectory() as tmp:
         for session in sessions:
             def trace(name: str, s: str = session) -> Path:
@@ -74,6 +76,7 @@ def main() -> None:
                     continue
                 rep = analyze(trace(before), changes, Path(tmp))
                 pred = rep["what_if"]["predicted_step_us"] / 1000
+                lo, hi = (v / 1000 for v in rep["what_if"]["predicted_range_us"])
                 recorded = rep["plan"]["measured_step_us"] / 1000
                 without = rep["plan"]["baseline_step_us"] / 1000
                 after_plan = analyze(trace(after), (), Path(tmp))["plan"]
@@ -81,15 +84,18 @@ def main() -> None:
                 pa = statistics.mean(plain[session][after]["plain_mean_step_ms"])
                 err = 100 * (pred - pa) / pa
                 errors.append(abs(err))
+                inside += [lo <= t <= hi for t in plain[session][after]["plain_mean_step_ms"]]
                 err_after = 100 * (pred - after_without) / after_without
                 print(f"{session:7} {before + ' -> ' + after:34} {recorded:7.1f}ms "
-                      f"{without:7.1f}ms {pred:8.1f}ms {pa:6.1f}ms {err:+6.1f}% | "
+                      f"{without:7.1f}ms {pred:8.1f}ms {lo:5.1f}-{hi:4.1f} {pa:6.1f}ms "
+                      f"{err:+6.1f}% | "
                       f"{after_without:8.1f}ms {err_after:+6.1f}%  ({' '.join(changes)})",
                       flush=True)
     if errors:
         print(f"prediction against the plain after-timing: median |error| "
               f"{statistics.median(errors):.1f}%, worst {max(errors):.1f}%, within 15%: "
-              f"{sum(e <= 15 for e in errors)} of {len(errors)}")
+              f"{sum(e <= 15 for e in errors)} of {len(errors)}; plain runs inside the predicted "
+              f"range: {sum(inside)} of {len(inside)}")
 
 
 if __name__ == "__main__":

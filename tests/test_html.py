@@ -71,9 +71,11 @@ def test_gpu_report_reads_verdict_first_with_timeline_and_top_tables(resnet_html
     verdict = section(html, "verdict", "</p>")
     # The verdict now quotes the replayed prediction (it said "can save up to" before replay).
     plan = report.plan
+    first = plan["entries"][0]
+    lo, hi = first["predicted_range_us"]
     assert "DataLoader" in verdict and (
-        f"the replay predicts {ms(plan['baseline_step_us'])} -&gt; "
-        f"{ms(plan['entries'][0]['predicted_step_us'])} ms") in verdict
+        f"the replay predicts {ms(plan['baseline_step_us'])} -&gt; about "
+        f"{ms(first['predicted_step_us'])} ms per step, range {ms(lo)}-{ms(hi)}") in verdict
     assert html.index('id="verdict"') < html.index('id="findings"') < html.index("step-timeline")
     assert "176.3 ms" in section(html, "summary", 'id="findings-summary"')  # median step
     assert lanes(html) == ["data loader", "host compute", "copies (host)", "syncs", "GPU 0"]

@@ -79,10 +79,19 @@ def plan_lines(report) -> list[str]:
     """The fix plan as the writers should print it: previous step -> predicted, each change."""
     out, before = [], report.plan["baseline_step_us"]
     for i, e in enumerate(report.plan["entries"], 1):
-        out.append(f"{i}. {e['change']} ({e['id']}): {ms(before)} -> "
-                   f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
+        lo, hi = e["predicted_range_us"]
+        assert lo <= e["predicted_step_us"] <= hi
+        out.append(f"{i}. {e['change']} ({e['id']}): {ms(before)} -> about "
+                   f"{ms(e['predicted_step_us'])} ms ({ms(lo)}-{ms(hi)}) "
+                   f"(-{e['saving_pct']:.1f}%)")
         before = e["predicted_step_us"]
     return out
+
+
+def about(item) -> str:
+    """A prediction with its range, as the writers print it: about X ms (lo-hi)."""
+    lo, hi = item["predicted_range_us"]
+    return f"about {ms(item['predicted_step_us'])} ms ({ms(lo)}-{ms(hi)})"
 
 
 def test_markdown_shows_the_fix_plan_what_if_and_labelled_savings(planned):
@@ -100,10 +109,9 @@ def test_markdown_shows_the_fix_plan_what_if_and_labelled_savings(planned):
     assert "- `gpu-idle`: an effect of dataloader-bound" in plan
     assert "ProfilerStep\\#6 ... ProfilerStep\\#10 (5 of 6 recorded steps" in plan
     what_if = text[text.index("## What if"): text.index("## Findings")]
-    together = report.what_if["predicted_step_us"]
-    assert f"| all together | {ms(together)} ms |" in what_if
-    assert f"| num\\_workers=4 alone | {ms(report.what_if['each'][0]['predicted_step_us'])} ms" \
-        in what_if
+    together = report.what_if
+    assert f"| all together | {about(together)} |" in what_if
+    assert f"| num\\_workers=4 alone | {about(together['each'][0])} |" in what_if
     table = text[text.index("| severity |"): text.index("### Top recommendation")]
     assert "| saves | predicted step alone |" in table
     top = report.findings[0]
@@ -124,10 +132,8 @@ def test_terminal_shows_the_fix_plan_what_if_and_labelled_savings(planned):
         f"floor {ms(report.plan['floor_us'])} ms (busiest GPU's remaining work)")
     w = report.what_if
     assert lines[start + 2 + n].startswith("  what if (replayed")
-    assert lines[start + 3 + n].strip().startswith(
-        f"num_workers=4: {ms(w['each'][0]['predicted_step_us'])} ms (")
-    assert lines[start + 5 + n].strip().startswith(
-        f"all together: {ms(w['predicted_step_us'])} ms (")
+    assert lines[start + 3 + n].strip().startswith(f"num_workers=4: {about(w['each'][0])} (")
+    assert lines[start + 5 + n].strip().startswith(f"all together: {about(w)} (")
     top = report.findings[0]
     assert f"{top.id}: " in lines[start + 6 + n]
     assert lines[start + 6 + n].endswith(f"(replayed: saves {top.estimated_saving_pct:.1f}%)")

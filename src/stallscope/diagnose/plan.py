@@ -6,6 +6,16 @@ measure after it.
 Steps: the first recorded step carries GPU work queued before the recording (the replay keeps
 it where it was), so with three or more steps the predictions are medians over the others, and
 the measured step they are compared with is the median of the same steps.
+
+Intervals: each prediction is a median with a range. The range runs from the first to the third
+quartile of the replayed steps used (the recorded steps' own spread, carried through the
+change; not the extremes, which one slow step of a worker round sets), widened by MODEL_ERROR
+(the replay's error against plain after-timings, measured), and never below the GPU work the
+scenario keeps. The greedy still picks each round's change by its median: ranked by the ranges'
+middles, which penalise a change whose steps scatter, the H200 recording with a sync every step
+led with sync=off over pinned copies, while the pinned change measured the larger saving
+(real-h200-measured.json: w8 -> w8-pinned, 17.1-17.9 -> 12.9-13.0 ms). Where two medians sit
+inside each other's range, their order is within the noise.
 """
 
 from __future__ import annotations
@@ -24,6 +34,10 @@ from stallscope.replay.unprofile import ProfilerCost, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 
+# The replay's error against the plain, unprofiled after-timing of the same change, measured on
+# the lent GPUs' before/after pairs (docs/replay.md: median |error| 13.8% on an H200, 15.9% on
+# an H100): every predicted range is widened by it on both sides.
+MODEL_ERROR = 0.15
 # A change that saves less than this share of the step on top of the plan ends it.
 MIN_GAIN_PCT = 0.5
 # A long recording is replayed over this many consecutive steps from its middle: a median needs
@@ -38,6 +52,8 @@ class PlanEntry:
     predicted_step_us: float  # after this change and every one before it
     saving_pct: float  # what this change adds, as a share of the measured step
     assumptions: list[str] = field(default_factory=list)
+    # [low, high] around predicted_step_us: the replayed steps' spread and MODEL_ERROR.
+    predicted_range_us: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -48,6 +64,7 @@ class Scenario:
     replay: Replay
     step_us: float  # median replayed step over the steps used
     notes: list[str]  # the assumptions of its changes
+    spread: tuple[float, float] = (0.0, 0.0)  # the replayed steps' quartiles (25%, 75%)
 
 
 @dataclass
@@ -65,6 +82,7 @@ class Plan:
     # Why some recorded steps are not in the medians, or None when all are.
     steps_note: str | None = None
     min_gain_pct: float = MIN_GAIN_PCT
+    model_error_pct: float = 100 * MODEL_ERROR
     entries: list[PlanEntry] = field(default_factory=list)
     not_replayed: dict[str, str] = field(default_factory=dict)  # finding id -> why
     what_if: dict[str, Any] | None = None
@@ -127,7 +145,9 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         ctx = Context(model, facts, recorded, list(applied), memo)
         g2, notes = apply(g, ctx, changes)
         r = replay(g2)
-        return Scenario(g2, r, _median(r, used), notes)
+        quartiles = np.percentile(r.paced_step_us[used], [25, 75])
+        return Scenario(g2, r, _median(r, used), notes,
+                        (float(quartiles[0]), float(quartiles[1])))
 
     findings = [a.finding for a in assessments if a.finding is not None]
     options: dict[str, list[Change]] = {}
@@ -147,10 +167,10 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
             f.predicted_step_us = round(alone[f.id].step_us, 1)
             options[f.id] = changes
     final = _greedy(plan, Scenario(graph, unprofiled, plan.baseline_step_us, []), options,
-                    predict, alone)
+                    predict, alone, used)
     plan.floor_us = _floor(final.graph, final.replay, used)
     if what_if:
-        plan.what_if = _what_if(plan, graph, what_if, predict)
+        plan.what_if = _what_if(plan, graph, what_if, predict, used)
     _rank(plan, findings, options)
     return plan
 
@@ -176,7 +196,7 @@ def _steps_note(n: int, window: slice, used: slice) -> str | None:
 
 
 def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predict: Any,
-            first: dict[str, Scenario]) -> Scenario:
+            first: dict[str, Scenario], used: slice) -> Scenario:
     """Each round, the change that takes most off the current prediction, until none saves
     MIN_GAIN_PCT. Findings that share a change (pageable and blocking copies) share one entry.
     Returns the scenario with every entry's change made. The start's step is the baseline (the
@@ -200,7 +220,8 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
         if gain < MIN_GAIN_PCT:
             break
         text = " + ".join(c.text for c in left[fid])
-        plan.entries.append(PlanEntry(fid, text, round(s.step_us, 1), round(gain, 2), s.notes))
+        plan.entries.append(PlanEntry(fid, text, round(s.step_us, 1), round(gain, 2), s.notes,
+                                      _range(s, used)))
         applied += [c.key for c in left[fid]]
         current = s
         same = [k for k, v in left.items() if v == left[fid]]
@@ -209,14 +230,15 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
     return current
 
 
-def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> dict[str, Any]:
+def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any,
+             used: slice) -> dict[str, Any]:
     """Each requested change alone, then all of them together."""
     each = []
     for c in changes:
         try:
             s = predict(graph, [], [c])
             each.append({"change": c.text, "predicted_step_us": round(s.step_us, 1),
-                         "assumptions": s.notes})
+                         "predicted_range_us": _range(s, used), "assumptions": s.notes})
         except NotModelled as exc:
             each.append({"change": c.text, "predicted_step_us": None, "not_replayed": str(exc)})
     out: dict[str, Any] = {
@@ -229,6 +251,7 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any) -> d
     try:
         s = predict(graph, [], changes)
         out["predicted_step_us"] = round(s.step_us, 1)
+        out["predicted_range_us"] = _range(s, used)
         out["assumptions"] = s.notes
     except NotModelled as exc:
         out["predicted_step_us"] = None
@@ -276,6 +299,16 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
             f.saving_basis = f"upper bound, not replayed ({why}): {f.saving_basis}"
             continue
         f.severity = severity_for(f.estimated_saving_pct)
+
+
+def _range(s: Scenario, used: slice) -> list[float]:
+    """[low, high] around a scenario's median: the replayed steps' first and third quartiles,
+    less and plus MODEL_ERROR; the low end never below the busiest GPU's work that the scenario
+    keeps (no step is shorter than the GPU work in it)."""
+    lo, hi = s.spread
+    low = max(lo * (1 - MODEL_ERROR), _floor(s.graph, s.replay, used) if len(s.graph.g_ts)
+              else 0.0)
+    return [round(min(low, s.step_us), 1), round(max(hi * (1 + MODEL_ERROR), s.step_us), 1)]
 
 
 def _median(r: Replay, used: slice) -> float:

@@ -115,8 +115,11 @@ class Report:
             entry = {**entry, "change": as_written(entry["change"], top.id, self.dataloaders)}
         start = self.plan.get("baseline_step_us") or self.plan["measured_step_us"] if (
             self.plan is not None) else 0.0
-        replayed = (f"the replay predicts {start / 1000:.1f} -> "
-                    f"{entry['predicted_step_us'] / 1000:.1f} ms per step"
+        rng = (entry or {}).get("predicted_range_us")
+        about = (f"about {entry['predicted_step_us'] / 1000:.1f} ms per step, range "
+                 f"{rng[0] / 1000:.1f}-{rng[1] / 1000:.1f}" if rng else
+                 f"{(entry or {}).get('predicted_step_us', 0.0) / 1000:.1f} ms per step")
+        replayed = (f"the replay predicts {start / 1000:.1f} -> {about}"
                     if entry is not None and self.plan is not None else "")
         bound = self._gpu_bound(top)
         if bound is not None:

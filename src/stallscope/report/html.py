@@ -31,7 +31,9 @@ from stallscope.report.labels import (
     pct_of,
     plan_of,
     profiler_phrase,
+    range_phrase,
     saving_label,
+    span,
     steps_phrase,
     with_before,
 )
@@ -115,6 +117,7 @@ def render_html(report: Report) -> str:
     env.globals["evidence_value"] = evidence_value
     env.filters["delta"] = delta
     env.filters["saved"] = saved
+    env.filters["span"] = lambda item: span(item, "\u2013")
     template = env.get_template("report.html.j2")
     return template.render(
         report=report,
@@ -272,6 +275,7 @@ def _fix_plan(report: Report) -> dict[str, Any] | None:
                      if f.predicted_step_us is not None and f.plan_rank is None],
         "min_gain_pct": plan["min_gain_pct"],
         "profiler": profiler_phrase(plan),
+        "ranges": range_phrase(plan),
     }
 
 
@@ -350,6 +354,7 @@ def _what_if(what_if: dict[str, Any] | None) -> list[dict[str, Any]] | None:
             "what": what,
             "kind": "replayed prediction" if us is not None else "not replayed",
             "us": us,
+            "range": c.get("predicted_range_us"),
             "assumptions": c.get("assumptions", []),
             "why": c.get("not_replayed"),
         })

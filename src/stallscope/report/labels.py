@@ -64,6 +64,35 @@ def with_before(plan: dict[str, Any]) -> list[tuple[dict[str, Any], float]]:
     return list(zip(plan["entries"], befores, strict=False))
 
 
+def span(item: dict[str, Any], dash: str = "-") -> str:
+    """A prediction's range as every writer prints it after the median: " (21.0-29.3)"; ""
+    for a report written before predictions had ranges."""
+    rng = item.get("predicted_range_us")
+    return f" ({ms(rng[0])}{dash}{ms(rng[1])})" if rng else ""
+
+
+def predicted(item: dict[str, Any], dash: str = "-", inside: bool = False) -> str:
+    """A predicted step with its range: "about 25.1 ms (21.0-29.3)", or inside brackets of the
+    writer's own "about 25.1 ms, range 21.0-29.3"."""
+    rng = item.get("predicted_range_us")
+    if not rng:
+        return f"{ms(item.get('predicted_step_us'))} ms"
+    if inside:
+        return (f"about {ms(item['predicted_step_us'])} ms, range "
+                f"{ms(rng[0])}{dash}{ms(rng[1])}")
+    return f"about {ms(item['predicted_step_us'])} ms{span(item, dash)}"
+
+
+def range_phrase(plan: dict[str, Any]) -> str:
+    """What the ranges after the predictions are, where a reader first meets them."""
+    error = plan.get("model_error_pct")
+    if error is None:
+        return ""
+    return (f"Each prediction is the median of the replayed steps; in brackets, a range from "
+            f"their first to their third quartile, widened by {error:.0f}% on each side (the "
+            "replay's measured error against plain after-timings: docs/replay.md)")
+
+
 def pct_of(plan: dict[str, Any], us: float) -> float:
     """`us` as a change from the plan's baseline step, in % (negative: faster)."""
     base = baseline(plan) or 1.0

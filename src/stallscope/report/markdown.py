@@ -14,7 +14,9 @@ from stallscope.report.labels import (
     ms,
     pct_of,
     plan_of,
+    predicted,
     profiler_phrase,
+    range_phrase,
     saving_label,
     steps_phrase,
     with_before,
@@ -44,12 +46,13 @@ def _plan_lines(report: Report) -> list[str]:
         f"{md(steps_phrase(report, plan))}; "
         f"measured {ms(plan['measured_step_us'])} ms per step (the unchanged replay: "
         f"{ms(plan['replayed_step_us'])} ms)"
-        + (f"; {md(profiler_phrase(plan))}." if profiler_phrase(plan) else "."),
+        + (f"; {md(profiler_phrase(plan))}." if profiler_phrase(plan) else ".")
+        + (f" {md(range_phrase(plan))}." if range_phrase(plan) else ""),
         "",
     ]
     for i, (e, before) in enumerate(with_before(plan), 1):
         lines.append(f"{i}. {md(e['change'])} ({md(e['id'])}): {ms(before)} -> "
-                     f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
+                     f"{predicted(e)} (-{e['saving_pct']:.1f}%)")
         lines += [f"   - assumes: {md(a)}" for a in e["assumptions"]]
     lines += ["", f"Floor: {ms(plan['floor_us'])} ms per step, the "
               f"{floor_phrase(plan)} once every change is made; no change in this "
@@ -82,15 +85,16 @@ def _what_if_lines(report: Report) -> list[str]:
         "| change | predicted step | vs measured |",
         "|---|---:|---:|",
     ]
-    rows = [(f"{c['change']} alone", c.get("predicted_step_us"), c.get("not_replayed"))
-            for c in w["each"]]
+    rows = [(f"{c['change']} alone", c) for c in w["each"]]
     if len(w["each"]) > 1:
-        rows.append(("all together", w.get("predicted_step_us"), w.get("not_replayed")))
-    for label, us, why in rows:
+        rows.append(("all together", w))
+    for label, c in rows:
+        us = c.get("predicted_step_us")
         if us is None:
-            lines.append(f"| {md(label)} | not replayed: {md(why or 'not modelled')} | |")
+            why = c.get("not_replayed") or "not modelled"
+            lines.append(f"| {md(label)} | not replayed: {md(why)} | |")
         else:
-            lines.append(f"| {md(label)} | {ms(us)} ms | {pct_of(w, us):+.1f}% |")
+            lines.append(f"| {md(label)} | {predicted(c)} | {pct_of(w, us):+.1f}% |")
     assumptions = list(dict.fromkeys(
         [*w.get("assumptions", []), *(a for c in w["each"] for a in c.get("assumptions", []))]))
     if assumptions:
@@ -110,7 +114,7 @@ def _estimate_line(report: Report, f: Finding) -> str:
         return (f"*Estimate (replayed prediction):* step {f.plan_rank} of the fix plan, "
                 f"-{f.estimated_saving_pct:.1f}% of the "
                 f"{ms(baseline(plan))} ms step (down to "
-                f"{ms(entry['predicted_step_us'])} ms){alone} ({md(f.saving_basis)}).")
+                f"{predicted(entry, inside=True)}){alone} ({md(f.saving_basis)}).")
     if kind == "replayed":
         return (f"*Estimate (replayed prediction):* {f.estimated_saving_pct:.1f}% of step time "
                 f"({md(f.saving_basis)}).")

@@ -110,6 +110,9 @@ class PlanEntry(msgspec.Struct):
     predicted_step_us: float
     saving_pct: float
     assumptions: list[str]
+    # [low, high] around predicted_step_us: the replayed steps' spread, widened by the plan's
+    # model_error_pct, never below the GPU work kept.
+    predicted_range_us: list[float] = []
 
 
 class Plan(msgspec.Struct):
@@ -126,6 +129,8 @@ class Plan(msgspec.Struct):
     # How that cost was found: op_us, measured (or assumed), source, ops_per_step,
     # step_cost_us (replay/unprofile.py).
     profiler: Json | None = None
+    # The replay's measured error that widens every predicted range, in %.
+    model_error_pct: float | None = None
 
 
 class Trace(msgspec.Struct):

@@ -12,6 +12,7 @@ from stallscope.report.labels import (
     loader_story,
     ms,
     pct_of,
+    predicted,
     profiler_phrase,
     saving_label,
     with_before,
@@ -100,7 +101,7 @@ def _plan_lines(report: Report) -> list[str]:
            + (f"; {profiler_phrase(plan)}" if profiler_phrase(plan) else "") + "):"]
     for i, (e, before) in enumerate(with_before(plan)[:MAX_PLAN_ENTRIES], 1):
         out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> "
-                   f"{ms(e['predicted_step_us'])} ms (-{e['saving_pct']:.1f}%)")
+                   f"{predicted(e)} (-{e['saving_pct']:.1f}%)")
     if len(plan["entries"]) > MAX_PLAN_ENTRIES:
         out.append(f"    ... and {len(plan['entries']) - MAX_PLAN_ENTRIES} more in the report")
     out.append(f"    floor {ms(plan['floor_us'])} ms ({floor_phrase(plan)})")
@@ -112,12 +113,13 @@ def _what_if_lines(report: Report) -> list[str]:
     w = report.what_if
     if not w:
         return []
-    rows = [(c["change"], c.get("predicted_step_us"), c.get("not_replayed")) for c in w["each"]]
+    rows = [(c["change"], c) for c in w["each"]]
     if len(w["each"]) > 1:
-        rows.append(("all together", w.get("predicted_step_us"), w.get("not_replayed")))
+        rows.append(("all together", w))
     out = [f"  what if (replayed, measured {ms(w['measured_step_us'])} ms):"]
-    for label, us, why in rows:
-        said = (f"not replayed ({why or 'not modelled'})" if us is None
-                else f"{ms(us)} ms ({pct_of(w, us):+.1f}%)")
+    for label, c in rows:
+        us = c.get("predicted_step_us")
+        said = (f"not replayed ({c.get('not_replayed') or 'not modelled'})" if us is None
+                else f"{predicted(c)} ({pct_of(w, us):+.1f}%)")
         out.append(_p(f"    {label}: {said}"))
     return out
