@@ -24,12 +24,18 @@ as other load. The cores are the root's CPU affinity mask. Reading costs a scan 
 3 ms with 80 processes), done twice: just before recording starts, and at the last recorded
 step boundary (inside the last recorded step).
 
+Beside them, the kernel's schedstat of every thread of the tree (/proc/PID/task/TID/schedstat:
+time on a core, time runnable but waiting in a run queue) and of the stepping thread: a
+thread that waited to run lost that time to whoever held the core, this run's own threads or
+other tenants' (replay/unload.py tells the two apart and takes the others' share out).
+
 Also here, torch-free for the rules and the replay: whether the load was material (OtherLoad).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +53,13 @@ class CpuSample:
     tree: float
     cores: int  # CPUs added up in busy and total
     niced_excluded: bool = False  # busy leaves out the cores' `nice` time (see above)
+    # Scheduler figures (schedstat, s): time on a core and time runnable but waiting for one,
+    # summed over every thread of the tree, and of the thread that reads (the stepping one);
+    # None where the kernel does not give them.
+    tree_run: float | None = None
+    tree_wait: float | None = None
+    main_run: float | None = None
+    main_wait: float | None = None
 
 
 def _root() -> psutil.Process:
@@ -76,6 +89,33 @@ def _process_cpu(p: psutil.Process) -> float:
                                                                            0.0)
 
 
+def _schedstat(path: str) -> tuple[float, float] | None:
+    """(on a core, runnable but waiting) in seconds for one task, from /proc/.../schedstat."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            run, wait = fh.read().split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return None  # ended meanwhile, or a kernel without schedstat
+
+
+def _tree_schedstat(pids: list[int]) -> tuple[float, float] | None:
+    """Run and run-queue wait summed over every thread of `pids`."""
+    run = wait = 0.0
+    seen = False
+    for pid in pids:
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            got = _schedstat(f"/proc/{pid}/task/{tid}/schedstat")
+            if got is not None:
+                seen = True
+                run, wait = run + got[0], wait + got[1]
+    return (run, wait) if seen else None
+
+
 def sample() -> CpuSample | None:
     """Read the cores and the tree now; None where psutil cannot (no /proc)."""
     try:
@@ -83,9 +123,12 @@ def sample() -> CpuSample | None:
         cpus = _cpus(root)
         per_cpu = psutil.cpu_times(percpu=True)
         skip_nice = psutil.Process().nice() <= 0
-        tree = _process_cpu(root) + sum(_process_cpu(c) for c in root.children(recursive=True))
+        children = root.children(recursive=True)
+        tree = _process_cpu(root) + sum(_process_cpu(c) for c in children)
     except (psutil.Error, OSError):
         return None
+    sched = _tree_schedstat([root.pid, *(c.pid for c in children)])
+    main = _schedstat(f"/proc/self/task/{threading.get_native_id()}/schedstat")
     busy = total = 0.0
     for i in cpus:
         if i >= len(per_cpu):
@@ -98,7 +141,8 @@ def sample() -> CpuSample | None:
             idle += t.get("nice", 0.0)  # lower-priority work: it yields to ours
         total += all_
         busy += all_ - idle
-    return CpuSample(time.perf_counter(), busy, total, tree, len(cpus), skip_nice)
+    return CpuSample(time.perf_counter(), busy, total, tree, len(cpus), skip_nice,
+                     *(sched or (None, None)), *(main or (None, None)))
 
 
 def other_load(start: CpuSample | None, end: CpuSample | None) -> dict[str, Any]:
@@ -112,7 +156,15 @@ def other_load(start: CpuSample | None, end: CpuSample | None) -> dict[str, Any]
     tree = max(end.tree - start.tree, 0.0)
     capacity = max(end.total - start.total, 0.0) or (end.wall - start.wall) * end.cores
     other = max(busy - tree, 0.0)
+    sched: dict[str, Any] = {}
+    for name in ("tree_run", "tree_wait", "main_run", "main_wait"):
+        a, b = getattr(start, name), getattr(end, name)
+        if a is not None and b is not None:
+            sched[f"{name}_us"] = round(max(b - a, 0.0) * 1e6, 1)
+    if sched:
+        sched["window_us"] = round((end.wall - start.wall) * 1e6, 1)
     return {
+        **({"sched": sched} if sched else {}),
         "load_cores": end.cores,
         "other_niced_excluded": end.niced_excluded,
         "system_busy_us": round(busy * 1e6, 1),

@@ -30,6 +30,7 @@ from stallscope.diagnose.fixes import Change, Context, apply, changes_for, no_ch
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
+from stallscope.replay.unload import OtherWait, unload
 from stallscope.replay.unprofile import ProfilerCost, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
@@ -79,6 +80,9 @@ class Plan:
     floor_kind: str  # "gpu": the busiest GPU's remaining work; "host": the stepping thread's
     baseline_step_us: float = 0.0
     profiler: dict[str, Any] = field(default_factory=dict)
+    # Other tenants' share of the host's run-queue wait, taken out after the profiler's cost
+    # (replay/unload.py); {} when the trace has no scheduler figures.
+    load: dict[str, Any] = field(default_factory=dict)
     # Why some recorded steps are not in the medians, or None when all are.
     steps_note: str | None = None
     min_gain_pct: float = MIN_GAIN_PCT
@@ -124,6 +128,13 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     unprofiled = replay(graph)
     measured = float(np.median(recorded[used]))
     profiler_us = max(0.0, _median(base, used) - _median(unprofiled, used))
+    others = OtherWait.of(model)
+    load_us = 0.0
+    if others is not None and others.others_share > 0:
+        graph = unload(graph, others.others_share)
+        unloaded = replay(graph)
+        load_us = max(0.0, _median(unprofiled, used) - _median(unloaded, used))
+        unprofiled = unloaded
     plan = Plan(
         trace=model.trace.label,
         measured_step_us=measured,
@@ -132,11 +143,12 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         steps_used=[s.name for s in steps[used]],
         floor_kind="gpu" if len(graph.g_ts) else "host",
         steps_note=_steps_note(len(model.steps), window, used),
-        baseline_step_us=max(measured - profiler_us, 0.0),
+        baseline_step_us=max(measured - profiler_us - load_us, 0.0),
         profiler={"op_us": round(cost.op_us, 3), "measured": cost.measured,
                   "source": cost.source,
                   "ops_per_step": round(float(counts.sum()) / graph.steps, 1),
                   "step_cost_us": round(profiler_us, 1)},
+        load={**others.to_dict(), "step_cost_us": round(load_us, 1)} if others else {},
     )
     facts = LoaderFacts.from_capture(model.trace.capture)
     memo: dict[str, Any] = {}

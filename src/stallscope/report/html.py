@@ -24,6 +24,7 @@ from stallscope.report.evidence_view import evidence_value
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
     baseline,
+    baseline_name,
     category_name,
     floor_phrase,
     loader_story,
@@ -130,7 +131,7 @@ def render_html(report: Report) -> str:
         categories=HOST_CATEGORIES,
         headline=_headline(report),
         fix_plan=_fix_plan(report),
-        what_if=_what_if(report.what_if),
+        what_if=_what_if(report.what_if, report.plan),
         savings=[_saving_view(report, f) for f in report.findings],
         reproduce=report.reproduce_command,
         trace_files=[t["path"] for t in report.traces],
@@ -227,6 +228,7 @@ def _headline(report: Report) -> dict[str, Any]:
         # The step without the profiler's cost (diagnose/plan.py), when it differs.
         "unprofiled_ms": _ms(baseline(report.plan)) if report.plan and profiler_phrase(
             report.plan) else None,
+        "unloaded": bool(report.plan) and baseline_name(report.plan) != "without the profiler",
     }
 
 
@@ -245,6 +247,7 @@ def _saving_view(report: Report, f: Finding) -> dict[str, Any]:
         "before_us": before,
         "measured_us": baseline(plan) if plan else None,
         "unprofiled": bool(plan and profiler_phrase(plan)),
+        "baseline_name": baseline_name(plan) if plan else "",
         "plan_size": len(plan["entries"]) if plan else 0,
         "steps_used": len(plan["steps_used"]) if plan else 0,
         "min_gain_pct": plan["min_gain_pct"] if plan else None,
@@ -284,7 +287,7 @@ def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
     step, the time it takes off drawn beside it, and the floor as a dashed line."""
     rows = [("measured", plan["measured_step_us"], None, None)]
     if profiler_phrase(plan):  # the profiler's cost taken out: the step the fixes start from
-        rows.append(("without the profiler", baseline(plan), plan["measured_step_us"],
+        rows.append((baseline_name(plan), baseline(plan), plan["measured_step_us"],
                      round(100 * (plan["measured_step_us"] - baseline(plan))
                            / plan["measured_step_us"], 1)))
     rows += [(f"{i}. {e['change']}", e["predicted_step_us"], before, e["saving_pct"])
@@ -328,7 +331,8 @@ def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
     }
 
 
-def _what_if(what_if: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+def _what_if(what_if: dict[str, Any] | None,
+             plan: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     """`--what-if` as table rows: measured, replayed unchanged, each change alone, and all of
     them together; each row says whether its number is a measurement or a prediction."""
     if not what_if:
@@ -341,10 +345,14 @@ def _what_if(what_if: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     ]
     base = what_if.get("baseline_step_us")
     if base and what_if["measured_step_us"] - base >= 0.01 * what_if["measured_step_us"]:
-        rows.append({"what": "without the profiler (the changes start here)",
-                     "kind": "replayed prediction", "us": base,
-                     "assumptions": ["the profiler's cost per recorded op taken out of the "
-                                     "host's work (replay/unprofile.py)"], "why": None})
+        said = ["the profiler's cost per recorded op taken out of the host's work "
+                "(replay/unprofile.py)"]
+        if plan and baseline_name(plan) != "without the profiler":
+            said.append("other processes' share of the host's wait for a core taken out "
+                        "(replay/unload.py)")
+        rows.append({"what": f"{baseline_name(plan or {})} (the changes start here)",
+                     "kind": "replayed prediction", "us": base, "assumptions": said,
+                     "why": None})
     changes = [(f"{c['change']} alone", c) for c in what_if["each"]]
     if len(what_if["each"]) > 1:
         changes.append(("all together: " + " + ".join(what_if["changes"]), what_if))

@@ -108,8 +108,27 @@ def profiler_phrase(plan: dict[str, Any]) -> str:
         return ""
     how = ("measured at the start of this run" if cost.get("measured")
            else "assumed, as this trace does not say")
-    return (f"without the profiler about {ms(base)} ms (predicted: {cost['ops_per_step']:.0f} "
-            f"recorded host ops per step at {cost['op_us']:.1f} us each, {how})")
+    text = (f"{baseline_name(plan)} about {ms(base)} ms (predicted: {cost['ops_per_step']:.0f} "
+            f"recorded host ops per step at {cost['op_us']:.1f} us each, {how}")
+    if _others(plan):
+        load = plan["load"]
+        text += (f"; and {load['others_share_pct']:.0f}% of the host's time, the part of its "
+                 f"wait for a core ({load['wait_share_pct']:.0f}% of its runnable time, from "
+                 "the kernel's run-queue figures) that other processes caused, beyond the "
+                 f"{load['own_share_pct']:.0f}% this run's own threads on its "
+                 f"{load['cores']} core(s) explain")
+    return text + ")"
+
+
+def _others(plan: dict[str, Any]) -> bool:
+    load = plan.get("load") or {}
+    return bool(load.get("others_share_pct")) and load.get("step_cost_us", 0) > 0
+
+
+def baseline_name(plan: dict[str, Any]) -> str:
+    """What the step the fixes start from leaves out."""
+    return ("without the profiler or other processes' load" if _others(plan)
+            else "without the profiler")
 
 
 def ms(us: float | None, missing: str = "?") -> str:

@@ -129,6 +129,10 @@ class Plan(msgspec.Struct):
     # How that cost was found: op_us, measured (or assumed), source, ops_per_step,
     # step_cost_us (replay/unprofile.py).
     profiler: Json | None = None
+    # Other tenants' share of the host's run-queue wait, taken out of the baseline:
+    # wait_share_pct, own_share_pct, others_share_pct, demand_cores, cores, step_cost_us
+    # (replay/unload.py); {} without the kernel's figures.
+    load: Json | None = None
     # The replay's measured error that widens every predicted range, in %.
     model_error_pct: float | None = None
 
