@@ -8,6 +8,12 @@ worker processes than cores keep it fed (measured on a 2-core VM, 4 ms per sampl
     python examples/loader_waiting.py
     stallscope run examples/loader_waiting.py
     stallscope tune examples/loader_waiting.py
+
+A worker that fills its prefetch queue while the script still starts up (the transient a
+recording must not mistake for the run's pace; `run` waits for steady steps):
+
+    stallscope run examples/loader_waiting.py --num-workers 1 --mp-context spawn \
+        --prefetch-factor 4 --startup-s 1
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ def main() -> None:
     parser.add_argument("--wait-ms", type=float, default=4.0, help="I/O wait per sample")
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--mp-context", choices=("fork", "spawn"), default=None)
+    parser.add_argument("--prefetch-factor", type=int, default=None,
+                        help="batches each worker keeps ready (torch's default: 2)")
+    parser.add_argument("--startup-s", type=float, default=0.0,
+                        help="seconds of start-up after the loader's workers start (a model "
+                             "being built): the workers prefetch meanwhile")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -55,11 +66,15 @@ def main() -> None:
         RemoteSamples(args.samples, args.wait_ms), batch_size=args.batch_size, shuffle=True,
         num_workers=args.num_workers,
         multiprocessing_context=args.mp_context if args.num_workers else None,
+        prefetch_factor=args.prefetch_factor if args.num_workers else None,
     )
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(args.epochs):
-        for x, y in loader:
+        batches = iter(loader)  # the workers start here
+        if epoch == 0 and args.startup_s:
+            time.sleep(args.startup_s)
+        for x, y in batches:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
             loss.backward()

@@ -13,10 +13,11 @@ waiting for one (`wait`); and the same for the stepping thread. Waiting has two 
   not the user's run, and it leaves.
 
 The stepping thread's host segments (and the process's other host threads') then keep
-`1 - others' share` of their recorded time: its wait is spread over its busy time, which is
-where a runnable thread waits. A segment where the thread slept (a loader waiting on storage)
-is shortened by the same share, which overstates the correction there by at most that share
-of a sleep; such loops wait little in run queues, so their share is small.
+`1 - others' share` of their recorded time, and so do the unexplained gaps between them (a
+thread waiting for a core records nothing): its wait is spread over its busy time, which is
+where a runnable thread waits. A segment or gap where the thread slept (a loader waiting on
+storage) is shortened by the same share, which overstates the correction there by at most that
+share of a sleep; such loops wait little in run queues, so their share is small.
 
 Without the figures (a trace recorded elsewhere, a kernel without schedstat) nothing is taken
 out and the report says the figures are as recorded.
@@ -85,10 +86,13 @@ class OtherWait:
 
 
 def unload(g: Graph, share: float) -> Graph:
-    """A copy of `g` whose host nodes keep `1 - share` of their time."""
+    """A copy of `g` whose host nodes keep `1 - share` of their time: their work, and the
+    unexplained gaps before them (a thread waiting in a run queue records nothing: on a busy
+    2-core machine half of a CPU step's time sat in such gaps)."""
     if share <= 0:
         return g
     out = g.copy()
     out.h_dur = g.h_dur * (1.0 - share)
+    out.h_lead = g.h_lead * (1.0 - share)
     return out
 
