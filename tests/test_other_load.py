@@ -139,6 +139,35 @@ def test_others_wait_is_what_the_runs_own_threads_do_not_explain():
     assert OtherWait.of(_model_with({"sched": sched})) is None
 
 
+def test_others_share_leaves_the_step_the_fixes_start_from():
+    """The same CPU recording, told that its stepping thread waited half its runnable time for
+    cores others held: the plan starts from about half the step, and each prediction with it;
+    the step stays the recorded one, and the load is said with its figures."""
+    from stallscope.diagnose import diagnose
+    from stallscope.diagnose.plan import make_plan
+    from stallscope.trace.load import load_trace
+    from stallscope.trace.model import build_model
+    from tests.conftest import SAMPLES
+
+    def plan_with(host: dict | None):
+        model = build_model(load_trace(SAMPLES / "cpu-replay-cpu-w0.pt.trace.json.gz"))
+        if host is not None:
+            model.trace.capture["host"] = host
+        return make_plan(model, diagnose(model))
+
+    quiet = plan_with(None)
+    sched = {"window_us": 1e6, "tree_run_us": 1e6, "tree_wait_us": 1e6,
+             "main_run_us": 0.5e6, "main_wait_us": 0.5e6}
+    busy = plan_with({"load_cores": 2, "sched": sched})
+    assert busy.measured_step_us == quiet.measured_step_us
+    assert busy.load["others_share_pct"] == 50.0
+    assert busy.baseline_step_us == pytest.approx(0.5 * quiet.measured_step_us
+                                                  - busy.profiler["step_cost_us"], rel=0.1)
+    assert busy.load["step_cost_us"] == pytest.approx(0.5 * quiet.measured_step_us, rel=0.1)
+    assert busy.entries and busy.entries[0].predicted_step_us < quiet.entries[0].predicted_step_us
+    assert quiet.load == {}
+
+
 def test_the_kernels_run_queue_figures_are_read_for_the_tree_and_the_stepping_thread():
     import time
 
