@@ -19,8 +19,8 @@ the profiler's cost and other processes' load: the prediction of the plain step)
 unprofiled steps before recording, the plain step of the unchanged script (quiet), the
 prediction after the fix with its range, the plain step after the fix (quiet), the error.
 
-A plain timing registers a global optimizer step hook (no profiler) and takes the median of
-the steps after the first quarter. Prints one row per recording, then per case whether busy
+A plain timing registers a global optimizer step hook (no profiler) and takes the mean of the
+steps after the first quarter. Prints one row per recording, then per case whether busy
 and quiet agree (same first fix, worker counts within one, predictions within 25%).
 """
 
@@ -43,9 +43,9 @@ EX = ROOT / "examples"
 
 TIMER = """
 import atexit, json, os, runpy, sys, time
-import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 times = []
-torch.optim.optimizer.register_optimizer_step_post_hook(
+register_optimizer_step_post_hook(
     lambda *a, **k: times.append(time.perf_counter()))
 def done():
     steps = [b - a for a, b in zip(times, times[1:])]
@@ -105,7 +105,9 @@ def plain_step_ms(script: Path, args: list[str], work: Path) -> float:
                    capture_output=True, cwd=ROOT, timeout=600,
                    env={**os.environ, "STEP_TIMES": str(times)})
     steps = json.loads(times.read_text())
-    return 1000 * statistics.median(steps[len(steps) // 4:])
+    # The mean: a round of workers delivers a burst of batches, then one slow step; the user
+    # waits for all of them (a median would report the burst).
+    return 1000 * statistics.fmean(steps[len(steps) // 4:])
 
 
 def with_change(args: list[str], change: str) -> list[str] | None:
@@ -120,6 +122,15 @@ def with_change(args: list[str], change: str) -> list[str] | None:
         return out
     if change in ("optimizer=foreach", "optimizer=fused"):
         return [*args, "--foreach"]
+    return None
+
+
+def advised_threads(report: dict) -> int | None:
+    """The intra-op thread count the loader's advice sets in the same change, if any."""
+    for f in report["findings"]:
+        n = (f.get("evidence") or {}).get("suggested_torch_threads")
+        if f["id"] == "dataloader-bound" and isinstance(n, int):
+            return n
     return None
 
 
@@ -143,12 +154,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", nargs="*", default=[c.name for c in CASES])
     p.add_argument("--burners", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--keep", type=Path, help="keep the reports in this folder")
     a = p.parse_args()
     print(f"{'case':16} {'machine':6} {'first fix':22} {'recorded':>9} {'baseline':>9} "
           f"{'unprof.':>8} {'plain':>7} {'predicted':>9} {'range':>13} {'plain after':>11} "
           f"{'error':>7}")
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = a.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for case in [c for c in CASES if c.name in a.cases]:
             seen: dict[str, tuple[str | None, float | None]] = {}
             timed: dict[str, float] = {}
@@ -165,9 +178,14 @@ def main() -> None:
                 plan = report["traces"][0].get("plan") or {}
                 unprof = report["run"].get("unprofiled_steps_us") or []
                 after = None
+                threads = advised_threads(report) if change and "num_workers" in change else None
+                if threads and "--threads" in case.script.read_text():
+                    change = f"{change} + torch_threads={threads}"  # one change, as advised
                 if change is not None and change not in timed:
-                    args = with_change(case.args, change)
+                    args = with_change(case.args, change.split(" + ")[0])
                     if args is not None:
+                        if " + torch_threads=" in change:
+                            args += ["--threads", change.rsplit("=", 1)[1]]
                         timed[change] = plain_step_ms(case.script, args, work)
                 after = timed.get(change or "")
                 err = f"{100 * (pred - after) / after:+6.1f}%" if pred and after else "   -"

@@ -54,9 +54,13 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--work", type=int, default=8, help="blur passes per sample")
     parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads for the step (default: torch's)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dataset = SyntheticImages(args.samples, args.work)
     loader = DataLoader(
         dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers

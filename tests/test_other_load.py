@@ -133,10 +133,36 @@ def test_others_wait_is_what_the_runs_own_threads_do_not_explain():
     # The stepping thread waited more than the tree on average: its share counts.
     spun = {**sched, "main_run_us": 0.1e6, "main_wait_us": 0.9e6}
     assert OtherWait.of(_model_with({"load_cores": 2, "sched": spun})).others_share == MAX_SHARE
+    # A loop sleeping on storage: runnable a tenth of the window, half of that waiting; it
+    # loses 5% of the window, not half of its sleeps.
+    sleepy = {**sched, "main_run_us": 0.05e6, "main_wait_us": 0.05e6}
+    assert OtherWait.of(_model_with({"load_cores": 2, "sched": sleepy})).others_share == \
+        pytest.approx(0.05)
     quiet = {**sched, "tree_wait_us": 0.01e6, "main_wait_us": 0.005e6}
     assert OtherWait.of(_model_with({"load_cores": 2, "sched": quiet})).others_share == 0.0
     assert OtherWait.of(_model_with({"load_cores": 2})) is None  # recorded elsewhere
     assert OtherWait.of(_model_with({"sched": sched})) is None
+
+
+def test_intra_op_threads_beside_other_load_are_said_not_corrected():
+    """Two intra-op threads waiting half their runnable time for others' cores: each parallel op
+    waits at its barrier; the report says the figures are not the quiet run's."""
+    from types import SimpleNamespace
+
+    from stallscope.replay.unload import OtherWait, barrier_note
+
+    sched = {"window_us": 1e6, "tree_run_us": 1e6, "tree_wait_us": 1e6,
+             "main_run_us": 0.5e6, "main_wait_us": 0.5e6}
+
+    def note(threads: int, gpu: bool = False) -> str | None:
+        host = {"load_cores": 2, "sched": sched, "torch_threads": threads}
+        model = SimpleNamespace(trace=SimpleNamespace(capture={"host": host}), has_gpu=gpu)
+        return barrier_note(model, OtherWait.of(model))
+
+    said = note(2)
+    assert said is not None and "2 intra-op threads" in said and "50%" in said
+    assert "--set torch_threads=1" in said
+    assert note(1) is None and note(2, gpu=True) is None
 
 
 def test_others_share_leaves_the_step_the_fixes_start_from():
@@ -174,8 +200,8 @@ def test_the_kernels_run_queue_figures_are_read_for_the_tree_and_the_stepping_th
     from stallscope.capture.hostload import sample
 
     start = sample()
-    end = time.process_time() + 0.05
-    while time.process_time() < end:
+    end = time.thread_time() + 0.05  # this thread's own CPU time, as schedstat counts it
+    while time.thread_time() < end:
         pass
     got = other_load(start, sample())
     sched = got["sched"]

@@ -519,6 +519,9 @@ class CaptureSession:
             }
         if self._window is not None:
             cpu = self._cpu
+            # The steps timed without the profiler just before recording (the judged group):
+            # the replay sets the recorded steps against them (replay/unprofile.py).
+            meta["unprofiled_steps_us"] = self.unprofiled_steps_us()[-steady.MAX_GROUP:]
             meta["host"] = {
                 "cores_per_process": cpu["cores_per_process"],
                 "torch_threads": cpu["torch_threads"],

@@ -30,8 +30,8 @@ from stallscope.diagnose.fixes import Change, Context, apply, changes_for, no_ch
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
-from stallscope.replay.unload import OtherWait, unload
-from stallscope.replay.unprofile import ProfilerCost, op_counts, unprofile
+from stallscope.replay.unload import OtherWait, barrier_note, unload
+from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 
@@ -127,10 +127,17 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     # Other tenants' wait first: it stretched the profiler's bookkeeping as much as the work,
     # and the cost per op is the quiet machine's (measured in thread CPU time).
     others = OtherWait.of(model)
+    note = barrier_note(model, others)
+    if note is not None and note not in model.notes:
+        model.notes.append(note)
     unloaded = base
+    keep = 1.0
     if others is not None and others.others_share > 0:
+        keep = 1.0 - others.others_share
         graph = unload(graph, others.others_share)
         unloaded = replay(graph)
+    cost = from_run(model, cost, _median(unloaded, used), float(counts.sum()) / graph.steps,
+                    keep)
     graph = unprofile(graph, counts, cost.op_us)
     unprofiled = replay(graph)
     measured = float(np.median(recorded[used]))

@@ -106,7 +106,7 @@ def profiler_phrase(plan: dict[str, Any]) -> str:
     base, measured = baseline(plan), plan["measured_step_us"]
     if not cost or measured - base < 0.01 * measured:
         return ""
-    how = ("measured at the start of this run" if cost.get("measured")
+    how = ("measured in this run" if cost.get("measured")
            else "assumed, as this trace does not say")
     text = (f"{baseline_name(plan)} about {ms(base)} ms (predicted: {cost['ops_per_step']:.0f} "
             f"recorded host ops per step at {cost['op_us']:.1f} us each, {how}")
