@@ -22,7 +22,7 @@ from stallscope.cli import build_parser
 from stallscope.commands.common import split_run_argv
 from stallscope.errors import StallscopeError
 
-from .conftest import ROOT
+from .conftest import ROOT, line_of
 
 LOADER_BOUND = ROOT / "examples" / "loader_bound.py"
 
@@ -126,7 +126,8 @@ def test_overrides_reach_torch_and_cut_the_loader_wait(tmp_path: Path) -> None:
     assert before["dataloaders"][0]["overrides"] == {}
     assert after["run"]["overrides"] == {"num_workers": 2, "persistent_workers": True}
     loader = after["dataloaders"][0]
-    assert loader["call_site"].endswith("loader_bound.py:61")
+    built = line_of(LOADER_BOUND.read_text(), "loader = DataLoader(")
+    assert loader["call_site"].endswith(f"loader_bound.py:{built}")
     assert (loader["num_workers"], loader["persistent_workers"]) == (2, True)
     assert loader["overrides"] == {"num_workers": 2, "persistent_workers": True}
     assert loader["built_with"] == {"num_workers": 0, "persistent_workers": False}
