@@ -362,6 +362,33 @@ def test_candidates_within_noise_of_the_fastest_resolve_to_the_smaller_change():
     assert result["best"]["overrides"] == {"num_workers": 1, "persistent_workers": True}
 
 
+def test_the_schedule_fits_the_batches_an_epoch_has(tmp_path: Path) -> None:
+    """1,024 samples in batches of 32: 32 batches. 8 workers prefetch 16 of them after run's 2
+    skipped steps; 16 timed steps would not fit with the warm-up and recorded step, so 11 are
+    timed (never fewer than one round of the workers); a run whose script ended before it
+    recorded still counts the steps it timed (run.json)."""
+    import json as _json
+
+    from stallscope.commands.tune import _timed_only, epoch_batches, run_command, timed_steps
+
+    report = {"dataloaders": [{"dataset_len": 1024, "batch_size": 32, "batches": 8},
+                              {"dataset_len": 10, "batch_size": 4, "batches": 1}]}
+    assert epoch_batches(report) == 32
+    assert epoch_batches({"dataloaders": [{"dataset_len": 1030, "batch_size": 32,
+                                           "drop_last": True}]}) == 32
+    assert epoch_batches({"dataloaders": [{"dataset_len": None, "batch_size": 32}]}) is None
+    eight = {"num_workers": 8, "persistent_workers": True}
+    assert timed_steps(eight) == 16 and timed_steps(eight, 32) == 11
+    assert timed_steps(eight, 20) == 8  # one round at least, even where it cannot fit
+    cmd = run_command(eight, ["t.py"], Path("o"), None, 32)
+    assert int(cmd[cmd.index("--skip") + 1]) + 1 + 1 + 1 == 32 and "--no-steady-wait" in cmd
+    (tmp_path / "run.json").write_text(_json.dumps({"unprofiled_steps_us": [9e4] + [1e4] * 11}))
+    timed = _timed_only(tmp_path, 4, 3.0, "no step recorded", 11)
+    assert timed.ok and timed.step_us == 1e4 and timed.timing == "unprofiled"
+    assert not _timed_only(tmp_path, 4, 3.0, "no step recorded", 16).ok  # too few timed
+    assert not _timed_only(tmp_path, 1, 3.0, "boom", 11).ok  # the script failed
+
+
 def test_candidates_record_past_the_prefetched_batches_and_two_rounds_of_workers() -> None:
     """4 workers of a storage-waiting loader deliver batches in rounds (3 fast steps, then one
     that waits 58 ms): a median step of 3.9 ms, where whole rounds average 17 ms. tune skips

@@ -43,7 +43,14 @@ from stallscope.commands.tune_plan import (
     prefetch_candidates,
     worker_candidates,
 )
-from stallscope.errors import EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, InputError, StallscopeError
+from stallscope.errors import (
+    EXIT_NO_STEPS,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    InputError,
+    StallscopeError,
+)
 from stallscope.report.tune_writers import (
     TUNE_FILES,
     render_html,
@@ -61,6 +68,7 @@ TIMED_STEPS = 8
 # that `run` completes as usual (the baseline records RUN_STEPS: its findings drive the sweep).
 CANDIDATE_PROFILED_STEPS = 1
 RUN_SKIP = 2  # `stallscope run`'s default --skip
+RUN_WARMUP = 1  # and its default --warmup
 DEFAULT_BUDGET_S = 300.0
 DEFAULT_REPEATS = 3
 # A candidate run that takes this many times the baseline's wall time (plus a margin for
@@ -244,9 +252,14 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     progress.configure(args.quiet, True)
     target_argv = (["-m"] if target.is_module else []) + [target.name, *target.args]
 
+    epoch: list[int | None] = [None]  # batches per epoch, from the baseline's first report
+
     def launch(overrides: Overrides, timeout: float | None) -> RunResult:
         limits = [t for t in (timeout, args.timeout) if t is not None]  # the stricter one
-        return run_once(overrides, target_argv, min(limits) if limits else None)
+        result = run_once(overrides, target_argv, min(limits) if limits else None, epoch[0])
+        if not overrides and epoch[0] is None and result.report is not None:
+            epoch[0] = epoch_batches(result.report)
+        return result
 
     result = sweep(launch, args.repeats, args.budget)
     result["script"] = target.name
@@ -279,16 +292,47 @@ def prepare_tune_dir(out: Path, force: bool) -> None:
 
 
 def run_command(overrides: Overrides, target_argv: list[str], out: Path,
-                timeout: float | None = None) -> list[str]:
-    """The `stallscope run` command line that measures one configuration."""
+                timeout: float | None = None, epoch: int | None = None) -> list[str]:
+    """The `stallscope run` command line that measures one configuration. tune sets the window
+    itself (the prefetched batches skipped, then its timed steps), so run's own wait for steady
+    steps is off: it would spend batches an epoch may not have."""
     limit = ["--timeout", f"{timeout:g}"] if timeout is not None else []
-    skip = skip_for(overrides) + steps_for(overrides)  # the last steps_for() are the timed ones
+    skip = skip_for(overrides) + timed_steps(overrides, epoch)  # the timed ones come last
     steps = RUN_STEPS if not overrides else CANDIDATE_PROFILED_STEPS
     return [
         sys.executable, "-m", "stallscope", "run", "-q", "--force", "-o", str(out),
-        "--skip", str(skip), "--steps", str(steps), *limit,
+        "--skip", str(skip), "--steps", str(steps), "--no-steady-wait", *limit,
         *set_arguments(overrides), *target_argv,
     ]
+
+
+def timed_steps(overrides: Overrides, epoch: int | None = None) -> int:
+    """`steps_for`, fitted to an epoch of `epoch` batches when it is known: the skipped and
+    prefetched batches, the timed steps, run's warm-up step and the recorded ones must fit, or
+    an 8-worker candidate of a short epoch fails where 8 workers are the fastest (measured: a
+    third of tune's budget spent on such a failure, and 2 workers chosen at 3.2x where 8 give
+    4.5x). Never fewer than one round of the workers (at least 2 steps)."""
+    timed = steps_for(overrides)
+    if not epoch:
+        return timed
+    recorded = RUN_STEPS if not overrides else CANDIDATE_PROFILED_STEPS
+    room = epoch - 1 - skip_for(overrides) - RUN_WARMUP - recorded
+    workers = overrides.get("num_workers")
+    least = max(2, workers if isinstance(workers, int) else 0)
+    return max(least, min(timed, room))
+
+
+def epoch_batches(report: dict[str, Any]) -> int | None:
+    """Batches in an epoch of the training DataLoader, from the baseline's report: its dataset's
+    length over its batch size; None when the dataset has no length."""
+    loaders = [d for d in report.get("dataloaders") or [] if isinstance(d, dict)]
+    if not loaders:
+        return None
+    loader = max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
+    size, batch = loader.get("dataset_len"), loader.get("batch_size")
+    if not isinstance(size, int) or not isinstance(batch, int) or batch <= 0:
+        return None
+    return size // batch if loader.get("drop_last") else -(-size // batch)
 
 
 def steps_for(overrides: Overrides) -> int:
@@ -314,7 +358,8 @@ def skip_for(overrides: Overrides) -> int:
     return RUN_SKIP + workers * (depth if isinstance(depth, int) and depth > 0 else 2)
 
 
-def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None) -> RunResult:
+def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None,
+             epoch: int | None = None) -> RunResult:
     """Run one configuration in a fresh process and read its report.json.
 
     With a `timeout` the run stops its own script (`run --timeout`: its DataLoader workers end
@@ -326,7 +371,7 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
-                run_command(overrides, target_argv, out, timeout), capture_output=True,
+                run_command(overrides, target_argv, out, timeout, epoch), capture_output=True,
                 text=True, env=env, check=False,
                 timeout=None if timeout is None else timeout + HANG_MARGIN_S,
             )
@@ -337,13 +382,16 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
         error = _last_error(proc.stderr) if proc.returncode else None
         report_path = out / "report.json"
         if not report_path.is_file():
-            return RunResult(proc.returncode or 1, wall,
-                             error=error or "the run wrote no report.json")
+            if not overrides:  # the baseline's findings drive the sweep: it needs its report
+                return RunResult(proc.returncode or 1, wall,
+                                 error=error or "the run wrote no report.json")
+            return _timed_only(out, proc.returncode, wall, error,
+                               timed_steps(overrides, epoch))
         try:
             report = json.loads(report_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             return RunResult(proc.returncode or 1, wall, error=f"unreadable report.json: {exc}")
-    timed = steps_for(overrides)
+    timed = timed_steps(overrides, epoch)
     unprofiled = [float(v) for v in (report.get("run") or {}).get("unprofiled_steps_us") or []]
     if len(unprofiled) >= timed:
         steps = unprofiled[-timed:]
@@ -354,6 +402,21 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
     mean = ((report.get("summary") or {}).get("step_time_us") or {}).get("mean")
     return RunResult(proc.returncode, wall, float(mean) if mean is not None else None,
                      steps, error, report, timing="profiled")
+
+
+def _timed_only(out: Path, status: int, wall: float, error: str | None,
+                timed: int) -> RunResult:
+    """A run that recorded nothing (its script ended first) still timed its skipped steps
+    (run.json, report/unrecorded.py): enough of them measure the configuration."""
+    try:
+        seen = json.loads((out / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        seen = {}
+    steps = [float(v) for v in seen.get("unprofiled_steps_us") or []]
+    if status == EXIT_NO_STEPS and len(steps) >= timed:
+        return RunResult(0, wall, statistics.fmean(steps[-timed:]), steps[-timed:],
+                         timing="unprofiled")
+    return RunResult(status or 1, wall, error=error or "the run wrote no report.json")
 
 
 def _last_error(stderr: str) -> str:
