@@ -20,11 +20,11 @@ window and loses little (a proportional share of its wait would have halved its 
 
 Not modelled: intra-op threads stalled at each parallel op's barrier while one of them waits
 for a core. On this project's 2-core VM a 9.2 ms CPU step (two intra-op threads) ran 328 ms
-beside two busy loops; the wait share (50%) explains a halving, not 35x: the report's
-cpu-oversubscription and other-load notes say the recording is not the quiet run's.
+beside two busy loops; the wait share (50%) explains a halving, not 35x: a note
+(`barrier_note`) says the recording is not the quiet run's.
 
 Without the figures (a trace recorded elsewhere, a kernel without schedstat) nothing is taken
-out and the report says the figures are as recorded.
+out, and the plan's baseline says only "without the profiler".
 """
 
 from __future__ import annotations
