@@ -61,7 +61,8 @@ def from_run(model: TraceModel, cost: ProfilerCost, recorded_us: float, ops_per_
     recorded op; never above the tiny-op measurement, never below zero. A CPU step is host
     work through and through, so the difference is the profiler's, and it holds for these ops
     (nested C++ ops cost the profiler less than the Python-called `aten::add` measured at the
-    start: on examples/python_heavy.py, 0.6 us against 2.8 us). A GPU trace keeps `cost`: its
+    start: on this 2-core VM, 0.8-1.5 us per op on examples/python_heavy.py and 1.8-2.0 us on
+    examples/loader_bound.py, against 2.7-7.6 us for the tiny op). A GPU trace keeps `cost`: its
     host may be off the critical path, where the difference says nothing of the host's cost.
     `keep` is the share the load correction kept of the recorded host time; the unprofiled
     steps ran under the same load."""
