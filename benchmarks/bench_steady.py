@@ -64,11 +64,12 @@ class Case:
     args: list[str]
     what_if: str | None = None  # the change to predict and time when the plan leads with none
     extra: list[str] = field(default_factory=list)  # run's own flags
+    threads_flag: str | None = None  # the script's option for torch.set_num_threads, if any
 
 
 CASES = [
     Case("storage-waiting", EX / "loader_waiting.py", ["--samples", "1600"]),
-    Case("cpu-bound", EX / "loader_bound.py", ["--samples", "1024"]),
+    Case("cpu-bound", EX / "loader_bound.py", ["--samples", "1024"], threads_flag="--threads"),
     Case("spawn-prefetch", EX / "loader_waiting.py",
          ["--samples", "1600", "--num-workers", "1", "--mp-context", "spawn",
           "--prefetch-factor", "4", "--startup-s", "1"]),
@@ -179,13 +180,13 @@ def main() -> None:
                 unprof = report["run"].get("unprofiled_steps_us") or []
                 after = None
                 threads = advised_threads(report) if change and "num_workers" in change else None
-                if threads and "--threads" in case.script.read_text():
+                if threads and case.threads_flag:
                     change = f"{change} + torch_threads={threads}"  # one change, as advised
                 if change is not None and change not in timed:
                     args = with_change(case.args, change.split(" + ")[0])
                     if args is not None:
-                        if " + torch_threads=" in change:
-                            args += ["--threads", change.rsplit("=", 1)[1]]
+                        if case.threads_flag and " + torch_threads=" in change:
+                            args += [case.threads_flag, change.rsplit("=", 1)[1]]
                         timed[change] = plain_step_ms(case.script, args, work)
                 after = timed.get(change or "")
                 err = f"{100 * (pred - after) / after:+6.1f}%" if pred and after else "   -"

@@ -41,6 +41,7 @@ from stallscope.commands.tune_plan import (
     before_text,
     change_text,
     prefetch_candidates,
+    training_loader,
     worker_candidates,
 )
 from stallscope.errors import (
@@ -309,9 +310,9 @@ def run_command(overrides: Overrides, target_argv: list[str], out: Path,
 def timed_steps(overrides: Overrides, epoch: int | None = None) -> int:
     """`steps_for`, fitted to an epoch of `epoch` batches when it is known: the skipped and
     prefetched batches, the timed steps, run's warm-up step and the recorded ones must fit, or
-    an 8-worker candidate of a short epoch fails where 8 workers are the fastest (measured: a
-    third of tune's budget spent on such a failure, and 2 workers chosen at 3.2x where 8 give
-    4.5x). Never fewer than one round of the workers (at least 2 steps)."""
+    an 8-worker candidate of a short epoch fails where 8 workers are the fastest (issue 30
+    reports a third of tune's budget spent on such a failure, and 2 workers chosen at 3.2x where
+    8 measured 4.5x). Never fewer than one round of the workers (at least 2 steps)."""
     timed = steps_for(overrides)
     if not epoch:
         return timed
@@ -325,10 +326,9 @@ def timed_steps(overrides: Overrides, epoch: int | None = None) -> int:
 def epoch_batches(report: dict[str, Any]) -> int | None:
     """Batches in an epoch of the training DataLoader, from the baseline's report: its dataset's
     length over its batch size; None when the dataset has no length."""
-    loaders = [d for d in report.get("dataloaders") or [] if isinstance(d, dict)]
-    if not loaders:
+    loader = training_loader(report)
+    if loader is None:
         return None
-    loader = max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
     size, batch = loader.get("dataset_len"), loader.get("batch_size")
     if not isinstance(size, int) or not isinstance(batch, int) or batch <= 0:
         return None

@@ -54,15 +54,23 @@ class Baseline:
         return knobs.where if knobs is not None else ""
 
 
+def training_loader(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The report's DataLoader that drew the most batches while recording (then overall): the
+    training loader; None when the script built none."""
+    loaders = [d for d in report.get("dataloaders") or [] if isinstance(d, dict)]
+    if not loaders:
+        return None
+    return max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
+
+
 def baseline_from_report(report: dict[str, Any]) -> Baseline:
     """Read cores, GPUs, the finding's suggestion and the training DataLoader from a report.
 
     Raises ValueError when the script built no DataLoader: there is nothing to tune then.
     """
-    loaders = [d for d in report.get("dataloaders") or [] if isinstance(d, dict)]
-    if not loaders:
+    loader = training_loader(report)
+    if loader is None:
         raise ValueError("the script built no DataLoader, so there is nothing to tune")
-    loader = max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
     captured = (report.get("environment") or {}).get("captured") or {}
     cpu = captured.get("cpu") or {}
     cores = int(cpu.get("cores_per_process") or cpu.get("affinity") or cpu.get("count") or 1)

@@ -73,14 +73,15 @@ class Plan:
     trace: str
     measured_step_us: float  # median of the steps used, as recorded (under the profiler)
     replayed_step_us: float  # the unchanged graph replayed, over the same steps
-    # The step the fixes start from: the measured one less the profiler's own cost on the host
-    # (replay/unprofile.py), as the replay of the graph without it says; `profiler` how.
     floor_us: float  # the busiest GPU's work per step once every change is made (host, if none)
     steps_used: list[str]
     floor_kind: str  # "gpu": the busiest GPU's remaining work; "host": the stepping thread's
+    # The step the fixes start from: the measured one less other processes' load and the
+    # profiler's own cost on the host (replay/unload.py, replay/unprofile.py), as the replay of
+    # the graph without them says; `load` and `profiler` say how.
     baseline_step_us: float = 0.0
     profiler: dict[str, Any] = field(default_factory=dict)
-    # Other tenants' share of the host's run-queue wait, taken out after the profiler's cost
+    # Other tenants' share of the host's run-queue wait, taken out before the profiler's cost
     # (replay/unload.py); {} when the trace has no scheduler figures.
     load: dict[str, Any] = field(default_factory=dict)
     # Why some recorded steps are not in the medians, or None when all are.

@@ -8,7 +8,7 @@ ran n times that cost longer than it does in the user's own run. Taking it out g
 step the user has; the fixes are then replayed on that graph, so a step the profiler made
 host-bound is GPU-bound again where it is (on the real H100 recordings of a small CNN, the
 host-bound configuration ran 8.1 ms per step recorded, 5.9 ms unprofiled under run's hooks,
-4.1 ms plain; its 374 recorded ops per step at 6.4 us account for 2.4 ms).
+4.1 ms plain; its 674 recorded ops per step at 6.4 us take the replayed step to 4.4 ms).
 
 Each segment keeps at least `KEEP` of its recorded time: a cost measured on tiny ops and
 applied to bigger ones can only be too large, never make a segment vanish.
