@@ -111,19 +111,24 @@ def plain_step_ms(script: Path, args: list[str], work: Path) -> float:
     return 1000 * statistics.fmean(steps[len(steps) // 4:])
 
 
-def with_change(args: list[str], change: str) -> list[str] | None:
-    """The script's arguments with a what-if change made, or None if the case cannot."""
-    key, _, value = change.partition("=")
-    if key == "num_workers":
-        out = list(args)
-        if "--num-workers" in out:
-            out[out.index("--num-workers") + 1] = value
+def with_change(args: list[str], change: str, case: Case) -> list[str] | None:
+    """The script's arguments with a what-if change made ("a=1 + b=2": each part), or None if
+    the case cannot make it."""
+    out = list(args)
+    for part in change.split(" + "):
+        key, _, value = part.partition("=")
+        if key == "num_workers":
+            if "--num-workers" in out:
+                out[out.index("--num-workers") + 1] = value
+            else:
+                out += ["--num-workers", value]
+        elif key == "torch_threads" and case.threads_flag:
+            out += [case.threads_flag, value]
+        elif part in ("optimizer=foreach", "optimizer=fused"):
+            out += ["--foreach"]
         else:
-            out += ["--num-workers", value]
-        return out
-    if change in ("optimizer=foreach", "optimizer=fused"):
-        return [*args, "--foreach"]
-    return None
+            return None
+    return out
 
 
 def advised_threads(report: dict) -> int | None:
@@ -141,8 +146,7 @@ def prediction(report: dict, case: Case) -> tuple[str | None, float | None, list
     plan = report["traces"][0].get("plan") or {}
     if plan.get("entries"):
         e = plan["entries"][0]
-        first = e["change"].split(" + ")[0]
-        return first, e["predicted_step_us"] / 1000, [v / 1000 for v in
+        return e["change"], e["predicted_step_us"] / 1000, [v / 1000 for v in
                                                      e.get("predicted_range_us", [])]
     w = report["traces"][0].get("plan", {}).get("what_if") or report.get("what_if")
     if w and w.get("predicted_step_us") is not None:
@@ -180,13 +184,12 @@ def main() -> None:
                 unprof = report["run"].get("unprofiled_steps_us") or []
                 after = None
                 threads = advised_threads(report) if change and "num_workers" in change else None
-                if threads and case.threads_flag:
-                    change = f"{change} + torch_threads={threads}"  # one change, as advised
+                if threads and case.threads_flag and "torch_threads" not in change:
+                    # The advice sets the threads in the same change; the replay kept them.
+                    change = f"torch_threads={threads} + {change}"
                 if change is not None and change not in timed:
-                    args = with_change(case.args, change.split(" + ")[0])
+                    args = with_change(case.args, change, case)
                     if args is not None:
-                        if case.threads_flag and " + torch_threads=" in change:
-                            args += [case.threads_flag, change.rsplit("=", 1)[1]]
                         timed[change] = plain_step_ms(case.script, args, work)
                 after = timed.get(change or "")
                 err = f"{100 * (pred - after) / after:+6.1f}%" if pred and after else "   -"
@@ -201,7 +204,7 @@ def main() -> None:
             quiet, busy = seen["quiet"], seen["busy"]
             same = quiet[0] == busy[0]
             workers = [int(m.group(1)) for c, _ in (quiet, busy)
-                       if c and (m := re.match(r"num_workers=(\d+)", c))]
+                       if c and (m := re.search(r"num_workers=(\d+)", c))]
             within = (abs(busy[1] - quiet[1]) / quiet[1] * 100
                       if quiet[1] and busy[1] else None)
             print(f"  {case.name}: same first fix busy and quiet: {same}"

@@ -174,13 +174,16 @@ def test_workers_and_threads_come_as_one_change():
     # Nothing says "threads instead": the current 2 threads + 0 workers fit the 2 cores.
     assert cpu_oversubscription(model, ctx).status == "clear"
     # Already oversubscribed (2 threads + 1 worker on 2 cores) and told to add workers: the
-    # oversubscription check points at the one change instead of a second piece of advice.
+    # threads are a finding of their own (issue 30: their own change and saving), with the
+    # same thread count as the loader's change, and it says so: never "threads instead".
     over = context(cores=2, threads=2, workers=1)
     g = dataloader_bound(model, over).finding
     assert g.evidence["suggested_num_workers"] == 2 and g.evidence["suggested_torch_threads"] == 1
     a = cpu_oversubscription(model, over)
-    assert a.status == "not_assessed" and "Folded into dataloader-bound" in a.detail
-    assert "torch.set_num_threads(1)" in a.detail
+    assert a.status == "finding" and a.finding.evidence["suggested_torch_threads"] == 1
+    assert "torch.set_num_threads(1)" in a.finding.snippet
+    assert "dataloader-bound's change sets the same thread count" in a.finding.saving_basis
+    assert "--set torch_threads=1" in a.finding.recommendation
     # Enough cores for both: no thread change.
     roomy = dataloader_bound(model, context(cores=16, threads=2, workers=0)).finding
     assert "suggested_torch_threads" not in roomy.evidence

@@ -257,6 +257,10 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     context.environment = {**environment(), "activities": session.activities}
     if session.host_load:
         context.environment["host"] = dict(session.host_load)
+    if session.probe is not None and session.probe.result is not None:
+        context.environment["thread_probe"] = dict(session.probe.result)
+    elif session.probe_skipped:
+        context.environment["thread_probe"] = {"skipped": session.probe_skipped}
     context.notes.extend(ending.notes)
     if session.compile_wait:
         capped = session.compile_wait >= COMPILE_WAIT_MAX
@@ -304,13 +308,17 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
 
 def window_note(window: dict[str, Any] | None, warmup: int) -> str | None:
     """Which steps were recorded and why those, when the wait for a steady run (capture/
-    steady.py) went past --skip; None when recording began right after --skip."""
+    steady.py) or the one-thread probe (capture/threadprobe.py) went past --skip; None when
+    recording began right after --skip."""
+    probe = (window or {}).get("probe_steps") or 0
     if not window or window["steady"] is None or (window["steady"]
-                                                   and not window["extra_steps"]):
+                                                   and not window["extra_steps"] and not probe):
         return None  # right after --skip, as asked (--no-steady-wait) or as it came
     first, extra = window["first_step"], window["extra_steps"]
-    where = (f"Recording began at step {first} ({extra} step(s) past --skip {window['skip']} "
-             f"and {warmup} warm-up step(s))")
+    timed = (f", {probe} step(s) timed with one intra-op thread for the replay's "
+             "torch_threads=1" if probe else "")
+    where = (f"Recording began at step {first} ({extra} step(s) past --skip {window['skip']}"
+             f"{timed} and {warmup} warm-up step(s))")
     if window["steady"]:
         return f"{where}, once the unprofiled steps were steady: {window['why']}."
     cap = ("the wait ends where the epoch's batches would no longer hold the window; run more "

@@ -30,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from stallscope import __version__, marker, progress
-from stallscope.capture import budget, hostload, opcost, steady
+from stallscope.capture import budget, hostload, opcost, steady, threadprobe
 from stallscope.capture.export import export_trace
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
@@ -107,6 +107,11 @@ class CaptureSession:
         self.still_moving = ""  # why the wait for steady steps went on, while it did
         self.window: dict[str, Any] | None = None
         self._judged_from = 0  # the first unprofiled step after the start-up prefetch
+        # The one-thread probe between the steady wait and recording (capture/threadprobe.py):
+        # its steps, skipped like the steady wait's, and what it measured or why it did not run.
+        self.probe: threadprobe.ThreadProbe | None = None
+        self.probe_wait = 0
+        self.probe_skipped = ""
         self._skip_passed_at: float | None = None
         self.recorded = 0
         self.incomplete_step: str | None = None
@@ -293,10 +298,13 @@ class CaptureSession:
                 self._after_aside()
             return
         self.boundaries += 1
-        if not self._started:
+        if not self._started and not self.probe_wait:  # probe steps are not the script's
             self.unprofiled_at.append(time.perf_counter())
             self.unprofiled_wait_us.append(self.watcher.take_unprofiled_wait())
         if self.boundaries <= self.last_skipped:
+            if self.probe is not None:  # the last probe step restores the script's threads
+                self.probe.boundary(self.watcher.take_unprofiled_wait())
+                return
             if self.boundaries == self.last_skipped:
                 compiling = self.compile_wait
                 self._wait_for_compile(True)
@@ -346,7 +354,7 @@ class CaptureSession:
     def last_skipped(self) -> int:
         """The boundary after which the profiler starts: --skip, plus the steps waited for
         torch.compile and for a steady run."""
-        return self.sched.skip + self.compile_wait + self.steady_wait
+        return self.sched.skip + self.compile_wait + self.steady_wait + self.probe_wait
 
     @property
     def first_recorded_boundary(self) -> int:
@@ -380,10 +388,11 @@ class CaptureSession:
         if not judged.steady and short:
             capped, judged = True, steady.Judgement(False, f"{judged.why}; {short}")
         if judged.steady or capped:
+            self._start_probe()
             self.window = {
                 "skip": self.sched.skip, "extra_steps": self.steady_wait,
                 "extra_s": round(waited_s, 3), "steady": judged.steady, "why": judged.why,
-                "first_step": self.first_recorded_boundary,
+                "probe_steps": self.probe_wait, "first_step": self.first_recorded_boundary,
             }
             if self.steady_wait or capped:
                 progress.say(f"recording from step {self.first_recorded_boundary}: "
@@ -394,6 +403,22 @@ class CaptureSession:
             progress.say(f"waiting for steady steps before recording: {judged.why}")
         self.steady_wait += 1
         self.still_moving = judged.why
+
+    def _start_probe(self) -> None:
+        """Where the run is judged steady: time a few steps with one intra-op thread before
+        recording, when threadprobe.py says this run is one to probe."""
+        window = self.sched.warmup + self.sched.steps
+        why = threadprobe.skip_reason("CUDA" in self.activities, torch.get_num_threads(),
+                                      int(os.environ.get("WORLD_SIZE") or 1),
+                                      self.watcher.batches_left(), window)
+        if why:
+            self.probe_skipped = why
+            return
+        self.probe = threadprobe.ThreadProbe(torch.get_num_threads())
+        self.probe_wait = threadprobe.PROBE_STEPS
+        progress.say(f"timing {threadprobe.PROBE_STEPS} steps with one intra-op thread (of "
+                     f"{self.probe.threads}) before recording: the replay's torch_threads=1")
+        self.probe.begin()
 
     def unprofiled_steps_us(self) -> list[float]:
         """The skipped steps' durations (us), from the first boundary on: the step before it
@@ -501,6 +526,10 @@ class CaptureSession:
             "window": self.window,
             "profiler_cost": self.profiler_cost,
         }
+        if self.probe is not None and self.probe.result is not None:
+            meta["thread_probe"] = self.probe.result
+        elif self.probe_skipped:
+            meta["thread_probe"] = {"skipped": self.probe_skipped}
         if self.budget.cut is not None:
             meta["recording_cut"] = self.budget.cut.to_dict()
         dynamo = _dynamo_counters()

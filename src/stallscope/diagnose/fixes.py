@@ -28,6 +28,7 @@ from stallscope.errors import StallscopeError
 from stallscope.replay import transforms as tf
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
+from stallscope.replay.threads import OneThread, one_thread
 from stallscope.trace.model import SYNC_CALLS, TraceModel
 from stallscope.trace.names import name_matches, per_name
 
@@ -131,9 +132,41 @@ def apply(g: Graph, ctx: Context, changes: list[Change]) -> tuple[Graph, list[st
 
 
 def _num_workers(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
+    # Workers run one intra-op thread: in-process fetches take the probe's one-thread pace
+    # there, unless torch_threads=1 already put them at it.
+    one = ctx.memo.get(ONE_THREAD)
+    threads_done = "torch_threads" in ctx.applied
     plan = with_workers(g, int(value), ctx.facts, ctx.model.loader_kind, ctx.step_us,
-                        _h2d_bytes_per_step(ctx.model))
+                        _h2d_bytes_per_step(ctx.model),
+                        load_scale=one.load if one is not None and not threads_done else 1.0,
+                        one_thread=threads_done)
     return plan.graph, plan.assumptions
+
+
+# Context.memo key of the plan's ThreadScales (replay/threads.py), None without a probe; and
+# of why not.
+ONE_THREAD = "one_thread"
+ONE_THREAD_WHY = "one_thread_why"
+
+
+def _torch_threads(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
+    if "torch_threads" in ctx.applied:
+        return g, []  # made by an earlier change of this scenario
+    if value != "1":
+        raise NotModelled("the replay knows the step at one intra-op thread only (the steps "
+                          "stallscope run times that way before recording)")
+    host = ctx.model.trace.capture.get("host")
+    recorded = host.get("torch_threads") if isinstance(host, dict) else None
+    if isinstance(recorded, int) and recorded <= 1:
+        raise NotModelled("the training process already ran one intra-op thread")
+    scales = ctx.memo.get(ONE_THREAD)
+    if scales is None:
+        raise NotModelled(ctx.memo.get(ONE_THREAD_WHY) or NO_PROBE)
+    return one_thread(g, scales, "num_workers" not in ctx.applied), [scales.note]
+
+
+NO_PROBE = ("the trace has no steps timed at one intra-op thread (stallscope run times them "
+            "before recording a CPU run of one process with 2+ threads)")
 
 
 def _pin_memory(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
@@ -350,6 +383,7 @@ def _is_whole(text: str, lo: int = 1) -> bool:
 # key -> (fix, value check, what values it takes)
 WHAT_IF: dict[str, tuple[Fix, Callable[[str], bool], str]] = {
     "num_workers": (_num_workers, _is_whole, "a whole number >= 1"),
+    "torch_threads": (_torch_threads, _is_whole, "a whole number >= 1"),
     "pin_memory": (_pin_memory, lambda v: v == "true", "true"),
     "non_blocking": (_non_blocking, lambda v: v == "true", "true"),
     "amp": (_amp, lambda v: v in AMP_SPEEDUP, "bf16, fp16 or tf32"),
@@ -382,6 +416,11 @@ def no_change_reason(finding: Any, model: TraceModel) -> str:
     return "its change is not one the replay can model"
 
 
+def has_probe(model: TraceModel) -> bool:
+    """Whether `run` timed steps at one intra-op thread before recording this trace."""
+    return OneThread.of(model) is not None
+
+
 def changes_for(finding: Any, model: TraceModel) -> list[Change]:
     """The change a finding recommends, in what-if terms; [] when it has none to replay."""
     ev = finding.evidence or {}
@@ -391,7 +430,16 @@ def changes_for(finding: Any, model: TraceModel) -> list[Change]:
         return [Change("amp", "bf16" if major >= 8 else "fp16")]
     if fid == "dataloader-bound":
         n = ev.get("suggested_num_workers")
-        return [Change("num_workers", str(int(n)))] if isinstance(n, int) and n > 0 else []
+        if not isinstance(n, int) or n <= 0:
+            return []
+        # The workers and the step's threads as one change, where the one-thread steps were
+        # timed; else the workers alone (their prediction then keeps the step's threads).
+        threads = ev.get("suggested_torch_threads")
+        one = [Change("torch_threads", "1")] if threads == 1 and has_probe(model) else []
+        return [*one, Change("num_workers", str(int(n)))]
+    if fid == "cpu-oversubscription":
+        n = ev.get("suggested_torch_threads")
+        return [Change("torch_threads", str(int(n)))] if isinstance(n, int) and n > 0 else []
     if fid == "comm-bound" and (ev.get("where") == "host"
                                 or ev.get("pattern") in ("all-to-all", "send-recv")):
         return []  # see no_change_reason

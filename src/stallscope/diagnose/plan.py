@@ -26,10 +26,19 @@ from typing import Any
 import numpy as np
 
 from stallscope.diagnose.finding import Assessment, Finding, severity_for
-from stallscope.diagnose.fixes import Change, Context, apply, changes_for, no_change_reason
+from stallscope.diagnose.fixes import (
+    ONE_THREAD,
+    ONE_THREAD_WHY,
+    Change,
+    Context,
+    apply,
+    changes_for,
+    no_change_reason,
+)
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
+from stallscope.replay.threads import MAX_SCALE, MIN_SCALE, OneThread, scales
 from stallscope.replay.unload import OtherWait, barrier_note, unload
 from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
@@ -161,6 +170,14 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     )
     facts = LoaderFacts.from_capture(model.trace.capture)
     memo: dict[str, Any] = {}
+    one = OneThread.of(model)
+    if one is not None:  # torch_threads=1 from run's one-thread steps (replay/threads.py)
+        memo[ONE_THREAD] = scales(one, graph, _median(unprofiled, used))
+        if memo[ONE_THREAD] is None:
+            memo[ONE_THREAD_WHY] = (
+                "the steps timed at one intra-op thread before recording do not fit the "
+                "recorded ones (loading or other work scaled beyond "
+                f"{MIN_SCALE:g}-{MAX_SCALE:g}x): they saw another phase of the run")
 
     def predict(g: Graph, applied: list[str], changes: list[Change]) -> Scenario:
         ctx = Context(model, facts, recorded, list(applied), memo)
@@ -245,7 +262,9 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
                                       _range(s, used)))
         applied += [c.key for c in left[fid]]
         current = s
-        same = [k for k, v in left.items() if v == left[fid]]
+        # Findings whose change this entry makes (pageable and blocking copies; the threads
+        # that dataloader-bound sets with its workers) share it.
+        same = [k for k, v in left.items() if set(v) <= set(left[fid])]
         for k in same:
             del left[k]
     return current
@@ -298,11 +317,14 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
                 f"Assumes: {'; '.join(entry.assumptions)}."
             )
         elif f.id in options:  # replayed, but it adds under MIN_GAIN_PCT to the plan
-            shared = next((e for e in plan.entries if options.get(e.id) == options[f.id]), None)
+            shared = next((e for e in plan.entries
+                           if set(options[f.id]) <= set(options.get(e.id, []))), None)
             f.estimated_saving_pct = 0.0
             f.saving_kind = "replayed"
-            if shared:
+            if shared and options[f.id] == options.get(shared.id):
                 why = f"the same change as {shared.id}, counted there"
+            elif shared:
+                why = f"its change is part of {shared.id}'s ({shared.change}), counted there"
             elif plan.entries:
                 why = (f"it adds under {MIN_GAIN_PCT}% of the step on top of the fix plan's "
                        "other changes")

@@ -12,6 +12,7 @@ from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
+from stallscope.replay.threads import OneThread
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "cpu-oversubscription"
@@ -68,16 +69,10 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
     busy = other_load(model, context)
     if busy is not None:
         evidence["other_cpu_share_pct"] = busy.share_pct
-    joint = dataloader_bound(model, context).finding if demand > cores else None
-    if joint is not None and "suggested_torch_threads" in joint.evidence:
-        # One piece of advice: the loader's change sets the workers and the threads together.
-        return Assessment(
-            RULE_ID, "not_assessed",
-            f"Folded into dataloader-bound's change: num_workers="
-            f"{joint.evidence['suggested_num_workers']} with torch.set_num_threads("
-            f"{joint.evidence['suggested_torch_threads']}), so that the workers and the step's "
-            f"threads fit the {cores} core(s) together.",
-        )
+    one = OneThread.of(model)
+    if one is not None:  # measured by `run` just before recording (capture/threadprobe.py)
+        evidence["one_thread_step_ms"] = ms(one.step_us)
+        evidence["one_thread_step_measured_ms"] = ms(one.measured_us)
     if demand <= cores and busy is not None:
         # Not "clear": the cores were contended, only not by this run's threads.
         return Assessment(
@@ -113,6 +108,11 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             "may idle on a full prefetch queue much of the time; measure the step time with "
             "the thread count below"
         )
+    evidence["suggested_torch_threads"] = fit
+    joint = dataloader_bound(model, context).finding if symptom else None
+    if joint is not None and joint.evidence.get("suggested_torch_threads") == fit:
+        basis += (f"; dataloader-bound's change sets the same thread count with its "
+                  f"{joint.evidence.get('suggested_num_workers')} workers")
     where = f"{loader.call_site}: " if loader else ""
     precondition = (
         "A CPU-only run whose loader workers are busy while the step computes; with fewer "
@@ -135,6 +135,10 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             f"but this process may use {cores}: they preempt each other, and a preempted "
             f"OpenMP thread stalls the whole parallel region. Give the step {fit} thread(s) "
             "and leave one core per worker, or use fewer workers."
+            + (f" Measured before recording: {one.measured_us / 1000:.1f} ms per step at one "
+               f"thread against the recorded steps' {total / n / 1000:.1f} ms (profiled)."
+               if one is not None else "")
+            + f" Try it without editing the script: stallscope run --set torch_threads={fit}."
         ),
         snippet=(
             f"torch.set_num_threads({fit})  # cores ({cores}) - num_workers ({workers})\n"

@@ -57,6 +57,9 @@ class LoaderFacts:
     bound: str | None = None
     worker_cpu_share: float | None = None
     worker_load_us: float | None = None
+    # Of a fetch's wall time, the share it sat runnable in a run queue (capture/anatomy.py):
+    # a core held by someone else, which the fetch's own CPU need does not include.
+    runq_share: float | None = None
 
     @classmethod
     def from_capture(cls, capture: dict[str, Any]) -> LoaderFacts:
@@ -88,6 +91,7 @@ class LoaderFacts:
             other_load=load_from(host),
             bound=bound if isinstance(bound, str) else None,
             worker_cpu_share=_num(anatomy.get("cpu_busy_share")) if in_workers else None,
+            runq_share=_num(anatomy.get("runq_share")),
             worker_load_us=(1000.0 * (fetch_ms + (_num(anatomy.get("collate_ms_per_batch"))
                                                   or 0.0))
                             if in_workers and fetch_ms else None),
@@ -102,13 +106,20 @@ class LoaderFacts:
 
     @property
     def cpu_share(self) -> float | None:
-        """How much of a fetch computed rather than waited (0..1): in the process when it
-        loaded there, else as measured inside the workers."""
+        """How much of a fetch computed rather than waited on storage (0..1): in the process
+        when it loaded there, else as measured inside the workers. Time runnable in a run
+        queue is neither: beside other load a CPU-bound fetch computed 65% of its wall time
+        and queued 35% (on the 2-core VM), and it needs a whole core, as on a quiet machine."""
+        share = None
         if self.fetch_wall_us and self.fetch_cpu_us is not None and self.workers == 0:
-            return float(np.clip(self.fetch_cpu_us / self.fetch_wall_us, 0.0, 1.0))
-        if self.worker_cpu_share is not None:
-            return float(np.clip(self.worker_cpu_share, 0.0, 1.0))
-        return None
+            share = self.fetch_cpu_us / self.fetch_wall_us
+        elif self.worker_cpu_share is not None:
+            share = self.worker_cpu_share
+        if share is None:
+            return None
+        if self.runq_share is not None and 0.0 <= self.runq_share < 1.0:
+            share /= 1.0 - self.runq_share
+        return float(np.clip(share, 0.0, 1.0))
 
     def compute_cores(self, loader_us_per_step: float, steps: int) -> float | None:
         """Cores the step's own work kept busy (all threads, spinning ones included): the
@@ -135,8 +146,12 @@ class WorkersPlan:
 
 
 def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
-                 step_us: np.ndarray, copy_bytes_per_step: float) -> WorkersPlan:
-    """A copy of `g` with the training loader's fetches served by `n` worker processes."""
+                 step_us: np.ndarray, copy_bytes_per_step: float, load_scale: float = 1.0,
+                 one_thread: bool = False) -> WorkersPlan:
+    """A copy of `g` with the training loader's fetches served by `n` worker processes.
+    `load_scale`: an in-process fetch's time in a worker's one intra-op thread against its
+    recorded one (replay/threads.py); `one_thread`: the step's own work runs one intra-op
+    thread, so it keeps at most one core busy."""
     loads = np.flatnonzero(g.h_kind == LOADER)
     if not len(loads):
         raise NotModelled("no DataLoader fetches on the stepping thread to replay")
@@ -146,18 +161,25 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
                           "trace (record it with `stallscope run`)")
     if n <= workers_now:
         raise NotModelled(f"the DataLoader already has {workers_now} worker(s)")
+    # The step as the graph has it now (without the profiler, where the plan took it out):
+    # its own work is what is left once the fetches it waited on are gone.
+    before = replay(g).step_us
+    own = np.maximum(before - _per_step(g, loads, g.h_dur[loads]), 1.0)
     g = g.copy()
     notes: list[str] = []
     if workers_now == 0:
-        load = g.h_dur[loads].copy()  # each batch as it loaded in-process
+        load = g.h_dur[loads] * load_scale  # each batch as it loaded in-process
         notes.append("each batch takes a worker as long as it took the training process "
-                     "(measured per batch)")
+                     "(measured per batch)" if load_scale == 1.0 else
+                     f"each batch takes a worker {load_scale:.2f}x as long as it took the "
+                     "training process (a worker runs one intra-op thread: the fetches' pace "
+                     "in the steps run timed at one thread)")
     elif facts.worker_load_us:
         load = np.full(len(loads), facts.worker_load_us)
         notes.append(f"each batch takes a worker {facts.worker_load_us / 1000:.1f} ms (fetch and "
                      "collate, measured inside the workers)")
     else:
-        load = np.full(len(loads), workers_now * float(np.median(step_us)))
+        load = np.full(len(loads), workers_now * float(np.median(before)))
         notes.append(f"the {workers_now} workers now deliver one batch per step, so each "
                      f"takes {workers_now} steps per batch")
     nbytes = facts.batch_bytes if facts.batch_bytes is not None else copy_bytes_per_step
@@ -176,6 +198,8 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     steps = len(step_us)
     loader_per_step = float(np.sum(g.h_rec_end[loads] - g.h_ts[loads])) / max(steps, 1)
     u = facts.compute_cores(loader_per_step, steps) or 1.0
+    if one_thread:
+        u = min(u, 1.0)
     s = 1.0 if share is None else share
     notes.append(f"{facts.cores} core(s) shared by the step's own work ({u:.1f} cores busy "
                  f"while it ran) and the workers' loading ({s:.0%} of a fetch was CPU)")
@@ -184,7 +208,7 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
                      "core(s) are free for this run, which they were not then (lower "
                      "confidence)")
     first = replay(g).step_us
-    k = np.maximum(step_us - _per_step(g, loads, load), 1.0)  # the step's own work, per step
+    k = own  # the step's own work, per step
     need = (u * k + s * _per_step(g, loads, load)) / facts.cores
     stretch = np.where(need > first, 1.0 + (need - first) / k, 1.0)
     if (stretch > 1.0).any():

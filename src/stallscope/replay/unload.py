@@ -70,7 +70,12 @@ class OtherWait:
     @classmethod
     def of(cls, model: TraceModel) -> OtherWait | None:
         """From the trace's `host.sched` metadata; None when it has none."""
-        host = model.trace.capture.get("host")
+        return cls.from_host(model.trace.capture.get("host"))
+
+    @classmethod
+    def from_host(cls, host: Any) -> OtherWait | None:
+        """From a window's load figures (capture/hostload.py other_load: `host`, or the
+        one-thread probe's); None without the scheduler's."""
         sched = host.get("sched") if isinstance(host, dict) else None
         cores = host.get("load_cores") if isinstance(host, dict) else None
         if not isinstance(sched, dict) or not isinstance(cores, int) or cores <= 0:
