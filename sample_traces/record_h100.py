@@ -65,11 +65,12 @@ def plain(args: list[str], steps: int, log: Path) -> float | None:
     return float(found.group(1))
 
 
-def record(name: str, args: list[str], out: Path, work: Path, log: Path, label: str) -> dict:
+def record(name: str, args: list[str], out: Path, work: Path, log: Path, label: str,
+           run: list[str]) -> dict:
     dest = work / name
     shutil.rmtree(dest, ignore_errors=True)
     t = time.perf_counter()
-    cmd = [sys.executable, "-m", "stallscope", "run", "-q", "-o", str(dest), *RUN,
+    cmd = [sys.executable, "-m", "stallscope", "run", "-q", "-o", str(dest), *run,
            str(WORKLOAD), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     secs = time.perf_counter() - t
@@ -93,8 +94,10 @@ def main() -> None:
     p.add_argument("--deadline", type=float, default=0.0,
                    help="start no configuration after this many seconds (0: no limit)")
     p.add_argument("--extra", default="", help="arguments added to every run (a CPU dry run)")
+    p.add_argument("--record-steps", type=int, default=6, help="steps each run records")
     a = p.parse_args()
     start = time.perf_counter()
+    run = [*RUN[:-1], str(a.record_steps)]
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.out / "work"
     names = a.only.split(",") if a.only else list(CONFIGS)
@@ -106,7 +109,7 @@ def main() -> None:
     result["_env"] = {
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
         "gpu": torch.cuda.get_device_name(0) if cuda else None, "cpus": os.cpu_count(),
-        "run": RUN, "time_from": TIME_FROM, "timed_steps": a.steps, "extra": a.extra,
+        "run": run, "time_from": TIME_FROM, "timed_steps": a.steps, "extra": a.extra,
     }
     extra = shlex.split(a.extra)
     label = gpu_label(result["_env"]["gpu"]) if cuda else "cpu"
@@ -117,7 +120,7 @@ def main() -> None:
         args = [*CONFIGS[name], *extra]
         log = a.out / f"{name}.log"
         times = [plain(args, a.steps, log) for _ in range(a.repeats)]
-        rec = record(name, args, a.out, work, log, label)
+        rec = record(name, args, a.out, work, log, label, run)
         result[name] = {"args": args, "plain_mean_step_ms": times, **rec}
         result_path.write_text(json.dumps(result, indent=1))
         shown = " ".join("failed" if t is None else f"{t:7.2f}" for t in times)
