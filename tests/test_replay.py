@@ -77,7 +77,9 @@ def test_more_workers_predicted_within_10pct_of_the_measured_pair(before: str) -
     and 125.1 ms, less the same assumed cost per recorded op)."""
     report = analyze_paths([real_trace(before)], what_if=[Change("num_workers", "4")])
     predicted = report.what_if["predicted_step_us"]
-    assert report.what_if["baseline_step_us"] > 1.2 * predicted  # it does predict a gain
+    # It does predict a gain: the measured one is 1.15x for the second trace (134.0 ms without
+    # the profiler against 115.6-117.8 ms at four workers).
+    assert report.what_if["baseline_step_us"] > 1.1 * predicted
     for after in RESNET_4:
         measured = report_of(real_trace(after)).plan["baseline_step_us"]
         assert abs(predicted - measured) / measured * 100 <= GPU_PAIR_PCT, (predicted, measured)

@@ -140,7 +140,27 @@ def _num_workers(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
                         _h2d_bytes_per_step(ctx.model),
                         load_scale=one.load if one is not None and not threads_done else 1.0,
                         one_thread=threads_done)
-    return plan.graph, plan.assumptions
+    g2, notes = plan.graph, plan.assumptions
+    pageable = _gpu_named(g2, _HTOD_PAGEABLE)
+    if ctx.facts.workers_now(ctx.model.loader_kind) == 0 and pageable.any():
+        # A batch from a worker arrives in shared-memory pages this process has not touched:
+        # the pageable copy's staging memcpy maps each one as it reads it.
+        pages = np.nan_to_num(g2.g_bytes[pageable], nan=0.0) / PAGE_BYTES
+        g2.g_dur[pageable] += pages * SHM_FIRST_TOUCH_US
+        notes.append(f"a batch from a worker is copied to the GPU from shared-memory pages "
+                     f"not yet mapped in the training process: +{SHM_FIRST_TOUCH_US} us per "
+                     "4 KiB page of each pageable copy (measured, docs/replay.md)")
+    return g2, notes
+
+
+# Reading a batch received from a DataLoader worker the first time, beyond a read of warm
+# memory: 0.19 us per 4 KiB page (25 MB tensors, 2 workers, this project's 2-core VM:
+# 6.4-6.5 ms first read against 5.2 ms second, 2 runs; /tmp-free script in docs/replay.md).
+# The H200 recordings show the same slowdown of pageable copies as loading moves to workers
+# (w0 8.2-9.7 GB/s, w8 3.4-5.7 GB/s: 1.3-4.8 ms per step more for 25 MB), of which this
+# accounts for 1.2 ms: busy hosts pay more (memory bandwidth shared with 8 workers).
+SHM_FIRST_TOUCH_US = 0.19
+PAGE_BYTES = 4096.0
 
 
 # Context.memo key of the plan's ThreadScales (replay/threads.py), None without a probe; and
