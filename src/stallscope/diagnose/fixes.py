@@ -153,13 +153,13 @@ def _num_workers(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     return g2, notes
 
 
-# Reading a batch received from a DataLoader worker the first time, beyond a read of warm
-# memory: 0.19 us per 4 KiB page (25 MB tensors, 2 workers, this project's 2-core VM:
-# 6.4-6.5 ms first read against 5.2 ms second, 2 runs; /tmp-free script in docs/replay.md).
-# The H200 recordings show the same slowdown of pageable copies as loading moves to workers
-# (w0 8.2-9.7 GB/s, w8 3.4-5.7 GB/s: 1.3-4.8 ms per step more for 25 MB), of which this
-# accounts for 1.2 ms: busy hosts pay more (memory bandwidth shared with 8 workers).
-SHM_FIRST_TOUCH_US = 0.19
+# Reading a batch received from a DataLoader worker the first time costs more than the first
+# read of an in-process batch: 0.11-0.19 us per 4 KiB page, median 0.14 (25 MB tensors, 2
+# workers, this project's 2-core VM, 4 runs of benchmarks/bench_first_touch.py). The H200
+# recordings show pageable copies slowing as loading moves to workers (w0 8.2-9.7 GB/s, w8
+# 3.4-5.7 GB/s: 1.3-4.8 ms per step more for 25 MB), of which this accounts for 0.9 ms: busy
+# hosts pay more (memory bandwidth shared with 8 workers), which the replay does not model.
+SHM_FIRST_TOUCH_US = 0.14
 PAGE_BYTES = 4096.0
 
 
