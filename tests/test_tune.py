@@ -406,3 +406,53 @@ def test_candidates_record_past_the_prefetched_batches_and_two_rounds_of_workers
     rounds = [4000.0, 3000.0, 3000.0, 58000.0] * 2
     run = RunResult(0, 1.0, sum(rounds) / len(rounds), rounds)
     assert Candidate({"num_workers": 4}, "num_workers", [run]).step_us == 17000.0
+
+
+def loaded_steps(wait_share: float, steps: int = 8, step_us: float = 20_000.0) -> dict:
+    """run.json's unprofiled steps and their load: a one-thread loop on 2 cores whose stepping
+    thread waits `wait_share` of each step in a run queue; the tree wants no more cores than it
+    has, so all of that wait is other processes'."""
+    run, wait = step_us * (1 - wait_share), step_us * wait_share
+    window = steps * step_us
+    return {"unprofiled_steps_us": [step_us] * steps, "unprofiled_load": {
+        "load_cores": 2, "main_run_us": [run] * steps, "main_wait_us": [wait] * steps,
+        "sched": {"window_us": window, "tree_run_us": window * (1 - wait_share),
+                  "tree_wait_us": window * wait_share, "main_run_us": window * (1 - wait_share),
+                  "main_wait_us": window * wait_share}}}
+
+
+def test_the_time_other_processes_took_leaves_each_runs_steps(tmp_path: Path):
+    """Issue 30: beside other load the same configuration's runs differ by tens of percent and
+    a 9x effect read as none. What the stepping thread waited for cores others held is taken
+    out of the steps tune compares, and said; the steps as timed are kept."""
+    from stallscope.commands.tune import EXIT_NO_STEPS, _timed_only, others_share
+
+    data = loaded_steps(0.5)
+    assert others_share(data["unprofiled_load"], data["unprofiled_steps_us"]) == \
+        pytest.approx(0.5)
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    run = _timed_only(tmp_path, EXIT_NO_STEPS, 10.0, None, 8)
+    assert run.ok and run.others_share == pytest.approx(0.5)
+    assert run.step_us == pytest.approx(10_000.0) and run.raw_step_us == pytest.approx(20_000.0)
+    assert run.as_json()["others_share_pct"] == 50.0
+    # Quiet, or no figures (another kernel): nothing is taken out.
+    assert others_share(loaded_steps(0.0)["unprofiled_load"], [20_000.0] * 8) == 0.0
+    assert others_share({}, [20_000.0] * 8) == 0.0
+    # A tree that wants 4 cores' worth on 2 waits half by its own doing: that stays.
+    own = loaded_steps(0.5)["unprofiled_load"]
+    own["sched"] = {**own["sched"], "tree_run_us": 320_000.0, "tree_wait_us": 320_000.0}
+    assert others_share(own, [20_000.0] * 8) == 0.0
+
+
+def test_a_runs_share_of_other_load_is_said_in_the_notes():
+    machine = Machine({0: 600.0, 1: 300.0, 2: 200.0})
+    launch = machine.launch
+
+    def loaded(overrides: dict[str, Any], timeout: float | None) -> RunResult:
+        run = launch(overrides, timeout)
+        run.others_share, run.raw_step_us = 0.4, (run.step_us or 0) / 0.6
+        return run
+
+    result = sweep(loaded, repeats=1, budget_s=1000, clock=machine.clock)
+    assert any("waited for them 40-40% of the timed steps' time" in n for n in result["notes"])
+    assert result["statistics"]["others_share_pct"] == [40.0, 40.0]

@@ -86,6 +86,9 @@ class RunContext:
     boundaries_seen: int = 0  # step boundaries seen over the whole run
     # The steps skipped before the profiler started, timed without it (us; capture/session.py)
     unprofiled_steps_us: list[float] = field(default_factory=list)
+    # Other load over those steps (capture/hostload.py other_load) with the stepping thread's
+    # run and run-queue wait per step (main_run_us, main_wait_us); {} where not measured.
+    unprofiled_load: dict[str, Any] = field(default_factory=dict)
     # How the recording window was chosen (capture/steady.py): skip, extra_steps, extra_s,
     # steady, why, first_step; None when recording never began.
     window: dict[str, Any] | None = None

@@ -116,6 +116,12 @@ def _tree_schedstat(pids: list[int]) -> tuple[float, float] | None:
     return (run, wait) if seen else None
 
 
+def thread_sched() -> tuple[float, float] | None:
+    """(on a core, runnable but waiting) in seconds for the calling thread: one file read,
+    cheap enough for every step boundary."""
+    return _schedstat(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+
+
 def sample() -> CpuSample | None:
     """Read the cores and the tree now; None where psutil cannot (no /proc)."""
     try:

@@ -250,6 +250,8 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     context.step_source = session.driver.source
     context.boundaries_seen = session.boundaries
     context.unprofiled_steps_us = session.unprofiled_steps_us()
+    session._close_unprofiled()  # a script that ended before the profiler started
+    context.unprofiled_load = dict(session.unprofiled_load)
     context.steps_recorded = session.recorded
     describe_source(context, [str(p) for p in session.traces], session.recorded,
                     session.sched.steps, session.foreign.seen)

@@ -109,6 +109,11 @@ class CaptureSession:
         self._judged_from = 0  # the first unprofiled step after the start-up prefetch
         # The one-thread probe between the steady wait and recording (capture/threadprobe.py):
         # its steps, skipped like the steady wait's, and what it measured or why it did not run.
+        # The stepping thread's scheduler figures at each unprofiled boundary, and the tree's
+        # over those steps: `tune` takes other processes' share out of its timings.
+        self._unprofiled_sched: list[tuple[float, float] | None] = []
+        self._unprofiled_load_start: hostload.CpuSample | None = None
+        self.unprofiled_load: dict[str, Any] = {}
         self.probe: threadprobe.ThreadProbe | None = None
         self.probe_wait = 0
         self.probe_skipped = ""
@@ -301,6 +306,11 @@ class CaptureSession:
         if not self._started and not self.probe_wait:  # probe steps are not the script's
             self.unprofiled_at.append(time.perf_counter())
             self.unprofiled_wait_us.append(self.watcher.take_unprofiled_wait())
+            self._unprofiled_sched.append(hostload.thread_sched())
+            if len(self.unprofiled_at) == 1:
+                self._unprofiled_load_start = hostload.sample()
+            if self.boundaries + 1 > self.last_skipped:  # the profiler starts here
+                self._close_unprofiled()
         if self.boundaries <= self.last_skipped:
             if self.probe is not None:  # the last probe step restores the script's threads
                 self.probe.boundary(self.watcher.take_unprofiled_wait())
@@ -404,6 +414,20 @@ class CaptureSession:
         self.steady_wait += 1
         self.still_moving = judged.why
 
+    def _close_unprofiled(self) -> None:
+        """Where the script's unprofiled steps end (the profiler or the probe starts): the
+        other load over them, and the stepping thread's run and run-queue wait in each."""
+        if self.unprofiled_load or self._unprofiled_load_start is None:
+            return
+        load = hostload.other_load(self._unprofiled_load_start, hostload.sample())
+        marks = self._unprofiled_sched
+        if load and all(m is not None for m in marks) and len(marks) >= 2:
+            load["main_run_us"] = [round((b[0] - a[0]) * 1e6, 1)  # type: ignore[index]
+                                   for a, b in zip(marks, marks[1:], strict=False)]
+            load["main_wait_us"] = [round((b[1] - a[1]) * 1e6, 1)  # type: ignore[index]
+                                    for a, b in zip(marks, marks[1:], strict=False)]
+        self.unprofiled_load = load
+
     def _start_probe(self) -> None:
         """Where the run is judged steady: time a few steps with one intra-op thread before
         recording, when threadprobe.py says this run is one to probe."""
@@ -414,6 +438,7 @@ class CaptureSession:
         if why:
             self.probe_skipped = why
             return
+        self._close_unprofiled()  # the script's own steps end here
         self.probe = threadprobe.ThreadProbe(torch.get_num_threads())
         self.probe_wait = threadprobe.PROBE_STEPS
         progress.say(f"timing {threadprobe.PROBE_STEPS} steps with one intra-op thread (of "

@@ -52,6 +52,7 @@ from stallscope.errors import (
     InputError,
     StallscopeError,
 )
+from stallscope.replay.unload import steps_others_share
 from stallscope.report.tune_writers import (
     TUNE_FILES,
     render_html,
@@ -102,6 +103,10 @@ class RunResult:
     error: str | None = None
     report: dict[str, Any] | None = None
     timing: str = "unprofiled"  # whose steps: skipped ones timed without the profiler, or not
+    # Of the timed steps' wall time, what other processes took (run-queue wait): taken out of
+    # step_us and steps_us; raw_step_us is the mean as timed.
+    others_share: float = 0.0
+    raw_step_us: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -122,6 +127,8 @@ class RunResult:
             "step_us": self.step_us,
             "steps_us": self.steps_us,
             "timing": self.timing,
+            "others_share_pct": round(100 * self.others_share, 1),
+            "raw_step_us": _round(self.raw_step_us),
             **({"error": self.error} if self.error else {}),
         }
 
@@ -392,16 +399,37 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
         except (OSError, ValueError) as exc:
             return RunResult(proc.returncode or 1, wall, error=f"unreadable report.json: {exc}")
     timed = timed_steps(overrides, epoch)
-    unprofiled = [float(v) for v in (report.get("run") or {}).get("unprofiled_steps_us") or []]
+    run = report.get("run") or {}
+    unprofiled = [float(v) for v in run.get("unprofiled_steps_us") or []]
     if len(unprofiled) >= timed:
         steps = unprofiled[-timed:]
-        return RunResult(proc.returncode, wall, statistics.fmean(steps), steps, error, report,
-                         timing="unprofiled")
+        share = others_share(run.get("unprofiled_load") or {}, steps)
+        kept = [v * (1.0 - share) for v in steps]
+        return RunResult(proc.returncode, wall, statistics.fmean(kept), kept, error, report,
+                         timing="unprofiled", others_share=share,
+                         raw_step_us=statistics.fmean(steps))
     # An older run, or a script that ended before: the profiled steps, said in tune.json.
     steps = [float(s["duration_us"]) for s in report.get("steps") or []]
     mean = ((report.get("summary") or {}).get("step_time_us") or {}).get("mean")
     return RunResult(proc.returncode, wall, float(mean) if mean is not None else None,
                      steps, error, report, timing="profiled")
+
+
+def others_share(load: dict[str, Any], steps: list[float]) -> float:
+    """Of the timed steps' wall time, the share their stepping thread waited for cores other
+    processes held (replay/unload.py): the neighbours' doing, not the configuration's. Runs of
+    one configuration beside two busy loops measured tens of percent apart, and a 9x effect
+    read as none against such noise (issue 30)."""
+    runs, waits = load.get("main_run_us"), load.get("main_wait_us")
+    if not isinstance(runs, list) or not isinstance(waits, list) or len(runs) < len(steps) \
+            or len(waits) != len(runs):
+        return 0.0
+    n = len(steps)
+    try:
+        return steps_others_share(load, float(sum(runs[-n:])), float(sum(waits[-n:])),
+                                  float(sum(steps)))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return 0.0
 
 
 def _timed_only(out: Path, status: int, wall: float, error: str | None,
@@ -414,8 +442,11 @@ def _timed_only(out: Path, status: int, wall: float, error: str | None,
         seen = {}
     steps = [float(v) for v in seen.get("unprofiled_steps_us") or []]
     if status == EXIT_NO_STEPS and len(steps) >= timed:
-        return RunResult(0, wall, statistics.fmean(steps[-timed:]), steps[-timed:],
-                         timing="unprofiled")
+        steps = steps[-timed:]
+        share = others_share(seen.get("unprofiled_load") or {}, steps)
+        kept = [v * (1.0 - share) for v in steps]
+        return RunResult(0, wall, statistics.fmean(kept), kept, timing="unprofiled",
+                         others_share=share, raw_step_us=statistics.fmean(steps))
     return RunResult(status or 1, wall, error=error or "the run wrote no report.json")
 
 
@@ -571,6 +602,13 @@ def _document(base: Baseline, baseline: Candidate, candidates: list[Candidate],
     if short:
         notes.append("fewer runs than --repeats, to stay within the budget: " + "; ".join(
             f"{label(c.overrides) or 'baseline'} ({len(c.runs)})" for c in short))
+    shares = [r.others_share for c in [baseline, *candidates] for r in c.runs if r.ok]
+    if shares and max(shares) > 0:
+        notes.append(
+            f"other processes held the cores: the stepping thread waited for them "
+            f"{100 * min(shares):.0f}-{100 * max(shares):.0f}% of the timed steps' time (the "
+            "kernel's run-queue figures), taken out of each run's steps before comparing "
+            "(as timed: runs[].raw_step_us)")
     busy = _busy(base, [baseline, *candidates])
     if busy:
         notes.append("busy machine, the figures are less certain (re-run on a quiet machine): "
@@ -592,7 +630,10 @@ def _document(base: Baseline, baseline: Candidate, candidates: list[Candidate],
         "suggested_num_workers": base.suggested_num_workers,
         "dataloader": base.loader,
         "statistics": {
-            "figure": "median over runs of each run's mean step",
+            "figure": "median over runs of each run's mean step, less the share its stepping "
+                      "thread waited for cores other processes held",
+            "others_share_pct": [_round(100 * min(shares)), _round(100 * max(shares))]
+            if shares else None,
             "interval": f"{stats.CONFIDENCE:.0%} bootstrap ({stats.RESAMPLES} resamples, seed "
                         f"{stats.SEED}): runs with replacement, steps in whole rounds of workers",
             "aa_noise": stats.noise_json(noise),

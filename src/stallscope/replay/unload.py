@@ -96,6 +96,23 @@ class OtherWait:
         return cls(wait, own, (main_run + main_wait) / window, demand, cores)
 
 
+def steps_others_share(load: Any, main_run_us: float, main_wait_us: float,
+                       window_us: float) -> float:
+    """Others' share of a run of steps' wall time (`window_us`), from the stepping thread's
+    run and run-queue wait over those steps and the tree's figures over a window around them
+    (`load`: capture/hostload.py other_load); 0 without the figures. `tune` takes it out of
+    each run's timed steps, as the plan takes `OtherWait.of` out of the recorded ones."""
+    tree = OtherWait.from_host(load)
+    if tree is None or window_us <= 0 or main_run_us + main_wait_us <= 0:
+        return 0.0
+    sched = load["sched"]
+    tree_wait = float(sched["tree_wait_us"]) / (float(sched["tree_run_us"])
+                                                 + float(sched["tree_wait_us"]))
+    wait = max(tree_wait, main_wait_us / (main_run_us + main_wait_us))
+    return OtherWait(wait, tree.own_share, (main_run_us + main_wait_us) / window_us,
+                     tree.demand_cores, tree.cores).others_share
+
+
 # From this share of the stepping thread's runnable time waiting for cores others held, a CPU
 # step with several intra-op threads is not the quiet run's in any correctable way.
 BARRIER_WAIT_SHARE = 0.25

@@ -307,6 +307,7 @@ def attach_run(
         "steps_recorded": min(c.steps_recorded for c in contexts),
         # The skipped steps, timed with no profiler running (what `tune` compares): rank 0's.
         "unprofiled_steps_us": list(first.unprofiled_steps_us),
+        "unprofiled_load": dict(first.unprofiled_load),
         # Which steps were recorded and why those (capture/steady.py): rank 0's.
         "window": first.window,
         # "stallscope", or "script-profiler" when the script started its own profiler and
