@@ -5,7 +5,7 @@ beside two CPU-burning processes (as many as this project's 2-core VM has cores)
 each recording leads with (or the case's own `--what-if`) is then applied to the script and
 timed plainly, without stallscope and without the burners: the step the user will have.
 
-    python benchmarks/bench_steady.py [--cases NAME ...] [--repeats 1]
+    python benchmarks/bench_steady.py [--cases NAME ...] [--repeats 3] [--keep DIR]
 
 Cases (issue 30's acceptance):
 - storage-waiting: examples/loader_waiting.py, each sample sleeps 4 ms (off the CPU).
@@ -20,7 +20,8 @@ unprofiled steps before recording, the plain step of the unchanged script (quiet
 prediction after the fix with its range, the plain step after the fix (quiet), the error.
 
 A plain timing registers a global optimizer step hook (no profiler) and takes the mean of the
-steps after the first quarter. Prints one row per recording, then per case whether busy
+steps after the first quarter; each configuration's figure is the median over `--repeats` such
+runs. Prints one row per recording, then per case whether busy
 and quiet agree (same first fix, worker counts within one, predictions within 25%).
 """
 
@@ -100,15 +101,23 @@ def record(case: Case, out: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
+REPEATS = 3  # plain runs per configuration (--repeats): the median of their means
+
+
 def plain_step_ms(script: Path, args: list[str], work: Path) -> float:
-    times = work / "steps.json"
-    subprocess.run([sys.executable, "-c", TIMER, str(script), *args], check=True,
-                   capture_output=True, cwd=ROOT, timeout=600,
-                   env={**os.environ, "STEP_TIMES": str(times)})
-    steps = json.loads(times.read_text())
-    # The mean: a round of workers delivers a burst of batches, then one slow step; the user
-    # waits for all of them (a median would report the burst).
-    return 1000 * statistics.fmean(steps[len(steps) // 4:])
+    """The median over REPEATS plain runs of each run's mean step: this VM drifts 10-30% within
+    a minute, and a 5 ms step measured 3.9 and 4.6 ms in single runs minutes apart."""
+    means = []
+    for _ in range(REPEATS):
+        times = work / "steps.json"
+        subprocess.run([sys.executable, "-c", TIMER, str(script), *args], check=True,
+                       capture_output=True, cwd=ROOT, timeout=600,
+                       env={**os.environ, "STEP_TIMES": str(times)})
+        steps = json.loads(times.read_text())
+        # The mean: a round of workers delivers a burst of batches, then one slow step; the
+        # user waits for all of them (a median would report the burst).
+        means.append(1000 * statistics.fmean(steps[len(steps) // 4:]))
+    return statistics.median(means)
 
 
 def with_change(args: list[str], change: str, case: Case) -> list[str] | None:
@@ -160,7 +169,10 @@ def main() -> None:
     p.add_argument("--cases", nargs="*", default=[c.name for c in CASES])
     p.add_argument("--burners", type=int, default=os.cpu_count() or 2)
     p.add_argument("--keep", type=Path, help="keep the reports in this folder")
+    p.add_argument("--repeats", type=int, default=REPEATS, help="plain runs per configuration")
     a = p.parse_args()
+    global REPEATS
+    REPEATS = max(1, a.repeats)
     print(f"{'case':16} {'machine':6} {'first fix':22} {'recorded':>9} {'baseline':>9} "
           f"{'unprof.':>8} {'plain':>7} {'predicted':>9} {'range':>13} {'plain after':>11} "
           f"{'error':>7}")

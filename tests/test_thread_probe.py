@@ -198,9 +198,13 @@ def test_run_times_one_thread_steps_before_recording_and_restores_the_scripts_th
     window = report["run"]["window"]
     assert window["probe_steps"] == threadprobe.PROBE_STEPS
     assert any("timed with one intra-op thread" in n for n in report["notes"])
-    # The steps timed for the steady judgement are the script's own, not the probe's.
-    assert len(report["run"]["unprofiled_steps_us"]) == window["first_step"] - 2 - \
-        threadprobe.PROBE_STEPS - 1
+    # The steps timed for the steady judgement are the script's own, not the probe's, and the
+    # scheduler's figures come one per step with them (tune takes other load out of them).
+    steps = report["run"]["unprofiled_steps_us"]
+    assert len(steps) == window["first_step"] - 2 - threadprobe.PROBE_STEPS - 1
+    load = report["run"]["unprofiled_load"]
+    assert len(load["main_run_us"]) == len(load["main_wait_us"]) == len(steps)
+    assert sum(load["main_run_us"]) <= load["sched"]["window_us"] + 1
     # --what-if torch_threads=1 is then replayed on the trace alone.
     trace = next((tmp_path / "out").rglob("*.pt.trace.json*"))
     alone = tmp_path / "alone"
@@ -214,6 +218,17 @@ def test_run_times_one_thread_steps_before_recording_and_restores_the_scripts_th
 
 @pytest.mark.slow
 def test_a_run_held_at_one_thread_is_not_probed(tmp_path: Path):
+    report, captured, err = run(tmp_path, "--set", "torch_threads=1", "--no-steady-wait")
+    assert "thread_probe" not in captured  # --no-steady-wait: no probe is considered
+    assert "threads seen [1] end 1" in err
+    # Where the profiler starts right after --skip, the figures cover every unprofiled step.
+    steps = report["run"]["unprofiled_steps_us"]
+    load = report["run"]["unprofiled_load"]
+    assert len(steps) == 2 and len(load["main_run_us"]) == len(steps)
+
+
+@pytest.mark.slow
+def test_a_one_thread_run_is_not_probed(tmp_path: Path):
     _, captured, err = run(tmp_path, "--set", "torch_threads=1")
     assert "one intra-op thread" in captured["thread_probe"]["skipped"]
     assert "threads seen [1] end 1" in err

@@ -309,7 +309,7 @@ class CaptureSession:
             self._unprofiled_sched.append(hostload.thread_sched())
             if len(self.unprofiled_at) == 1:
                 self._unprofiled_load_start = hostload.sample()
-            if self.boundaries + 1 > self.last_skipped:  # the profiler starts here
+            if self.boundaries > self.last_skipped:  # the profiler starts here
                 self._close_unprofiled()
         if self.boundaries <= self.last_skipped:
             if self.probe is not None:  # the last probe step restores the script's threads
