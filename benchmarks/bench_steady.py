@@ -169,9 +169,9 @@ def main() -> None:
     p.add_argument("--cases", nargs="*", default=[c.name for c in CASES])
     p.add_argument("--burners", type=int, default=os.cpu_count() or 2)
     p.add_argument("--keep", type=Path, help="keep the reports in this folder")
-    p.add_argument("--repeats", type=int, default=REPEATS, help="plain runs per configuration")
+    p.add_argument("--repeats", type=int, default=3, help="plain runs per configuration")
     a = p.parse_args()
-    global REPEATS
+    global REPEATS  # noqa: PLW0603 - one setting for the whole benchmark run
     REPEATS = max(1, a.repeats)
     print(f"{'case':16} {'machine':6} {'first fix':22} {'recorded':>9} {'baseline':>9} "
           f"{'unprof.':>8} {'plain':>7} {'predicted':>9} {'range':>13} {'plain after':>11} "
