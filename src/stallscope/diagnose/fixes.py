@@ -137,14 +137,12 @@ def apply(g: Graph, ctx: Context, changes: list[Change]) -> tuple[Graph, list[st
 
 
 def _num_workers(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
-    # Workers run one intra-op thread: in-process fetches take the probe's one-thread pace
-    # there, unless torch_threads=1 already put them at it.
+    # Workers run one intra-op thread: each batch takes the probe's one-thread loading time.
     one = ctx.memo.get(ONE_THREAD)
-    threads_done = "torch_threads" in ctx.applied
     plan = with_workers(g, int(value), ctx.facts, ctx.model.loader_kind, ctx.step_us,
                         _h2d_bytes_per_step(ctx.model),
-                        load_scale=one.load if one is not None and not threads_done else 1.0,
-                        one_thread=threads_done)
+                        batch_load_us=one.batch_load_us if one is not None else None,
+                        one_thread="torch_threads" in ctx.applied)
     g2, notes = plan.graph, plan.assumptions
     pageable = _gpu_named(g2, _HTOD_PAGEABLE)
     if ctx.facts.workers_now(ctx.model.loader_kind) == 0 and pageable.any():

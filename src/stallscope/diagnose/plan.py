@@ -38,7 +38,7 @@ from stallscope.diagnose.fixes import (
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
-from stallscope.replay.threads import MAX_SCALE, MIN_SCALE, OneThread, scales
+from stallscope.replay.threads import MAX_SCALE_PER_THREAD, MIN_SCALE, OneThread, scales
 from stallscope.replay.unload import OtherWait, barrier_note, unload
 from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
@@ -176,8 +176,8 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         if memo[ONE_THREAD] is None:
             memo[ONE_THREAD_WHY] = (
                 "the steps timed at one intra-op thread before recording do not fit the "
-                "recorded ones (loading or other work scaled beyond "
-                f"{MIN_SCALE:g}-{MAX_SCALE:g}x): they saw another phase of the run")
+                f"recorded ones (loading or other work scaled beyond {MIN_SCALE:g}x-"
+                f"{MAX_SCALE_PER_THREAD * one.threads:g}x): they saw another phase of the run")
 
     def predict(g: Graph, applied: list[str], changes: list[Change]) -> Scenario:
         ctx = Context(model, facts, recorded, list(applied), memo)
@@ -200,8 +200,15 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
             try:
                 alone[f.id] = predict(graph, [], changes)
             except NotModelled as exc:
-                plan.not_replayed[f.id] = str(exc)
-                continue
+                rest = changes[1:] if changes[0].key == "torch_threads" else []
+                try:  # the workers of a threads + workers change, where only they replay
+                    if not rest:
+                        raise
+                    alone[f.id] = predict(graph, [], rest)
+                    changes = rest
+                except NotModelled:
+                    plan.not_replayed[f.id] = str(exc)
+                    continue
             f.predicted_step_us = round(alone[f.id].step_us, 1)
             options[f.id] = changes
     final = _greedy(plan, Scenario(graph, unprofiled, plan.baseline_step_us, []), options,

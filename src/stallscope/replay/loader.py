@@ -146,11 +146,11 @@ class WorkersPlan:
 
 
 def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
-                 step_us: np.ndarray, copy_bytes_per_step: float, load_scale: float = 1.0,
-                 one_thread: bool = False) -> WorkersPlan:
+                 step_us: np.ndarray, copy_bytes_per_step: float,
+                 batch_load_us: float | None = None, one_thread: bool = False) -> WorkersPlan:
     """A copy of `g` with the training loader's fetches served by `n` worker processes.
-    `load_scale`: an in-process fetch's time in a worker's one intra-op thread against its
-    recorded one (replay/threads.py); `one_thread`: the step's own work runs one intra-op
+    `batch_load_us`: a batch's in-process loading at one intra-op thread, as `run` timed it
+    (replay/threads.py): a worker's pace; `one_thread`: the step's own work runs one intra-op
     thread, so it keeps at most one core busy."""
     loads = np.flatnonzero(g.h_kind == LOADER)
     if not len(loads):
@@ -167,13 +167,15 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     own = np.maximum(before - _per_step(g, loads, g.h_dur[loads]), 1.0)
     g = g.copy()
     notes: list[str] = []
-    if workers_now == 0:
-        load = g.h_dur[loads] * load_scale  # each batch as it loaded in-process
+    if workers_now == 0 and batch_load_us:
+        load = np.full(len(loads), batch_load_us)
+        notes.append(f"each batch takes a worker {batch_load_us / 1000:.1f} ms, the in-process "
+                     "loading per batch in the steps run timed at one intra-op thread (a "
+                     "worker runs one)")
+    elif workers_now == 0:
+        load = g.h_dur[loads].copy()  # each batch as it loaded in-process
         notes.append("each batch takes a worker as long as it took the training process "
-                     "(measured per batch)" if load_scale == 1.0 else
-                     f"each batch takes a worker {load_scale:.2f}x as long as it took the "
-                     "training process (a worker runs one intra-op thread: the fetches' pace "
-                     "in the steps run timed at one thread)")
+                     "(measured per batch)")
     elif facts.worker_load_us:
         load = np.full(len(loads), facts.worker_load_us)
         notes.append(f"each batch takes a worker {facts.worker_load_us / 1000:.1f} ms (fetch and "
@@ -209,7 +211,10 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
                      "confidence)")
     first = replay(g).step_us
     k = own  # the step's own work, per step
-    need = (u * k + s * _per_step(g, loads, load)) / facts.cores
+    # ...and receiving each batch (unpickling, mapping its pages) is the training process's CPU
+    # work too.
+    received = _per_step(g, loads, g.h_dur[loads])
+    need = (u * k + received + s * _per_step(g, loads, load)) / facts.cores
     stretch = np.where(need > first, 1.0 + (need - first) / k, 1.0)
     if (stretch > 1.0).any():
         _stretch_steps(g, stretch)
