@@ -5,7 +5,7 @@ beside two CPU-burning processes (as many as this project's 2-core VM has cores)
 each recording leads with (or the case's own `--what-if`) is then applied to the script and
 timed plainly, without stallscope and without the burners: the step the user will have.
 
-    python benchmarks/bench_steady.py [--cases NAME ...] [--repeats 3] [--keep DIR]
+    python benchmarks/bench_steady.py [--cases NAME ...] [--repeats 3] [--records 3] [--keep DIR]
 
 Cases (issue 30's acceptance):
 - storage-waiting: examples/loader_waiting.py, each sample sleeps 4 ms (off the CPU).
@@ -164,12 +164,25 @@ def prediction(report: dict, case: Case) -> tuple[str | None, float | None, list
     return None, None, []
 
 
+def typical(reports: list[dict], case: Case) -> tuple[dict, tuple]:
+    """Of several recordings of one case, the one whose prediction is the median among those
+    leading with the most common first fix: a whole run of this VM can land in a phase 1.6x
+    slower than the next (python_heavy.py's unprofiled steps: 8.1 then 5.0 ms, minutes apart)."""
+    got = [(r, prediction(r, case)) for r in reports]
+    changes = [p[0] for _, p in got]
+    common = max(set(changes), key=lambda c: (changes.count(c), c or ""))
+    same = sorted((p[1] or 0.0, i) for i, (_, p) in enumerate(got) if p[0] == common)
+    return got[same[len(same) // 2][1]]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", nargs="*", default=[c.name for c in CASES])
     p.add_argument("--burners", type=int, default=os.cpu_count() or 2)
     p.add_argument("--keep", type=Path, help="keep the reports in this folder")
     p.add_argument("--repeats", type=int, default=3, help="plain runs per configuration")
+    p.add_argument("--records", type=int, default=3,
+                   help="recordings per case and machine (the median prediction is judged)")
     a = p.parse_args()
     global REPEATS  # noqa: PLW0603 - one setting for the whole benchmark run
     REPEATS = max(1, a.repeats)
@@ -184,13 +197,15 @@ def main() -> None:
             timed: dict[str, float] = {}
             before = plain_step_ms(case.script, case.args, work)  # quiet, unchanged
             for machine in ("quiet", "busy"):
-                out = work / f"{case.name}-{machine}"
-                if machine == "busy":
-                    with burners(a.burners):
-                        report = record(case, out)
-                else:
-                    report = record(case, out)
-                change, pred, rng = prediction(report, case)
+                reports = []
+                for k in range(a.records):
+                    out = work / f"{case.name}-{machine}" / str(k)
+                    if machine == "busy":
+                        with burners(a.burners):
+                            reports.append(record(case, out))
+                    else:
+                        reports.append(record(case, out))
+                report, (change, pred, rng) = typical(reports, case)
                 seen[machine] = (change, pred)
                 plan = report["traces"][0].get("plan") or {}
                 unprof = report["run"].get("unprofiled_steps_us") or []
