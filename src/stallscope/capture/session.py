@@ -107,13 +107,13 @@ class CaptureSession:
         self.still_moving = ""  # why the wait for steady steps went on, while it did
         self.window: dict[str, Any] | None = None
         self._judged_from = 0  # the first unprofiled step after the start-up prefetch
-        # The one-thread probe between the steady wait and recording (capture/threadprobe.py):
-        # its steps, skipped like the steady wait's, and what it measured or why it did not run.
         # The stepping thread's scheduler figures at each unprofiled boundary, and the tree's
         # over those steps: `tune` takes other processes' share out of its timings.
         self._unprofiled_sched: list[tuple[float, float] | None] = []
         self._unprofiled_load_start: hostload.CpuSample | None = None
         self.unprofiled_load: dict[str, Any] = {}
+        # The one-thread probe between the steady wait and recording (capture/threadprobe.py):
+        # its steps, skipped like the steady wait's, and what it measured or why it did not run.
         self.probe: threadprobe.ThreadProbe | None = None
         self.probe_wait = 0
         self.probe_skipped = ""
@@ -363,7 +363,7 @@ class CaptureSession:
     @property
     def last_skipped(self) -> int:
         """The boundary after which the profiler starts: --skip, plus the steps waited for
-        torch.compile and for a steady run."""
+        torch.compile and for a steady run, and the one-thread probe's."""
         return self.sched.skip + self.compile_wait + self.steady_wait + self.probe_wait
 
     @property

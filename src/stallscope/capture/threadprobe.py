@@ -27,8 +27,8 @@ import torch
 from stallscope.capture import hostload
 
 PROBE_STEPS = 5
-# After the probe, steps at the script's own thread count before the profiler starts: the
-# thread pool grows back in the first of them.
+# After the probe, the step at the script's own thread count before the profiler starts (the
+# thread pool grows back in it): the probe's last boundary is the last skipped one.
 SETTLE_STEPS = 1
 
 
@@ -58,10 +58,6 @@ class ThreadProbe:
         self.waits: list[float] = []  # per probe step, the wait for the DataLoader (us)
         self._start: hostload.CpuSample | None = None
         self.result: dict[str, Any] | None = None
-
-    @property
-    def extra_steps(self) -> int:
-        return PROBE_STEPS + SETTLE_STEPS
 
     def begin(self) -> None:
         """At the boundary that starts the first probe step."""

@@ -8,9 +8,10 @@ waited for cores others held (replay/unload.py, from the probe's own scheduler f
 out and leaves the quiet one-thread step. Its loader wait (the fetches, when the training
 process loads) and the rest are scaled separately: the recorded graph's host segments, already
 without the profiler and other load, are stretched or shrunk to those two figures. A step
-whose helper threads mostly idled comes out about as it was (on the 2-core VM, the quiet CPU
-case's one-thread steps measured 29.6 ms against 24.0 ms with two: slower); one that stalled
-at barriers beside other load comes out several times shorter.
+whose helper threads mostly idled comes out about as it was (on the 2-core VM, the quiet
+loader_bound.py's one-thread steps measured 24.4-38.0 ms in five runs against 24.0-37.4 ms with
+two: within the machine's drift); one that stalled at barriers beside other load comes out
+several times shorter (the busy runs' other work: 0.04-0.19 of its recorded time).
 
 DataLoader workers always run one intra-op thread (torch sets it in each worker), so when the
 replay moves in-process loading to workers each batch takes the probe's mean one-thread loading
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -74,11 +74,6 @@ class OneThread:
         return cls(threads, measured, measured * keep,
                    statistics.fmean([min(w, s) for w, s in zip(waits, steps, strict=True)])
                    * keep, share, len(steps))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"threads": self.threads, "measured_step_us": round(self.measured_us, 1),
-                "step_us": round(self.step_us, 1), "loader_us": round(self.load_us, 1),
-                "others_share_pct": round(100 * self.others_share, 1), "steps": self.steps}
 
 
 @dataclass(frozen=True)
