@@ -197,18 +197,11 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         elif not changes:
             plan.not_replayed[f.id] = no_change_reason(f, model)
         else:
-            try:
-                alone[f.id] = predict(graph, [], changes)
-            except NotModelled as exc:
-                rest = changes[1:] if changes[0].key == "torch_threads" else []
-                try:  # the workers of a threads + workers change, where only they replay
-                    if not rest:
-                        raise
-                    alone[f.id] = predict(graph, [], rest)
-                    changes = rest
-                except NotModelled:
-                    plan.not_replayed[f.id] = str(exc)
-                    continue
+            scenario, changes, why = _alone(predict, graph, changes)
+            if scenario is None:
+                plan.not_replayed[f.id] = why
+                continue
+            alone[f.id] = scenario
             f.predicted_step_us = round(alone[f.id].step_us, 1)
             options[f.id] = changes
     final = _greedy(plan, Scenario(graph, unprofiled, plan.baseline_step_us, []), options,
@@ -218,6 +211,23 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         plan.what_if = _what_if(plan, graph, what_if, predict, used)
     _rank(plan, findings, options)
     return plan
+
+
+def _alone(predict: Any, graph: Graph, changes: list[Change]
+           ) -> tuple[Scenario | None, list[Change], str]:
+    """A finding's change replayed alone, and the change replayed; for threads + workers
+    whose threads cannot replay (the one-thread steps do not fit the recording), the workers
+    alone. None and why when nothing of it replays."""
+    try:
+        return predict(graph, [], changes), changes, ""
+    except NotModelled as exc:
+        rest = changes[1:] if len(changes) > 1 and changes[0].key == "torch_threads" else []
+        if rest:
+            try:
+                return predict(graph, [], rest), rest, ""
+            except NotModelled:
+                pass
+        return None, changes, str(exc)
 
 
 def _window(n: int) -> slice:
