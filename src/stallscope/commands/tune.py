@@ -403,16 +403,23 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
     unprofiled = [float(v) for v in run.get("unprofiled_steps_us") or []]
     if len(unprofiled) >= timed:
         steps = unprofiled[-timed:]
-        share = others_share(run.get("unprofiled_load") or {}, steps)
-        kept = [v * (1.0 - share) for v in steps]
-        return RunResult(proc.returncode, wall, statistics.fmean(kept), kept, error, report,
-                         timing="unprofiled", others_share=share,
-                         raw_step_us=statistics.fmean(steps))
+        return _unloaded(proc.returncode, wall, steps, run.get("unprofiled_load"), error,
+                         report)
     # An older run, or a script that ended before: the profiled steps, said in tune.json.
     steps = [float(s["duration_us"]) for s in report.get("steps") or []]
     mean = ((report.get("summary") or {}).get("step_time_us") or {}).get("mean")
     return RunResult(proc.returncode, wall, float(mean) if mean is not None else None,
                      steps, error, report, timing="profiled")
+
+
+def _unloaded(status: int, wall: float, steps: list[float], load: Any,
+              error: str | None = None, report: dict[str, Any] | None = None) -> RunResult:
+    """A run measured on its timed unprofiled steps, less other processes' share of them."""
+    share = others_share(load if isinstance(load, dict) else {}, steps)
+    kept = [v * (1.0 - share) for v in steps]
+    return RunResult(status, wall, statistics.fmean(kept), kept, error, report,
+                     timing="unprofiled", others_share=share,
+                     raw_step_us=statistics.fmean(steps))
 
 
 def others_share(load: dict[str, Any], steps: list[float]) -> float:
@@ -442,11 +449,7 @@ def _timed_only(out: Path, status: int, wall: float, error: str | None,
         seen = {}
     steps = [float(v) for v in seen.get("unprofiled_steps_us") or []]
     if status == EXIT_NO_STEPS and len(steps) >= timed:
-        steps = steps[-timed:]
-        share = others_share(seen.get("unprofiled_load") or {}, steps)
-        kept = [v * (1.0 - share) for v in steps]
-        return RunResult(0, wall, statistics.fmean(kept), kept, timing="unprofiled",
-                         others_share=share, raw_step_us=statistics.fmean(steps))
+        return _unloaded(0, wall, steps[-timed:], seen.get("unprofiled_load"))
     return RunResult(status or 1, wall, error=error or "the run wrote no report.json")
 
 
