@@ -31,3 +31,24 @@ def test_a_small_difference_or_too_few_steps_says_nothing() -> None:
     assert profiler_cost_note(us(W0_SKIPPED), 74_103.9) is None  # 7%: within run-to-run noise
     assert profiler_cost_note(us(W8_SKIPPED[:6]), 21_840.4) is None  # 3 later steps: too few
     assert profiler_cost_note([], 21_840.4) is None
+
+
+def test_a_start_up_cost_that_read_low_does_not_cap_what_the_runs_own_steps_say() -> None:
+    """One recording's start-up measurement read 0.6 us per op where its own steps, recorded
+    against the unprofiled ones, said 2.3 us: that was the profiler's cost (the baseline then
+    matched the unprofiled 31.6 ms, not 63.6 ms). The stated default still bounds it."""
+    from types import SimpleNamespace
+
+    from stallscope.replay.unprofile import DEFAULT_OP_US, ProfilerCost, from_run
+
+    def model(plain_ms: float):
+        capture = {"unprofiled_steps_us": [plain_ms * 1000] * 4}
+        return SimpleNamespace(has_gpu=False, trace=SimpleNamespace(capture=capture))
+
+    low = ProfilerCost(0.6, True, "start-up")
+    got = from_run(model(31.6), low, 74_800.0, 18_838.0)
+    assert abs(got.op_us - (74_800.0 - 31_600.0) / 18_838.0) < 1e-6
+    assert "read low" in got.source
+    drift = from_run(model(10.0), low, 200_000.0, 18_838.0)  # 10 us per op: not the profiler's
+    assert drift.op_us == DEFAULT_OP_US and not drift.measured
+    assert from_run(model(31.6), ProfilerCost(5.7, True, "s"), 74_800.0, 18_838.0).op_us < 5.7
