@@ -207,7 +207,9 @@ def assert_partial_report(tmp_path: Path, status: int, ended: str) -> dict:
 def test_a_dying_worker_keeps_status_1_a_partial_report_and_names_the_cause(
     tmp_path: Path, context: str, mode: str, cause: str
 ) -> None:
-    proc, _ = run(tmp_path, "--steps", "50", mode=mode, context=context)
+    # The worker dies at batch 30: well after recording begins (--skip 2, the steady wait of a
+    # few steps, the one-thread probe's 5 and a warm-up); at batch 12 it once died before.
+    proc, _ = run(tmp_path, "--steps", "50", mode=mode, context=context, at=30)
     assert proc.returncode == 1, proc.stderr
     line = stallscope_line(proc)
     # Mostly torch's RuntimeError; sometimes the death breaks the batch being received first

@@ -37,6 +37,7 @@ from stallscope.trace.model import TraceModel
 # thread count, since one thread cannot be slower than N threads working perfectly in parallel.
 MIN_SCALE = 0.01
 MAX_SCALE_PER_THREAD = 2.0
+MINOR_PART = 0.1
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,12 @@ def scales(one: OneThread, g: Graph, base_step_us: float) -> ThreadScales | None
         return None
     rest = one_rest / rest_us
     top = MAX_SCALE_PER_THREAD * one.threads
-    if not (MIN_SCALE <= load <= top and MIN_SCALE <= rest <= top):
-        return None
+    for scale, part in ((load, loader_us), (rest, rest_us)):
+        # A part under a tenth of the step (a few fetches of a ready tensor) says nothing by
+        # its ratio: it is held inside the bounds rather than refused.
+        if not MIN_SCALE <= scale <= top and part >= MINOR_PART * base_step_us:
+            return None
+    load, rest = (float(np.clip(v, MIN_SCALE, top)) for v in (load, rest))
     load_part = (f"; its loading {ms(one.load_us)} ms against {ms(loader_us)} ms"
                  if loader_us > 0 else "")
     others = (f", less the {100 * one.others_share:.0f}% its thread waited for cores other "
