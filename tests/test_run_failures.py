@@ -307,7 +307,9 @@ def _hang_line() -> int:
 def test_timeout_stops_a_hung_script_with_124_and_a_partial_report(
     tmp_path: Path, mode: str, workers: int
 ) -> None:
-    proc, wall = run(tmp_path, "--steps", "50", "--timeout", HANG_S, mode=mode, workers=workers)
+    # Hangs at batch 30, after recording began (see the dying worker's test).
+    proc, wall = run(tmp_path, "--steps", "50", "--timeout", HANG_S, mode=mode, workers=workers,
+                     at=30)
     assert proc.returncode == 124, proc.stderr
     line = stallscope_line(proc)
     assert "Traceback" not in proc.stderr  # python prints none for a timeout
@@ -326,7 +328,7 @@ def test_timeout_stops_a_hung_script_with_124_and_a_partial_report(
 @pytest.mark.slow
 def test_timeout_ends_a_script_that_catches_the_stop_and_keeps_its_steps(tmp_path: Path
                                                                          ) -> None:
-    proc, _ = run(tmp_path, "--steps", "50", "--timeout", HANG_S, mode="swallow")
+    proc, _ = run(tmp_path, "--steps", "50", "--timeout", HANG_S, mode="swallow", at=30)
     assert proc.returncode == 124, proc.stderr
     line = stallscope_line(proc)
     assert "did not stop within" in line and " s more (" in line and "the report covers" in line
