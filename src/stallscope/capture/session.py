@@ -304,11 +304,11 @@ class CaptureSession:
             return
         self.boundaries += 1
         if not self._started and not self.probe_wait:  # probe steps are not the script's
+            if not self.unprofiled_at:  # the load's window holds every timed step: read first
+                self._unprofiled_load_start = hostload.sample()
             self.unprofiled_at.append(time.perf_counter())
             self.unprofiled_wait_us.append(self.watcher.take_unprofiled_wait())
             self._unprofiled_sched.append(hostload.thread_sched())
-            if len(self.unprofiled_at) == 1:
-                self._unprofiled_load_start = hostload.sample()
             if self.boundaries > self.last_skipped:  # the profiler starts here
                 self._close_unprofiled()
         if self.boundaries <= self.last_skipped:
