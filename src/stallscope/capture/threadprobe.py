@@ -18,7 +18,6 @@ batches to spare; never for a distributed job (every rank must record the same s
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
@@ -77,5 +76,4 @@ class ThreadProbe:
             torch.set_num_threads(self.threads)
             steps = [round((b - a) * 1e6, 1) for a, b in zip(self.at, self.at[1:], strict=False)]
             self.result = {"threads": self.threads, "probe_threads": 1, "steps_us": steps,
-                           "loader_wait_us": [round(w, 1) for w in self.waits],
-                           "mean_us": round(statistics.fmean(steps), 1), **load}
+                           "loader_wait_us": [round(w, 1) for w in self.waits], **load}

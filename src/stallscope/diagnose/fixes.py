@@ -43,9 +43,10 @@ AMP_SPEEDUP = {"bf16": 2.0, "fp16": 2.0, "tf32": 1.5}
 # cost (launch ramp, tail) when it becomes part of one multi-tensor kernel. Assumptions.
 OPTIMIZER_HOST_LEFT = {"foreach": 0.2, "fused": 0.1}
 # On a CPU the optimizer's arithmetic is host time too, and multi-tensor Adam loops over the
-# tensors in C++ rather than in Python: measured, not assumed (benchmarks/bench_optimizer_cpu.py,
-# examples/python_heavy.py's 97 small parameter tensors, this project's VM, 3 rounds): foreach
-# keeps 0.60-0.70 of the for-loop step's time (median 0.61), fused 0.21-0.37 (median 0.21).
+# tensors in C++ rather than in Python: measured, not assumed (examples/python_heavy.py's 97
+# small parameter tensors, this project's VM; 3 rounds of the method, then 3 of
+# benchmarks/bench_optimizer_cpu.py): foreach keeps 0.60-0.70 and 0.61-0.68 of the for-loop
+# step's time (0.61 used), fused 0.21-0.37 and 0.15-0.24 (0.21 used).
 OPTIMIZER_HOST_LEFT_CPU = {"foreach": 0.61, "fused": 0.21}
 PER_KERNEL_GPU_US = 2.0
 # zero_grad(set_to_none=True) only drops references: this share of its host time is left.
@@ -157,8 +158,9 @@ def _num_workers(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
 
 
 # Reading a batch received from a DataLoader worker the first time costs more than the first
-# read of an in-process batch: 0.11-0.19 us per 4 KiB page, median 0.14 (25 MB tensors, 2
-# workers, this project's 2-core VM, 4 runs of benchmarks/bench_first_touch.py). The H200
+# read of an in-process batch: 0.11-0.20 us per 4 KiB page in 6 runs (25 MB tensors, 2 workers,
+# this project's 2-core VM, benchmarks/bench_first_touch.py and its first form); 0.14 is the
+# median of the first 4, the 6 give 0.165. The H200
 # recordings show pageable copies slowing as loading moves to workers (w0 8.2-9.7 GB/s, w8
 # 3.4-5.7 GB/s: 1.3-4.8 ms per step more for 25 MB), of which this accounts for 0.9 ms: busy
 # hosts pay more (memory bandwidth shared with 8 workers), which the replay does not model.

@@ -6,6 +6,7 @@ core count nor the thread settings, so the rule needs the RunContext of `stallsc
 from __future__ import annotations
 
 import math
+import statistics
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
@@ -70,6 +71,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
     if busy is not None:
         evidence["other_cpu_share_pct"] = busy.share_pct
     one = OneThread.of(model)
+    plain = _median_unprofiled(model)  # the same steps at the script's threads, as timed
     if one is not None:  # measured by `run` just before recording (capture/threadprobe.py)
         evidence["one_thread_step_ms"] = ms(one.step_us)
         evidence["one_thread_step_measured_ms"] = ms(one.measured_us)
@@ -135,9 +137,9 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             f"but this process may use {cores}: they preempt each other, and a preempted "
             f"OpenMP thread stalls the whole parallel region. Give the step {fit} thread(s) "
             "and leave one core per worker, or use fewer workers."
-            + (f" Measured before recording: {one.measured_us / 1000:.1f} ms per step at one "
-               f"thread against the recorded steps' {total / n / 1000:.1f} ms (profiled)."
-               if one is not None else "")
+            + (f" Timed without the profiler just before recording: {one.measured_us / 1000:.1f}"
+               f" ms per step at one thread, {plain / 1000:.1f} ms at {threads}."
+               if one is not None and plain else "")
             + f" Try it without editing the script: stallscope run --set torch_threads={fit}."
         ),
         snippet=(
@@ -150,3 +152,13 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
         docs=OVERSUB_DOCS,
     )
     return Assessment.found(finding)
+
+
+def _median_unprofiled(model: TraceModel) -> float | None:
+    """The median of the steps `run` timed without the profiler just before recording (at the
+    script's own thread count), from the trace's metadata; None without them."""
+    steps = model.trace.capture.get("unprofiled_steps_us")
+    try:
+        return statistics.median(float(v) for v in steps) if steps else None
+    except (TypeError, ValueError):
+        return None

@@ -11,7 +11,8 @@ without the profiler and other load, are stretched or shrunk to those two figure
 whose helper threads mostly idled comes out about as it was (on the 2-core VM, the quiet
 loader_bound.py's one-thread steps measured 24.4-38.0 ms in five runs against 24.0-37.4 ms with
 two: within the machine's drift); one that stalled at barriers beside other load comes out
-several times shorter (the busy runs' other work: 0.04-0.19 of its recorded time).
+several times shorter (in six busy runs the other work scaled to 0.04-0.24 of its recorded
+time).
 
 DataLoader workers always run one intra-op thread (torch sets it in each worker), so when the
 replay moves in-process loading to workers each batch takes the probe's mean one-thread loading
@@ -28,6 +29,7 @@ import numpy as np
 
 from stallscope.replay.graph import LOADER, Graph
 from stallscope.replay.unload import OtherWait
+from stallscope.replay.unprofile import ms
 from stallscope.trace.model import TraceModel
 
 # A factor outside these bounds says the probe and the recording saw different runs (a phase
@@ -129,6 +131,3 @@ def one_thread(g: Graph, s: ThreadScales, loading_in_process: bool) -> Graph:
     out.h_lead = g.h_lead * f
     return out
 
-
-def ms(us: float) -> str:
-    return f"{us / 1000:.1f}"
