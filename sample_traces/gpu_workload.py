@@ -71,6 +71,8 @@ def main() -> None:
     p.add_argument("--item-every", type=int, default=50, help="loss.item() every N steps")
     p.add_argument("--optimizer", choices=("forloop", "foreach", "fused"), default="foreach")
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile's mode (reduce-overhead: CUDA graphs as well)")
     p.add_argument("--time", type=int, default=0, help="time N steps without a profiler")
     p.add_argument("--time-from", type=int, default=10,
                    help="steps run before the timing starts (prefetched batches drain)")
@@ -84,7 +86,7 @@ def main() -> None:
                         shuffle=True, num_workers=a.num_workers, pin_memory=a.pin_memory,
                         drop_last=True, persistent_workers=a.num_workers > 0)
     model = make_model(a.width).to(dev)
-    step_model = torch.compile(model) if a.compile else model
+    step_model = torch.compile(model, mode=a.compile_mode) if a.compile else model
     kind = {"forloop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, **kind[a.optimizer])
     amp = a.amp == "bf16"

@@ -48,6 +48,11 @@ CONFIGS: dict[str, list[str]] = {
     "w8-pinned-blocking": [*W, "--pin-memory"],
     # a step the host bounds: a narrow CNN on small images, many short kernels per step
     "hostbound": [*W, "--width", "8", "--side", "32", "--batch-size", "32", "--sample-ms", "0"],
+    # the host-bound step compiled (fused kernels), and compiled with CUDA graphs
+    "hostbound-compile": [*W, "--width", "8", "--side", "32", "--batch-size", "32",
+                          "--sample-ms", "0", "--compile"],
+    "hostbound-graphs": [*W, "--width", "8", "--side", "32", "--batch-size", "32",
+                         "--sample-ms", "0", "--compile", "--compile-mode", "reduce-overhead"],
 }
 RUN = ["--skip", "24", "--warmup", "1", "--steps", "6"]
 TIME_FROM = 25
@@ -95,6 +100,10 @@ def main() -> None:
                    help="start no configuration after this many seconds (0: no limit)")
     p.add_argument("--extra", default="", help="arguments added to every run (a CPU dry run)")
     p.add_argument("--record-steps", type=int, default=6, help="steps each run records")
+    p.add_argument("--interleave", action="store_true",
+                   help="time the plain runs round-robin over the configurations (a host that "
+                        "drifts during the lease then shifts every configuration alike), "
+                        "then record each")
     a = p.parse_args()
     start = time.perf_counter()
     run = [*RUN[:-1], str(a.record_steps)]
@@ -107,19 +116,27 @@ def main() -> None:
 
     cuda = torch.cuda.is_available()
     result["_env"] = {
+        "interleaved": a.interleave,
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
         "gpu": torch.cuda.get_device_name(0) if cuda else None, "cpus": os.cpu_count(),
         "run": run, "time_from": TIME_FROM, "timed_steps": a.steps, "extra": a.extra,
     }
     extra = shlex.split(a.extra)
     label = gpu_label(result["_env"]["gpu"]) if cuda else "cpu"
+    timed: dict[str, list[float | None]] = {}
+    if a.interleave:
+        for _ in range(a.repeats):
+            for name in names:
+                args = [*CONFIGS[name], *extra]
+                timed.setdefault(name, []).append(plain(args, a.steps, a.out / f"{name}.log"))
+            print(f"plain round: t={time.perf_counter() - start:.0f} s", flush=True)
     for name in names:
         if a.deadline and time.perf_counter() - start > a.deadline:
             print(f"{name:22} not run: past the {a.deadline:.0f} s deadline", flush=True)
             continue
         args = [*CONFIGS[name], *extra]
         log = a.out / f"{name}.log"
-        times = [plain(args, a.steps, log) for _ in range(a.repeats)]
+        times = timed.get(name) or [plain(args, a.steps, log) for _ in range(a.repeats)]
         rec = record(name, args, a.out, work, log, label, run)
         result[name] = {"args": args, "plain_mean_step_ms": times, **rec}
         result_path.write_text(json.dumps(result, indent=1))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stallscope.diagnose.advice import has
 from stallscope.diagnose.allocator import ALLOC_CALL, FREE_CALL
 from stallscope.diagnose.comm import COMM_NAME
 from stallscope.diagnose.optimizer import STEP_NAME as OPTIMIZER_STEP
@@ -206,6 +207,10 @@ def _pin_memory(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     g = g.copy()
     g.g_dur[ops] = np.nan_to_num(g.g_bytes[ops], nan=0.0) / (rate * 1e3)
     notes = [f"HtoD copies run at {rate:.1f} GB/s from pinned memory ({how})"]
+    _block_on_own_copy(g, ops)
+    notes.append("the host still waits for each copy (copy_ without non_blocking syncs its "
+                 "stream): it queues the copy, then waits for the work queued before it and "
+                 "the copy itself, no longer for a staging memcpy at the pageable rate")
     in_process = ctx.facts.workers_now(ctx.model.loader_kind) == 0
     loads = np.flatnonzero(g.h_kind == LOADER)
     if in_process and len(loads) and "num_workers" not in ctx.applied:
@@ -214,6 +219,32 @@ def _pin_memory(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         notes.append(f"without workers the training process copies each batch into pinned "
                      f"memory itself, at an assumed {PIN_GBPS:.0f} GB/s")
     return g, notes
+
+
+# A host thread returns this long after the GPU work it waited for ends (a stream sync's
+# wake-up): the median return of the waits the graph finds was 5.9-7.5 us in the three H200
+# w8-item-every-step recordings, 10.0 us in H200 r4's and 7.4 us in H100 r1's w8-pinned-blocking
+# (replay/graph.py's RETURN_US bounds what counts as a wait at all).
+OWN_COPY_RETURN_US = 8.0
+
+
+def _block_on_own_copy(g: Graph, ops: np.ndarray) -> None:
+    """A pageable copy's call lasts as long as its staging memcpy; from pinned memory the call
+    only queues the copy and the host then waits for it on the stream (behind the work queued
+    before it). Each call launching one of `ops` takes its typical launch time and waits for
+    the last copy it launched."""
+    idx = np.flatnonzero(ops & (g.g_launch >= 0))
+    if not len(idx):
+        return
+    calls = g.g_launch[idx]
+    last: dict[int, int] = {}
+    for op, call in zip(idx.tolist(), calls.tolist(), strict=True):
+        last[call] = op  # ops are in stream order: the call's last copy ends last
+    c = np.fromiter(last.keys(), dtype=np.int64, count=len(last))
+    g.h_dur[c] = np.minimum(g.h_dur[c], g.h_typical[c])
+    g.h_wait[c] = np.fromiter(last.values(), dtype=np.int64, count=len(last))
+    g.h_after[c] = -1
+    g.h_ret[c] = OWN_COPY_RETURN_US
 
 
 def _non_blocking(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
@@ -281,9 +312,7 @@ def _amp(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
 def _optimizer(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if value not in OPTIMIZER_HOST_LEFT:
         raise NotModelled(f"optimizer takes {', '.join(OPTIMIZER_HOST_LEFT)}")
-    ops = ctx.model.ops
-    nodes = ctx.once("optimizer", lambda: tf.within(
-        g, ops[name_matches(ops["name"], OPTIMIZER_STEP)]))
+    nodes = _optimizer_nodes(g, ctx)
     if not nodes.any():
         raise NotModelled("no optimizer.step() in the steps")
     kernels = ctx.once("optimizer kernels",
@@ -305,9 +334,7 @@ def _optimizer(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
 def _zero_grad(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if value not in ("none", "set_to_none"):
         raise NotModelled("only zero_grad=none is replayed")
-    ops = ctx.model.ops
-    nodes = ctx.once("zero_grad", lambda: tf.within(
-        g, ops[per_name(ops["name"], lambda n: n.startswith(ZERO_GRAD)).astype(bool)]))
+    nodes = _zero_grad_nodes(g, ctx)
     launched = ctx.once("zero_grad kernels", lambda: tf.launched_by(g, nodes))
     if not launched.any():
         raise NotModelled("zero_grad() launches no kernels in the steps")
@@ -324,15 +351,33 @@ def _cuda_graphs(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if not len(g.g_ts):
         raise NotModelled("no GPU work to capture")
     in_steps = (g.h_ts >= g.h_ts[g.step_start[0]]) & (g.h_ts < g.h_ts[g.step_end[-1]])
-    keep = (g.h_kind == LOADER) | _h2d_calls(g) | (g.h_wait >= 0)
+    # What torch.compile(model, mode="reduce-overhead") or make_graphed_callables(model)
+    # captures is the model's forward and backward: the loader, the input copies, host waits,
+    # the optimizer step and zero_grad stay as they are (the H200 r5 hostbound-graphs
+    # recording kept Adam.step's 1.6 ms of host time per step).
+    outside = _optimizer_nodes(g, ctx) | _zero_grad_nodes(g, ctx)
+    keep = (g.h_kind == LOADER) | _h2d_calls(g) | (g.h_wait >= 0) | outside
     nodes = in_steps & ((g.h_kind == FILL) | (g.h_kind == CALL)) & ~keep
     g = g.copy()
     tf.scale_host(g, nodes, GRAPH_HOST_LEFT)
     tf.tighten_streams(g, tf.launched_by(g, nodes), GRAPH_KERNEL_GAP_US)
-    return g, [f"one graph launch replaces the step's launches: {GRAPH_HOST_LEFT:.0%} of the "
-               f"host time between them is left and kernels follow each other within "
-               f"{GRAPH_KERNEL_GAP_US:g} us (needs static shapes and no host syncs inside "
-               "the captured region)"]
+    return g, [f"the model's forward and backward replay as CUDA graphs: {GRAPH_HOST_LEFT:.0%} "
+               f"of the host time between their launches is left and their kernels follow "
+               f"each other within {GRAPH_KERNEL_GAP_US:g} us; the optimizer step, zero_grad, "
+               "the loader and the input copies keep their time (needs static shapes and no "
+               "host syncs inside the captured region)"]
+
+
+def _optimizer_nodes(g: Graph, ctx: Context) -> np.ndarray:
+    ops = ctx.model.ops
+    return ctx.once("optimizer", lambda: tf.within(
+        g, ops[name_matches(ops["name"], OPTIMIZER_STEP)]))
+
+
+def _zero_grad_nodes(g: Graph, ctx: Context) -> np.ndarray:
+    ops = ctx.model.ops
+    return ctx.once("zero_grad", lambda: tf.within(
+        g, ops[per_name(ops["name"], lambda n: n.startswith(ZERO_GRAD)).astype(bool)]))
 
 
 def _allocator(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
@@ -426,8 +471,40 @@ WHAT_IF: dict[str, tuple[Fix, Callable[[str], bool], str]] = {
 }
 
 
+def _idle_change(ev: dict, model: TraceModel) -> list[Change]:
+    """gpu-idle's change by its cause: launch overhead (host-wait gaps) is what CUDA graphs
+    remove, from torch 1.10 (make_graphed_callables; torch.compile's reduce-overhead from 2.0);
+    allocator calls are what a steady caching allocator removes. Host work that launches
+    nothing, the optimizer's own host time, dependency gaps: none of these."""
+    cause = ev.get("dominant_cause")
+    if cause == "allocator":
+        return [Change("allocator", "steady")]
+    if cause == "host-wait" and has(model, (1, 10)):
+        return [Change("cuda_graphs", "true")]
+    return []
+
+
 def no_change_reason(finding: Any, model: TraceModel) -> str:
     """Why `changes_for` gave nothing for this finding, in the report's words."""
+    if finding.id == "gpu-idle":
+        ev = finding.evidence or {}
+        cause = ev.get("dominant_cause")
+        under = (ev.get("host_wait_under") or [{}])[0]
+        if cause == "host-optimizer":
+            return (f"its host-wait idle sits under {under.get('region')} "
+                    f"({under.get('ms_per_step')} ms per step): the optimizer's own host work, "
+                    "whose change (fewer preconditioner updates, a fused or foreach "
+                    "implementation) the replay models only for torch's built-in for-loop "
+                    "optimizers (single-tensor-optimizer)")
+        if cause == "host-wait":
+            return "CUDA graphs need torch 1.10 or later; this trace's torch is older"
+        if cause == "host-cpu-work":
+            return ("moving the host's preprocessing into DataLoader workers is not a change "
+                    "the replay models (it does not know which host work is per-sample)")
+        if cause == "dataloader":
+            return "its cause is the DataLoader wait: dataloader-bound's change"
+        return ("its gaps wait on dependencies (other streams, events, peers) or mix causes: "
+                "no single change the replay models removes them")
     if finding.id == "comm-bound":
         ev = finding.evidence or {}
         if ev.get("where") == "host":
@@ -478,6 +555,8 @@ def changes_for(finding: Any, model: TraceModel) -> list[Change]:
         pageable = ((c["direction"] == "HtoD") & (c["src"] == "Pageable")).any()
         return ([Change("pin_memory", "true")] if pageable else []) + [
             Change("non_blocking", "true")]
+    if fid == "gpu-idle":
+        return _idle_change(ev, model)
     return {
         "host-device-sync": [Change("sync", "off")],
         "single-tensor-optimizer": [Change("optimizer", "foreach")],

@@ -150,6 +150,15 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         evidence["cpu_work_ops"] = _cpu_work_ops(model, host, p, p.gap[cpu_pieces], n)
     if cause in ("host-wait", "mixed") and cpu_us >= DOMINANT_SHARE * rest_host > 0:
         cause = "host-cpu-work"
+    regions = _host_regions(model, p, windows, n, host_us)
+    if regions:
+        evidence["host_wait_under"] = regions
+        # Host time no launch-overhead fix removes: name it as the cause when it holds most
+        # of the host-wait idle and the host-wait idle is the larger part.
+        top = regions[0]
+        if cause in ("host-wait", "mixed", "host-cpu-work") and rest_host >= rest_other \
+                and top["pct_of_host_wait"] >= REGION_CAUSE_PCT:
+            cause = top["kind"]
     evidence["dominant_cause"] = cause
     rec, snippet, precondition = _idle_advice(model, cause, evidence, rest_host, rest_other)
     title = f"The GPU is idle {idle_pct:.1f}% of each {step_word(model.workload)}" + {
@@ -160,6 +169,8 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         "other": ", with work queued behind dependencies or after the step's last kernel",
         "launch-unknown": "",
         "mixed": "",
+        "host-optimizer": _region_words(evidence),
+        "allocator": _region_words(evidence),
     }[cause]
     finding = Finding(
         id=RULE_ID,
@@ -272,6 +283,8 @@ class _GapPieces:
     kind_code: np.ndarray  # index into GAP_KINDS
     next_name: np.ndarray
     cpu_work_segments: tuple[np.ndarray, np.ndarray, np.ndarray]
+    # Each host-wait gap from its start to the launch that ended it, in trace time.
+    host_wait_iv: tuple[np.ndarray, np.ndarray] = (np.empty(0), np.empty(0))
 
 
 def _gap_pieces(model: TraceModel, dev: str, windows: np.ndarray,
@@ -345,6 +358,7 @@ def _gap_pieces(model: TraceModel, dev: str, windows: np.ndarray,
         kind_code=kind_code[piece_gap],
         next_name=names[piece_gap],
         cpu_work_segments=(starts[cpu_seg], tl.edges[1:][cpu_seg], seg_gap[cpu_seg]),
+        host_wait_iv=pre_iv,
     )
 
 
@@ -369,6 +383,104 @@ def _op_split(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
     inside = (np.searchsorted(ts, ops["end"].to_numpy(dtype=float)[rows], side="left")
               - np.searchsorted(ts, ops["ts"].to_numpy(dtype=float)[rows], side="left"))
     return rows[inside == 0], rows[inside > 0]
+
+
+# Host regions under which host-wait idle can sit that no launch-overhead fix (CUDA graphs,
+# torch.compile) removes: the optimizer step's host work (a for-loop optimizer, or one whose
+# own host computation is long, such as Shampoo's preconditioner), and device allocator calls.
+# A region is listed when it holds this share of the host-wait idle.
+REGION_MIN_PCT = 10.0
+# ... and is named as the idle's cause when it holds this share of the host-wait idle: the
+# largest part, and a change to it (an allocator left steady, a cheaper optimizer step) comes
+# before launch-overhead fixes, which would leave it in place.
+REGION_CAUSE_PCT = 40.0
+_OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(.+)\.step$")
+_ALLOCATOR_CALL = re.compile(r"^(?:(?:cuda|hip)(?:Malloc|Free)(?:Async)?|cuMem(?:Alloc|Free)"
+                             r"(?:_v2)?)$")
+
+
+def _host_regions(model: TraceModel, p: _GapPieces, windows: np.ndarray, n: int,
+                  host_wait_us: float) -> list[dict]:
+    """How much of the host-wait idle the host spent inside the optimizer step or in device
+    allocator calls, per step, largest first: what the host was doing while the GPU waited."""
+    hw_s, hw_e = p.host_wait_iv
+    if not len(hw_s) or host_wait_us <= 0:
+        return []
+    found: list[tuple[str, str, tuple[np.ndarray, np.ndarray]]] = []
+    ops = model.ops
+    if len(ops):
+        mine = np.ones(len(ops), dtype=bool) if model.main_tid is None else \
+            column_equals_text(ops["tid"], str(model.main_tid))
+        opt = name_mask(ops["name"], _OPTIMIZER_STEP) & mine
+        for name in sorted(set(ops["name"][opt].astype(str))):
+            rows = opt & (ops["name"].astype(str) == name).to_numpy()
+            found.append(("host-optimizer", name,
+                          (ops["ts"].to_numpy(dtype=float)[rows],
+                           ops["end"].to_numpy(dtype=float)[rows])))
+    rt = model.runtime
+    if len(rt):
+        alloc = name_mask(rt["name"], _ALLOCATOR_CALL)
+        if alloc.any():
+            found.append(("allocator", "cudaMalloc/cudaFree",
+                          (rt["ts"].to_numpy(dtype=float)[alloc],
+                           rt["end"].to_numpy(dtype=float)[alloc])))
+    if not found:
+        return []
+    tl = Timeline.from_intervals((windows[:, 0], windows[:, 1]), (hw_s, hw_e),
+                                 *(iv for _, _, iv in found))
+    idle = tl.cover(hw_s, hw_e) & (tl.bucket(windows[:, 0], windows[:, 1]) >= 0)
+    out = []
+    for kind, name, iv in found:
+        us = float(tl.lengths[idle & tl.cover(*iv)].sum())
+        share = pct(us, host_wait_us)
+        if share >= REGION_MIN_PCT:
+            out.append({"kind": kind, "region": name, "ms_per_step": ms(us / n),
+                        "pct_of_host_wait": share})
+    return sorted(out, key=lambda r: -r["ms_per_step"])
+
+
+def _region_words(ev: dict) -> str:
+    regions = ev.get("host_wait_under") or []
+    if not regions:
+        return ""
+    named = ", ".join(f"{r['region']} {r['ms_per_step']} ms per step" for r in regions[:2])
+    return f", while the host is busy in {named}"
+
+
+def _region_advice(cause: str, ev: dict) -> tuple[str, str]:
+    """What helps when the host-wait idle sits under the optimizer step or allocator calls."""
+    top = ev["host_wait_under"][0]
+    share = (f"{top['pct_of_host_wait']:.0f}% of the GPU's host-wait idle "
+             f"({top['ms_per_step']} ms per step) falls inside {top['region']}")
+    if cause == "allocator":
+        rec = (f"{share}: the host is in device allocator calls while the GPU has nothing to "
+               "run. Each cudaMalloc/cudaFree synchronises or stalls the host; the caching "
+               "allocator makes them only when its cache misses or is emptied. Remove "
+               "torch.cuda.empty_cache() (and memory-stat resets) from the loop, keep tensor "
+               "shapes steady between steps, and let segments grow instead of being re-made.")
+        snippet = (
+            "# no torch.cuda.empty_cache() inside the training loop; let the allocator grow\n"
+            "# segments instead of freeing and re-allocating them (before the first CUDA call):\n"
+            "import os\n"
+            "os.environ.setdefault(\"PYTORCH_CUDA_ALLOC_CONF\", \"expandable_segments:True\")")
+        return rec, snippet
+    name = _OPTIMIZER_STEP.match(top["region"])
+    opt = name.group(1) if name else top["region"]
+    rec = (f"{share}: the optimizer's own host work, which CUDA graphs or torch.compile of the "
+           f"model do not remove. Time {opt}.step() alone to confirm. A torch optimizer with a "
+           "per-parameter loop takes foreach=True or fused=True; an optimizer whose host "
+           "computation is long (Shampoo's preconditioner roots, second-order statistics) "
+           "should update that state less often, compute it on the GPU, or overlap it with "
+           "the next step.")
+    if "shampoo" in opt.lower():
+        snippet = ("# Distributed Shampoo: compute the preconditioners every N steps\n"
+                   f"optimizer = {opt}(model.parameters(), lr=lr, precondition_frequency=100, "
+                   "...)")
+    else:
+        snippet = ("# a built-in optimizer: one multi-tensor or fused kernel per step\n"
+                   f"optimizer = torch.optim.{opt}(model.parameters(), lr=lr, fused=True)  "
+                   "# or foreach=True")
+    return rec, snippet
 
 
 def _cpu_work_pieces(p: _GapPieces, gap_label: np.ndarray, ngaps: int) -> np.ndarray:
@@ -604,6 +716,8 @@ def _idle_advice(
             "the GPU runs this one, precompute it once, or move it onto the GPU."
         )
         snippet = _CPU_WORK_SNIPPET
+    elif cause in ("host-optimizer", "allocator"):
+        rec, snippet = _region_advice(cause, ev)
     elif cause == "dataloader":
         rec = (
             f"{ev['idle_during_dataloader_pct']:.0f}% of the GPU's idle time is the host waiting "
