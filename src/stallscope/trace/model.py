@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stallscope.errors import NoStepsError
 from stallscope.trace.intervals import Timeline, enclosing, exclusive
 from stallscope.trace.keyed import first_match, inner_join, pick
 from stallscope.trace.load import Trace
@@ -171,13 +172,13 @@ def build_model(trace: Trace) -> TraceModel:
     notes.extend(trace.notes)
     source = "ProfilerStep" if step_names and inferred is None else "whole-trace"
     if inferred is not None:
+        if inferred.refused:
+            raise NoStepsError(
+                f"no steps found in {trace.path.name}: no ProfilerStep#N markers and too few "
+                f"iteration markers to cut at, and {inferred.refused}; record 3 or more "
+                "iterations, calling prof.step() after each")
         source = f"inferred: {inferred.marker}"
-        notes.append(
-            f"No ProfilerStep#N markers: {len(windows)} iterations were inferred from "
-            f"'{inferred.marker}', which repeats every {inferred.period_us / 1000:.1f} ms "
-            "(median) on the busiest thread; call prof.step() each iteration to mark them "
-            "exactly."
-        )
+        notes.append(_inferred_note(inferred, windows))
     if not len(windows):
         notes.append(f"{trace.path.name} holds no timed events that span any time: nothing in "
                      "it was analysed.")
@@ -253,6 +254,27 @@ def build_model(trace: Trace) -> TraceModel:
         startup=startup.to_dict() if startup else None,
         set_aside=set_aside,
         too_little=too_little,
+    )
+
+
+def _inferred_note(inferred: Iterations, windows: np.ndarray) -> str:
+    """What the iterations were cut at, and how regular they are."""
+    lengths = windows[:, 1] - windows[:, 0]
+    median = inferred.period_us
+    spread = ""
+    if len(lengths) and (lengths.max() > 1.3 * median or lengths.min() < 0.7 * median):
+        spread = f"; they range from {lengths.min() / 1000:.1f} to {lengths.max() / 1000:.1f} ms"
+    stand_in = {
+        "annotation": " (no Optimizer.step, DataLoader __next__ or zero_grad ranges repeat: a "
+                      "repeating user annotation stands in)",
+        "op": " (no iteration marker or user annotation repeats: the shallowest op that "
+              "repeats regularly stands in, and may be a piece of an iteration)",
+    }.get(inferred.kind, "")
+    return (
+        f"No ProfilerStep#N markers: {len(windows)} iterations were inferred from "
+        f"'{inferred.marker}'{inferred.detail}{stand_in}, which repeats every "
+        f"{median / 1000:.1f} ms (median) on the busiest thread{spread}; call prof.step() each "
+        "iteration to mark them exactly."
     )
 
 

@@ -1,10 +1,13 @@
 """Steady-state windows: which spans of a trace are the steps the user repeats.
 
 Steps come from `ProfilerStep#N` when the trace has them. Without them (older
-`torch.autograd.profiler` / `emit_nvtx` recordings, inference loops) the iterations are inferred
-from what repeats with a regular period on the busiest host thread: DataLoader `__next__`,
-`Optimizer.step#...`, `Optimizer.zero_grad#...`, else the shallowest op or annotation that
-repeats regularly. Only when nothing repeats is the whole trace one window.
+`torch.autograd.profiler` / `emit_nvtx` recordings, a script that profiles itself without a
+schedule, inference loops) the iterations are cut at the iteration markers torch writes on the
+busiest host thread, in this order: `Optimizer.step#...`, DataLoader `__next__`,
+`Optimizer.zero_grad#...`. Only without them does a repeating user annotation, else the
+shallowest op that repeats regularly, stand in; and a cut that the markers show to be shorter than
+the iteration (a per-sample op repeating inside it) is refused rather than judged. Only when
+nothing repeats is the whole trace one window.
 
 One-off costs are not steps: start-up (CUDA context creation, cuDNN/cuBLAS initialisation, module
 loading: runtime calls that take tens of milliseconds without waiting for the GPU) is set aside
@@ -22,13 +25,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# Markers that delimit one iteration, in order of preference, and whether a marker opens its
+from stallscope.trace.names import name_matches
+
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
+LOADER_NEXT = re.compile(r"^enumerate\((?:DataLoader|DataPipe)\)#.*__next__$")
+ZERO_GRAD = re.compile(r"^Optimizer\.zero_grad#")
+# Markers torch writes once per iteration, in order of preference, and whether a marker opens its
 # iteration (windows run from one start to the next) or closes it (from one end to the next).
+# The optimizer step comes first: under gradient accumulation one iteration draws several
+# batches, and it is the step the user repeats.
 KNOWN_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"^enumerate\((?:DataLoader|DataPipe)\)#.*__next__$"), "opens"),
-    (re.compile(r"^Optimizer\.step#"), "closes"),
-    (re.compile(r"^Optimizer\.zero_grad#"), "opens"),
+    (OPTIMIZER_STEP, "closes"),
+    (LOADER_NEXT, "opens"),
+    (ZERO_GRAD, "opens"),
 )
+# When both the optimizer step and the loader's `__next__` repeat and the step occurs this many
+# times as often or more, several optimizers step per batch (a GAN's generator and
+# discriminator): the batch is the iteration. Between 1 and 1.5 the counts differ by the loop's
+# last `__next__` (StopIteration) or a partial iteration at an edge of the recording.
+STEPS_PER_BATCH = 1.5
 MARKER_CATS = ("cpu_op", "user_annotation")
 # A marker must occur at least this often (giving two iterations) to infer iterations from it.
 MIN_MARKERS = 3
@@ -37,6 +52,13 @@ MIN_MARKERS = 3
 # iteration alternates short and long intervals, which this rejects.
 REGULAR_SHARE = 0.75
 PERIOD_TOLERANCE = 0.30
+# An inferred step shorter than this (us) while the iteration markers show longer iterations is
+# a piece of an iteration (a per-sample op of the loader or the collate), not a step: refused.
+# "A few milliseconds": an assumption, not a measurement; the shortest real iterations the
+# project holds are 1.5 ms (hta/gp100_gpu_user_annotation, cut at its markers, not by this).
+MIN_INFERRED_STEP_US = 5_000.0
+# ... and the markers must show iterations at least this many times as long as the inferred step.
+SUB_ITERATION_FACTOR = 2.0
 # A host runtime call this long (us) that is not waiting for the GPU (sync, copy, event wait) is
 # initialisation: context creation, library handles, module loading, first allocations. A
 # steady-state launch or allocation takes microseconds to a few milliseconds.
@@ -62,6 +84,13 @@ class Iterations:
     names: list[str]
     marker: str
     period_us: float
+    # How the windows were cut, for the note: "marker" (an iteration marker), "annotation" (a
+    # repeating user annotation) or "op" (the shallowest op that repeats regularly).
+    kind: str = "marker"
+    # Why these windows are pieces of iterations, not steps (then nothing may be judged).
+    refused: str | None = None
+    # Said after the note: how the first window was opened, when not by the marker itself.
+    detail: str = ""
 
 
 @dataclass
@@ -94,35 +123,132 @@ def thread_depth(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def infer_iterations(host: pd.DataFrame) -> Iterations | None:
-    """Iterations of the stepping thread (`host`: its events), from a regularly repeating
-    marker; None when nothing repeats regularly."""
+    """Iterations of the stepping thread (`host`: its events): cut at its iteration markers,
+    else at a repeating user annotation, else at the shallowest op that repeats regularly; None
+    when nothing repeats. A cut that the markers show to be a piece of an iteration comes back
+    with `refused` set: judging it would diagnose a per-sample op as a step."""
     ranges = host[host["cat"].isin(MARKER_CATS)].sort_values("ts", kind="stable")
     if len(ranges) < MIN_MARKERS:
         return None
+    markers = _markers(ranges)
+    marked = _from_markers(markers)
+    if marked is not None:
+        return marked
     names = ranges["name"].astype(str)
     counts = names.value_counts()
     repeated = ranges[names.isin(counts.index[counts >= MIN_MARKERS]).to_numpy()]
     if repeated.empty:
         return None
-    repeated = _outermost(repeated)
+    found = _from_repeats(ranges, _outermost(repeated))
+    if found is not None:
+        found.refused = _piece_of_iteration(found, markers, ranges)
+    return found
+
+
+def _markers(ranges: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
+    """(name, opens|closes, outermost ranges) of each iteration marker on the thread, in order
+    of preference; per marker the name that occurs most (two optimizer classes: either)."""
+    out = []
     for pattern, kind in KNOWN_MARKERS:
-        found = [n for n in repeated["name"].astype(str).unique() if pattern.match(n)]
-        for name in found:
-            it = _regular(repeated[repeated["name"].astype(str) == name], name, kind)
-            if it is not None:
-                return it
+        hit = name_matches(ranges["name"], pattern).to_numpy()
+        if not hit.any():
+            continue
+        names = ranges["name"].astype(str)[hit]
+        counts = names.value_counts(sort=False)
+        name = str(counts.index[int(np.argmax(counts.to_numpy()))])
+        out.append((name, kind, _outermost(ranges[(ranges["name"].astype(str) == name)
+                                                  .to_numpy()])))
+    return out
+
+
+def _from_markers(markers: list[tuple[str, str, pd.DataFrame]]) -> Iterations | None:
+    """Windows cut at the preferred marker that occurs at least MIN_MARKERS times. Markers
+    need not be regular: iterations of bucketed sequence lengths or of a slow first batch vary,
+    and the marker still bounds each one."""
+    usable = [m for m in markers if len(m[2]) >= MIN_MARKERS]
+    if not usable:
+        return None
+    name, kind, marks = usable[0]
+    loader = next((m for m in markers if LOADER_NEXT.match(m[0])), None)
+    if (OPTIMIZER_STEP.match(name) and loader is not None and len(loader[2]) >= MIN_MARKERS
+            and len(marks) >= STEPS_PER_BATCH * len(loader[2])):
+        name, kind, marks = loader  # several optimizer steps per batch: the batch iterates
+    edges = np.unique((marks["ts"] if kind == "opens" else marks["end"]).to_numpy(dtype=float))
+    detail = ""
+    if kind == "closes" and loader is not None and len(edges):
+        # The loop's first iteration starts at its first batch, before any step closed one.
+        first = loader[2]["ts"].to_numpy(dtype=float)
+        first = first[first < edges[0]]
+        if len(first):
+            edges = np.insert(edges, 0, float(first.min()))
+            detail = f" (the first opens at the first '{loader[0]}')"
+    if len(edges) < 2:
+        return None
+    gaps = np.diff(edges)
+    windows = np.column_stack([edges[:-1], edges[1:]])
+    labels = [f"iteration {i}" for i in range(len(windows))]
+    return Iterations(windows, labels, name, float(np.median(gaps)), "marker", None, detail)
+
+
+def _from_repeats(ranges: pd.DataFrame, repeated: pd.DataFrame) -> Iterations | None:
+    """Without markers: a repeating user annotation, else the op that repeats regularly."""
     all_depth = thread_depth(ranges["ts"].to_numpy(), ranges["end"].to_numpy())
-    depth = pd.Series(all_depth, index=ranges.index).loc[repeated.index]
-    groups = repeated.assign(depth=depth.to_numpy()).groupby(
-        repeated["name"].astype(str), observed=True)
-    table = groups.agg(n=("ts", "size"), depth=("depth", "min"), first=("ts", "min"))
-    table = table[table["n"] >= MIN_MARKERS].sort_values(
-        ["depth", "n", "first"], ascending=[True, False, True])
-    for name in table.index:
-        it = _regular(repeated[repeated["name"].astype(str) == name], name, "opens")
+    depth = pd.Series(all_depth, index=ranges.index).loc[repeated.index].to_numpy()
+    names = repeated["name"].astype(str)
+    notes = repeated["cat"].isin(("user_annotation",)).to_numpy()
+    # A user annotation is the user's own unit of work: the shallowest, and of those the one
+    # that repeats least (3 or more times), is the coarsest unit the loop repeats; a per-sample
+    # annotation repeats more often. Its iterations may vary (bucketed lengths), so no
+    # regularity is asked of it.
+    for name in _ranked(repeated[notes], names[notes], depth[notes], fewest=True):
+        it = _regular(repeated[(names == name).to_numpy()], name, "opens", regular=False)
         if it is not None:
+            it.kind = "annotation"
+            return it
+    # Any op: the shallowest that repeats regularly (ties: the most occurrences, the earliest).
+    for name in _ranked(repeated, names, depth, fewest=False):
+        it = _regular(repeated[(names == name).to_numpy()], name, "opens")
+        if it is not None:
+            it.kind = "op"
             return it
     return None
+
+
+def _ranked(ranges: pd.DataFrame, names: pd.Series, depth: np.ndarray, fewest: bool
+            ) -> list[str]:
+    """Names repeated MIN_MARKERS times or more, the shallowest first, then by count (fewest
+    or most first), then the earliest."""
+    if ranges.empty:
+        return []
+    table = ranges.assign(depth=depth).groupby(names, observed=True).agg(
+        n=("ts", "size"), depth=("depth", "min"), first=("ts", "min"))
+    table = table[table["n"] >= MIN_MARKERS].sort_values(
+        ["depth", "n", "first"], ascending=[True, fewest, True])
+    return [str(n) for n in table.index]
+
+
+def _piece_of_iteration(it: Iterations, markers: list[tuple[str, str, pd.DataFrame]],
+                        ranges: pd.DataFrame) -> str | None:
+    """Why `it` cuts inside iterations, when its period is a few milliseconds or less and the
+    iteration markers there are (too few to cut at) show iterations at least twice as long."""
+    if it.period_us >= MIN_INFERRED_STEP_US or not markers:
+        return None
+    name, kind, marks = markers[0]
+    edges = np.unique((marks["ts"] if kind == "opens" else marks["end"]).to_numpy(dtype=float))
+    if len(edges) >= 2:
+        iteration = float(np.median(np.diff(edges)))
+        how = f"its {len(marks)} '{name}' ranges are {iteration / 1000:.1f} ms apart"
+    else:
+        # One marker, once per iteration: the thread's span holds its iteration and less than
+        # one more on either side, so an iteration is longer than a third of the span.
+        span = float(ranges["end"].max() - ranges["ts"].min())
+        iteration = span / 3
+        how = (f"its one '{name}' range marks iterations longer than {iteration / 1000:.1f} ms "
+               f"(a third of the thread's {span / 1000:.1f} ms)")
+    if iteration < SUB_ITERATION_FACTOR * it.period_us:
+        return None
+    return (f"what repeats most regularly, '{it.marker}', does so every "
+            f"{it.period_us / 1000:.2f} ms, a piece of an iteration: {how}")
 
 
 def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
@@ -134,8 +260,10 @@ def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
     return ranges[ranges["ts"].to_numpy() >= prev_end.to_numpy()]
 
 
-def _regular(marks: pd.DataFrame, name: str, kind: str) -> Iterations | None:
-    """Windows between consecutive markers, when their period is regular."""
+def _regular(marks: pd.DataFrame, name: str, kind: str, regular: bool = True
+             ) -> Iterations | None:
+    """Windows between consecutive markers, when their period is regular (or `regular` is
+    False: any period)."""
     if len(marks) < MIN_MARKERS:
         return None
     edges = (marks["ts"] if kind == "opens" else marks["end"]).to_numpy(dtype=float)
@@ -147,7 +275,7 @@ def _regular(marks: pd.DataFrame, name: str, kind: str) -> Iterations | None:
     if period <= 0:
         return None
     near = np.abs(gaps - period) <= PERIOD_TOLERANCE * period
-    if near.mean() < REGULAR_SHARE:
+    if regular and near.mean() < REGULAR_SHARE:
         return None
     windows = np.column_stack([edges[:-1], edges[1:]])
     labels = [f"iteration {i}" for i in range(len(windows))]
