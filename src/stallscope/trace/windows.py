@@ -65,6 +65,9 @@ SUB_ITERATION_FACTOR = 2.0
 STARTUP_CALL_US = 50_000.0
 WAIT_CALL = re.compile(
     r"^(?:cuda|cu|hip)(?:Memcpy|Memset|.*Synchronize|StreamWaitEvent|EventQuery)")
+# A copy size (bytes, host<->device) seen this many times or more is repeated work (a batch, a
+# request, a metric read each iteration), not a one-off upload of weights or constants.
+MIN_COPY_REPEATS = 3
 # A first step this many times the median of the others is a one-off (autotuning, compilation,
 # caches filling), not a step the user repeats. Only the first step: a long step later (an
 # epoch boundary re-spawning workers) is a cost the user pays again, and rules judge it.
@@ -101,15 +104,20 @@ class Startup:
     end_us: float
     calls: list[dict[str, Any]] = field(default_factory=list)
     what: str = ""
+    # The host-to-device copies made before the window of a one-window trace (startup_copies).
+    uploads: dict[str, Any] | None = None
 
     @property
     def duration_us(self) -> float:
         return self.end_us - self.start_us
 
     def to_dict(self) -> dict[str, Any]:
-        return {"start_us": round(self.start_us, 3), "end_us": round(self.end_us, 3),
-                "duration_us": round(self.duration_us, 3), "what": self.what,
-                "calls": self.calls}
+        out = {"start_us": round(self.start_us, 3), "end_us": round(self.end_us, 3),
+               "duration_us": round(self.duration_us, 3), "what": self.what,
+               "calls": self.calls}
+        if self.uploads is not None:
+            out["uploads"] = self.uploads
+        return out
 
 
 def thread_depth(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -326,6 +334,79 @@ def _startup_kind(call: str, op: str, first: bool) -> str:
     if "Malloc" in call or "Free" in call:
         return "first device allocations"
     return "CUDA library and module loading"
+
+
+def _recurring(copies: pd.DataFrame) -> np.ndarray:
+    """Which host<->device copies are of a size the trace copies MIN_COPY_REPEATS times or
+    more (per direction)."""
+    key = copies["direction"].astype(str) + ":" + copies["bytes"].astype(str)
+    counts = key.map(key.value_counts())
+    host_device = copies["direction"].isin(("HtoD", "DtoH")).to_numpy()
+    return host_device & (counts.to_numpy() >= MIN_COPY_REPEATS)
+
+
+def repeats_under_way(copies: pd.DataFrame) -> float:
+    """When the repeated work of a one-window trace is under way: the second copy of a size
+    that recurs (the first may come before the first iteration's one-off set-up, as a batch
+    copied before cuDNN autotunes the first forward); inf when no size recurs. A long call made
+    later is a cost of that work (an allocation, a cache clear), not start-up."""
+    if copies.empty:
+        return np.inf
+    rows = copies[_recurring(copies)]
+    if rows.empty:
+        return np.inf
+    key = rows["direction"].astype(str) + ":" + rows["bytes"].astype(str)
+    second = rows["ts"].groupby(key.to_numpy()).nsmallest(2).groupby(level=0).max()
+    return float(second.min())
+
+
+def startup_copies(copies: pd.DataFrame, start_us: float) -> tuple[str, dict[str, Any] | None]:
+    """The host-to-device copies made before a one-window trace's judged window, as a phrase
+    for the start-up and as evidence (bytes, rate, largest): one-off uploads (model weights,
+    constants: no size recurs) are start-up; a copy of a size the trace copies again is the
+    repeated work's, said as such and not called an upload."""
+    before = copies[(copies["ts"] < start_us).to_numpy()
+                    & (copies["direction"] == "HtoD").to_numpy()]
+    if before.empty:
+        return "", None
+    again = _recurring(copies)[(copies["ts"] < start_us).to_numpy()
+                               & (copies["direction"] == "HtoD").to_numpy()]
+    once = before[~again]
+    phrase = ""
+    uploads = None
+    if not once.empty:
+        moved, took = float(once["bytes"].sum()), float(once["dur_gpu"].sum())
+        big = once.loc[once["bytes"].idxmax()]
+        pageable = bool((once["src"] == "Pageable").all())
+        uploads = {
+            "copies": len(once), "bytes": int(moved), "gpu_ms": round(took / 1000, 3),
+            "achieved_gbps": round(moved / took / 1e3, 2) if took > 0 else None,
+            "source": "Pageable" if pageable else "/".join(sorted(set(once["src"]))),
+            "largest_bytes": int(big["bytes"]),
+            "largest_gbps": (round(float(big["bytes"]) / float(big["dur_gpu"]) / 1e3, 2)
+                             if big["dur_gpu"] > 0 else None),
+            "ops": sorted({str(o) for o in once["top_op"] if isinstance(o, str) and o}),
+        }
+        rate = f" at {moved / took / 1e3:.1f} GB/s" if took > 0 else ""
+        phrase = (f"; {len(once)} host-to-device copies{' from pageable memory' * pageable} "
+                  f"({moved / 1e6:.0f} MB{rate}, {took / 1000:.1f} ms on the GPU), one-off "
+                  "uploads: no size recurs")
+    if again.any():
+        phrase += (f"; {int(again.sum())} earlier copies of sizes the trace copies again (the "
+                   "repeated work's first, judged where they recur)")
+    return phrase, uploads
+
+
+def judged_window_note(start_us: float, end_us: float, origin_us: float, after_startup: bool,
+                       held: list[str]) -> str:
+    """Which part of a one-window trace was judged, and the annotations it holds."""
+    lo, hi = start_us - origin_us, end_us - origin_us
+    where = (f"{lo / 1e6:.2f}-{hi / 1e6:.2f} s" if hi >= 1e6
+             else f"{lo / 1000:.1f}-{hi / 1000:.1f} ms")
+    what = "from the end of start-up to the end of the trace" if after_startup else "all of it"
+    holds = f", holding {', '.join(held)}" if held else ""
+    return (f"Judged window: {where} of the trace ({(end_us - start_us) / 1000:.1f} ms, "
+            f"{what}){holds}.")
 
 
 def first_step_outlier(durations: np.ndarray, pre_busy_us: float) -> str | None:
