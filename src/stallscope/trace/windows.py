@@ -157,15 +157,15 @@ def _markers(ranges: pd.DataFrame) -> list[tuple[str, str, pd.DataFrame]]:
     """(name, opens|closes, outermost ranges) of each iteration marker on the thread, in order
     of preference; per marker the name that occurs most (two optimizer classes: either)."""
     out = []
+    text: pd.Series | None = None
     for pattern, kind in KNOWN_MARKERS:
         hit = name_matches(ranges["name"], pattern).to_numpy()
         if not hit.any():
             continue
-        names = ranges["name"].astype(str)[hit]
-        counts = names.value_counts(sort=False)
+        text = ranges["name"].astype(str) if text is None else text
+        counts = text[hit].value_counts(sort=False)
         name = str(counts.index[int(np.argmax(counts.to_numpy()))])
-        out.append((name, kind, _outermost(ranges[(ranges["name"].astype(str) == name)
-                                                  .to_numpy()])))
+        out.append((name, kind, _outermost(ranges[(text == name).to_numpy()])))
     return out
 
 
