@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from stallscope.errors import NoStepsError
 from stallscope.trace.intervals import Timeline, enclosing, exclusive
 from stallscope.trace.keyed import first_match, inner_join, pick
 from stallscope.trace.load import Trace
@@ -30,7 +31,10 @@ from stallscope.trace.windows import (
     describe_startup,
     first_step_outlier,
     infer_iterations,
+    judged_window_note,
+    repeats_under_way,
     startup_calls,
+    startup_copies,
 )
 from stallscope.trace.workload import workload_of
 
@@ -171,13 +175,13 @@ def build_model(trace: Trace) -> TraceModel:
     notes.extend(trace.notes)
     source = "ProfilerStep" if step_names and inferred is None else "whole-trace"
     if inferred is not None:
+        if inferred.refused:
+            raise NoStepsError(
+                f"no steps found in {trace.path.name}: no ProfilerStep#N markers and too few "
+                f"iteration markers to cut at, and {inferred.refused}; record 3 or more "
+                "iterations, calling prof.step() after each")
         source = f"inferred: {inferred.marker}"
-        notes.append(
-            f"No ProfilerStep#N markers: {len(windows)} iterations were inferred from "
-            f"'{inferred.marker}', which repeats every {inferred.period_us / 1000:.1f} ms "
-            "(median) on the busiest thread; call prof.step() each iteration to mark them "
-            "exactly."
-        )
+        notes.append(_inferred_note(inferred, windows))
     if not len(windows):
         notes.append(f"{trace.path.name} holds no timed events that span any time: nothing in "
                      "it was analysed.")
@@ -203,6 +207,7 @@ def build_model(trace: Trace) -> TraceModel:
                                           & ~cols.matches(NOT_AN_OP)))
     for table in (copies, syncs):
         table["op"], table["top_op"] = _enclosing_ops(ops, table)
+    origin = float(windows[0, 0]) if len(windows) else 0.0
     windows, startup = _set_aside_startup(windows, source, cols, rt, ops, gpu, copies, notes)
     windows, step_names, set_aside = _set_aside_outliers(
         windows, step_names, (cols.ts[rt], cols.arg("correlation")[rt]), gpu, source, notes)
@@ -231,6 +236,10 @@ def build_model(trace: Trace) -> TraceModel:
         "step": _step_of(cols.ts[is_op], windows),
     })
     workload = workload_of(op_table, gpu_table)
+    if source == "whole-trace" and len(windows):
+        notes.append(judged_window_note(float(windows[0, 0]), float(windows[0, 1]), origin,
+                                        startup is not None,
+                                        _held_annotations(op_table, windows[0])))
     too_little = (_too_little(gpu_table, windows, workload) if has_gpu
                   else _too_little_host(op_table, windows))
     if too_little:
@@ -256,6 +265,27 @@ def build_model(trace: Trace) -> TraceModel:
     )
 
 
+def _inferred_note(inferred: Iterations, windows: np.ndarray) -> str:
+    """What the iterations were cut at, and how regular they are."""
+    lengths = windows[:, 1] - windows[:, 0]
+    median = inferred.period_us
+    spread = ""
+    if len(lengths) and (lengths.max() > 1.3 * median or lengths.min() < 0.7 * median):
+        spread = f"; they range from {lengths.min() / 1000:.1f} to {lengths.max() / 1000:.1f} ms"
+    stand_in = {
+        "annotation": " (no Optimizer.step, DataLoader __next__ or zero_grad ranges repeat: a "
+                      "repeating user annotation stands in)",
+        "op": " (no iteration marker or user annotation repeats: the shallowest op that "
+              "repeats regularly stands in, and may be a piece of an iteration)",
+    }.get(inferred.kind, "")
+    return (
+        f"No ProfilerStep#N markers: {len(windows)} iterations were inferred from "
+        f"'{inferred.marker}'{inferred.detail}{stand_in}, which repeats every "
+        f"{median / 1000:.1f} ms (median) on the busiest thread{spread}; call prof.step() each "
+        "iteration to mark them exactly."
+    )
+
+
 def _set_aside_startup(
     windows: np.ndarray, source: str, cols: _EventColumns, rt: np.ndarray, ops: _OpRows,
     gpu: _GpuRows, copies: pd.DataFrame, notes: list[str],
@@ -263,7 +293,8 @@ def _set_aside_startup(
     """Start-up before the steady-state window: initialisation calls (context creation, library
     set-up, module loading) before the first step, or, in a one-window trace, up to the end of
     the last of them and of a long wait for the first GPU work. The window is trimmed so the
-    rules never judge start-up as the step's bottleneck."""
+    rules never judge start-up as the step's bottleneck; in a one-window trace a long call made
+    once copies repeat (the work is under way) is the work's own cost, not start-up."""
     if not len(windows) or not len(rt):
         return windows, None
     whole = source == "whole-trace"
@@ -273,7 +304,8 @@ def _set_aside_startup(
     origin = float(windows[0, 0])
     calls = startup_calls(runtime, None if whole else float(windows[0, 0]))
     if whole:
-        calls = calls[calls["end"] < windows[0, 1]]
+        calls = calls[(calls["end"] < windows[0, 1])
+                      & (calls["ts"] < repeats_under_way(copies))]
     start = float(calls["end"].max()) if len(calls) else origin
     gap = 0.0
     if whole and len(gpu.pos):
@@ -288,10 +320,12 @@ def _set_aside_startup(
         calls = calls.assign(op=inner, top_op=outer)
     first_call = float(cols.ts[rt].min())
     rows, what = describe_startup(calls, first_call, gap)
+    uploads = None
     if whole:
-        what += _startup_copies(copies[copies["ts"] < start])
+        phrase, uploads = startup_copies(copies, start)
+        what += phrase
     end = start if whole else float(windows[0, 0])
-    startup = Startup(origin if whole else first_call, end, rows, what)
+    startup = Startup(origin if whole else first_call, end, rows, what, uploads)
     if whole:
         windows = windows.copy()
         windows[0, 0] = start
@@ -300,18 +334,6 @@ def _set_aside_startup(
         f"({what}). One-off costs are not steps: the rules judge only what follows."
     )
     return windows, startup
-
-
-def _startup_copies(copies: pd.DataFrame) -> str:
-    """Host-to-device copies made during start-up (model and data upload), as a phrase."""
-    h2d = copies[copies["direction"] == "HtoD"]
-    if h2d.empty:
-        return ""
-    moved, took = float(h2d["bytes"].sum()), float(h2d["dur_gpu"].sum())
-    pageable = " from pageable memory" if (h2d["src"] == "Pageable").all() else ""
-    rate = f" at {moved / took / 1e3:.1f} GB/s" if took > 0 else ""
-    return (f"; {len(h2d)} host-to-device copies{pageable} ({moved / 1e6:.0f} MB{rate}, "
-            f"{took / 1000:.1f} ms on the GPU), one-off uploads")
 
 
 def _set_aside_outliers(
@@ -357,6 +379,19 @@ def _pre_window_busy(window: np.ndarray, runtime: tuple[np.ndarray, np.ndarray],
         return 0.0
     tl = Timeline.from_intervals((lo, hi))
     return float(tl.lengths[tl.cover(lo, hi)].sum())
+
+
+def _held_annotations(ops: pd.DataFrame, window: np.ndarray, most: int = 3) -> list[str]:
+    """The user annotations inside `window` that span a tenth of it or more, in time order: what
+    the user called the work judged there."""
+    if not len(ops):
+        return []
+    span = float(window[1] - window[0])
+    mask = ((ops["cat"].astype(str) == "user_annotation").to_numpy()
+            & (ops["ts"].to_numpy() >= window[0]) & (ops["end"].to_numpy() <= window[1])
+            & (ops["dur"].to_numpy() >= 0.1 * span))
+    names = ops.loc[mask].sort_values("ts", kind="stable")["name"].astype(str)
+    return list(dict.fromkeys(names))[:most]
 
 
 def _too_little(gpu: pd.DataFrame, windows: np.ndarray, workload: str) -> str | None:
