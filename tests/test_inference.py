@@ -148,3 +148,23 @@ def test_serving_d2h_advice_overlaps_the_read_instead_of_skipping_it(tmp_path: P
     assert f is not None and "every N steps" not in f.recommendation
     assert "pinned buffer" in f.recommendation and "non_blocking=True" in f.snippet
     assert [a for a in diagnose(model) if a.rule == "host-device-sync"][0].status == "clear"
+
+
+def test_a_step_of_two_batches_reads_each_output_at_its_batch_end(tmp_path: Path):
+    # prof.step() every second batch: the first batch's read is followed, in the same step, by
+    # the second batch's input copy, not by more of its own forward.
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress(SERVING.read_bytes()))
+    steps = sorted((e for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep")),
+                   key=lambda e: e["ts"])
+    events = [e for e in doc["traceEvents"] if not e.get("name", "").startswith("ProfilerStep")]
+    for i, (a, b) in enumerate(zip(steps[::2], steps[1::2], strict=True)):
+        events.append({**a, "name": f"ProfilerStep#{i}", "dur": b["ts"] + b["dur"] - a["ts"]})
+    path = tmp_path / "synthetic-inference-two-per-step.pt.trace.json"
+    path.write_text(json.dumps({**doc, "traceEvents": events}))
+    model = _model(path)
+    assert len(model.steps) == 3 and model.workload == "inference"
+    a = host_device_sync(model)
+    assert a.status == "clear" and "reading its output" in a.detail, a.detail

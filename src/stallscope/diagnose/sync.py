@@ -204,23 +204,30 @@ def _waits(model: TraceModel) -> dict:
 
 
 def _output_reads(model: TraceModel, waits: dict) -> np.ndarray:
-    """Which waits read an inference batch's output: a read after which its step launches no
-    more work but further reads (no kernel, no host-to-device or device-to-device copy). The
-    caller needs that value; the wait cannot be removed, only overlapped with the next batch's
-    preparation, and the GPU idle that follows it is that preparation's (gpu-idle names it)."""
+    """Which waits read an inference batch's output: a read after which the GPU work its step
+    launches next (device-to-host copies aside: more reads) is none, or the next batch's input
+    (a host-to-device copy; a step that holds several batches). The caller needs that value;
+    the wait cannot be removed, only overlapped with the next batch's preparation, and the GPU
+    idle that follows it is that preparation's (gpu-idle names it). A read followed by a kernel
+    is one the forward needs before it can go on: a sync inside the batch."""
     read = waits["read"]
     if model.workload != "inference" or not read.any():
         return np.zeros(len(read), bool)
     g = model.gpu
-    later = ~((g["kind"] == "memcpy") & g["name"].astype(str).str.contains("DtoH")).to_numpy()
-    launch = g["launch_ts"].to_numpy(dtype=float)[later]
-    launch = launch[np.isfinite(launch)]
-    win = model.windows
-    bucket = np.searchsorted(win[:, 0], launch, side="right") - 1
-    inside = (bucket >= 0) & (launch < win[np.clip(bucket, 0, None), 1])
-    last = np.full(len(win), -np.inf)
-    np.maximum.at(last, bucket[inside], launch[inside])
-    return read & (last[waits["step"]] <= waits["w1"] + LAUNCH_TOLERANCE_US)
+    names = g["name"].astype(str)
+    copy = (g["kind"] == "memcpy").to_numpy()
+    launch = g["launch_ts"].to_numpy(dtype=float)
+    later = ~(copy & names.str.contains("DtoH").to_numpy()) & np.isfinite(launch)
+    order = np.argsort(launch[later], kind="stable")
+    at = launch[later][order]
+    starts_batch = (copy & names.str.contains("HtoD").to_numpy())[later][order]
+    if not len(at):
+        return read.copy()
+    nxt = np.searchsorted(at, waits["w1"] + LAUNCH_TOLERANCE_US, side="right")
+    found = nxt < len(at)
+    nxt = np.minimum(nxt, len(at) - 1)
+    same_step = found & (at[nxt] < model.windows[waits["step"], 1])
+    return read & (~same_step | starts_batch[nxt])
 
 
 def _output_read_detail(model: TraceModel, share: float, read_us: float,
