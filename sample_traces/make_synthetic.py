@@ -13,7 +13,7 @@ Every file says `synthetic` in its name and carries a top-level `stallscope_synt
 output is the same bytes on every run (fixed timestamps, gzip with mtime=0). Run from the
 repository root:
 
-    python sample_traces/make_synthetic.py
+    python sample_traces/make_synthetic.py [PATTERN ...]   # e.g. inference-serving
 
 Sources for what torch names (read, not copied):
 - `torch/nn/parallel/data_parallel.py`: `DataParallel.forward` wraps its body in
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -433,11 +434,97 @@ def dataparallel(pattern: str, steps: int = 3, ngpu: int = 4) -> dict[str, Any]:
     return document(b, pattern, [V100] * ngpu, tids, t + 1000)
 
 
+# --- one GPU serving requests: forward only, host preprocessing, output read ------------------
+
+BF16_GEMM = "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_64x3_tn"
+SOFTMAX = (
+    "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, c10::BFloat16, float, "
+    "c10::BFloat16, at::native::(anonymous namespace)::SoftMaxForwardEpilogue>(c10::BFloat16*, "
+    "c10::BFloat16 const*, int)"
+)
+ARGMAX = (
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, "
+    "at::native::ArgMaxOps<float>, unsigned int, long, 4> >(at::native::ReduceOp<c10::BFloat16, "
+    "at::native::ArgMaxOps<float>, unsigned int, long, 4>)"
+)
+# Host preprocessing of one batch of requests (CPU tensor ops that launch nothing): decode has
+# happened already; resize, collate and normalise run in the serving loop itself.
+PREPROCESS = (("aten::upsample_bilinear2d", 1900), ("aten::stack", 650), ("aten::sub", 380),
+              ("aten::div", 370))
+
+
+def inference_serving(pattern: str, batches: int = 6) -> dict[str, Any]:
+    """A serving loop on one A100, one ProfilerStep per batch of requests, no backward:
+
+        for requests in queue:
+            x = preprocess(requests)                      # CPU: resize, stack, normalise
+            x = x.pin_memory().to(device, non_blocking=True)
+            with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+                preds = model(x).softmax(-1).argmax(-1)
+            reply(preds.cpu())                           # the caller needs the result
+            prof.step()
+
+    The host preprocesses the next batch only after `.cpu()` returned, so the GPU idles through
+    every batch's preprocessing; `.cpu()` itself waits for the forward (pageable DtoH: the
+    cudaMemcpyAsync returns once the copy is done, then copy_'s cudaStreamSynchronize is short,
+    as torch 2.x records it). `reply` is 0.7 ms of host work after the read (encode, send).
+    """
+    b = Builder()
+    main = PID
+    t = 1000
+    batch_bytes = 32 * 3 * 224 * 224 * 2  # 32 bf16 images of 3x224x224 per batch, pinned
+    out_bytes = 32 * 8  # int64 class index per request
+    for k in range(batches):
+        step_start = t
+        step_idx = len(b.events)
+        for name, dur in PREPROCESS:
+            t = b.op(name, main, t, dur) + 15
+        to_start = t
+        _, _copy_end = b.memcpy(main, t + 20, "Memcpy HtoD (Pinned -> Device)", 0, batch_bytes,
+                                22.0)
+        b.call("cudaEventRecord", main, t + 36, 3)
+        b.op("aten::copy_", main, t + 14, 30)
+        t = b.op("aten::to", main, to_start, 50) + 20
+        # Forward: 12 x (bf16 linear, relu) then softmax and argmax, launched back to back.
+        for _layer in range(12):
+            start = t
+            b.kernel(main, t + 18, BF16_GEMM, 0, 380)
+            t = b.op("aten::addmm", main, start + 6, 30) + 2
+            t = b.op("aten::linear", main, start, t - start + 3) + 6
+            rs = t
+            b.kernel(main, t + 10, RELU, 0, 45)
+            t = b.op("aten::relu", main, rs, 24) + 6
+        for kname, op, gpu_dur in ((SOFTMAX, "aten::softmax", 30), (ARGMAX, "aten::argmax", 12)):
+            s = t
+            b.kernel(main, t + 10, kname, 0, gpu_dur)
+            t = b.op(op, main, s, 24) + 6
+        # preds.cpu(): aten::to > _to_copy > empty_strided, copy_ > cudaMemcpyAsync (blocks until
+        # the queued forward and the copy are done) + cudaStreamSynchronize.
+        rd = t
+        t += 12
+        b.op("aten::empty_strided", main, t, 8)
+        cp = t + 12
+        _, copy_end = b.memcpy(main, cp + 6, "Memcpy DtoH (Device -> Pageable)", 0, out_bytes,
+                               0.05, call_dur=max(b.gpu_idle_at(0) - cp - 6, 0) + 14)
+        t = b.call("cudaStreamSynchronize", main, copy_end + 16, 4)
+        b.op("aten::copy_", main, cp, t - cp + 3)
+        b.op("aten::_to_copy", main, rd + 6, t - rd)
+        t = b.op("aten::to", main, rd, t - rd + 10) + 15
+        t = b.op("reply", main, t, 700, cat="user_annotation") + 20
+        b.events.insert(step_idx, {"ph": "X", "cat": "user_annotation",
+                                   "name": f"ProfilerStep#{k + 2}", "pid": PID, "tid": main,
+                                   "ts": BASE_TS + step_start, "dur": t - step_start,
+                                   "args": {"External id": 0, "Record function id": 0}})
+        t += 10
+    return document(b, pattern, [A100], {main: "python main"}, t + 1000)
+
+
 PATTERNS = {
     "dataparallel": lambda p: dataparallel(p),
     "allocator-churn": lambda p: single_gpu(p, empty_cache=True),
     "allocator-steady": lambda p: single_gpu(p),
     "blocking-h2d": lambda p: single_gpu(p, blocking_copy=True),
+    "inference-serving": lambda p: inference_serving(p),
 }
 
 
@@ -448,9 +535,10 @@ def render(pattern: str) -> bytes:
     return gzip.compress(data, compresslevel=9, mtime=0)
 
 
-def main(out: Path = OUT) -> list[Path]:
+def main(out: Path = OUT, patterns: list[str] | None = None) -> list[Path]:
+    """Write the named patterns' traces (all of them when none is named)."""
     written = []
-    for pattern in PATTERNS:
+    for pattern in patterns or PATTERNS:
         path = out / f"synthetic-{pattern}.pt.trace.json.gz"
         path.write_bytes(render(pattern))
         written.append(path)
@@ -459,4 +547,7 @@ def main(out: Path = OUT) -> list[Path]:
 
 
 if __name__ == "__main__":
-    main()
+    unknown = [p for p in sys.argv[1:] if p not in PATTERNS]
+    if unknown:
+        sys.exit(f"unknown pattern(s) {', '.join(unknown)}; known: {', '.join(PATTERNS)}")
+    main(patterns=sys.argv[1:])

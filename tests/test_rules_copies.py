@@ -17,8 +17,10 @@ STEP_US = 10_000.0
 
 
 def _d2h_steps(copy_us: float, wait_us: float, nbytes: int, steps: int = 4) -> list[dict]:
-    """Steps of STEP_US with a kernel, then a `.cpu()` whose host call first waits `wait_us`
-    for the kernel and then blocks `copy_us` for the pageable transfer."""
+    """Training steps of STEP_US with a kernel, then a `.cpu()` whose host call first waits
+    `wait_us` for the kernel and then blocks `copy_us` for the pageable transfer, then the
+    optimizer step (host only: it makes the trace a training one; an inference batch's output
+    read is not a sync finding, tests/test_inference.py)."""
     events: list[dict] = []
     for i in range(steps):
         t0 = i * STEP_US
@@ -37,6 +39,8 @@ def _d2h_steps(copy_us: float, wait_us: float, nbytes: int, steps: int = 4) -> l
             {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)",
              "pid": 0, "tid": 7, "ts": t0 + 20 + wait_us, "dur": copy_us * 0.8,
              "args": {"correlation": c_corr, "device": 0, "stream": 7, "bytes": nbytes}},
+            {"ph": "X", "cat": "user_annotation", "name": "Optimizer.step#SGD.step", "pid": 1,
+             "tid": 1, "ts": t0 + 40 + wait_us + copy_us, "dur": 30},
         ]
     return events
 

@@ -61,7 +61,8 @@ def test_legacy_inference_report_says_inference_and_no_training_words(tmp_path: 
 
 def _synthetic_inference(tmp_path: Path) -> Path:
     """Three batches of a forward-only model on a V100: each waits 4 ms for its batch from a
-    single-process DataLoader, then runs fp32 SGEMMs and reads the result back with .item()."""
+    single-process DataLoader, then runs fp32 SGEMMs with an .item() between them (a value the
+    forward needs on the host: 1 ms of CPU work follows before the rest is launched)."""
     events = []
     corr = 0
     for i in range(3):
@@ -73,19 +74,22 @@ def _synthetic_inference(tmp_path: Path) -> Path:
                                              ".__next__"})
         events.append({"ph": "X", "cat": "cpu_op", "name": "aten::linear", "pid": 1, "tid": 1,
                        "ts": t0 + 4_100, "dur": 200})
-        for k in range(4):
+        # Two kernels, the .item() that waits for them, 1 ms of host work, two more kernels.
+        for k, (launch, start) in enumerate(((4_110, 4_200), (4_150, 5_600), (7_940, 7_950),
+                                             (7_980, 9_300))):
             corr += 1
-            launch = t0 + 4_110 + 40 * k
             events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
-                           "pid": 1, "tid": 1, "ts": launch, "dur": 5,
+                           "pid": 1, "tid": 1, "ts": t0 + launch, "dur": 5,
                            "args": {"correlation": corr}})
             events.append({"ph": "X", "cat": "kernel", "name": "volta_sgemm_128x64_nn",
-                           "pid": 0, "tid": 7, "ts": t0 + 4_200 + 1_400 * k, "dur": 1_300,
+                           "pid": 0, "tid": 7, "ts": t0 + start, "dur": 1_300 if k < 3 else 600,
                            "args": {"correlation": corr, "device": 0, "stream": 7}})
         events.append({"ph": "X", "cat": "cpu_op", "name": "aten::item", "pid": 1, "tid": 1,
-                       "ts": t0 + 4_400, "dur": 5_500})
+                       "ts": t0 + 4_400, "dur": 2_520})
         events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize",
-                       "pid": 1, "tid": 1, "ts": t0 + 4_410, "dur": 5_400, "args": {}})
+                       "pid": 1, "tid": 1, "ts": t0 + 4_410, "dur": 2_500, "args": {}})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::sort", "pid": 1, "tid": 1,
+                       "ts": t0 + 6_930, "dur": 1_000})
     return write_trace(tmp_path / "synthetic-inference.pt.trace.json", events,
                        deviceProperties=V100, **SYNTH)
 

@@ -70,6 +70,7 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
         "host_wait_for_queue_ms_per_step": ms(waited / n),
         "ops": sorted({o for o in ops if o}),
     }
+    serving = model.workload == "inference"
     finding = Finding(
         id=RULE_ID,
         title=(
@@ -78,7 +79,7 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
             f"({nbytes / n / 1e6:.2f} MB per step at {gbps:.1f} GB/s)"
         ),
         evidence=evidence,
-        recommendation=(
+        recommendation=_SERVING_ADVICE if serving else (
             "Results are copied from the GPU into pageable (ordinary) host memory every step "
             "(.cpu(), .numpy(), .tolist(), .item() on outputs or metrics): the host blocks for "
             "each transfer and the driver stages it through a bounce buffer. Keep the results "
@@ -87,7 +88,7 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
             "calls spent waiting for earlier GPU work is not counted here (see "
             "host-device-sync)."
         ),
-        snippet=(
+        snippet=SERVING_SNIPPET if serving else (
             "# keep per-step results on the GPU; fetch every N steps\n"
             "outputs = []\n"
             "for step, (x, y) in enumerate(loader):\n"
@@ -104,7 +105,7 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
             "...  # launch the next step's work first\n"
             "torch.cuda.current_stream().synchronize()  # then read buf"
         ),
-        precondition=(
+        precondition=_SERVING_PRECONDITION if serving else (
             "Fetching every N steps helps only when the host does not need each step's values "
             "at once; when it does (e.g. every step's predictions are written out), the pinned "
             "buffer with non_blocking=True overlaps the transfer with the next step's launches "
@@ -119,3 +120,42 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
         docs=DOCS,
     )
     return Assessment.found(finding)
+
+
+# Inference: the caller needs every batch's outputs, so the read stays; it can shrink and
+# overlap the next batch's work instead of blocking the host in a pageable transfer.
+_SERVING_ADVICE = (
+    "Each batch's outputs are copied from the GPU into pageable (ordinary) host memory: the "
+    "host blocks for each transfer and the driver stages it through a bounce buffer. The "
+    "caller needs the outputs, so keep the read but make it smaller and overlapped: reduce "
+    "them on the GPU before copying (argmax/top-k, a smaller dtype), and copy into a reused "
+    "pinned buffer with non_blocking=True, waiting on its event only once the next batch is "
+    "launched. Host time the calls spent waiting for the batch's GPU work is not counted here "
+    "(it is the forward's own time)."
+)
+_SERVING_PRECONDITION = (
+    "Overlapping needs the next batch to be ready when this one's output is read (requests "
+    "queued, preprocessing done ahead); a fixed output shape (slice the buffer for a short "
+    "last batch); two pinned buffers so a copy never overwrites a result not yet read. "
+    "Pinned memory is page-locked RAM: allocate the buffers once."
+)
+# Double-buffered output reads: batch i's copy runs while batch i+1 is launched.
+SERVING_SNIPPET = (
+    "bufs = [torch.empty(max_batch, dtype=torch.long, pin_memory=True) for _ in range(2)]\n"
+    "done = [torch.cuda.Event(), torch.cuda.Event()]\n"
+    "prev = None\n"
+    "for i, batch in enumerate(batches):\n"
+    "    with torch.inference_mode():\n"
+    "        preds = model(batch.to(device, non_blocking=True)).argmax(-1)  # reduce on GPU\n"
+    "    buf = bufs[i % 2][: len(preds)]\n"
+    "    buf.copy_(preds, non_blocking=True)\n"
+    "    done[i % 2].record()\n"
+    "    if prev is not None:  # the previous batch's copy ran while this one was launched\n"
+    "        prev_buf, prev_done = prev\n"
+    "        prev_done.synchronize()\n"
+    "        reply(prev_buf.tolist())\n"
+    "    prev = (buf, done[i % 2])\n"
+    "if prev is not None:\n"
+    "    prev[1].synchronize()\n"
+    "    reply(prev[0].tolist())"
+)

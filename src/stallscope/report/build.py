@@ -6,6 +6,7 @@ import platform
 import shlex
 import statistics
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,20 @@ class Report:
         return ("Workload: inference (forward passes only, no backward pass in the trace): each "
                 "step is one batch of requests.")
 
+    @cached_property
+    def lead(self) -> Finding | None:
+        """The one finding the page leads with, chosen once: the verdict line, the HTML
+        "Main bottleneck" and saving cards, the page title and report.md's top recommendation
+        all read it. The top finding (the fix plan's first change unless that finding is
+        another's effect); when its change was not replayed and its trace is GPU-bound, the
+        GPU bound is the answer (it is what the first line says)."""
+        top = self.top_finding
+        if top is None:
+            return None
+        if self.plan_entry(top) is None:
+            return self._gpu_bound(top) or top
+        return top
+
     def _gpu_bound(self, top: Finding) -> Finding | None:
         """The gpu-bound finding of the headline's trace: when the GPU is the bound, the first
         line says so before naming the first fix."""
@@ -92,7 +107,7 @@ class Report:
     def verdict_id(self) -> str:
         """What the verdict line speaks of, for machines: a finding id, or one of
         `too-little-to-judge`, `no-finding`, `no-bottleneck` (every finding is minor)."""
-        top = self.top_finding
+        top = self.lead
         if top is None:
             whole = [t for t in self.traces if t.get("too_little")]
             return ("too-little-to-judge" if whole and len(whole) == len(self.traces)
@@ -104,7 +119,7 @@ class Report:
     @property
     def verdict(self) -> str:
         """One sentence: the main bottleneck and what fixing it can save, or that none was seen."""
-        top = self.top_finding
+        top = self.lead
         too_little = [t["too_little"] for t in self.traces if t.get("too_little")]
         if top is None and too_little and len(too_little) == len(self.traces):
             return f"Too little to judge: {too_little[0]}."
@@ -125,24 +140,25 @@ class Report:
         if bound is not None:
             # The GPU is the bound; the fix plan's first entry is still what to try first.
             first = (f" Fix first: {entry['change']} ({top.title[0].lower()}{top.title[1:]}); "
-                     f"{replayed} ({top.estimated_saving_pct:.1f}% less)."
+                     f"{replayed} ({share_text(top.estimated_saving_pct)} less)."
                      if replayed and top is not bound else "")
             return gpu_bound_verdict(bound) + first
         if top.severity == "info":
-            said = "is predicted to save" if entry else "can save at most"
+            said = ("is predicted to save" if entry else "can save at most"
+                    if top.estimated_saving_pct >= 0.05 else "can save")
             how = f" ({entry['change']}: {replayed.removeprefix('the replay predicts ')})" if (
                 replayed) else ""
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
-                f"{said} {top.estimated_saving_pct:.1f}% of step time{how}."
+                f"{said} {share_text(top.estimated_saving_pct)} of step time{how}."
             )
         if replayed:
             return (
                 f"{top.title}. Fix first: {entry['change']}; {replayed} "
-                f"({top.estimated_saving_pct:.1f}% less)."
+                f"({share_text(top.estimated_saving_pct)} less)."
             )
         return (
-            f"{top.title}; fixing it can save up to {top.estimated_saving_pct:.1f}% "
+            f"{top.title}; fixing it can save up to {share_text(top.estimated_saving_pct)} "
             "of step time (an upper bound: the replay could not model this change)."
         )
 
@@ -152,6 +168,12 @@ class Report:
         if not plan:
             return None
         return next((e for e in plan["entries"] if e["id"] == finding.id), None)
+
+
+def share_text(pct: float) -> str:
+    """A share of the step as every writer prints it: "under 0.1%" where one decimal would
+    print "0.0%", which reads as a measured size of nothing."""
+    return "under 0.1%" if pct < 0.05 else f"{pct:.1f}%"
 
 
 def build_report(

@@ -19,7 +19,7 @@ from markupsafe import Markup, escape
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
-from stallscope.report.build import Report
+from stallscope.report.build import Report, share_text
 from stallscope.report.evidence_view import evidence_value
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
@@ -118,6 +118,7 @@ def render_html(report: Report) -> str:
     env.globals["evidence_value"] = evidence_value
     env.filters["delta"] = delta
     env.filters["saved"] = saved
+    env.filters["share"] = share_text
     env.filters["span"] = lambda item: span(item, "\u2013")
     template = env.get_template("report.html.j2")
     return template.render(
@@ -216,7 +217,7 @@ def _ms(us: float | None) -> str:
 def _headline(report: Report) -> dict[str, Any]:
     """The figures of the summary strip: step time, main finding, what fixing it can save and
     how busy the GPUs were."""
-    top = report.top_finding
+    top = report.lead
     gpu = report.summary.get("gpu_pct") or {}
     busy = [100.0 - parts.get("idle", 0.0) for parts in gpu.values()]
     return {

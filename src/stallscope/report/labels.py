@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from stallscope.diagnose.finding import Finding
-from stallscope.report.build import Report
+from stallscope.report.build import Report, share_text
 
 # A plan's steps are named one by one up to this many, else as "first ... last".
 MAX_STEP_NAMES = 4
@@ -21,12 +21,20 @@ def saving_label(f: Finding) -> tuple[str, str]:
     back) or "upper bound" (the rule's bound; the replay could not model the change). A reader
     must never take a bound for a prediction. The text holds only numbers and finding ids
     (stallscope's own), so writers print it unescaped."""
-    pct = f"{f.estimated_saving_pct:.1f}%"
+    pct = share_text(f.estimated_saving_pct)
     if f.saving_kind == "replayed":
         return "replayed", f"{pct} (replayed)"
     if f.saving_kind == "counted":
-        return "counted", f"{pct} (counted in {f.caused_by})"
+        return "counted", f"counted in {f.caused_by}"
+    if not_estimated(f):
+        return "upper bound", "not estimated"
     return "upper bound", f"{pct} (upper bound)"
+
+
+def not_estimated(f: Finding) -> bool:
+    """A finding that claims no saving of its own: the GPU bound (only faster GPU work helps;
+    its levers' gains are other findings' to replay)."""
+    return f.id == "gpu-bound" and f.saving_kind == "upper_bound"
 
 
 def plan_of(report: Report, trace: str) -> dict[str, Any] | None:

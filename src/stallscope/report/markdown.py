@@ -12,12 +12,14 @@ from stallscope.report.labels import (
     floor_phrase,
     loader_story,
     ms,
+    not_estimated,
     pct_of,
     plan_of,
     predicted,
     profiler_phrase,
     range_phrase,
     saving_label,
+    share_text,
     steps_phrase,
     with_before,
 )
@@ -112,16 +114,19 @@ def _estimate_line(report: Report, f: Finding) -> str:
         alone = f"; this change alone: {ms(f.predicted_step_us)} ms" if (
             f.predicted_step_us is not None) else ""
         return (f"*Estimate (replayed prediction):* step {f.plan_rank} of the fix plan, "
-                f"-{f.estimated_saving_pct:.1f}% of the "
+                f"-{share_text(f.estimated_saving_pct)} of the "
                 f"{ms(baseline(plan))} ms step (down to "
                 f"{predicted(entry, inside=True)}){alone} ({md(f.saving_basis)}).")
     if kind == "replayed":
-        return (f"*Estimate (replayed prediction):* {f.estimated_saving_pct:.1f}% of step time "
+        return (f"*Estimate (replayed prediction):* {share_text(f.estimated_saving_pct)} of "
+                "step time "
                 f"({md(f.saving_basis)}).")
     if kind == "counted":
         return f"*Estimate:* counted in `{md_code(f.caused_by)}`'s fix ({md(f.saving_basis)})."
-    return (f"*Estimate (upper bound, not replayed):* up to {f.estimated_saving_pct:.1f}% of "
-            f"step time ({md(f.saving_basis)}).")
+    if not_estimated(f):
+        return f"*Estimate:* not estimated ({md(f.saving_basis)})."
+    return (f"*Estimate (upper bound, not replayed):* up to "
+            f"{share_text(f.estimated_saving_pct)} of step time ({md(f.saving_basis)}).")
 
 
 def render_markdown(report: Report) -> str:
@@ -192,7 +197,7 @@ def render_markdown(report: Report) -> str:
                 f"| {saving_label(f)[1]} |{alone} "
                 f"{md(f.trace)} |"
             )
-        top = report.top_finding or report.findings[0]
+        top = report.lead or report.findings[0]
         lines += [
             "",
             f"### Top recommendation: {md(top.title)}",

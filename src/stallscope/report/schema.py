@@ -37,10 +37,13 @@ Json = dict[str, Any]
 
 class Verdict(msgspec.Struct, forbid_unknown_fields=True):
     """The report's first line, and what it speaks of: a finding id, or one of
-    `too-little-to-judge`, `no-finding`, `no-bottleneck`, `gpu-bound`."""
+    `too-little-to-judge`, `no-finding`, `no-bottleneck`, `gpu-bound`; `finding`: the id of
+    the finding the page leads with (its main-bottleneck card, title and top recommendation),
+    null when nothing was found."""
 
     text: str
     id: str
+    finding: str | None = None
 
 
 class StepTime(msgspec.Struct, forbid_unknown_fields=True):

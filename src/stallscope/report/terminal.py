@@ -11,10 +11,12 @@ from stallscope.report.labels import (
     floor_phrase,
     loader_story,
     ms,
+    not_estimated,
     pct_of,
     predicted,
     profiler_phrase,
     saving_label,
+    share_text,
     with_before,
 )
 from stallscope.text import MAX_TERMINAL, plain
@@ -82,11 +84,13 @@ def _saving(f: Finding) -> str:
     """A finding's saving as the terminal says it: a replayed share, time counted in its
     cause's fix, or a rule's bound, so a bound is never read as a prediction."""
     kind, _ = saving_label(f)
-    pct = f"{f.estimated_saving_pct:.1f}%"
+    pct = share_text(f.estimated_saving_pct)
     if kind == "replayed":
         return f"replayed: saves {pct}"
     if kind == "counted":
         return f"counted in {f.caused_by}'s fix"
+    if not_estimated(f):
+        return "not estimated"
     return f"upper bound {pct}"
 
 
