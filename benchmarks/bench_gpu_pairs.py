@@ -39,6 +39,7 @@ PAIRS: list[tuple[str, tuple[str, ...], str]] = [
     ("w8-adam-forloop", ("optimizer=fused",), "w8-adam-fused"),
     ("w8", ("optimizer=fused",), "w8-adam-fused"),
     ("w8", ("pin_memory=true",), "w8-pinned-blocking"),
+    ("hostbound", ("cuda_graphs=true",), "hostbound-graphs"),
 ]
 
 
@@ -62,8 +63,9 @@ def main() -> None:
     sessions = sorted(k for k in plain if not k.startswith("_"))
     print(f"{'session':7} {'before -> after':34} {'recorded':>8} {'without':>8} "
           f"{'predicted':>9} {'range':>11} {'plain':>7} {'error':>7} | {'after w/o':>9} "
-          f"{'error':>7}")
+          f"{'error':>7} | {'change':>7} {'plain':>7}")
     errors: list[float] = []
+    rel_errors: list[float] = []
     inside: list[bool] = []  # the plain after-timings (each run) inside the predicted range
     with tempfile.TemporaryDirectory() as tmp:
         for session in sessions:
@@ -86,16 +88,27 @@ def main() -> None:
                 errors.append(abs(err))
                 inside += [lo <= t <= hi for t in plain[session][after]["plain_mean_step_ms"]]
                 err_after = 100 * (pred - after_without) / after_without
+                # The change as a ratio, predicted (from the step without the profiler) and
+                # measured (plain after over plain before): free of the baseline's own error.
+                pb = statistics.mean(plain[session][before]["plain_mean_step_ms"]) \
+                    if before in plain[session] else float("nan")
+                rel, rel_plain = 100 * (pred / without - 1), 100 * (pa / pb - 1)
+                if rel_plain == rel_plain:
+                    rel_errors.append(abs(rel - rel_plain))
                 print(f"{session:7} {before + ' -> ' + after:34} {recorded:7.1f}ms "
                       f"{without:7.1f}ms {pred:8.1f}ms {lo:5.1f}-{hi:4.1f} {pa:6.1f}ms "
                       f"{err:+6.1f}% | "
-                      f"{after_without:8.1f}ms {err_after:+6.1f}%  ({' '.join(changes)})",
-                      flush=True)
+                      f"{after_without:8.1f}ms {err_after:+6.1f}% | {rel:+6.1f}% {rel_plain:+6.1f}%"
+                      f"  ({' '.join(changes)})", flush=True)
     if errors:
         print(f"prediction against the plain after-timing: median |error| "
               f"{statistics.median(errors):.1f}%, worst {max(errors):.1f}%, within 15%: "
               f"{sum(e <= 15 for e in errors)} of {len(errors)}; plain runs inside the predicted "
               f"range: {sum(inside)} of {len(inside)}")
+    if rel_errors:
+        print(f"the change as a share of the step, predicted against plain runs: median "
+              f"|difference| {statistics.median(rel_errors):.1f} points, within 15 points: "
+              f"{sum(e <= 15 for e in rel_errors)} of {len(rel_errors)}")
 
 
 if __name__ == "__main__":

@@ -168,9 +168,11 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         + _ops_named(evidence),
         "other": ", with work queued behind dependencies or after the step's last kernel",
         "launch-unknown": "",
-        "mixed": "",
-        "host-optimizer": _region_words(evidence),
-        "allocator": _region_words(evidence),
+        "mixed": (f": {pct(rest_host, total):.1f}% waiting for the host's launches"
+                  f"{_region_words(evidence, model, ' (the host in ')}"
+                  f", {pct(rest_other, total):.1f}% with work queued behind dependencies"),
+        "host-optimizer": _region_words(evidence, model),
+        "allocator": _region_words(evidence, model),
     }[cause]
     finding = Finding(
         id=RULE_ID,
@@ -439,19 +441,25 @@ def _host_regions(model: TraceModel, p: _GapPieces, windows: np.ndarray, n: int,
     return sorted(out, key=lambda r: -r["ms_per_step"])
 
 
-def _region_words(ev: dict) -> str:
+def _region_words(ev: dict, model: TraceModel, lead: str = ", while the host is busy in ") -> str:
     regions = ev.get("host_wait_under") or []
     if not regions:
         return ""
-    named = ", ".join(f"{r['region']} {r['ms_per_step']} ms per step" for r in regions[:2])
-    return f", while the host is busy in {named}"
+    word = step_word(model.workload)
+    named = ", ".join(f"{r['region']} {_ms_text(r['ms_per_step'])} ms per {word}"
+                      for r in regions[:2])
+    return f"{lead}{named}" + (")" if lead.endswith("(the host in ") else "")
+
+
+def _ms_text(value: float) -> str:
+    return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 def _region_advice(cause: str, ev: dict) -> tuple[str, str]:
     """What helps when the host-wait idle sits under the optimizer step or allocator calls."""
     top = ev["host_wait_under"][0]
     share = (f"{top['pct_of_host_wait']:.0f}% of the GPU's host-wait idle "
-             f"({top['ms_per_step']} ms per step) falls inside {top['region']}")
+             f"({_ms_text(top['ms_per_step'])} ms per step) falls inside {top['region']}")
     if cause == "allocator":
         rec = (f"{share}: the host is in device allocator calls while the GPU has nothing to "
                "run. Each cudaMalloc/cudaFree synchronises or stalls the host; the caching "
@@ -745,6 +753,13 @@ def _idle_advice(
     else:
         rec = f"The idle time splits between {host_part} and {other_part}. {launch} {dependency}"
         snippet = _launch_snippet(model)
+    regions = ev.get("host_wait_under") or []
+    if regions and cause not in ("host-optimizer", "allocator"):
+        rec += " Of the host-wait idle, " + "; ".join(
+            f"{r['pct_of_host_wait']:.0f}% ({_ms_text(r['ms_per_step'])} ms per step) falls "
+            f"inside {r['region']}" for r in regions) + (
+            ": host work that CUDA graphs and torch.compile do not remove (an optimizer's own "
+            "host computation, device allocations).")
     if ev["idle_during_sync_pct"] >= 25.0:
         rec += (
             f" During {ev['idle_during_sync_pct']:.0f}% of the idle time the host was blocked "
