@@ -1,0 +1,161 @@
+"""The mixed-precision and torch.compile replays (diagnose/precision.py, diagnose/fixes.py)
+against the recorded GPU pairs of one small CNN (sample_traces/README.md).
+
+Two levels. The GPU work each model predicts is held to the after recording's own kernel time
+per step, which the recordings agree on (bf16: 7.10-7.18 ms on the three H200 sessions, 7.54-7.55
+on the two H100 ones; the fp32 kernels 7.34-7.42 and 7.95-7.96): within 5% for bf16 and 10% for
+compile (the model fuses by bytes, with no fitted factor: 0.285 and 0.271 of the chained
+kernels' time predicted, 0.229 and 0.269 measured).
+
+The predicted step is held to 15% of one of the after configuration's plain runs where the
+recordings allow it. They do not everywhere: H200 r2's `w8` recorded 21.7 ms (18.7 ms without
+the profiler's cost) against 13.7 and 16.8 ms plain, and H100 r1's 20.7 ms (17.3) against 12.2
+and 12.2 ms plain, so a prediction started from them cannot be judged to 15% and is not held
+here. The step barely moves with either change on this CNN (the GPU kernels are 7-8 ms of a
+13-20 ms step that waits on 25 MB pageable copies and the host), while the plain runs of one
+configuration in one session spread by up to 21% (H100 r2 `w8`: 12.7 and 15.4 ms) and bf16's
+plain effect changes sign between hosts (-23% H200 r1, +23% H100 r1).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stallscope.commands.pipeline import analyze_paths
+from stallscope.diagnose.fixes import Change, Context, apply, compile_estimate
+from stallscope.diagnose.precision import amp_factor, device_major, kernel_class
+from stallscope.replay.graph import build_graph
+from stallscope.replay.loader import LoaderFacts
+from stallscope.trace.load import load_trace
+from stallscope.trace.model import TraceModel, build_model
+from tests.conftest import SAMPLES, real_trace
+
+BF16_PAIRS = [("h200", "r1"), ("h200", "r2"), ("h200", "r3"), ("h100", "r1"), ("h100", "r2")]
+COMPILE_PAIRS = [("h200", "r1"), ("h100", "r2")]
+# Pairs whose before recording, without the profiler's cost, is within 15% of its own plain
+# runs (the others: module docstring).
+JUDGED_BF16 = [("h200", "r1"), ("h200", "r3"), ("h100", "r2")]
+STEP_PCT = 15.0
+
+
+def trace(gpu: str, session: str, name: str) -> Path:
+    return SAMPLES / f"real-{gpu}-{session}-{name}.pt.trace.json.gz"
+
+
+@cache
+def model(path: Path) -> TraceModel:
+    return build_model(load_trace(path))
+
+
+def plain_runs(gpu: str, session: str, name: str) -> list[float]:
+    measured = json.loads((SAMPLES / f"real-{gpu}-measured.json").read_text())
+    return measured[session][name]["plain_mean_step_ms"]
+
+
+def kernel_ms(m: TraceModel) -> float:
+    g = m.gpu
+    return float(g["dur"][(g["kind"] == "kernel") & (g["step"] >= 0)].sum()) / len(m.steps) / 1e3
+
+
+def predicted_kernel_ms(m: TraceModel, change: Change) -> float:
+    g = build_graph(m)
+    assert g is not None
+    ctx = Context(m, LoaderFacts.from_capture(m.trace.capture), np.zeros(g.steps))
+    g2, _ = apply(g, ctx, [change])
+    kernels = (g2.g_kind == "kernel") & (g2.g_step >= 0)
+    return float(g2.g_dur[kernels].sum()) / g2.steps / 1e3
+
+
+@pytest.mark.parametrize(("gpu", "session"), BF16_PAIRS)
+def test_bf16_predicts_the_kernel_time_the_bf16_recording_shows(gpu: str, session: str) -> None:
+    before = model(trace(gpu, session, "w8"))
+    after = kernel_ms(model(trace(gpu, session, "w8-bf16")))
+    predicted = predicted_kernel_ms(before, Change("amp", "bf16"))
+    assert predicted == pytest.approx(after, rel=0.05)
+    # the old flat 2x on fp32 SIMT kernels alone predicted no change in kernel time (-1.4%)
+    assert predicted < 0.98 * kernel_ms(before)
+
+
+@pytest.mark.parametrize(("gpu", "session"), COMPILE_PAIRS)
+def test_compile_predicts_the_kernel_time_the_compiled_recording_shows(gpu: str,
+                                                                       session: str) -> None:
+    before = model(trace(gpu, session, "w8"))
+    after = kernel_ms(model(trace(gpu, session, "w8-compile")))  # 3.55 and 3.95 ms
+    predicted = predicted_kernel_ms(before, Change("compile", "true"))
+    assert predicted == pytest.approx(after, rel=0.10)
+    g = build_graph(before)
+    est = compile_estimate(g, before)
+    assert est is not None and 100 < est.kernels < 130  # cuDNN BN, ReLU, NCHW<->NHWC per step
+    # the optimizer's multi-tensor kernels are not fused (the optimizer is not compiled)
+    fused = {kernel_class(g.g_names[g.g_name[i]]) for i in np.flatnonzero(est.chain >= 0)}
+    assert "optimizer" not in fused and not any(c.startswith("gemm") for c in fused)
+
+
+@cache
+def what_if(path: Path, change: str) -> dict:
+    report = analyze_paths([path], what_if=[Change(*change.split("=", 1))])
+    return report.plan["what_if"]
+
+
+@pytest.mark.parametrize(("gpu", "session"), JUDGED_BF16)
+def test_bf16_step_within_15pct_of_a_plain_run(gpu: str, session: str) -> None:
+    pred = what_if(trace(gpu, session, "w8"), "amp=bf16")["predicted_step_us"] / 1e3
+    runs = plain_runs(gpu, session, "w8-bf16")
+    assert min(abs(pred - t) / t for t in runs) * 100 <= STEP_PCT, (pred, runs)
+
+
+@pytest.mark.parametrize(("gpu", "session"), COMPILE_PAIRS)
+def test_compile_step_within_15pct_of_a_plain_run(gpu: str, session: str) -> None:
+    """The after recordings cannot judge it: compiled, the recorded steps ran 21.2 and 24.0 ms
+    (19.2 and 21.4 without the profiler's cost) against 12.3-14.7 ms plain."""
+    what = what_if(trace(gpu, session, "w8"), "compile=true")
+    pred = what["predicted_step_us"] / 1e3
+    runs = plain_runs(gpu, session, "w8-compile")
+    assert min(abs(pred - t) / t for t in runs) * 100 <= STEP_PCT, (pred, runs)
+    assert any("fuses" in a for a in what["assumptions"])
+
+
+def test_device_generation_from_kernel_names_without_device_properties(tmp_path: Path) -> None:
+    """An H200 trace stripped of deviceProperties: its cuDNN kernels name sm80_ and sm90_
+    (cuDNN ships sm80 kernels that run on Hopper): the highest, 9, is the device."""
+    src = trace("h200", "r1", "w8")
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+    assert doc["deviceProperties"][0]["computeMajor"] == 9
+    doc["deviceProperties"] = []
+    stripped = tmp_path / "real-h200-r1-w8-no-device-properties.pt.trace.json.gz"
+    stripped.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    m = build_model(load_trace(stripped))
+    assert m.compute_major == {}
+    assert device_major(m) == (9, "kernel names")
+    assert device_major(model(src)) == (9, "deviceProperties")
+    # the same prediction as with the deviceProperties
+    assert what_if(stripped, "amp=bf16")["predicted_step_us"] == pytest.approx(
+        what_if(src, "amp=bf16")["predicted_step_us"], rel=1e-6)
+
+
+def test_amp_on_a_pre_volta_gpu_is_not_modelled() -> None:
+    what = what_if(real_trace("hta/gp100_gpu_user_annotation.pt.trace.json.gz"), "amp=fp16")
+    assert what["predicted_step_us"] is None
+    assert "no tensor cores" in what["not_replayed"] and "6" in what["not_replayed"]
+
+
+def test_peak_ratios_by_generation() -> None:
+    """GEMM/conv speed-ups follow the vendors' peak rates per generation times the attained
+    share (0.35 from fp32 SIMT, all of it from TF32); TF32 leaves memory-bound kernels alone."""
+    simt = "volta_sgemm_128x64_nn"
+    assert 1 / amp_factor(simt, 7, "fp16") == pytest.approx(125 / 15.7 * 0.35)
+    assert 1 / amp_factor(simt, 8, "bf16") == pytest.approx(312 / 19.5 * 0.35)
+    assert 1 / amp_factor(simt, 9, "tf32") == pytest.approx(495 / 67 * 0.35)
+    tf32 = "sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32"
+    assert 1 / amp_factor(tf32, 9, "bf16") == pytest.approx(989 / 495)
+    assert amp_factor(tf32, 9, "tf32") == 1.0  # already on TF32 tensor cores
+    relu = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float>"
+    assert amp_factor(relu, 8, "bf16") == 0.5 and amp_factor(relu, 8, "tf32") == 1.0
+    adam = "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdam>"
+    assert amp_factor(adam, 9, "bf16") == 1.0  # fp32 weights
