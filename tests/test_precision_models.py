@@ -1,5 +1,13 @@
 """The mixed-precision and torch.compile replays (diagnose/precision.py, diagnose/fixes.py)
-against the recorded GPU pairs of one small CNN (sample_traces/README.md).
+against the recorded GPU pairs of a small CNN and of a small transformer (sample_traces/README.md).
+
+Transformer (real-h200-xfmr-*): kernel time only. Its fp32 and compiled recordings are not in a
+steady state (the host ran ahead of 31 ms of GPU work per step until the launch queue filled:
+first recorded steps 9-11 ms), so their kernels are compared per GEMM (72 per step in every
+precision), over the whole trace, and their steps are not judged. The model's constants were
+fitted on both workloads; fitted on the CNN alone (a first form), they predicted the
+transformer's TF32 kernels +53% and bf16 kernels +21% off (fp32 SIMT GEMMs attain 0.71-0.87 of
+the peak ratio there, not the CNN's 0.35, and autocast's casts were not counted).
 
 Two levels. The GPU work each model predicts is held to the after recording's own kernel time
 per step, which the recordings agree on (bf16: 7.10-7.18 ms on the three H200 sessions, 7.54-7.55
@@ -80,8 +88,6 @@ def test_bf16_predicts_the_kernel_time_the_bf16_recording_shows(gpu: str, sessio
     after = kernel_ms(model(trace(gpu, session, "w8-bf16")))
     predicted = predicted_kernel_ms(before, Change("amp", "bf16"))
     assert predicted == pytest.approx(after, rel=0.05)
-    # the old flat 2x on fp32 SIMT kernels alone predicted no change in kernel time (-1.4%)
-    assert predicted < 0.98 * kernel_ms(before)
 
 
 @pytest.mark.parametrize(("gpu", "session"), COMPILE_PAIRS)
@@ -123,6 +129,47 @@ def test_compile_step_within_15pct_of_a_plain_run(gpu: str, session: str) -> Non
     assert any("fuses" in a for a in what["assumptions"])
 
 
+def per_gemm_step_ms(m: TraceModel, factor: dict[str, float] | None = None) -> float:
+    """Kernel time of the whole trace per 72 GEMM/conv kernels (one transformer step), each
+    kernel times `factor[name]` when given."""
+    k = m.gpu[m.gpu["kind"] == "kernel"]
+    names = k["name"].astype(str)
+    gemms = names.map(lambda n: kernel_class(n).startswith("gemm")).sum()
+    scale = names.map(factor).to_numpy(dtype=float) if factor else 1.0
+    return float((k["dur"].to_numpy() * scale).sum()) / (gemms / XFMR_GEMMS) / 1e3
+
+
+XFMR_GEMMS = 72  # 4 blocks x (qkv, q@k, att@v, proj, fc1, fc2) x (forward + 2 backward)
+
+
+@pytest.mark.parametrize(("value", "pct"), [("bf16", 8.0), ("tf32", 5.0)])
+def test_amp_predicts_the_transformer_kernel_time(value: str, pct: float) -> None:
+    """fp32 (TF32 off) 31.0 ms of kernels per step; TF32 9.8 ms, bf16 7.5 ms recorded; the
+    model 9.9 (+1%) and 7.1 ms (-5%)."""
+    before = model(SAMPLES / "real-h200-xfmr-fp32.pt.trace.json.gz")
+    after = model(SAMPLES / f"real-h200-xfmr-{value}.pt.trace.json.gz")
+    names = before.gpu["name"].astype(str).unique()
+    predicted = per_gemm_step_ms(before, {n: amp_factor(n, 9, value) for n in names})
+    assert predicted == pytest.approx(per_gemm_step_ms(after), rel=pct / 100)
+    assert per_gemm_step_ms(before) > 3 * predicted  # 26 ms of fp32 SIMT GEMMs move
+
+
+def test_compile_predicts_the_transformer_kernel_time() -> None:
+    """fp32 31.0 -> compiled 29.5 ms of kernels per step: the GEMMs (26.1 ms) unchanged, the
+    fusible kernels (elementwise, layout, norm, reduction: 3.1 ms) fused to 0.59 of their time
+    by the bytes model: 29.7 ms predicted (+1%)."""
+    before = model(SAMPLES / "real-h200-xfmr-fp32.pt.trace.json.gz")
+    after = model(SAMPLES / "real-h200-xfmr-compile.pt.trace.json.gz")
+    g = build_graph(before)
+    est = compile_estimate(g, before)
+    assert est is not None
+    ratio = est.after_us / est.before_us
+    fusible = {n: ratio for n in before.gpu["name"].astype(str).unique()
+               if kernel_class(n) in ("elementwise", "pooling", "reduction", "layout", "norm")}
+    factor = {n: fusible.get(n, 1.0) for n in before.gpu["name"].astype(str).unique()}
+    assert per_gemm_step_ms(before, factor) == pytest.approx(per_gemm_step_ms(after), rel=0.05)
+
+
 def test_device_generation_from_kernel_names_without_device_properties(tmp_path: Path) -> None:
     """An H200 trace stripped of deviceProperties: its cuDNN kernels name sm80_ and sm90_
     (cuDNN ships sm80 kernels that run on Hopper): the highest, 9, is the device."""
@@ -149,15 +196,19 @@ def test_amp_on_a_pre_volta_gpu_is_not_modelled() -> None:
 
 def test_peak_ratios_by_generation() -> None:
     """GEMM/conv speed-ups follow the vendors' peak rates per generation times the attained
-    share (0.35 from fp32 SIMT, all of it from TF32); TF32 leaves memory-bound kernels alone."""
+    share (0.87 of it from fp32 SIMT to bf16/fp16, 0.71 to TF32, all of it from TF32 to bf16),
+    with autocast's casts (+60% of the reduced-precision time) for bf16/fp16; TF32 leaves
+    memory-bound kernels alone."""
     simt = "volta_sgemm_128x64_nn"
-    assert 1 / amp_factor(simt, 7, "fp16") == pytest.approx(125 / 15.7 * 0.35)
-    assert 1 / amp_factor(simt, 8, "bf16") == pytest.approx(312 / 19.5 * 0.35)
-    assert 1 / amp_factor(simt, 9, "tf32") == pytest.approx(495 / 67 * 0.35)
+    assert amp_factor(simt, 7, "fp16") == pytest.approx(1.6 / (125 / 15.7 * 0.87))
+    assert amp_factor(simt, 8, "bf16") == pytest.approx(1.6 / (312 / 19.5 * 0.87))
+    assert amp_factor(simt, 9, "tf32") == pytest.approx(1 / (495 / 67 * 0.71))
     tf32 = "sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32"
-    assert 1 / amp_factor(tf32, 9, "bf16") == pytest.approx(989 / 495)
+    assert amp_factor(tf32, 9, "bf16") == pytest.approx(1.6 / (989 / 495))
     assert amp_factor(tf32, 9, "tf32") == 1.0  # already on TF32 tensor cores
+    cutlass_tf32 = "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_256x128_16x3_nt_align4>"
+    assert kernel_class(cutlass_tf32) == "gemm_tf32"
     relu = "void at::native::vectorized_elementwise_kernel<4, at::native::BinaryFunctor<float>"
-    assert amp_factor(relu, 8, "bf16") == 0.5 and amp_factor(relu, 8, "tf32") == 1.0
+    assert amp_factor(relu, 8, "bf16") == 0.65 and amp_factor(relu, 8, "tf32") == 1.0
     adam = "void at::native::multi_tensor_apply_kernel<TensorListMetadata<4>, FusedAdam>"
     assert amp_factor(adam, 9, "bf16") == 1.0  # fp32 weights

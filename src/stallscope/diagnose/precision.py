@@ -363,7 +363,8 @@ NORM, SOFTMAX, OPTIMIZER, LAYOUT = "norm", "softmax", "optimizer", "layout"
 ELEMENTWISE, REDUCTION, POOLING, COMM, OTHER = ("elementwise", "reduction", "pooling", "comm",
                                                 "other")
 MEMORY_BOUND = frozenset({NORM, SOFTMAX, OPTIMIZER, LAYOUT, ELEMENTWISE, REDUCTION, POOLING})
-_TF32 = re.compile(r"tf32", re.IGNORECASE)
+# TF32 tensor-core GEMMs: named so, or CUTLASS's `tensorop_s1688gemm` (fp32 operands on TF32 MMA).
+_TF32 = re.compile(r"tf32|tensorop_s(?:1688|16816)", re.IGNORECASE)
 _REDUCED = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|__nv_bfloat|i8|int8|imma",
                       re.IGNORECASE)
 _NORM = re.compile(r"batch_?norm|layer_?norm|group_?norm|instance_?norm|rms_?norm|"
@@ -437,22 +438,30 @@ PEAK_TFLOPS: dict[int, dict[str, float]] = {
     8: {"fp32": 19.5, "tf32": 156.0, "half": 312.0},
     9: {"fp32": 67.0, "tf32": 495.0, "half": 989.0},
 }
-# The share of the peak ratio GEMM/conv kernels attain when they move precision, measured on the
-# H200/H100 pairs of a small CNN (sample_traces/real-*-w8 -> w8-bf16, torch 2.11: cuDNN already
-# runs its convolutions in TF32 there): TF32 -> bf16 kernels 1.90-2.00 -> 0.99-1.03 ms per step
-# with 0.21 ms of fp32 SIMT kernels among them. Taken at the TF32->bf16 peak ratio (2.0x), the
-# fp32 SIMT kernels gave 4.7-6.2x of a 14.8x peak ratio: 0.35 of it (small kernels, far from
-# peak). TF32 -> bf16 at its full peak ratio (1.0).
-SIMT_ATTAINED = 0.35
+# The share of the peak ratio that GEMM/conv kernels attain when they move precision, measured on
+# lent H200s (torch 2.11). fp32 SIMT -> tensor cores, on the transformer pair
+# (sample_traces/real-h200-xfmr-*, 72 GEMMs per step, ~360 us each in fp32): 26.1 ms per step ->
+# 2.04 ms in bf16 (12.8x of a 14.8x peak ratio: 0.87) and -> 4.99 ms in TF32 (5.2x of 7.4x:
+# 0.71). TF32 -> bf16, on the CNN pairs (sample_traces/real-*-w8 -> w8-bf16, where cuDNN already
+# runs its convolutions in TF32): 1.90-2.00 -> 0.99-1.03 ms per step, 2.0-2.1x of a 2.0x peak
+# ratio: all of it (1.0).
+SIMT_ATTAINED = {"half": 0.87, "tf32": 0.71}
 TF32_ATTAINED = 1.0
-# Memory-bound kernels under bf16/fp16 autocast, time after over before. Elementwise and pooling
-# move half the bytes (measured 0.50-0.54 on the five pairs). Layout transforms and copies move
-# half the bytes too, but autocast adds a cast per weight per forward: together 0.90-1.01,
-# used as 1.0. cuDNN's fp32 batch-norm kernels give way to ATen's mixed bf16/fp32 ones, which
-# ran 1.28-1.30x longer on all five pairs (measured, used); other norms, softmax and the losses
-# stay in fp32 under autocast, and the optimizer updates fp32 weights: unchanged. Reductions:
-# unchanged (0.02 ms per step measured, 1.5x: too little to calibrate on).
-AMP_MEMORY: dict[str, float] = {ELEMENTWISE: 0.5, POOLING: 0.5, LAYOUT: 1.0, REDUCTION: 1.0,
+# Autocast casts each GEMM/conv operand that is not yet bf16/fp16 (weights every forward, fp32
+# activations) in a kernel of its own before it: their time, measured as the layout/copy
+# kernels' growth beyond the half-bytes of the ones already there, was 0.51-0.54 of the reduced-
+# precision GEMM/conv time on the CNN pairs and 0.70 on the transformer; 0.6 is added to each
+# GEMM/conv kernel that autocast moves (its cast runs just before it on its stream).
+AUTOCAST_CASTS = 0.6
+# Memory-bound kernels under bf16/fp16 autocast, time after over before. Elementwise: 0.50-0.54
+# on the CNN pairs (all bf16 after the first convolution), 0.82 on the transformer (its residual
+# stream stays fp32): 0.65. Layout transforms and copies move half the bytes (0.5; their growth
+# beyond that is the casts above). Pooling: half the bytes (assumed, not measured). cuDNN's fp32
+# batch-norm kernels give way to ATen's mixed bf16/fp32 ones, which ran 1.28-1.30x longer on all
+# five CNN pairs (measured, used); other norms (layer norm 1.07 on the transformer), softmax and
+# the losses stay in fp32 under autocast, and the optimizer updates fp32 weights: unchanged.
+# Reductions: unchanged (CNN 1.5x on 0.02 ms, transformer 0.71 on 0.38 ms).
+AMP_MEMORY: dict[str, float] = {ELEMENTWISE: 0.65, POOLING: 0.5, LAYOUT: 0.5, REDUCTION: 1.0,
                                 NORM: 1.0, SOFTMAX: 1.0, OPTIMIZER: 1.0}
 CUDNN_BATCH_NORM_AMP = 1.29
 _CUDNN_BN = re.compile(r"cudnn::bn_(?:fw|bw)")
@@ -480,7 +489,8 @@ def device_major(model: TraceModel) -> tuple[int | None, str]:
 def amp_factor(name: str, major: int, value: str) -> float:
     """Time after / time before of one kernel when the step moves to `value` precision on a GPU
     of compute capability `major` (>= 7): GEMM/conv by the peak-rate ratio times what such
-    kernels attain, memory-bound kernels by the bytes they move (AMP_MEMORY)."""
+    kernels attain (with autocast's casts of its operands for bf16/fp16), memory-bound kernels
+    by the bytes they move (AMP_MEMORY)."""
     return _amp_factor(name, min(major, max(PEAK_TFLOPS)), value)
 
 
@@ -491,10 +501,11 @@ def _amp_factor(name: str, major: int, value: str) -> float:
     target = "tf32" if value == "tf32" else "half"
     if target not in peak:
         return 1.0
+    casts = 1.0 + AUTOCAST_CASTS if target == "half" else 1.0
     if cls == GEMM_FP32:
-        return 1.0 / max(1.0, peak[target] / peak["fp32"] * SIMT_ATTAINED)
+        return casts / max(1.0, peak[target] / peak["fp32"] * SIMT_ATTAINED[target])
     if cls == GEMM_TF32 and target == "half":
-        return 1.0 / max(1.0, peak["half"] / peak["tf32"] * TF32_ATTAINED)
+        return casts / max(1.0, peak["half"] / peak["tf32"] * TF32_ATTAINED)
     if value == "tf32" or cls not in AMP_MEMORY:
         return 1.0  # TF32 keeps fp32 storage: memory-bound kernels move the same bytes
     if cls == NORM and _CUDNN_BN.search(name):
