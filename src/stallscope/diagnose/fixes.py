@@ -291,7 +291,8 @@ def _amp(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
                           "GEMM/convolution, no fp32 memory-bound kernel)")
     g = g.copy()
     tf.scale_gpu(g, changed, factor[changed])
-    sku = {7: "V100", 8: "A100", 9: "H100 SXM"}[min(major, 9)]
+    sku = {7: "V100", 8: "A100", 9: "H100 SXM"}[min(major, 9)] + (
+        " (a later GPU takes its ratios)" if major > 9 else "")
     peak = PEAK_TFLOPS[min(major, 9)]
     rates = ", ".join(f"{k} {v:g}" for k, v in peak.items())
     attained = SIMT_ATTAINED["tf32" if value == "tf32" else "half"]
@@ -358,22 +359,19 @@ class CompileEstimate:
     chains: float  # chains per step
 
 
-def compile_estimate(g: Graph, model: TraceModel, memo: dict[str, Any] | None = None
-                     ) -> CompileEstimate | None:
-    """The compile model on a graph (see COMPILE_UNITS); None when nothing in the steps fuses.
-    Callable by rules that want to know what torch.compile would take off the GPU."""
-    memo = {} if memo is None else memo
+def compile_estimate(g: Graph, model: TraceModel) -> CompileEstimate | None:
+    """The compile model on a graph (see COMPILE_UNITS); None when nothing in the steps fuses
+    or they already run compiled code. Callable by rules that want to know what torch.compile
+    would take off the GPU (`before_us - after_us` per step)."""
     if any(n.startswith("triton_") for n in g.g_names):
         return None  # already compiled
     cls = np.array([kernel_class(n) for n in g.g_names], dtype=object)[g.g_name]
     loss = g.gpu_named(lambda name: bool(_LOSS.search(name)))
     units = np.where(loss, 0.0, np.array([COMPILE_UNITS.get(c, 0.0) for c in cls]))
-    outside = memo.get("optimizer kernels")
-    if outside is None:
-        ops = model.ops
-        nodes = tf.within(g, ops[name_matches(ops["name"], OPTIMIZER_STEP)
-                                 | per_name(ops["name"], _is_zero_grad).to_numpy(dtype=bool)])
-        outside = tf.launched_by(g, nodes)
+    ops = model.ops
+    nodes = tf.within(g, ops[name_matches(ops["name"], OPTIMIZER_STEP)
+                             | per_name(ops["name"], _is_zero_grad).to_numpy(dtype=bool)])
+    outside = tf.launched_by(g, nodes)  # the optimizer's and zero_grad's kernels
     member = (g.g_kind == "kernel") & (g.g_step >= 0) & (units > 0) & ~outside
     chain = tf.chains(g, member)
     n = int(chain.max()) + 1

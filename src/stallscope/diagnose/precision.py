@@ -22,6 +22,11 @@ Kernel names are the only precision signal in a Kineto trace, so classification 
 ROCm traces (AMD GPUs report computeMajor 9, but their matrix cores are not CUDA tensor cores
 and their kernels are Tensile `Cijk_*`) and CPU-only traces are not assessed; pre-Volta GPUs
 have no tensor cores and are not assessed either.
+
+Below the rule, the kernel classes (`kernel_class`) and the mixed-precision model the replay
+and the rule's saving share (`amp_factor`): per kernel, its time after a move to bf16/fp16/TF32
+on a GPU of a given generation (`device_major`: deviceProperties, else kernel names), from the
+vendors' peak rates and what such kernels attained on recorded pairs (docs/replay.md).
 """
 
 from __future__ import annotations
@@ -327,8 +332,9 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
             + ("compare its outputs with an fp32 run on held-out inputs"
                if model.workload == "inference"
                else "validate the loss curve and metrics against an fp32 run")
-            + "); the gain is on the GEMM/conv kernels only, so it "
-            "shows in step time only while the GPU is the bottleneck (here it is busy "
+            + "); the gain is mostly on the GEMM/conv kernels (autocast adds casts, and batch "
+            "norm can get slower), so it shows in step time only while the GPU is the "
+            "bottleneck (here it is busy "
             f"{pct(busiest, total):.0f}% of the step). Tensor cores want dimensions that are "
             "multiples of 8; convolutions want channels_last."
         ),
@@ -362,10 +368,9 @@ GEMM_FP32, GEMM_TF32, GEMM_HALF = "gemm_fp32", "gemm_tf32", "gemm_half"
 NORM, SOFTMAX, OPTIMIZER, LAYOUT = "norm", "softmax", "optimizer", "layout"
 ELEMENTWISE, REDUCTION, POOLING, COMM, OTHER = ("elementwise", "reduction", "pooling", "comm",
                                                 "other")
-MEMORY_BOUND = frozenset({NORM, SOFTMAX, OPTIMIZER, LAYOUT, ELEMENTWISE, REDUCTION, POOLING})
 # TF32 tensor-core GEMMs: named so, or CUTLASS's `tensorop_s1688gemm` (fp32 operands on TF32 MMA).
 _TF32 = re.compile(r"tf32|tensorop_s(?:1688|16816)", re.IGNORECASE)
-_REDUCED = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|__nv_bfloat|i8|int8|imma",
+_REDUCED = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|__nv_bfloat|int8|imma",
                       re.IGNORECASE)
 _NORM = re.compile(r"batch_?norm|layer_?norm|group_?norm|instance_?norm|rms_?norm|"
                    r"(?<![a-z])bn_(?:fw|bw)|welford|_norm_", re.IGNORECASE)
