@@ -11,7 +11,7 @@ before trace's recorded step, its step without the profiler (where the changes s
 prediction, the plain after-timing and the prediction's error against it; then the after
 recording's step without the profiler and the error against that.
 
-    python benchmarks/bench_gpu_pairs.py [--dir sample_traces] [--gpu h200|h100]
+    python benchmarks/bench_gpu_pairs.py [--dir sample_traces] [--gpu h200|h100] [--only AFTER]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ PAIRS: list[tuple[str, tuple[str, ...], str]] = [
     ("w8", ("optimizer=fused",), "w8-adam-fused"),
     ("w8", ("pin_memory=true",), "w8-pinned-blocking"),
     ("hostbound", ("cuda_graphs=true",), "hostbound-graphs"),
+    ("w8", ("compile=true",), "w8-compile"),  # H200 r1 and H100 r2 only: skipped elsewhere
 ]
 
 
@@ -58,6 +59,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", type=Path, default=ROOT / "sample_traces")
     p.add_argument("--gpu", default="h200", help="the recordings' label: h200 or h100")
+    p.add_argument("--only", default="", help="only the pairs whose after configuration is "
+                   "this (e.g. w8-bf16)")
     a = p.parse_args()
     plain = json.loads((a.dir / f"real-{a.gpu}-measured.json").read_text())
     sessions = sorted(k for k in plain if not k.startswith("_"))
@@ -73,6 +76,8 @@ def main() -> None:
                 return a.dir / f"real-{a.gpu}-{s}-{name}.pt.trace.json.gz"
 
             for before, changes, after in PAIRS:
+                if a.only and after != a.only:
+                    continue
                 if not (trace(before).exists() and trace(after).exists()
                         and after in plain[session]):
                     continue

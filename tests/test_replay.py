@@ -282,8 +282,10 @@ def test_launches_into_a_full_queue_wait_for_the_gpu() -> None:
     report = report_of(path)
     first = report.plan["entries"][0]
     assert first["id"] == "no-mixed-precision"
-    # fp32 GEMM/convolution is 63% of kernel time; at 2x the step loses close to a third,
-    # never more than what leaves the busiest GPU's remaining work
-    assert 20 < first["saving_pct"] < 40
+    # fp32 GEMM/convolution is 63% of kernel time; on a V100 in fp16 at 125/15.7 x 0.87 with
+    # autocast's casts (+60%), 4.3x, it loses 48% of the kernel time, the rest at most half
+    # (half the bytes): the step loses well over a third, never more than what leaves the
+    # busiest GPU's remaining work
+    assert 35 < first["saving_pct"] < 67
     assert first["predicted_step_us"] >= report.plan["floor_us"]
     assert report.verdict_id == "gpu-bound" and "amp=fp16" in report.verdict

@@ -84,7 +84,8 @@ def add_what_if_argument(parser: argparse.ArgumentParser) -> None:
         "replaying the recorded steps with it: num_workers=N, torch_threads=1 (CPU runs "
         "recorded by run, which times one-thread steps), pin_memory=true, "
         "non_blocking=true, amp=bf16|fp16|tf32, sync=off, optimizer=foreach|fused, "
-        "zero_grad=none, cuda_graphs=true, allocator=steady, comm=overlap; repeatable",
+        "zero_grad=none, cuda_graphs=true, compile=true, allocator=steady, comm=overlap; "
+        "repeatable",
     )
 
 

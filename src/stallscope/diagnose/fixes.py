@@ -17,13 +17,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from stallscope.diagnose.advice import has
 from stallscope.diagnose.allocator import ALLOC_CALL, FREE_CALL
 from stallscope.diagnose.comm import COMM_NAME
 from stallscope.diagnose.optimizer import STEP_NAME as OPTIMIZER_STEP
-from stallscope.diagnose.precision import classify_kernels
+from stallscope.diagnose.precision import (
+    AMP_MEMORY,
+    AMP_VALUES,
+    AUTOCAST_CASTS,
+    CUDNN_BATCH_NORM_AMP,
+    ELEMENTWISE,
+    LAYOUT,
+    NORM,
+    PEAK_TFLOPS,
+    POOLING,
+    REDUCTION,
+    SIMT_ATTAINED,
+    SOFTMAX,
+    TF32_ATTAINED,
+    amp_scale,
+    amp_target,
+    device_major,
+    kernel_class,
+)
 from stallscope.diagnose.zero_grad import ZERO_GRAD
 from stallscope.errors import StallscopeError
 from stallscope.replay import transforms as tf
@@ -33,12 +50,6 @@ from stallscope.replay.threads import OneThread, one_thread
 from stallscope.trace.model import SYNC_CALLS, TraceModel
 from stallscope.trace.names import name_matches, per_name
 
-# Tensor-core speedup assumed for fp32 GEMM/conv kernels, by target precision. Peak ratios are
-# 8x (V100 fp16, A100 TF32) to 16x (A100 bf16) over fp32 SIMT; convolutions carry layout
-# transforms and memory-bound epilogues, and ~2x on these kernels is what mixed precision
-# commonly gives ResNet-class models end to end (the no-mixed-precision rule's assumption).
-# TF32 has half the tensor-core peak of bf16: 1.5x. Not validated on a measured pair.
-AMP_SPEEDUP = {"bf16": 2.0, "fp16": 2.0, "tf32": 1.5}
 # Host time left of an optimizer step with multi-tensor kernels (one launch per few hundred
 # tensors instead of one per tensor), and the GPU time each per-tensor kernel loses: its fixed
 # cost (launch ramp, tail) when it becomes part of one multi-tensor kernel. Assumptions.
@@ -287,26 +298,160 @@ def _sync_off(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
 
 
 def _amp(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
-    if value not in AMP_SPEEDUP:
-        raise NotModelled(f"amp takes {', '.join(AMP_SPEEDUP)}")
+    if value not in AMP_VALUES:
+        raise NotModelled(f"amp takes {', '.join(AMP_VALUES)}")
     if not ctx.model.has_gpu:
         raise NotModelled("the trace has no GPU work")
-    major = max(ctx.model.compute_major.values(), default=None)
-    if major is None or major < 7:
-        raise NotModelled("no tensor cores on this GPU (compute capability below 7.0, or "
-                          "unknown)")
+    major, source = ctx.once("device major", lambda: device_major(ctx.model))
+    if major is None:
+        raise NotModelled(
+            "ROCm (AMD) trace: its matrix cores and kernel names are not modelled"
+            if source == "ROCm" else
+            "the GPU's generation is unknown: no deviceProperties and no architecture "
+            "(sm70_/sm80_/sm90_, volta_/ampere_/hopper_) in the kernel names")
+    if major < 7:
+        raise NotModelled(f"compute capability {major}.x has no tensor cores: mixed precision "
+                          "would not move GEMM/convolution onto them")
     if value in ("bf16", "tf32") and major < 8:
         raise NotModelled(f"{value} needs compute capability 8.0 (Ampere) or later; use fp16 "
                           "with a GradScaler")
-    fp32 = ctx.once("fp32", lambda: (classify_kernels(pd.Series(g.g_names, dtype=object))
-                                     .to_numpy() == "fp32")[g.g_name] & (g.g_kind == "kernel"))
-    if not fp32.any():
-        raise NotModelled("no fp32 GEMM/convolution kernels in the steps")
+    factor = amp_scale(g.g_names, major, value)[g.g_name]
+    changed = (g.g_kind == "kernel") & (g.g_step >= 0) & (factor != 1.0)
+    if not changed.any():
+        raise NotModelled(f"no kernel in the steps that {value} would change (no fp32 "
+                          "GEMM/convolution, no fp32 memory-bound kernel)")
     g = g.copy()
-    speed = AMP_SPEEDUP[value]
-    tf.scale_gpu(g, fp32, 1.0 / speed)
-    return g, [f"fp32 GEMM/convolution kernels run {speed:g}x faster on tensor cores "
-               f"({value}; an assumption from peak ratios, see docs/replay.md)"]
+    tf.scale_gpu(g, changed, factor[changed])
+    sku = {7: "V100", 8: "A100", 9: "H100 SXM"}[min(major, 9)] + (
+        " (a later GPU takes its ratios)" if major > 9 else "")
+    peak = PEAK_TFLOPS[min(major, 9)]
+    rates = ", ".join(f"{k} {v:g}" for k, v in peak.items())
+    attained = SIMT_ATTAINED["tf32" if value == "tf32" else "half"]
+    notes = [f"device: compute capability {major}.x (from {source}); GEMM/convolution kernels "
+             f"sped up by the {sku} peak-rate ratio ({rates} TFLOPS dense) times what such "
+             f"kernels attained on measured pairs ({attained:g} of it from fp32 SIMT, "
+             f"{TF32_ATTAINED:g} from TF32; docs/replay.md)"]
+    if value == "tf32":
+        notes.append("TF32 keeps fp32 storage: memory-bound kernels unchanged")
+    else:
+        notes.append(f"autocast's casts of the GEMM/convolution operands add {AUTOCAST_CASTS:.0%} "
+                     "of their reduced-precision time (measured 51-70%); memory-bound kernels "
+                     f"by the bytes they move: elementwise {AMP_MEMORY[ELEMENTWISE]:g} of their "
+                     f"time, layout copies {AMP_MEMORY[LAYOUT]:g}, cuDNN batch norm "
+                     f"{CUDNN_BATCH_NORM_AMP:g}x slower (ATen's mixed-precision kernels), other "
+                     "norms, softmax, losses and the optimizer unchanged (autocast keeps them in "
+                     "fp32); all measured, docs/replay.md")
+        notes.append("autocast's casts on the host are not modelled (on the measured CNN 25 "
+                     "more aten::to and 12 ToCopyBackward0 per step)")
+    return g, notes
+
+
+# torch.compile (inductor), as measured on the compile pairs (sample_traces/real-h200-r1-w8 and
+# real-h100-r2-w8 -> w8-compile, a small CNN, torch 2.11): GEMM/conv kernels unchanged (1.08-1.10x
+# their time: cuDNN's kernels for channels_last), the optimizer and the loss (outside the
+# compiled module) unchanged, and the memory-bound kernels between the convolutions, 5.1-5.6 ms
+# per step in 120 kernels (cuDNN batch norm, ReLU, NCHW<->NHWC transposes), became 1.2-1.5 ms
+# in 111 Triton and cuDNN kernels: 0.23 and 0.27 of their time. The host did not gain: 165
+# launches per step against 171 (inductor splits each batch norm into a statistics kernel and a
+# pointwise one) and host time per step unprofiled +0.3 and +3.7 ms (its wrappers: guards,
+# AOTAutograd), so the model keeps the host and the launches as recorded.
+#
+# The model: each chain of memory-bound kernels on a stream (tf.chains; loss kernels and the
+# optimizer's left out, as both pairs kept them outside the compiled module) is fused. Bytes, in
+# units of the chain's activation tensor (an assumption: every kernel of the chain reads one
+# such tensor and writes one): an eager kernel reads and writes (2 units), a norm or softmax
+# reads twice (statistics, then normalise) and writes (3); the fused chain reads its input once
+# and writes its output once (2), plus one more read per norm/softmax/reduction; NCHW<->NHWC
+# transposes vanish (inductor keeps the activations channels_last, the layout cuDNN wants). The
+# chain's time scales by fused/eager bytes over COMPILE_BANDWIDTH_GAIN, what Triton's kernels
+# attain over the eager ones: 1.0 (the bytes alone give 0.285 and 0.271 of the time on the two
+# pairs, measured 0.229 and 0.269: no factor is needed to fit them, and none is claimed). On the
+# transformer pair (real-h200-xfmr-fp32 -> compile: GELU, dropout, residual add, layer norm and
+# softmax chains) the model gives 0.49 of the chained time, measured 0.61; its kernels 31.0 ->
+# 29.2 ms per step predicted, 29.5 recorded.
+COMPILE_UNITS = {ELEMENTWISE: 2.0, POOLING: 2.0, REDUCTION: 2.0, LAYOUT: 2.0, NORM: 3.0,
+                 SOFTMAX: 3.0}
+COMPILE_BANDWIDTH_GAIN = 1.0
+_TRANSPOSE = re.compile(r"nchwToNhwc|nhwcToNchw", re.IGNORECASE)
+# Loss kernels: the loss is usually computed outside the compiled module (both measured pairs).
+_LOSS = re.compile(r"nll_loss|cross_entropy|mse_loss|mse_kernel|smooth_l1|bce|binary_cross",
+                   re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CompileEstimate:
+    """What compile=true changes in a graph's steps: chains of memory-bound kernels fused."""
+
+    chain: np.ndarray  # per GPU op, its chain (-1: not fused)
+    factor: np.ndarray  # per chain, its time after over before
+    before_us: float  # the chained kernels' time per step, eager
+    after_us: float  # ...and fused
+    kernels: float  # kernels per step in the chains
+    chains: float  # chains per step
+
+
+def compile_estimate(g: Graph, model: TraceModel) -> CompileEstimate | None:
+    """The compile model on a graph (see COMPILE_UNITS); None when nothing in the steps fuses
+    or they already run compiled code. Callable by rules that want to know what torch.compile
+    would take off the GPU (`before_us - after_us` per step)."""
+    if any(n.startswith("triton_") for n in g.g_names):
+        return None  # already compiled
+    cls = np.array([kernel_class(n) for n in g.g_names], dtype=object)[g.g_name]
+    loss = g.gpu_named(lambda name: bool(_LOSS.search(name)))
+    units = np.where(loss, 0.0, np.array([COMPILE_UNITS.get(c, 0.0) for c in cls]))
+    ops = model.ops
+    nodes = tf.within(g, ops[name_matches(ops["name"], OPTIMIZER_STEP)
+                             | per_name(ops["name"], _is_zero_grad).to_numpy(dtype=bool)])
+    outside = tf.launched_by(g, nodes)  # the optimizer's and zero_grad's kernels
+    member = (g.g_kind == "kernel") & (g.g_step >= 0) & (units > 0) & ~outside
+    chain = tf.chains(g, member)
+    n = int(chain.max()) + 1
+    if n == 0:
+        return None
+    rows = chain >= 0
+    c = chain[rows]
+    transpose = g.gpu_named(lambda name: bool(_TRANSPOSE.search(name)))[rows]
+    stats = np.isin(cls[rows], [NORM, REDUCTION, SOFTMAX])
+    eager = np.bincount(c, weights=units[rows], minlength=n)
+    kept = np.bincount(c, weights=~transpose, minlength=n) > 0  # only transposes: all gone
+    n_stats = np.bincount(c, weights=stats, minlength=n)
+    fused = np.where(kept, 2.0 + n_stats, 0.0)
+    factor = np.minimum(fused / eager / COMPILE_BANDWIDTH_GAIN, 1.0)
+    dur = g.g_dur[rows]
+    before = float(dur.sum())
+    after = float((dur * factor[c]).sum())
+    return CompileEstimate(chain, factor, before / g.steps, after / g.steps, len(c) / g.steps,
+                           n / g.steps)
+
+
+def _is_zero_grad(name: str) -> bool:
+    return name.startswith(ZERO_GRAD)
+
+
+def _compile(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
+    if value != "true":
+        raise NotModelled("only compile=true is replayed")
+    if not ctx.model.has_gpu:
+        raise NotModelled("the compile model is of GPU kernels; the trace has none")
+    if any(n.startswith("triton_") for n in g.g_names):
+        raise NotModelled("the steps already run torch.compile's Triton kernels")
+    est = ctx.once("compile", lambda: compile_estimate(g, ctx.model))
+    if est is None:
+        raise NotModelled("no memory-bound kernels between the GEMM/convolution kernels to fuse")
+    g = g.copy()
+    rows = est.chain >= 0
+    tf.scale_gpu(g, rows, est.factor[est.chain[rows]])
+    return g, [
+        f"torch.compile fuses each run of memory-bound kernels between GEMM/convolution "
+        f"kernels ({est.chains:.0f} runs, {est.kernels:.0f} kernels per step): "
+        f"{est.before_us / 1000:.2f} -> {est.after_us / 1000:.2f} ms per step, by the bytes no "
+        "longer written and read back (one activation tensor in and one out per run, one more "
+        "read per norm's statistics; NCHW<->NHWC transposes gone); GEMM/conv, optimizer and "
+        "loss kernels unchanged",
+        "the host keeps its time and launches: on the measured pairs compiled code launched as "
+        "many kernels and ran as long on the host as eager ops did (needs a model dynamo "
+        "traces without graph breaks; compilation is paid once, before these steps)",
+    ]
 
 
 def _optimizer(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
@@ -461,11 +606,12 @@ WHAT_IF: dict[str, tuple[Fix, Callable[[str], bool], str]] = {
     "torch_threads": (_torch_threads, _is_whole, "a whole number >= 1"),
     "pin_memory": (_pin_memory, lambda v: v == "true", "true"),
     "non_blocking": (_non_blocking, lambda v: v == "true", "true"),
-    "amp": (_amp, lambda v: v in AMP_SPEEDUP, "bf16, fp16 or tf32"),
+    "amp": (_amp, lambda v: v in AMP_VALUES, "bf16, fp16 or tf32"),
     "sync": (_sync_off, lambda v: v == "off", "off"),
     "optimizer": (_optimizer, lambda v: v in OPTIMIZER_HOST_LEFT, "foreach or fused"),
     "zero_grad": (_zero_grad, lambda v: v == "none", "none"),
     "cuda_graphs": (_cuda_graphs, lambda v: v == "true", "true"),
+    "compile": (_compile, lambda v: v == "true", "true"),
     "allocator": (_allocator, lambda v: v == "steady", "steady"),
     "comm": (_comm, lambda v: v == "overlap", "overlap"),
 }
@@ -533,8 +679,11 @@ def changes_for(finding: Any, model: TraceModel) -> list[Change]:
     ev = finding.evidence or {}
     fid = finding.id
     if fid == "no-mixed-precision":
-        major = max(model.compute_major.values(), default=8)
-        return [Change("amp", "bf16" if major >= 8 else "fp16")]
+        target = ev.get("amp_target")
+        if target not in AMP_VALUES:
+            major, _ = device_major(model)
+            target = amp_target(major if major is not None else 8)
+        return [Change("amp", str(target))]
     if fid == "dataloader-bound":
         n = ev.get("suggested_num_workers")
         if not isinstance(n, int) or n <= 0:

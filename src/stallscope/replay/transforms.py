@@ -64,3 +64,22 @@ def tighten_streams(g: Graph, ops: np.ndarray, gap_us: float) -> None:
     """The selected ops follow their predecessor after at most `gap_us` (one graph launch
     instead of one launch each)."""
     g.g_gap[ops] = np.minimum(g.g_gap[ops], gap_us)
+
+
+def chains(g: Graph, member: np.ndarray) -> np.ndarray:
+    """Chain id of each GPU op, -1 for ops in none: runs of selected ops that follow each other
+    on one stream with nothing else between them, launched from one host thread in one step
+    (the kernels of one op region between two GEMM/conv kernels, say)."""
+    n = len(g.g_ts)
+    out = np.full(n, -1)
+    if not n or not member.any():
+        return out
+    thread = np.where(g.g_launch >= 0, g.h_thread[np.clip(g.g_launch, 0, None)], -1)
+    prev = np.r_[-1, np.arange(n - 1)]
+    same = np.r_[False, (g.g_stream[1:] == g.g_stream[:-1]) & (thread[1:] == thread[:-1])
+                 & (g.g_step[1:] == g.g_step[:-1])]
+    starts = member & ~(same & member[np.clip(prev, 0, None)])
+    ids = np.cumsum(starts) - 1
+    out[member] = ids[member]
+    return out
+
