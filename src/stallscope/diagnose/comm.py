@@ -14,6 +14,7 @@ import re
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
@@ -31,8 +32,18 @@ RULE_ID = "comm-bound"
 # 5% is where the anchors (HTA's communication/computation overlap analysis) call it material.
 EXPOSED_THRESHOLD_PCT = 5.0
 TOP_COLLECTIVES = 5
-COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)
+# Collective kernels: NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL on ROCm (the same names, or
+# `rccl*`), and MSCCL, which RCCL runs for some collectives (`mscclKernel_Sum_float_LL...`).
+COMM_NAME = re.compile(r"nccl|rccl|msccl", re.IGNORECASE)
 COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+# An instance of a collective that takes at least this many times the fastest instance of the
+# same collective (same stream, same place in the step, so the same tensors and bytes) spent
+# the excess waiting for slower ranks (an assumption: the same bytes over the same link take
+# about the same time, and jitter of the link alone does not double a transfer). Only excess of
+# 0.2 ms or more counts (shorter is within launch and clock noise). A lower bound: a rank that
+# is slower by the same amount every step shows no excess here.
+PEER_FACTOR = 2.0
+PEER_MIN_US = 200.0
 COMM_DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
 # CPU collectives: the backend's host range around each collective (`gloo:all_reduce`).
 HOST_COLLECTIVE = re.compile(r"^(gloo|mpi|ucc):([A-Za-z_]+)", re.IGNORECASE)
@@ -83,11 +94,18 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     kinds = np.empty(len(gpu), dtype=object)
     kinds[is_comm] = name_array(gpu["name"], _kernel_kind, is_comm)
     results = {}
+    stream = gpu["stream"].to_numpy(dtype=float)
+    step = gpu["step"].to_numpy()
     for dev in sorted(set(device[is_comm])):
         on = kernel & (device == dev)
         comm, compute = on & is_comm, on & ~is_comm
         results[dev] = _exposed(model, (ts[comm], end[comm]), (ts[compute], end[compute]),
                                 kinds[comm])
+        wait = peer_excess(np.nan_to_num(stream[comm], nan=-1.0), step[comm], ts[comm],
+                           end[comm] - ts[comm], kinds[comm])
+        # The wait sits inside the collective: at most its exposed part is on the step's path.
+        results[dev]["peer_wait"] = float(np.minimum(wait, results[dev]["each_exposed"]).sum())
+        results[dev]["peer_count"] = int((wait > 0).sum())
     dev = max(results, key=lambda d: results[d]["exposed"])
     r = results[dev]
     r["device"] = dev
@@ -113,7 +131,9 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
     share = pct(exposed, total)
     # Overlap hides a collective only under compute that exists: never more than the step's
     # non-communication compute on the same device (or process).
-    hideable = min(exposed, compute)
+    # Time spent waiting for slower ranks is not hidden by overlap: it is set apart.
+    peer = min(r.get("peer_wait", 0.0), exposed)
+    hideable = min(exposed - peer, compute)
     evidence = {
         "where": where,
         "backend": backend,
@@ -126,6 +146,9 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
         "overlap_pct": pct(comm - exposed, comm),
         "compute_ms_per_step": ms(compute / n),
         "hideable_share_pct": pct(hideable, total),
+        "peer_wait_ms_per_step": ms(peer / n),
+        "peer_wait_share_pct": pct(peer, total),
+        "peer_wait_collectives": r.get("peer_count", 0),
         "exposed_ms_by_step": [ms(x) for x in r["per_step"]],
         "top_collectives": r["top"],
         "steps": n,
@@ -142,29 +165,32 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
     rec, snippet = ADVICE[pattern](backend)
     snippet = _for_version(model, pattern, snippet)
     saving, basis = hideable, (
-        f"upper bound: the collective time on {place} during which no compute ran, capped "
-        "by the step's other compute there (what the collective could hide under); part of "
-        "it may be waiting for slower ranks, which overlap does not remove")
-    if backend == "gloo" and pattern == "all-reduce" and exposed / 2 > hideable:
-        saving, basis = exposed / 2, (
-            "upper bound: half the exposed all-reduce time, if fp16 compression halves the "
-            "bytes gloo moves (more than overlap could hide under the step's "
-            f"{ms(compute / n)} ms of other compute); time spent waiting for slower ranks "
-            "does not shrink")
+        f"upper bound: the collective time on {place} during which no compute ran, less the "
+        "part measured as waiting on peers, capped by the step's other compute there (what "
+        "the collective could hide under)")
+    if backend == "gloo" and pattern == "all-reduce" and (exposed - peer) / 2 > hideable:
+        saving, basis = (exposed - peer) / 2, (
+            "upper bound: half the exposed all-reduce time less the waiting on peers, if fp16 "
+            "compression halves the bytes gloo moves (more than overlap could hide under the "
+            f"step's {ms(compute / n)} ms of other compute)")
+    peers = _peer_text(evidence, n) if peer > 0 else ""
     rec = (
         f"{backend} collectives run with no compute beside them on {place} for {share:.1f}% of "
         f"each step ({ms(exposed / n)} ms; largest, exposed ms summed over the {n} steps: "
         + ", ".join(f"{c['collective']} {c['exposed_ms']} ms" for c in r["top"][:3])
         + f"). The step has {ms(compute / n)} ms of other compute per step to hide them under"
         + (" (less than the exposed time: overlap alone cannot hide it all). "
-           if compute < exposed else ". ")
+           if compute < exposed - peer else ". ")
+        + peers
         + rec
-        + " An exposed collective also spins while it waits for the slowest rank: compare step "
-        "and loader times across ranks (rank-imbalance) before tuning."
+        + ("" if peers else " An exposed collective also spins while it waits for the slowest "
+           "rank: compare step and loader times across ranks (rank-imbalance) before tuning.")
     )
+    title = _title(share, evidence["peer_wait_share_pct"], pct(saving, total),
+                   halved=saving != hideable)
     finding = Finding(
         id=RULE_ID,
-        title=f"Collective communication is exposed for {share:.1f}% of each step",
+        title=title,
         evidence=evidence,
         recommendation=rec,
         snippet=snippet,
@@ -278,6 +304,31 @@ def _sharded_advice(backend: str) -> tuple[str, str]:
     return rec, snippet
 
 
+def _title(share: float, peer_pct: float, saving_pct: float, halved: bool) -> str:
+    """One number per quantity: the exposed share, the part of it waiting on peers, and the
+    saving bound when it is smaller than what is left (each named)."""
+    parts = [f"{peer_pct:.1f}% of the step waiting on peers"] if peer_pct > 0 else []
+    if saving_pct < share - peer_pct - 0.05:
+        parts.append(f"at most {saving_pct:.1f}% "
+                     + ("saved by halving the bytes" if halved else "hideable under compute"))
+    head = f"Collective communication is exposed for {share:.1f}% of each step"
+    return head + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _peer_text(evidence: dict, n: int) -> str:
+    """What the measured waiting on peers is, and what helps it (not overlap)."""
+    return (
+        f"Waiting on peers: {evidence['peer_wait_ms_per_step']} ms per step "
+        f"({evidence['peer_wait_share_pct']:.1f}% of the step, {evidence['peer_wait_collectives']} "
+        f"collective(s) over the {n} steps) is collective time beyond what the same collective "
+        "takes in the other steps: this rank waited for slower ranks. Overlap does not remove "
+        "it; look at the other ranks' traces (analyze them together: rank-imbalance compares "
+        "their work per step) and balance the work and data across ranks (equal shard sizes, "
+        "sequence lengths bucketed or padded alike, no rank-0-only work such as logging or "
+        "checkpointing inside the step). "
+    )
+
+
 # The torch release each pattern's snippet needs (FSDP's prefetch arguments 1.13,
 # torch.distributed.pipelining 2.4); the all-reduce and all-to-all snippets run on any torch
 # that has DDP's no_sync() / TorchRec.
@@ -341,6 +392,10 @@ def _host_comm(model: TraceModel) -> dict | None:
     ts, end = ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
     kinds = np.array([k for _, k in found], dtype=object)
     r = _exposed(model, (ts[coll], end[coll]), (ts[is_compute], end[is_compute]), kinds)
+    tid = pd.factorize(ops["tid"].astype(str))[0][coll].astype(float)
+    wait = peer_excess(tid, ops["step"].to_numpy()[coll], ts[coll], end[coll] - ts[coll], kinds)
+    r["peer_wait"] = float(np.minimum(wait, r["each_exposed"]).sum())
+    r["peer_count"] = int((wait > 0).sum())
     # The most common backend, the first in sorted order on a tie (Series.mode().iloc[0]).
     counts = Counter(b.lower() for b, _ in found)
     top = max(counts.values())
@@ -386,6 +441,38 @@ def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
         "exposed": float(per_step.sum()),
         "compute": float(tl.sum_by(compute_m, bucket, n).sum()),
         "per_step": per_step,
+        "each_exposed": exposed,  # per collective interval, in the order given
         "top": [{"collective": str(names[i]), "count": int(count[i]), "comm_ms": ms(g_us[i]),
                  "exposed_ms": ms(g_exposed[i])} for i in order.tolist()],
     }
+
+
+def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+                kinds: np.ndarray) -> np.ndarray:
+    """Per collective, the time it waited for slower ranks: its duration less the fastest
+    instance of the same collective, where it took PEER_FACTOR times that or more (0 elsewhere).
+
+    The same collective is the one at the same place, on the same stream, in another step: a
+    stream whose steps (two or more) hold the same sequence of collective kinds repeats the
+    same tensors, hence the same bytes, every step. Streams whose steps differ are left at 0:
+    without the message sizes (the trace's host ranges carry them, the decoded table does not)
+    two different collectives cannot be compared."""
+    out = np.zeros(len(dur))
+    inside = np.flatnonzero(step >= 0)
+    for key in np.unique(stream[inside]):
+        mine = inside[stream[inside] == key]
+        mine = mine[np.lexsort((ts[mine], step[mine]))]
+        steps = np.unique(step[mine])
+        if len(steps) < 2:
+            continue
+        seqs = [mine[step[mine] == s] for s in steps]
+        if len({len(q) for q in seqs}) != 1 or any(
+                list(kinds[q]) != list(kinds[seqs[0]]) for q in seqs[1:]):
+            continue
+        grid = np.stack(seqs)  # steps x position
+        d = dur[grid]
+        fastest = d.min(axis=0)
+        excess = d - fastest
+        waited = (d >= PEER_FACTOR * fastest) & (excess >= PEER_MIN_US)
+        out[grid] = np.where(waited, excess, 0.0)
+    return out

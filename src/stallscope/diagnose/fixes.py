@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.allocator import ALLOC_CALL, FREE_CALL
-from stallscope.diagnose.comm import COMM_NAME
+from stallscope.diagnose.comm import COLLECTIVE, COMM_NAME, peer_excess
+from stallscope.diagnose.common import ms
 from stallscope.diagnose.optimizer import STEP_NAME as OPTIMIZER_STEP
 from stallscope.diagnose.precision import classify_kernels
 from stallscope.diagnose.zero_grad import ZERO_GRAD
@@ -348,14 +349,66 @@ def _allocator(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
 
 
 def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
-    comm = g.gpu_named(lambda n: bool(COMM_NAME.search(n)))
+    comm = g.gpu_named(lambda n: bool(COMM_NAME.search(n))) & (g.g_kind == "kernel")
     if not comm.any():
-        raise NotModelled("no collective kernels in the steps")
+        raise NotModelled("no collective (NCCL/RCCL) kernels in the steps; CPU collectives "
+                          "(gloo/MPI) are not modelled")
+    kinds = ctx.once("comm kinds", lambda: np.array(
+        [_collective_kind(n) for n in g.g_names], dtype=object)[g.g_name])
+    bucketed = comm & np.isin(kinds, BUCKETED)
+    prefetched = comm & np.isin(kinds, PREFETCHED)
+    if not (bucketed | prefetched).any():
+        raise NotModelled("the step's collectives are all-to-all or send/recv, whose output the "
+                          "next op needs at once: overlap within the step cannot hide them")
+    ops = ctx.model.ops
+    back = ctx.once("backward", lambda: tf.within(
+        g, ops[per_name(ops["name"], lambda n: n.startswith(BACKWARD)).astype(bool)]))
+    calls = ctx.once("collective calls", lambda: tf.within(
+        g, ops[per_name(ops["name"], lambda n: bool(COLLECTIVE_CALL.match(n))).astype(bool)]))
+    hide = tf.launched_by(g, back & ~calls) & (g.g_kind == "kernel") & ~comm
+    wait = ctx.once("peer wait", lambda: _peer_wait(g, comm, kinds))
     g = g.copy()
-    waits_on_comm = (g.g_cross >= 0) & comm[np.clip(g.g_cross, 0, None)] & ~comm
-    g.g_cross[waits_on_comm] = -1
-    return g, ["compute kernels no longer wait for collectives on the communication stream "
-               "(an upper bound of what overlap can give)"]
+    moved = tf.overlap_collectives(g, bucketed, prefetched, hide, wait)
+    host = calls & ((g.h_kind == FILL) | (g.h_kind == CALL)) & (g.h_wait < 0)
+    tf.scale_host(g, host, 0.0)
+    # The stepping thread resumes when the thread that issued the collectives is done (a
+    # join the graph's 1 ms release window may miss when the hand-back took longer).
+    tf.join_after(g, calls)
+    notes = [
+        f"{moved} collective(s) start as soon as their inputs are ready: gradient all-reduce "
+        "and reduce-scatter in buckets (DDP's default 25 MB) released through the backward "
+        "compute in proportion to their transfer time, all-gathers one ahead (FSDP prefetch); "
+        "none starts before the compute it follows, and the optimizer still waits for the last",
+        "the per-collective host calls (c10d/nccl ranges) leave the step: DDP and FSDP issue "
+        "one call per bucket from C++ hooks (their cost is neglected)",
+    ]
+    if wait.any():
+        notes.append(f"{ms(float(wait.sum()) / max(g.steps, 1))} ms per step of waiting on "
+                     "peers (collective time beyond the same collective's fastest step) stays "
+                     "on the step's last collective: overlap does not remove it")
+    return g, notes
+
+
+# Collective kernels by kind (comm.py's names): those DDP buckets during backward, those FSDP
+# prefetches; the rest (send/recv, all-to-all) are not moved.
+BUCKETED = ("AllReduce", "ReduceScatter")
+PREFETCHED = ("AllGather",)
+BACKWARD = "autograd::engine::evaluate_function"
+# Host ranges that issue a collective (what DDP's reducer replaces with one call per bucket).
+COLLECTIVE_CALL = re.compile(r"^(?:c10d::|nccl:|rccl:|record_param_comms)")
+
+
+def _peer_wait(g: Graph, comm: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """Per GPU op, the time a collective waited for slower ranks (comm.peer_excess)."""
+    out = np.zeros(len(g.g_ts))
+    out[comm] = peer_excess(g.g_stream[comm].astype(float), g.g_step[comm], g.g_ts[comm],
+                            g.g_dur[comm], kinds[comm])
+    return out
+
+
+def _collective_kind(name: str) -> str:
+    m = COLLECTIVE.search(name)
+    return m.group(1) if m else ""
 
 
 def _h2d_bytes_per_step(model: TraceModel) -> float:

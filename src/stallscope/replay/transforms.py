@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.replay.graph import CALL, Graph
+from stallscope.replay.graph import CALL, RESUME, Graph
 from stallscope.trace.intervals import enclosing
 
 
@@ -64,3 +64,91 @@ def tighten_streams(g: Graph, ops: np.ndarray, gap_us: float) -> None:
     """The selected ops follow their predecessor after at most `gap_us` (one graph launch
     instead of one launch each)."""
     g.g_gap[ops] = np.minimum(g.g_gap[ops], gap_us)
+
+
+def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
+                        hide: np.ndarray, wait: np.ndarray) -> int:
+    """Collectives start as soon as their inputs are ready instead of when the host launched
+    them; how many were moved.
+
+    `bucketed` (gradient all-reduce / reduce-scatter) are released through the step's `hide`
+    (backward compute) ops in proportion to their transfer time: the one whose cumulative
+    share is f waits for the backward op by whose end f of the backward compute has run
+    (gradients are ready in step with backward). `prefetched`
+    (all-gathers) start when the compute before the previous all-gather of their stream ended
+    (one ahead). A collective is never moved later than it ran. `wait` (per op, time spent
+    waiting for slower ranks) leaves each collective and is added to the step's last one: the
+    optimizer still waits for the slowest rank."""
+    g.g_launch = g.g_launch.copy()  # shared between copies: what a fix may change is copied
+    end = g.g_ts + g.g_dur
+    moved = 0
+    for s in range(g.steps):
+        in_step = g.g_step == s
+        ops = np.flatnonzero(in_step & (bucketed | prefetched))
+        if not len(ops):
+            continue
+        ops = ops[np.argsort(g.g_ts[ops], kind="stable")]
+        w = wait[ops]
+        g.g_dur[ops] -= w
+        g.g_dur[ops[-1]] += w.sum()
+        back = np.flatnonzero(in_step & hide)
+        back = back[np.argsort(g.g_ts[back], kind="stable")]
+        targets = np.full(len(ops), -1)
+        late = bucketed[ops] & (len(back) > 0)
+        if late.any():
+            t = g.g_dur[ops[late]]
+            share = np.cumsum(t) / max(t.sum(), 1e-9)
+            done = np.cumsum(g.g_dur[back]) / max(g.g_dur[back].sum(), 1e-9)
+            k = np.clip(np.searchsorted(done, share - 1e-12, side="left"), 0, len(back) - 1)
+            targets[late] = back[k]
+        targets[prefetched[ops]] = _one_ahead(g, ops, prefetched)[prefetched[ops]]
+        ok = (targets >= 0) & (end[np.clip(targets, 0, None)] < g.g_ts[ops])
+        c, tgt = ops[ok], targets[ok]
+        g.g_launch[c] = -1
+        g.g_lat[c] = 0.0
+        g.g_anchor[c] = -np.inf
+        g.g_cross[c] = tgt
+        g.g_cgap[c] = 0.0
+        moved += len(c)
+    return moved
+
+
+def _one_ahead(g: Graph, ops: np.ndarray, prefetched: np.ndarray) -> np.ndarray:
+    """For each all-gather in `ops` (time order), the last op on another stream of its device
+    that ended before the previous all-gather of its stream started; -1 for the first."""
+    out = np.full(len(ops), -1)
+    end = g.g_ts + g.g_dur
+    for i in range(1, len(ops)):
+        prev = [j for j in range(i) if prefetched[ops[j]]
+                and g.g_stream[ops[j]] == g.g_stream[ops[i]]]
+        if not prefetched[ops[i]] or not prev:
+            continue
+        start = g.g_ts[ops[prev[-1]]]
+        cand = np.flatnonzero((g.g_device == g.g_device[ops[i]])
+                              & (g.g_stream != g.g_stream[ops[i]]) & (end <= start)
+                              & (g.g_step == g.g_step[ops[i]]))
+        if len(cand):
+            out[i] = cand[np.argmax(end[cand])]
+    return out
+
+
+def join_after(g: Graph, issuers: np.ndarray) -> int:
+    """A thread that sat idle while another thread (one holding `issuers`: the autograd
+    thread that issued the collectives) ran, and resumed after it ended, waited for it (the
+    join at the end of backward): it now resumes that long after the other thread's last
+    node before it instead of after a fixed idle time. How many joins were added."""
+    threads = np.unique(g.h_thread[issuers])
+    heads = np.flatnonzero((g.h_kind == RESUME) & (g.h_release < 0) & (g.h_lead > 0))
+    added = 0
+    for n in heads:
+        other = np.flatnonzero(np.isin(g.h_thread, threads) & (g.h_thread != g.h_thread[n])
+                               & (g.h_rec_end <= g.h_ts[n])
+                               & (g.h_rec_end >= g.h_ts[n] - g.h_lead[n]))
+        if not len(other):
+            continue
+        m = other[np.argmax(g.h_rec_end[other])]
+        g.h_release[n] = m
+        g.h_delay[n] = g.h_ts[n] - g.h_rec_end[m]
+        g.h_lead[n] = 0.0
+        added += 1
+    return added
