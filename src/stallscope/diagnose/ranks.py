@@ -173,7 +173,7 @@ def _how_far(behind: list[dict]) -> str:
     return "; ".join(parts) + (" per step" if len(behind) == 1 else ", per step")
 
 
-_COLLECTIVE = re.compile(r"(?i).*(nccl|rccl)")
+_COLLECTIVE = re.compile(r"(?i).*(?:nccl|rccl|msccl)")  # comm.COMM_NAME, matched anywhere
 
 
 def _busiest_device_us(devices: pd.Series, dur: np.ndarray, rows: np.ndarray) -> float | None:
