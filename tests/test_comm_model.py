@@ -33,16 +33,18 @@ def _model(path: Path):
 
 def test_per_tensor_all_reduce_leads_the_plan_with_its_replayed_saving() -> None:
     # v100 rank 1 of 2: 404 per-tensor all-reduces per step, issued after backward, 0.32 ms of
-    # host calls each; comm=overlap (buckets through backward, host calls gone) is replayed
-    # at 332.3 -> 282.5 ms (15.0%) and leads the plan, instead of zero_grad's 2.5%.
+    # host calls each; comm=overlap (buckets through backward, host calls gone) is replayed at
+    # 332.3 -> 318.6 ms (4.1%) and leads the plan, before zero_grad's 2.3%.
     report = report_of(real_trace(V100_DF))
     entry = report.plan_entry(report.top_finding)
     assert report.top_finding.id == "comm-bound"
     assert "comm=overlap" in report.verdict
-    # 10% either side: the replay is deterministic here; the margin is for calibrations of the
-    # profiler's cost and of the graph that other changes move (a few ms on this trace).
-    assert entry["predicted_step_us"] == pytest.approx(282_500, rel=0.10)
-    assert entry["predicted_step_us"] > report.plan["floor_us"]
+    before = report.plan["baseline_step_us"]
+    assert before == pytest.approx(332_300, rel=0.02)
+    # 3% either side: the replay is deterministic; the margin is for the calibrations (the
+    # profiler's cost, the graph's slacks) that other changes move by a few ms on this trace.
+    assert entry["predicted_step_us"] == pytest.approx(318_600, rel=0.03)
+    assert report.plan["floor_us"] < entry["predicted_step_us"] < 0.98 * before
     (comm,) = [f for f in report.findings if f.id == "comm-bound"]
     assert comm.saving_kind == "replayed"
     ev = comm.evidence

@@ -27,6 +27,7 @@ from stallscope.diagnose.precision import classify_kernels
 from stallscope.diagnose.zero_grad import ZERO_GRAD
 from stallscope.errors import StallscopeError
 from stallscope.replay import transforms as tf
+from stallscope.replay.engine import replay
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
 from stallscope.replay.threads import OneThread, one_thread
@@ -367,13 +368,15 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         g, ops[per_name(ops["name"], lambda n: bool(COLLECTIVE_CALL.match(n))).astype(bool)]))
     hide = tf.launched_by(g, back & ~calls) & (g.g_kind == "kernel") & ~comm
     wait = ctx.once("peer wait", lambda: _peer_wait(g, comm, kinds))
+    before = replay(g)
     g = g.copy()
+    # The stepping thread resumes when the thread that issued the collectives is done (a join
+    # the graph's 1 ms release window misses when the hand-back took longer), with the slack
+    # it had before this change: what the change takes off that thread reaches the step.
+    tf.join_after(g, calls, before.host_start, before.host_end)
     moved = tf.overlap_collectives(g, bucketed, prefetched, hide, wait)
     host = calls & ((g.h_kind == FILL) | (g.h_kind == CALL)) & (g.h_wait < 0)
     tf.scale_host(g, host, 0.0)
-    # The stepping thread resumes when the thread that issued the collectives is done (a
-    # join the graph's 1 ms release window may miss when the hand-back took longer).
-    tf.join_after(g, calls)
     notes = [
         f"{moved} collective(s) start as soon as their inputs are ready: gradient all-reduce "
         "and reduce-scatter in buckets (DDP's default 25 MB) released through the backward "

@@ -132,23 +132,26 @@ def _one_ahead(g: Graph, ops: np.ndarray, prefetched: np.ndarray) -> np.ndarray:
     return out
 
 
-def join_after(g: Graph, issuers: np.ndarray) -> int:
-    """A thread that sat idle while another thread (one holding `issuers`: the autograd
-    thread that issued the collectives) ran, and resumed after it ended, waited for it (the
-    join at the end of backward): it now resumes that long after the other thread's last
-    node before it instead of after a fixed idle time. How many joins were added."""
+def join_after(g: Graph, issuers: np.ndarray, start: np.ndarray, end: np.ndarray) -> int:
+    """A thread that sat idle while another thread (one holding `issuers`: the autograd thread
+    that issued the collectives) ran, and resumed after it ended, waited for it (the join at
+    the end of backward). `start`/`end`: the host nodes' times replayed on `g` as it is. The
+    resumed node now starts that other thread's last node's end plus the slack it had in that
+    replay, instead of after a fixed idle time: the join adds nothing to `g`'s own replay, and
+    whatever the change then takes off the other thread reaches the waiting one. How many joins
+    were added."""
     threads = np.unique(g.h_thread[issuers])
     heads = np.flatnonzero((g.h_kind == RESUME) & (g.h_release < 0) & (g.h_lead > 0))
     added = 0
     for n in heads:
         other = np.flatnonzero(np.isin(g.h_thread, threads) & (g.h_thread != g.h_thread[n])
-                               & (g.h_rec_end <= g.h_ts[n])
-                               & (g.h_rec_end >= g.h_ts[n] - g.h_lead[n]))
+                               & (end <= start[n]) & (end >= start[n] - g.h_lead[n])
+                               & (g.h_rec_end <= g.h_ts[n]))
         if not len(other):
             continue
-        m = other[np.argmax(g.h_rec_end[other])]
+        m = other[np.argmax(end[other])]
         g.h_release[n] = m
-        g.h_delay[n] = g.h_ts[n] - g.h_rec_end[m]
+        g.h_delay[n] = start[n] - end[m]
         g.h_lead[n] = 0.0
         added += 1
     return added
