@@ -34,7 +34,7 @@ def _model(path: Path):
 def test_per_tensor_all_reduce_leads_the_plan_with_its_replayed_saving() -> None:
     # v100 rank 1 of 2: 404 per-tensor all-reduces per step, issued after backward, 0.32 ms of
     # host calls each; comm=overlap (buckets through backward, host calls gone) is replayed at
-    # 332.3 -> 318.6 ms (4.1%) and leads the plan, before zero_grad's 2.3%.
+    # 332.3 -> 318.5 ms (4.2%) and leads the plan, before zero_grad's 2.3%.
     report = report_of(real_trace(V100_DF))
     entry = report.plan_entry(report.top_finding)
     assert report.top_finding.id == "comm-bound"
@@ -43,7 +43,7 @@ def test_per_tensor_all_reduce_leads_the_plan_with_its_replayed_saving() -> None
     assert before == pytest.approx(332_300, rel=0.02)
     # 3% either side: the replay is deterministic; the margin is for the calibrations (the
     # profiler's cost, the graph's slacks) that other changes move by a few ms on this trace.
-    assert entry["predicted_step_us"] == pytest.approx(318_600, rel=0.03)
+    assert entry["predicted_step_us"] == pytest.approx(318_500, rel=0.03)
     assert report.plan["floor_us"] < entry["predicted_step_us"] < 0.98 * before
     (comm,) = [f for f in report.findings if f.id == "comm-bound"]
     assert comm.saving_kind == "replayed"
@@ -53,45 +53,57 @@ def test_per_tensor_all_reduce_leads_the_plan_with_its_replayed_saving() -> None
     assert "waiting on peers" in comm.title
 
 
-def test_all_to_all_with_waiting_on_peers_is_named_not_replayed() -> None:
-    # rank 0 of 128 (TorchRec): 27.4% exposed all-to-all/all-reduce; its step-1 all-to-all
-    # takes 67.8 ms where the same collective took 30.7 ms the step before: waiting on peers.
+def test_all_to_all_bound_and_exposed_share_are_two_named_numbers() -> None:
+    # rank 0 of 128 (TorchRec): 27.4% exposed all-to-all/all-reduce, but the device runs
+    # compute for only 105 ms of each 615 ms step. Two steps: the same collective's instances
+    # cannot be compared (step 1's first all-to-all moves 3 KB, step 2's 419 MB, by their host
+    # ranges), so no waiting on peers is claimed, and the generic straggler advice stays.
     report = report_of(real_trace(RANK0OF128))
     (comm,) = [f for f in report.findings if f.id == "comm-bound"]
     ev = comm.evidence
-    assert ev["peer_wait_ms_per_step"] == pytest.approx(39.4, abs=1.0)
-    # One number per quantity: the exposed share, the wait, the bound each named in the title.
-    assert comm.title == ("Collective communication is exposed for 27.4% of each step (6.4% of "
-                          "the step waiting on peers; at most 17.1% hideable under compute)")
+    assert ev["peer_wait_ms_per_step"] == 0.0
+    assert comm.title == ("Collective communication is exposed for 27.4% of each step (at most "
+                          "17.1% hideable under compute)")
     assert comm.estimated_saving_pct == ev["hideable_share_pct"] == 17.1
-    assert "Waiting on peers: 39.408 ms per step" in comm.recommendation
-    assert "balance the work and data" in comm.recommendation
     assert comm.saving_kind == "upper_bound"
+    assert "rank-imbalance" in comm.recommendation
+    assert "all-to-all" in report.plan["not_replayed"]["comm-bound"]
 
 
 def test_queue_len_comm_names_its_peer_wait_and_why_not_replayed() -> None:
+    # a100 rank 0 of 16, 5 steps: 10 collectives take 2x or more their median step (SendRecv
+    # 5.8 ms where the same one takes 0.37 ms, ...): 3.1 ms per step waiting on peers, named in
+    # the title and taken out of the bound. Its 24-26 ms all-reduce every step is not counted:
+    # its host range says it moves 1.79 GB (447,923,396 floats), about 70 GB/s: a transfer.
     report = report_of(real_trace(QUEUE_LEN))
     (comm,) = [f for f in report.findings if f.id == "comm-bound"]
     ev = comm.evidence
     assert ev["exposed_share_pct"] == pytest.approx(15.1, abs=0.2)
-    # 21 collectives run 2x or more their fastest step (SendRecv 5.8 ms vs 0.21 ms, ...).
-    assert ev["peer_wait_collectives"] == 21
-    assert ev["peer_wait_ms_per_step"] == pytest.approx(4.56, abs=0.2)
-    assert comm.estimated_saving_pct < ev["exposed_share_pct"] - ev["peer_wait_share_pct"] + 0.01
+    assert ev["peer_wait_collectives"] == 10
+    assert ev["peer_wait_ms_per_step"] == pytest.approx(3.06, abs=0.2)
+    assert "1.4% of the step waiting on peers" in comm.title
+    assert "Waiting on peers: 3.059 ms per step" in comm.recommendation
+    assert "balance the work and data" in comm.recommendation
+    assert comm.estimated_saving_pct == pytest.approx(
+        ev["exposed_share_pct"] - ev["peer_wait_share_pct"], abs=0.02)
 
 
 def test_peer_excess_compares_the_same_collective_across_steps() -> None:
-    # Two steps, one stream, the same two collectives each step: the second step's first
-    # collective took 10 ms where it took 1 ms before: 9 ms of waiting; 1.3 vs 1.0: jitter.
-    stream = np.zeros(4)
-    step = np.array([0, 0, 1, 1])
-    ts = np.array([0.0, 5e3, 20e3, 35e3])
-    dur = np.array([1e3, 1e3, 10e3, 1.3e3])
-    kinds = np.array(["AllReduce"] * 4, dtype=object)
-    assert peer_excess(stream, step, ts, dur, kinds).tolist() == [0.0, 0.0, 9e3, 0.0]
-    # Steps whose collectives differ cannot be compared without their sizes: nothing claimed.
-    other = np.array(["AllReduce", "AllGather", "AllReduce", "AllReduce"], dtype=object)
+    # Three steps, one stream, the same two collectives each step: the third step's first
+    # collective took 10 ms where it takes 1 ms: 9 ms of waiting; 1.3 vs 1.0 ms: jitter.
+    stream = np.zeros(6)
+    step = np.array([0, 0, 1, 1, 2, 2])
+    ts = np.array([0.0, 5e3, 20e3, 35e3, 50e3, 65e3])
+    dur = np.array([1e3, 1e3, 1e3, 1e3, 10e3, 1.3e3])
+    kinds = np.array(["AllReduce"] * 6, dtype=object)
+    assert peer_excess(stream, step, ts, dur, kinds).tolist() == [0, 0, 0, 0, 9e3, 0]
+    # Steps whose collectives differ cannot be compared without their sizes; nor can two
+    # steps (one may start mid-pattern): nothing claimed.
+    other = kinds.copy()
+    other[1] = "AllGather"
     assert not peer_excess(stream, step, ts, dur, other).any()
+    two = step < 2
+    assert not peer_excess(stream[two], step[two], ts[two], dur[two], kinds[two]).any()
 
 
 def _graph(collectives: int) -> Graph:

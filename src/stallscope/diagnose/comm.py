@@ -36,13 +36,16 @@ TOP_COLLECTIVES = 5
 # `rccl*`), and MSCCL, which RCCL runs for some collectives (`mscclKernel_Sum_float_LL...`).
 COMM_NAME = re.compile(r"nccl|rccl|msccl", re.IGNORECASE)
 COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
-# An instance of a collective that takes at least this many times the fastest instance of the
+# An instance of a collective that takes at least this many times the median instance of the
 # same collective (same stream, same place in the step, so the same tensors and bytes) spent
-# the excess waiting for slower ranks (an assumption: the same bytes over the same link take
-# about the same time, and jitter of the link alone does not double a transfer). Only excess of
-# 0.2 ms or more counts (shorter is within launch and clock noise). A lower bound: a rank that
-# is slower by the same amount every step shows no excess here.
+# the excess over that median waiting for slower ranks (an assumption: the same bytes over the
+# same link take about the same time, and jitter of the link alone does not double a transfer).
+# The median needs PEER_MIN_STEPS steps: with two, one step's sequence may start mid-pattern
+# (hta/rank0of128_sampled: step 1's first all-to-all moves 3 KB, step 2's 419 MB) and the
+# two cannot be told apart. Only excess of 0.2 ms or more counts (shorter is within launch and
+# clock noise). A lower bound: a rank slower by the same amount every step shows no excess.
 PEER_FACTOR = 2.0
+PEER_MIN_STEPS = 3
 PEER_MIN_US = 200.0
 COMM_DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
 # CPU collectives: the backend's host range around each collective (`gloo:all_reduce`).
@@ -321,9 +324,10 @@ def _peer_text(evidence: dict, n: int) -> str:
         f"Waiting on peers: {evidence['peer_wait_ms_per_step']} ms per step "
         f"({evidence['peer_wait_share_pct']:.1f}% of the step, {evidence['peer_wait_collectives']} "
         f"collective(s) over the {n} steps) is collective time beyond what the same collective "
-        "takes in the other steps: this rank waited for slower ranks. Overlap does not remove "
-        "it; look at the other ranks' traces (analyze them together: rank-imbalance compares "
-        "their work per step) and balance the work and data across ranks (equal shard sizes, "
+        "takes in a typical step (2x or more): this rank waited for slower ranks. Overlap does "
+        "not remove it; look at the other ranks' traces (analyze them together: "
+        "rank-imbalance compares their work per step) and balance the work and data across "
+        "ranks (equal shard sizes, "
         "sequence lengths bucketed or padded alike, no rank-0-only work such as logging or "
         "checkpointing inside the step). "
     )
@@ -449,11 +453,11 @@ def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
 
 def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.ndarray,
                 kinds: np.ndarray) -> np.ndarray:
-    """Per collective, the time it waited for slower ranks: its duration less the fastest
+    """Per collective, the time it waited for slower ranks: its duration less the median
     instance of the same collective, where it took PEER_FACTOR times that or more (0 elsewhere).
 
     The same collective is the one at the same place, on the same stream, in another step: a
-    stream whose steps (two or more) hold the same sequence of collective kinds repeats the
+    stream whose steps (PEER_MIN_STEPS or more) hold the same sequence of kinds repeats the
     same tensors, hence the same bytes, every step. Streams whose steps differ are left at 0:
     without the message sizes (the trace's host ranges carry them, the decoded table does not)
     two different collectives cannot be compared."""
@@ -463,7 +467,7 @@ def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.nd
         mine = inside[stream[inside] == key]
         mine = mine[np.lexsort((ts[mine], step[mine]))]
         steps = np.unique(step[mine])
-        if len(steps) < 2:
+        if len(steps) < PEER_MIN_STEPS:
             continue
         seqs = [mine[step[mine] == s] for s in steps]
         if len({len(q) for q in seqs}) != 1 or any(
@@ -471,8 +475,8 @@ def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.nd
             continue
         grid = np.stack(seqs)  # steps x position
         d = dur[grid]
-        fastest = d.min(axis=0)
-        excess = d - fastest
-        waited = (d >= PEER_FACTOR * fastest) & (excess >= PEER_MIN_US)
+        typical = np.median(d, axis=0)
+        excess = d - typical
+        waited = (d >= PEER_FACTOR * typical) & (excess >= PEER_MIN_US)
         out[grid] = np.where(waited, excess, 0.0)
     return out

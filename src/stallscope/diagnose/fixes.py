@@ -387,7 +387,7 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     ]
     if wait.any():
         notes.append(f"{ms(float(wait.sum()) / max(g.steps, 1))} ms per step of waiting on "
-                     "peers (collective time beyond the same collective's fastest step) stays "
+                     "peers (collective time beyond the same collective's median step) stays "
                      "on the step's last collective: overlap does not remove it")
     return g, notes
 
