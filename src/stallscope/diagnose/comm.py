@@ -45,6 +45,9 @@ COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECAS
 # two cannot be told apart. Only excess of 0.2 ms or more counts (shorter is within launch and
 # clock noise). A lower bound: a rank slower by the same amount every step shows no excess.
 PEER_FACTOR = 2.0
+# More all-reduces per step than this are per-tensor (or tiny buckets): DDP's default 25 MB
+# buckets make 50 of them only for 1.25 GB of fp32 gradients, a model of over 300M parameters.
+PER_TENSOR_CALLS = 50
 PEER_MIN_STEPS = 3
 PEER_MIN_US = 200.0
 COMM_DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
@@ -177,6 +180,13 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
             "compression halves the bytes gloo moves (more than overlap could hide under the "
             f"step's {ms(compute / n)} ms of other compute)")
     peers = _peer_text(evidence, n) if peer > 0 else ""
+    per_step = r["top"][0]["count"] / n if r["top"] else 0.0
+    evidence["top_collective_calls_per_step"] = round(per_step, 1)
+    if pattern == "all-reduce" and per_step > PER_TENSOR_CALLS:
+        rec = (f"{per_step:.0f} {r['top'][0]['collective']} calls per step: gradients are "
+               "all-reduced tensor by tensor, each with its own host call and launch; "
+               "DistributedDataParallel buckets them (25 MB by default: a few calls per step) "
+               "and starts each bucket as soon as backward has produced it. ") + rec
     rec = (
         f"{backend} collectives run with no compute beside them on {place} for {share:.1f}% of "
         f"each step ({ms(exposed / n)} ms; largest, exposed ms summed over the {n} steps: "
@@ -184,8 +194,8 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
         + f"). The step has {ms(compute / n)} ms of other compute per step to hide them under"
         + (" (less than the exposed time: overlap alone cannot hide it all). "
            if compute < exposed - peer else ". ")
-        + peers
-        + rec
+        # The larger of the two first: the waiting on peers, or what overlap can hide.
+        + (peers + rec if peer >= exposed - peer else rec + (" " + peers.rstrip() if peers else ""))
         + ("" if peers else " An exposed collective also spins while it waits for the slowest "
            "rank: compare step and loader times across ranks (rank-imbalance) before tuning.")
     )

@@ -102,12 +102,13 @@ def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
             k = np.clip(np.searchsorted(done, share - 1e-12, side="left"), 0, len(back) - 1)
             targets[late] = back[k]
         targets[prefetched[ops]] = _one_ahead(g, ops, prefetched)[prefetched[ops]]
-        ok = (targets >= 0) & (end[np.clip(targets, 0, None)] < g.g_ts[ops])
+        # -2: nothing to wait for but the all-gather before it on its stream.
+        ok = (targets == -2) | ((targets >= 0) & (end[np.clip(targets, 0, None)] < g.g_ts[ops]))
         c, tgt = ops[ok], targets[ok]
         g.g_launch[c] = -1
         g.g_lat[c] = 0.0
         g.g_anchor[c] = -np.inf
-        g.g_cross[c] = tgt
+        g.g_cross[c] = np.maximum(tgt, -1)
         g.g_cgap[c] = 0.0
         moved += len(c)
     return moved
@@ -115,7 +116,8 @@ def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
 
 def _one_ahead(g: Graph, ops: np.ndarray, prefetched: np.ndarray) -> np.ndarray:
     """For each all-gather in `ops` (time order), the last op on another stream of its device
-    that ended before the previous all-gather of its stream started; -1 for the first."""
+    that ended before the previous all-gather of its stream started (-2 when none did: it may
+    follow that all-gather at once); -1 for the first."""
     out = np.full(len(ops), -1)
     end = g.g_ts + g.g_dur
     for i in range(1, len(ops)):
@@ -127,8 +129,7 @@ def _one_ahead(g: Graph, ops: np.ndarray, prefetched: np.ndarray) -> np.ndarray:
         cand = np.flatnonzero((g.g_device == g.g_device[ops[i]])
                               & (g.g_stream != g.g_stream[ops[i]]) & (end <= start)
                               & (g.g_step == g.g_step[ops[i]]))
-        if len(cand):
-            out[i] = cand[np.argmax(end[cand])]
+        out[i] = cand[np.argmax(end[cand])] if len(cand) else -2
     return out
 
 
