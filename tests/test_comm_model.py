@@ -14,6 +14,7 @@ import pytest
 
 from stallscope.diagnose.comm import comm_bound, peer_excess
 from stallscope.diagnose.gpu_bound import COMM as GPU_BOUND_COMM
+from stallscope.diagnose.ranks import WAITED_FOR, RankWork, rank_imbalance
 from stallscope.replay import transforms as tf
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import CALL, MARK, Graph
@@ -241,3 +242,25 @@ def test_rccl_and_msccl_kernels_are_collectives(tmp_path: Path, new: str) -> Non
     assert after["comm_ms_per_step"] == before["comm_ms_per_step"] > 0
     assert after["exposed_share_pct"] == before["exposed_share_pct"]
     assert GPU_BOUND_COMM.search(new)
+
+
+def _rank(rank: int, collective_ms: float, host_ms: float) -> RankWork:
+    return RankWork(8, {"rank": rank, "trace": f"rank {rank}", "step_ms": 100.0,
+                        "loader_wait_ms": 1.0, "host_compute_ms": host_ms,
+                        "gpu_compute_ms": 40.0, "collective_ms": collective_ms})
+
+
+def test_the_rank_the_others_wait_for_in_collectives_is_named() -> None:
+    # Equal loader waits and GPU compute; rank 3 spends 4 ms per step in collectives where the
+    # others spend 16 ms: they wait 12 ms a step for it (its extra work is on its host).
+    works = [_rank(r, 16.0, 50.0) for r in range(3)] + [_rank(3, 4.0, 62.0)]
+    a = rank_imbalance(works)
+    assert a.status == "finding"
+    f = a.finding
+    assert f.evidence["straggler_rank"] == 3
+    assert f.evidence["straggler_cause"] == WAITED_FOR
+    assert f.title == ("Rank 3 is waited for: the other ranks spend 12.0 ms more per step in "
+                       "collectives")
+    assert "host_compute_ms" in f.recommendation
+    # Collective times within the threshold of each other: no one is named.
+    assert rank_imbalance([_rank(r, 16.0 - r, 50.0) for r in range(4)]).status == "clear"
