@@ -115,21 +115,26 @@ def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
 
 
 def _one_ahead(g: Graph, ops: np.ndarray, prefetched: np.ndarray) -> np.ndarray:
-    """For each all-gather in `ops` (time order), the last op on another stream of its device
-    that ended before the previous all-gather of its stream started (-2 when none did: it may
-    follow that all-gather at once); -1 for the first."""
+    """For each all-gather in `ops` (one step's collectives, time order), the last op on
+    another stream of its device that ended before the previous all-gather of its stream
+    started (-2 when none did: it may follow that all-gather at once); -1 for the first."""
     out = np.full(len(ops), -1)
     end = g.g_ts + g.g_dur
-    for i in range(1, len(ops)):
-        prev = [j for j in range(i) if prefetched[ops[j]]
-                and g.g_stream[ops[j]] == g.g_stream[ops[i]]]
-        if not prefetched[ops[i]] or not prev:
+    step = np.flatnonzero(g.g_step == g.g_step[ops[0]])
+    step = step[np.argsort(end[step], kind="stable")]
+    ends = end[step]
+    last: dict[int, int] = {}  # stream -> its previous all-gather
+    for i, op in enumerate(ops.tolist()):
+        if not prefetched[op]:
             continue
-        start = g.g_ts[ops[prev[-1]]]
-        cand = np.flatnonzero((g.g_device == g.g_device[ops[i]])
-                              & (g.g_stream != g.g_stream[ops[i]]) & (end <= start)
-                              & (g.g_step == g.g_step[ops[i]]))
-        out[i] = cand[np.argmax(end[cand])] if len(cand) else -2
+        prev = last.get(int(g.g_stream[op]))
+        last[int(g.g_stream[op])] = op
+        if prev is None:
+            continue
+        k = int(np.searchsorted(ends, g.g_ts[prev], side="right"))
+        cand = step[:k]
+        cand = cand[(g.g_device[cand] == g.g_device[op]) & (g.g_stream[cand] != g.g_stream[op])]
+        out[i] = cand[-1] if len(cand) else -2
     return out
 
 
@@ -144,10 +149,13 @@ def join_after(g: Graph, issuers: np.ndarray, start: np.ndarray, end: np.ndarray
     threads = np.unique(g.h_thread[issuers])
     heads = np.flatnonzero((g.h_kind == RESUME) & (g.h_release < 0) & (g.h_lead > 0))
     added = 0
+    pool = np.flatnonzero(np.isin(g.h_thread, threads))
+    pool = pool[np.argsort(end[pool], kind="stable")]
     for n in heads:
-        other = np.flatnonzero(np.isin(g.h_thread, threads) & (g.h_thread != g.h_thread[n])
-                               & (end <= start[n]) & (end >= start[n] - g.h_lead[n])
-                               & (g.h_rec_end <= g.h_ts[n]))
+        window = pool[np.searchsorted(end[pool], start[n] - g.h_lead[n], side="left"):
+                      np.searchsorted(end[pool], start[n], side="right")]
+        other = window[(g.h_thread[window] != g.h_thread[n])
+                       & (g.h_rec_end[window] <= g.h_ts[n])]
         if not len(other):
             continue
         m = other[np.argmax(end[other])]
