@@ -21,7 +21,7 @@ from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.grouped import group_sums
-from stallscope.trace.intervals import Timeline
+from stallscope.trace.intervals import Timeline, enclosing
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_mask
 
@@ -45,6 +45,10 @@ COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECAS
 # two cannot be told apart. Only excess of 0.2 ms or more counts (shorter is within launch and
 # clock noise). A lower bound: a rank slower by the same amount every step shows no excess.
 PEER_FACTOR = 2.0
+# Collectives whose bytes are fixed by the model (gradients, parameters, their shards): the same
+# one moves the same bytes every step. All-to-all and send/recv move what the batch routes (a
+# KJT's lengths, an activation's shape) and are not compared.
+FIXED_SIZE = ("AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Reduce")
 # More all-reduces per step than this are per-tensor (or tiny buckets): DDP's default 25 MB
 # buckets make 50 of them only for 1.25 GB of fp32 gradients, a model of over 300M parameters.
 PER_TENSOR_CALLS = 50
@@ -99,6 +103,8 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     ts, end = gpu["ts"].to_numpy(dtype=float), gpu["end"].to_numpy(dtype=float)
     kinds = np.empty(len(gpu), dtype=object)
     kinds[is_comm] = name_array(gpu["name"], _kernel_kind, is_comm)
+    named = host_kinds(model)
+    kinds = np.where(is_comm & (named != ""), named, kinds)
     results = {}
     stream = gpu["stream"].to_numpy(dtype=float)
     step = gpu["step"].to_numpy()
@@ -121,7 +127,20 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
         for c in r["top"]:
             if c["collective"] in P2P:
                 c["collective"] = "AllToAll"
+        r["top"] = _merged(r["top"])
     return _assess(model, r, where="device", backend="nccl")
+
+
+def _merged(top: list[dict]) -> list[dict]:
+    """Entries of one collective name summed into one, ranked by exposed then collective ms."""
+    out: dict[str, dict] = {}
+    for c in top:
+        m = out.setdefault(c["collective"], {"collective": c["collective"], "count": 0,
+                                             "comm_ms": 0.0, "exposed_ms": 0.0})
+        m["count"] += c["count"]
+        m["comm_ms"] = round(m["comm_ms"] + c["comm_ms"], 3)
+        m["exposed_ms"] = round(m["exposed_ms"] + c["exposed_ms"], 3)
+    return sorted(out.values(), key=lambda c: (-c["exposed_ms"], -c["comm_ms"]))
 
 
 def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
@@ -463,16 +482,17 @@ def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
 
 def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.ndarray,
                 kinds: np.ndarray) -> np.ndarray:
-    """Per collective, the time it waited for slower ranks: its duration less the median
-    instance of the same collective, where it took PEER_FACTOR times that or more (0 elsewhere).
+    """Per collective of a FIXED_SIZE kind, the time it waited for slower ranks: its duration
+    less the median instance of the same collective, where it took PEER_FACTOR times that or
+    more (0 elsewhere).
 
     The same collective is the one at the same place, on the same stream, in another step: a
     stream whose steps (PEER_MIN_STEPS or more) hold the same sequence of kinds repeats the
-    same tensors, hence the same bytes, every step. Streams whose steps differ are left at 0:
-    without the message sizes (the trace's host ranges carry them, the decoded table does not)
-    two different collectives cannot be compared."""
+    same tensors, hence the same bytes, every step. Steps whose sequence differs from the most
+    common one are left at 0: without the message sizes (the trace's host ranges carry them,
+    the decoded table does not) two different collectives cannot be compared."""
     out = np.zeros(len(dur))
-    inside = np.flatnonzero(step >= 0)
+    inside = np.flatnonzero((step >= 0) & np.isin(kinds, FIXED_SIZE))
     for key in np.unique(stream[inside]):
         mine = inside[stream[inside] == key]
         mine = mine[np.lexsort((ts[mine], step[mine]))]
@@ -480,8 +500,11 @@ def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.nd
         if len(steps) < PEER_MIN_STEPS:
             continue
         seqs = [mine[step[mine] == s] for s in steps]
-        if len({len(q) for q in seqs}) != 1 or any(
-                list(kinds[q]) != list(kinds[seqs[0]]) for q in seqs[1:]):
+        # The steps that repeat the most common sequence (a step whose kernels were launched
+        # before the recording began lacks their host names, and is left out).
+        pattern = Counter(tuple(kinds[q]) for q in seqs).most_common(1)[0][0]
+        seqs = [q for q in seqs if tuple(kinds[q]) == pattern]
+        if len(seqs) < PEER_MIN_STEPS:
             continue
         grid = np.stack(seqs)  # steps x position
         d = dur[grid]
@@ -489,4 +512,53 @@ def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.nd
         excess = d - typical
         waited = (d >= PEER_FACTOR * typical) & (excess >= PEER_MIN_US)
         out[grid] = np.where(waited, excess, 0.0)
+    return out
+
+
+# The host range each collective kernel is launched in names its collective where the kernel
+# does not (NCCL runs all-to-all, and on some versions every collective, as SendRecv kernels):
+# `nccl:all_reduce`, `nccl:_all_gather_base`, `rccl:...`.
+HOST_RANGE = re.compile(r"^(?:nccl|rccl):(\w+)", re.IGNORECASE)
+HOST_KIND = {"all_reduce": "AllReduce", "allreduce": "AllReduce",
+             "all_to_all": "AllToAll", "alltoall": "AllToAll", "alltoall_base": "AllToAll",
+             "all_gather": "AllGather", "_all_gather_base": "AllGather",
+             "all_gather_into_tensor": "AllGather", "allgather": "AllGather",
+             "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
+             "reduce_scatter_tensor": "ReduceScatter", "broadcast": "Broadcast",
+             "send": "SendRecv", "recv": "SendRecv"}
+
+
+def host_kinds(model: TraceModel) -> np.ndarray:
+    """Per row of `model.gpu`, the collective its launch call's enclosing `nccl:<op>` host
+    range names (AllReduce, AllToAll, ...), "" where there is none."""
+    gpu, rt, ops = model.gpu, model.runtime, model.ops
+    out = np.full(len(gpu), "", dtype=object)
+    if not len(gpu) or not len(rt) or not len(ops):
+        return out
+    ranged = name_mask(ops["name"], HOST_RANGE)
+    if not ranged.any():
+        return out
+    is_comm = name_mask(gpu["name"], COMM_NAME)
+    corr = gpu["correlation"].to_numpy(dtype=float)
+    rt_corr = rt["correlation"].to_numpy(dtype=float)
+    order = np.argsort(rt_corr, kind="stable")
+    k = np.clip(np.searchsorted(rt_corr[order], corr), 0, max(len(rt) - 1, 0))
+    call = np.where(is_comm & (rt_corr[order][k] == corr), order[k], -1)
+    rows = np.flatnonzero(call >= 0)
+    r_tid = rt["tid"].astype(str).to_numpy(dtype=object)[call[rows]]
+    r_ts = rt["ts"].to_numpy(dtype=float)[call[rows]]
+    r_end = rt["end"].to_numpy(dtype=float)[call[rows]]
+    o_tid = ops["tid"].astype(str).to_numpy(dtype=object)[ranged]
+    o_ts = ops["ts"].to_numpy(dtype=float)[ranged]
+    o_end = ops["end"].to_numpy(dtype=float)[ranged]
+    o_kind = np.array([HOST_KIND.get(HOST_RANGE.match(n).group(1).lower(), "")
+                       for n in ops["name"].astype(str).to_numpy(dtype=object)[ranged]],
+                      dtype=object)
+    for tid in set(r_tid.tolist()):
+        mine, theirs = r_tid == tid, o_tid == tid
+        if not theirs.any():
+            continue
+        inner, _ = enclosing(o_ts[theirs], o_end[theirs], r_ts[mine], r_end[mine])
+        found = inner >= 0
+        out[rows[mine][found]] = o_kind[theirs][inner[found]]
     return out

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.allocator import ALLOC_CALL, FREE_CALL
-from stallscope.diagnose.comm import COLLECTIVE, COMM_NAME, peer_excess
+from stallscope.diagnose.comm import COLLECTIVE, COMM_NAME, host_kinds, peer_excess
 from stallscope.diagnose.common import ms
 from stallscope.diagnose.optimizer import STEP_NAME as OPTIMIZER_STEP
 from stallscope.diagnose.precision import classify_kernels
@@ -354,8 +354,7 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if not comm.any():
         raise NotModelled("no collective (NCCL/RCCL) kernels in the steps; CPU collectives "
                           "(gloo/MPI) are not modelled")
-    kinds = ctx.once("comm kinds", lambda: np.array(
-        [_collective_kind(n) for n in g.g_names], dtype=object)[g.g_name])
+    kinds = ctx.once("comm kinds", lambda: _graph_kinds(g, ctx.model))
     bucketed = comm & np.isin(kinds, BUCKETED)
     prefetched = comm & np.isin(kinds, PREFETCHED)
     if not (bucketed | prefetched).any():
@@ -374,14 +373,15 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     # the graph's 1 ms release window misses when the hand-back took longer), with the slack
     # it had before this change: what the change takes off that thread reaches the step.
     tf.join_after(g, calls, before.host_start, before.host_end)
-    moved = tf.overlap_collectives(g, bucketed, prefetched, hide, wait)
+    moved = tf.overlap_collectives(g, bucketed, prefetched, hide, wait, BUCKET_US)
     host = calls & ((g.h_kind == FILL) | (g.h_kind == CALL)) & (g.h_wait < 0)
     tf.scale_host(g, host, 0.0)
     notes = [
         f"{moved} collective(s) start as soon as their inputs are ready: gradient all-reduce "
-        "and reduce-scatter in buckets (DDP's default 25 MB) released through the backward "
-        "compute in proportion to their transfer time, all-gathers one ahead (FSDP prefetch); "
-        "none starts before the compute it follows, and the optimizer still waits for the last",
+        "and reduce-scatter sent in buckets (DDP's default 25 MB, taken as "
+        f"{BUCKET_US / 1000:g} ms each: 25 GB/s assumed) as backward produces their gradients "
+        "(in proportion to their transfer time), all-gathers one ahead (FSDP prefetch); none "
+        "starts before the compute it follows, and the optimizer still waits for the last",
         "the per-collective host calls (c10d/nccl ranges) leave the step: DDP and FSDP issue "
         "one call per bucket from C++ hooks (their cost is neglected)",
     ]
@@ -397,6 +397,10 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
 BUCKETED = ("AllReduce", "ReduceScatter")
 PREFETCHED = ("AllGather",)
 BACKWARD = "autograd::engine::evaluate_function"
+# One DDP bucket's transfer: the default 25 MB at an assumed 25 GB/s (a 200 Gb/s InfiniBand
+# link per GPU, the slower side of a multi-node all-reduce; NVLink is faster). An assumption
+# from the vendors' link rates: the trace's decoded table has no message sizes to measure it.
+BUCKET_US = 1000.0
 # Host ranges that issue a collective (what DDP's reducer replaces with one call per bucket).
 COLLECTIVE_CALL = re.compile(r"^(?:c10d::|nccl:|rccl:|record_param_comms)")
 
@@ -407,6 +411,23 @@ def _peer_wait(g: Graph, comm: np.ndarray, kinds: np.ndarray) -> np.ndarray:
     out[comm] = peer_excess(g.g_stream[comm].astype(float), g.g_step[comm], g.g_ts[comm],
                             g.g_dur[comm], kinds[comm])
     return out
+
+
+def _graph_kinds(g: Graph, model: TraceModel) -> np.ndarray:
+    """Per GPU op, its collective: the one its launch's `nccl:<op>` host range names
+    (comm.host_kinds), else the kernel name's, else ""."""
+    kinds = np.array([_collective_kind(n) for n in g.g_names], dtype=object)[g.g_name]
+    named = host_kinds(model)
+    has = named != ""
+    if has.any():
+        gpu = model.gpu
+        key = dict(zip(zip(gpu["device"].astype(str).to_numpy(dtype=object)[has].tolist(),
+                           gpu["ts"].to_numpy(dtype=float)[has].tolist(), strict=True),
+                       named[has].tolist(), strict=True))
+        found = [key.get(k, "") for k in zip(g.g_device.tolist(), g.g_ts.tolist(), strict=True)]
+        kinds = np.where(np.array(found, dtype=object) != "", np.array(found, dtype=object),
+                         kinds)
+    return kinds
 
 
 def _collective_kind(name: str) -> str:

@@ -67,14 +67,16 @@ def tighten_streams(g: Graph, ops: np.ndarray, gap_us: float) -> None:
 
 
 def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
-                        hide: np.ndarray, wait: np.ndarray) -> int:
+                        hide: np.ndarray, wait: np.ndarray, bucket_us: float) -> int:
     """Collectives start as soon as their inputs are ready instead of when the host launched
     them; how many were moved.
 
     `bucketed` (gradient all-reduce / reduce-scatter) are released through the step's `hide`
-    (backward compute) ops in proportion to their transfer time: the one whose cumulative
-    share is f waits for the backward op by whose end f of the backward compute has run
-    (gradients are ready in step with backward). `prefetched`
+    (backward compute) ops: the gradients a collective carries are ready in step with backward
+    (its share of the step's collective time), and one that takes longer than a bucket
+    (`bucket_us`) is sent bucket by bucket as they fill, so it starts when its first bucket is
+    ready, or early enough to end one bucket after its last gradient, whichever is later (one
+    op stands for its buckets; see `_release`). `prefetched`
     (all-gathers) start when the compute before the previous all-gather of their stream ended
     (one ahead). A collective is never moved later than it ran. `wait` (per op, time spent
     waiting for slower ranks) leaves each collective and is added to the step's last one: the
@@ -96,9 +98,9 @@ def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
         targets = np.full(len(ops), -1)
         late = bucketed[ops] & (len(back) > 0)
         if late.any():
-            t = g.g_dur[ops[late]]
-            share = np.cumsum(t) / max(t.sum(), 1e-9)
-            done = np.cumsum(g.g_dur[back]) / max(g.g_dur[back].sum(), 1e-9)
+            compute = float(g.g_dur[back].sum())
+            share = _release(g.g_dur[ops[late]], compute, bucket_us)
+            done = np.cumsum(g.g_dur[back]) / max(compute, 1e-9)
             k = np.clip(np.searchsorted(done, share - 1e-12, side="left"), 0, len(back) - 1)
             targets[late] = back[k]
         targets[prefetched[ops]] = _one_ahead(g, ops, prefetched)[prefetched[ops]]
@@ -112,6 +114,20 @@ def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
         g.g_cgap[c] = 0.0
         moved += len(c)
     return moved
+
+
+def _release(t: np.ndarray, compute: float, bucket_us: float) -> np.ndarray:
+    """Per collective (transfer times `t`, in order), the share of the backward compute
+    (`compute` us) by whose end it may start. It carries the gradients from share a to b
+    (cumulative shares of the collective time); sent as buckets of `bucket_us`, its first
+    bucket is ready at a + (bucket/t)(b - a), and it ends no sooner than one bucket after b:
+    as one op of length t it starts at the later of those, b - (t - bucket) / compute."""
+    total = max(float(t.sum()), 1e-9)
+    b = np.cumsum(t) / total
+    a = b - t / total
+    tail = np.minimum(t, bucket_us)
+    first = a + np.divide(tail, t, out=np.ones_like(t), where=t > 0) * (b - a)
+    return np.clip(np.maximum(first, b - (t - tail) / max(compute, 1e-9)), 0.0, 1.0)
 
 
 def _one_ahead(g: Graph, ops: np.ndarray, prefetched: np.ndarray) -> np.ndarray:
