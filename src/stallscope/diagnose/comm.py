@@ -14,13 +14,14 @@ import re
 from collections import Counter
 
 import numpy as np
+import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.trace.grouped import group_sums
-from stallscope.trace.intervals import Timeline
+from stallscope.trace.intervals import Timeline, enclosing
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_mask
 
@@ -31,8 +32,28 @@ RULE_ID = "comm-bound"
 # 5% is where the anchors (HTA's communication/computation overlap analysis) call it material.
 EXPOSED_THRESHOLD_PCT = 5.0
 TOP_COLLECTIVES = 5
-COMM_NAME = re.compile(r"nccl|rccl", re.IGNORECASE)
+# Collective kernels: NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL on ROCm (the same names, or
+# `rccl*`), and MSCCL, which RCCL runs for some collectives (`mscclKernel_Sum_float_LL...`).
+COMM_NAME = re.compile(r"nccl|rccl|msccl", re.IGNORECASE)
 COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
+# An instance of a collective that takes at least this many times the median instance of the
+# same collective (same stream, same place in the step, so the same tensors and bytes) spent
+# the excess over that median waiting for slower ranks (an assumption: the same bytes over the
+# same link take about the same time, and jitter of the link alone does not double a transfer).
+# The median needs PEER_MIN_STEPS steps: with two, one step's sequence may start mid-pattern
+# (hta/rank0of128_sampled: step 1's first all-to-all moves 3 KB, step 2's 419 MB) and the
+# two cannot be told apart. Only excess of 0.2 ms or more counts (shorter is within launch and
+# clock noise). A lower bound: a rank slower by the same amount every step shows no excess.
+PEER_FACTOR = 2.0
+# Collectives whose bytes are fixed by the model (gradients, parameters, their shards): the same
+# one moves the same bytes every step. All-to-all and send/recv move what the batch routes (a
+# KJT's lengths, an activation's shape) and are not compared.
+FIXED_SIZE = ("AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Reduce")
+# More all-reduces per step than this are per-tensor (or tiny buckets): DDP's default 25 MB
+# buckets make 50 of them only for 1.25 GB of fp32 gradients, a model of over 300M parameters.
+PER_TENSOR_CALLS = 50
+PEER_MIN_STEPS = 3
+PEER_MIN_US = 200.0
 COMM_DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
 # CPU collectives: the backend's host range around each collective (`gloo:all_reduce`).
 HOST_COLLECTIVE = re.compile(r"^(gloo|mpi|ucc):([A-Za-z_]+)", re.IGNORECASE)
@@ -82,12 +103,21 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
     ts, end = gpu["ts"].to_numpy(dtype=float), gpu["end"].to_numpy(dtype=float)
     kinds = np.empty(len(gpu), dtype=object)
     kinds[is_comm] = name_array(gpu["name"], _kernel_kind, is_comm)
+    named = host_kinds(model)
+    kinds = np.where(is_comm & (named != ""), named, kinds)
     results = {}
+    stream = gpu["stream"].to_numpy(dtype=float)
+    step = gpu["step"].to_numpy()
     for dev in sorted(set(device[is_comm])):
         on = kernel & (device == dev)
         comm, compute = on & is_comm, on & ~is_comm
         results[dev] = _exposed(model, (ts[comm], end[comm]), (ts[compute], end[compute]),
                                 kinds[comm])
+        wait = peer_excess(np.nan_to_num(stream[comm], nan=-1.0), step[comm], ts[comm],
+                           end[comm] - ts[comm], kinds[comm])
+        # The wait sits inside the collective: at most its exposed part is on the step's path.
+        results[dev]["peer_wait"] = float(np.minimum(wait, results[dev]["each_exposed"]).sum())
+        results[dev]["peer_count"] = int((wait > 0).sum())
     dev = max(results, key=lambda d: results[d]["exposed"])
     r = results[dev]
     r["device"] = dev
@@ -97,7 +127,20 @@ def comm_bound(model: TraceModel, context: RunContext | None = None) -> Assessme
         for c in r["top"]:
             if c["collective"] in P2P:
                 c["collective"] = "AllToAll"
+        r["top"] = _merged(r["top"])
     return _assess(model, r, where="device", backend="nccl")
+
+
+def _merged(top: list[dict]) -> list[dict]:
+    """Entries of one collective name summed into one, ranked by exposed then collective ms."""
+    out: dict[str, dict] = {}
+    for c in top:
+        m = out.setdefault(c["collective"], {"collective": c["collective"], "count": 0,
+                                             "comm_ms": 0.0, "exposed_ms": 0.0})
+        m["count"] += c["count"]
+        m["comm_ms"] = round(m["comm_ms"] + c["comm_ms"], 3)
+        m["exposed_ms"] = round(m["exposed_ms"] + c["exposed_ms"], 3)
+    return sorted(out.values(), key=lambda c: (-c["exposed_ms"], -c["comm_ms"]))
 
 
 def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
@@ -113,7 +156,9 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
     share = pct(exposed, total)
     # Overlap hides a collective only under compute that exists: never more than the step's
     # non-communication compute on the same device (or process).
-    hideable = min(exposed, compute)
+    # Time spent waiting for slower ranks is not hidden by overlap: it is set apart.
+    peer = min(r.get("peer_wait", 0.0), exposed)
+    hideable = min(exposed - peer, compute)
     evidence = {
         "where": where,
         "backend": backend,
@@ -126,6 +171,9 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
         "overlap_pct": pct(comm - exposed, comm),
         "compute_ms_per_step": ms(compute / n),
         "hideable_share_pct": pct(hideable, total),
+        "peer_wait_ms_per_step": ms(peer / n),
+        "peer_wait_share_pct": pct(peer, total),
+        "peer_wait_collectives": r.get("peer_count", 0),
         "exposed_ms_by_step": [ms(x) for x in r["per_step"]],
         "top_collectives": r["top"],
         "steps": n,
@@ -142,29 +190,39 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
     rec, snippet = ADVICE[pattern](backend)
     snippet = _for_version(model, pattern, snippet)
     saving, basis = hideable, (
-        f"upper bound: the collective time on {place} during which no compute ran, capped "
-        "by the step's other compute there (what the collective could hide under); part of "
-        "it may be waiting for slower ranks, which overlap does not remove")
-    if backend == "gloo" and pattern == "all-reduce" and exposed / 2 > hideable:
-        saving, basis = exposed / 2, (
-            "upper bound: half the exposed all-reduce time, if fp16 compression halves the "
-            "bytes gloo moves (more than overlap could hide under the step's "
-            f"{ms(compute / n)} ms of other compute); time spent waiting for slower ranks "
-            "does not shrink")
+        f"upper bound: the collective time on {place} during which no compute ran, less the "
+        "part measured as waiting on peers, capped by the step's other compute there (what "
+        "the collective could hide under)")
+    if backend == "gloo" and pattern == "all-reduce" and (exposed - peer) / 2 > hideable:
+        saving, basis = (exposed - peer) / 2, (
+            "upper bound: half the exposed all-reduce time less the waiting on peers, if fp16 "
+            "compression halves the bytes gloo moves (more than overlap could hide under the "
+            f"step's {ms(compute / n)} ms of other compute)")
+    peers = _peer_text(evidence, n) if peer > 0 else ""
+    per_step = r["top"][0]["count"] / n if r["top"] else 0.0
+    evidence["top_collective_calls_per_step"] = round(per_step, 1)
+    if pattern == "all-reduce" and per_step > PER_TENSOR_CALLS:
+        rec = (f"{per_step:.0f} {r['top'][0]['collective']} calls per step: gradients are "
+               "all-reduced tensor by tensor, each with its own host call and launch; "
+               "DistributedDataParallel buckets them (25 MB by default: a few calls per step) "
+               "and starts each bucket as soon as backward has produced it. ") + rec
     rec = (
         f"{backend} collectives run with no compute beside them on {place} for {share:.1f}% of "
         f"each step ({ms(exposed / n)} ms; largest, exposed ms summed over the {n} steps: "
         + ", ".join(f"{c['collective']} {c['exposed_ms']} ms" for c in r["top"][:3])
         + f"). The step has {ms(compute / n)} ms of other compute per step to hide them under"
         + (" (less than the exposed time: overlap alone cannot hide it all). "
-           if compute < exposed else ". ")
-        + rec
-        + " An exposed collective also spins while it waits for the slowest rank: compare step "
-        "and loader times across ranks (rank-imbalance) before tuning."
+           if compute < exposed - peer else ". ")
+        # The larger of the two first: the waiting on peers, or what overlap can hide.
+        + (peers + rec if peer >= exposed - peer else rec + (" " + peers.rstrip() if peers else ""))
+        + ("" if peers else " An exposed collective also spins while it waits for the slowest "
+           "rank: compare step and loader times across ranks (rank-imbalance) before tuning.")
     )
+    title = _title(share, evidence["peer_wait_share_pct"], pct(saving, total),
+                   halved=saving != hideable)
     finding = Finding(
         id=RULE_ID,
-        title=f"Collective communication is exposed for {share:.1f}% of each step",
+        title=title,
         evidence=evidence,
         recommendation=rec,
         snippet=snippet,
@@ -278,6 +336,32 @@ def _sharded_advice(backend: str) -> tuple[str, str]:
     return rec, snippet
 
 
+def _title(share: float, peer_pct: float, saving_pct: float, halved: bool) -> str:
+    """One number per quantity: the exposed share, the part of it waiting on peers, and the
+    saving bound when it is smaller than what is left (each named)."""
+    parts = [f"{peer_pct:.1f}% of the step waiting on peers"] if peer_pct > 0 else []
+    if saving_pct < share - peer_pct - 0.05:
+        parts.append(f"at most {saving_pct:.1f}% "
+                     + ("saved by halving the bytes" if halved else "hideable under compute"))
+    head = f"Collective communication is exposed for {share:.1f}% of each step"
+    return head + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _peer_text(evidence: dict, n: int) -> str:
+    """What the measured waiting on peers is, and what helps it (not overlap)."""
+    return (
+        f"Waiting on peers: {evidence['peer_wait_ms_per_step']} ms per step "
+        f"({evidence['peer_wait_share_pct']:.1f}% of the step, {evidence['peer_wait_collectives']} "
+        f"collective(s) over the {n} steps) is collective time beyond what the same collective "
+        "takes in a typical step (2x or more): this rank waited for slower ranks. Overlap does "
+        "not remove it; look at the other ranks' traces (analyze them together: "
+        "rank-imbalance compares their work per step) and balance the work and data across "
+        "ranks (equal shard sizes, "
+        "sequence lengths bucketed or padded alike, no rank-0-only work such as logging or "
+        "checkpointing inside the step). "
+    )
+
+
 # The torch release each pattern's snippet needs (FSDP's prefetch arguments 1.13,
 # torch.distributed.pipelining 2.4); the all-reduce and all-to-all snippets run on any torch
 # that has DDP's no_sync() / TorchRec.
@@ -341,6 +425,10 @@ def _host_comm(model: TraceModel) -> dict | None:
     ts, end = ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float)
     kinds = np.array([k for _, k in found], dtype=object)
     r = _exposed(model, (ts[coll], end[coll]), (ts[is_compute], end[is_compute]), kinds)
+    tid = pd.factorize(ops["tid"].astype(str))[0][coll].astype(float)
+    wait = peer_excess(tid, ops["step"].to_numpy()[coll], ts[coll], end[coll] - ts[coll], kinds)
+    r["peer_wait"] = float(np.minimum(wait, r["each_exposed"]).sum())
+    r["peer_count"] = int((wait > 0).sum())
     # The most common backend, the first in sorted order on a tie (Series.mode().iloc[0]).
     counts = Counter(b.lower() for b, _ in found)
     top = max(counts.values())
@@ -386,6 +474,91 @@ def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
         "exposed": float(per_step.sum()),
         "compute": float(tl.sum_by(compute_m, bucket, n).sum()),
         "per_step": per_step,
+        "each_exposed": exposed,  # per collective interval, in the order given
         "top": [{"collective": str(names[i]), "count": int(count[i]), "comm_ms": ms(g_us[i]),
                  "exposed_ms": ms(g_exposed[i])} for i in order.tolist()],
     }
+
+
+def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+                kinds: np.ndarray) -> np.ndarray:
+    """Per collective of a FIXED_SIZE kind, the time it waited for slower ranks: its duration
+    less the median instance of the same collective, where it took PEER_FACTOR times that or
+    more (0 elsewhere).
+
+    The same collective is the one at the same place, on the same stream, in another step: a
+    stream whose steps (PEER_MIN_STEPS or more) hold the same sequence of kinds repeats the
+    same tensors, hence the same bytes, every step. Steps whose sequence differs from the most
+    common one are left at 0: without the message sizes (the trace's host ranges carry them,
+    the decoded table does not) two different collectives cannot be compared."""
+    out = np.zeros(len(dur))
+    inside = np.flatnonzero((step >= 0) & np.isin(kinds, FIXED_SIZE))
+    for key in np.unique(stream[inside]):
+        mine = inside[stream[inside] == key]
+        mine = mine[np.lexsort((ts[mine], step[mine]))]
+        steps = np.unique(step[mine])
+        if len(steps) < PEER_MIN_STEPS:
+            continue
+        seqs = [mine[step[mine] == s] for s in steps]
+        # The steps that repeat the most common sequence (a step whose kernels were launched
+        # before the recording began lacks their host names, and is left out).
+        pattern = Counter(tuple(kinds[q]) for q in seqs).most_common(1)[0][0]
+        seqs = [q for q in seqs if tuple(kinds[q]) == pattern]
+        if len(seqs) < PEER_MIN_STEPS:
+            continue
+        grid = np.stack(seqs)  # steps x position
+        d = dur[grid]
+        typical = np.median(d, axis=0)
+        excess = d - typical
+        waited = (d >= PEER_FACTOR * typical) & (excess >= PEER_MIN_US)
+        out[grid] = np.where(waited, excess, 0.0)
+    return out
+
+
+# The host range each collective kernel is launched in names its collective where the kernel
+# does not (NCCL runs all-to-all, and on some versions every collective, as SendRecv kernels):
+# `nccl:all_reduce`, `nccl:_all_gather_base`, `rccl:...`.
+HOST_RANGE = re.compile(r"^(?:nccl|rccl):(\w+)", re.IGNORECASE)
+HOST_KIND = {"all_reduce": "AllReduce", "allreduce": "AllReduce",
+             "all_to_all": "AllToAll", "alltoall": "AllToAll", "alltoall_base": "AllToAll",
+             "all_gather": "AllGather", "_all_gather_base": "AllGather",
+             "all_gather_into_tensor": "AllGather", "allgather": "AllGather",
+             "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
+             "reduce_scatter_tensor": "ReduceScatter", "broadcast": "Broadcast",
+             "send": "SendRecv", "recv": "SendRecv"}
+
+
+def host_kinds(model: TraceModel) -> np.ndarray:
+    """Per row of `model.gpu`, the collective its launch call's enclosing `nccl:<op>` host
+    range names (AllReduce, AllToAll, ...), "" where there is none."""
+    gpu, rt, ops = model.gpu, model.runtime, model.ops
+    out = np.full(len(gpu), "", dtype=object)
+    if not len(gpu) or not len(rt) or not len(ops):
+        return out
+    ranged = name_mask(ops["name"], HOST_RANGE)
+    if not ranged.any():
+        return out
+    is_comm = name_mask(gpu["name"], COMM_NAME)
+    corr = gpu["correlation"].to_numpy(dtype=float)
+    rt_corr = rt["correlation"].to_numpy(dtype=float)
+    order = np.argsort(rt_corr, kind="stable")
+    k = np.clip(np.searchsorted(rt_corr[order], corr), 0, max(len(rt) - 1, 0))
+    call = np.where(is_comm & (rt_corr[order][k] == corr), order[k], -1)
+    rows = np.flatnonzero(call >= 0)
+    r_tid = rt["tid"].astype(str).to_numpy(dtype=object)[call[rows]]
+    r_ts = rt["ts"].to_numpy(dtype=float)[call[rows]]
+    r_end = rt["end"].to_numpy(dtype=float)[call[rows]]
+    o_tid = ops["tid"].astype(str).to_numpy(dtype=object)[ranged]
+    o_ts = ops["ts"].to_numpy(dtype=float)[ranged]
+    o_end = ops["end"].to_numpy(dtype=float)[ranged]
+    o_kind = np.array([HOST_KIND.get(HOST_RANGE.match(n).group(1).lower(), "")
+                       for n in ops["name"].astype(str).to_numpy(dtype=object)[ranged]],
+                      dtype=object)
+    for tid in set(r_tid.tolist()):
+        mine, theirs = r_tid == tid, o_tid == tid
+        if not theirs.any():
+            continue
+        inner, _ = enclosing(o_ts[theirs], o_end[theirs], r_ts[mine], r_end[mine])
+        found = inner >= 0
+        out[rows[mine][found]] = o_kind[theirs][inner[found]]
+    return out

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
+from stallscope.diagnose.comm import COMM_NAME
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.idle import IDLE_THRESHOLD_PCT, idle_windows
@@ -69,7 +70,7 @@ ELEMENTWISE = re.compile(
     r"batch_?norm|index_|copy_kernel|fill_kernel|triton_(?:poi|red|per)",
     re.IGNORECASE,
 )
-COMM = re.compile(r"nccl|rccl", re.IGNORECASE)
+COMM = COMM_NAME  # NCCL, RCCL and MSCCL collective kernels (comm.py)
 
 
 def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:

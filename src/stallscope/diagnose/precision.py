@@ -68,7 +68,7 @@ _GEMM_OR_CONV = re.compile(
 _HALF = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|tf32|__nv_bfloat", re.IGNORECASE)
 _FP32_NAMED = re.compile(r"sgemm|scudnn|gcgemm|(?<![a-z])cgemm", re.IGNORECASE)
 _FLOAT = re.compile(r"\bfloat\b")
-_COMM = re.compile(r"^nccl|^rccl|ncclDevKernel|ncclKernel", re.IGNORECASE)
+_COMM = re.compile(r"^nccl|^rccl|^msccl|ncclDevKernel|ncclKernel", re.IGNORECASE)
 # ROCm: the device name, or Tensile (`Cijk_`) GEMM kernels, give it away.
 _AMD_DEVICE = re.compile(r"AMD|Radeon|Instinct|\bMI\d{2,3}", re.IGNORECASE)
 _AMD_KERNEL = re.compile(r"^Cijk_|^Custom_Cijk")

@@ -64,8 +64,8 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
     rows = [w.row for w in ranked]
     step = statistics.median(r["step_ms"] for r in rows)
     spreads = {
-        key: max(r[key] for r in rows) - statistics.median(r[key] for r in rows)
-        for key in ("loader_wait_ms", "gpu_compute_ms", "step_ms")
+        key: max(_value(r, key) for r in rows) - statistics.median(_value(r, key) for r in rows)
+        for key in ("loader_wait_ms", "gpu_compute_ms", "step_ms", WAITED_FOR)
     }
     worst_key = max(spreads, key=lambda k: spreads[k])
     excess = spreads[worst_key]
@@ -91,6 +91,8 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
                            else "waits longer on its DataLoader"),
         "gpu_compute_ms": "run more GPU compute" if many else "runs more GPU compute",
         "step_ms": "take longer per step" if many else "takes longer per step",
+        WAITED_FOR: ("spend less time in collectives (the others wait for them there)" if many
+                     else "spends less time in collectives (the others wait for it there)"),
     }[worst_key]
     evidence["straggler_rank"] = slowest["rank"]
     evidence["straggler_cause"] = worst_key
@@ -105,6 +107,11 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
             "with drop_last, the same num_workers and storage per rank, no rank-0-only work such "
             "as logging or checkpointing inside the step)."
             if worst_key == "loader_wait_ms"
+            else "Its DataLoader wait and GPU compute are not what differs: compare its host "
+            "time per step (host_compute_ms) with the others', look for work only it does "
+            "inside the step (rank-0 logging, checkpointing, evaluation), and check that its "
+            "GPU is not throttled or shared."
+            if worst_key == WAITED_FOR
             else "Check that every rank gets equally sized batches (variable-length samples need "
             "bucketing or padding to a common length) and that its GPU is not throttled or "
             "shared."
@@ -119,7 +126,10 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
     return Assessment.found(
         Finding(
             id=RULE_ID,
-            title=(f"{who} straggle{'' if many else 's'}: "
+            title=(f"{who} {'are' if many else 'is'} waited for: the other ranks spend "
+                   f"{'up to ' if many else ''}{excess:.1f} ms more per step in collectives"
+                   if worst_key == WAITED_FOR else
+                   f"{who} straggle{'' if many else 's'}: "
                    f"{'up to ' if many else ''}{excess:.1f} ms more work per step"),
             evidence=evidence,
             recommendation=recommendation,
@@ -136,6 +146,17 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
     )
 
 
+# The rank that spends least time in collectives per step is the one the others wait for
+# there: compared as the median rank's collective time less each rank's.
+WAITED_FOR = "waited_for_ms"
+
+
+def _value(row: dict, key: str) -> float:
+    """A rank's per-step figure; WAITED_FOR is its collective time, negated (the median's
+    excess over it is then how much less it waits than the median rank)."""
+    return -float(row.get("collective_ms", 0.0)) if key == WAITED_FOR else float(row[key])
+
+
 # Named in the title and recommendation; every straggler is in the evidence.
 NAMED_STRAGGLERS = 8
 
@@ -143,7 +164,7 @@ NAMED_STRAGGLERS = 8
 def _stragglers(rows: list[dict], key: str, step_ms: float) -> list[dict]:
     """Every rank whose per-step `key` exceeds the median rank's by the threshold share of the
     step, furthest behind first (ties by rank): rank, trace, ms and % of the step behind."""
-    values = np.array([r[key] for r in rows], dtype=float)
+    values = np.array([_value(r, key) for r in rows], dtype=float)
     excess = values - float(np.median(values))
     limit = SPREAD_THRESHOLD_PCT / 100 * step_ms
     order = np.lexsort((np.array([r["rank"] for r in rows]), -excess))
@@ -173,7 +194,8 @@ def _how_far(behind: list[dict]) -> str:
     return "; ".join(parts) + (" per step" if len(behind) == 1 else ", per step")
 
 
-_COLLECTIVE = re.compile(r"(?i).*(nccl|rccl)")
+_COLLECTIVE = re.compile(r"(?i).*(?:nccl|rccl|msccl)")  # comm.COMM_NAME, matched anywhere
+HOST_COLLECTIVE = re.compile(r"(?i)(?:gloo|mpi|ucc):")  # comm.HOST_COLLECTIVE
 
 
 def _busiest_device_us(devices: pd.Series, dur: np.ndarray, rows: np.ndarray) -> float | None:
@@ -193,13 +215,21 @@ def _busiest_device_us(devices: pd.Series, dur: np.ndarray, rows: np.ndarray) ->
 def _work(model: TraceModel) -> dict:
     n = len(model.steps)
     gpu = model.gpu
-    compute_ms = 0.0
+    compute_ms = collective_ms = 0.0
     if len(gpu):
         kernels = (gpu["kind"].to_numpy() == "kernel") & (gpu["step"].to_numpy() >= 0)
         if kernels.any():
-            compute = kernels & ~name_matches(gpu["name"], _COLLECTIVE).to_numpy()
-            busiest = _busiest_device_us(gpu["device"], gpu["dur"].to_numpy(), compute)
+            is_comm = name_matches(gpu["name"], _COLLECTIVE).to_numpy()
+            busiest = _busiest_device_us(gpu["device"], gpu["dur"].to_numpy(),
+                                         kernels & ~is_comm)
             compute_ms = busiest / 1000 / n if busiest is not None else 0.0
+            waited = _busiest_device_us(gpu["device"], gpu["dur"].to_numpy(), kernels & is_comm)
+            collective_ms = waited / 1000 / n if waited is not None else 0.0
+    elif len(model.ops):
+        ops = model.ops
+        host = name_matches(ops["name"], HOST_COLLECTIVE).to_numpy() & (
+            ops["step"].to_numpy() >= 0)
+        collective_ms = float(ops["dur"].to_numpy()[host].sum()) / 1000 / n
     durations = np.array([s.duration_us for s in model.steps])
     return {
         "rank": model.trace.rank,
@@ -208,4 +238,7 @@ def _work(model: TraceModel) -> dict:
         "loader_wait_ms": ms(sum(s.loader_wait_us for s in model.steps) / n),
         "host_compute_ms": ms(sum(s.breakdown_us["host_compute"] for s in model.steps) / n),
         "gpu_compute_ms": round(compute_ms, 3),
+        # time inside collectives per step (busiest device; CPU: gloo/MPI ranges), which holds
+        # the wait for slower ranks: the rank that spends least there is the one waited for
+        "collective_ms": round(collective_ms, 3),
     }
