@@ -98,16 +98,20 @@ def _model(path: Path) -> TraceModel:
 
 
 def _recorded_busy(path: Path, kinds: tuple[str, ...]) -> float:
-    """The busiest stream's recorded work of `kinds` (a stream runs its ops one after another),
-    summed over the ops that started in the step, median over the steps the plan judges:
-    measured from the trace, not from the replay whose floor is under test. Work on several
-    streams may overlap more once a change moves it, so only one stream's sum is a hard bound."""
+    """The busiest stream's recorded work of `kinds` (a stream runs its ops one after another)
+    over the ops that started in the step, less what of the step's work ran past its end (the
+    next step's to carry, as the replay's floor lets it), median over the steps the plan
+    judges: measured from the trace, not from the replay whose floor is under test. Work on
+    several streams may overlap more once a change moves it, so one stream's sum is the bound."""
     model = _model(path)
     used = set(report(path).plan["steps_used"])
-    gpu = model.gpu[model.gpu["kind"].astype(str).isin(kinds) & (model.gpu["step"] >= 0)]
+    gpu = model.gpu[model.gpu["step"] >= 0]
+    done = gpu.groupby("step")["end"].max()
+    gpu = gpu[gpu["kind"].astype(str).isin(kinds)]
     per = gpu.groupby([gpu["step"], gpu["device"].astype(str), gpu["stream"]],
                       observed=True)["dur"].sum().groupby(level=0).max()
-    per_step = [float(per.get(i, 0.0)) for i, s in enumerate(model.steps) if s.name in used]
+    per_step = [float(per.get(i, 0.0)) - max(float(done.get(i, 0.0)) - s.end_us, 0.0)
+                for i, s in enumerate(model.steps) if s.name in used]
     return float(np.median(per_step)) if per_step else 0.0
 
 

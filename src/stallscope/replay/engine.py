@@ -37,7 +37,8 @@ class Replay:
     # The first step's GPU time: from its start to gpu_done[0], less the recorded tail.
     gpu_first_us: float = np.nan
     # Per step, the busiest device's busy time (union) over the ops recorded in it, as
-    # replayed: the GPU work the step cannot finish in less (0 when it has none).
+    # replayed, less the work the recording ran past the step's end (`_tails`): the time the
+    # step cannot take less than (0 when it has none).
     gpu_need: np.ndarray | None = None
 
     @property
@@ -244,15 +245,23 @@ class _Run:
         host_end[wait_heads] = self.seg_end[self.wait_seg]
         steps = host_start[g.step_end] - host_start[g.step_start]
         done = _gpu_done(g, self.gpu_end, len(steps))
-        first = np.nan
-        if len(steps):
-            # The recording's own tail past the first step's end stays allowed: the replay of
-            # the unchanged graph gives the recorded step.
-            rec_done = _gpu_done(g, g.g_ts + g.g_dur, 1)[0]
-            tail = max(0.0, rec_done - g.h_ts[g.step_end[0]]) if rec_done == rec_done else 0.0
-            first = float(done[0] - host_start[g.step_start[0]] - tail)
+        tail = _tails(g, len(steps))
+        first = float(done[0] - host_start[g.step_start[0]] - tail[0]) if len(steps) else np.nan
+        need = np.fmax(gpu_need(g, self.gpu_start, self.gpu_end, len(steps)) - tail, 0.0)
         return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end, done, first,
-                      gpu_need(g, self.gpu_start, self.gpu_end, len(steps)))
+                      need)
+
+
+def _tails(g: Graph, n: int) -> np.ndarray:
+    """Per recorded step, the GPU work it let run past its end (prof.step() is called when the
+    host is done, not the GPU). A replayed step may leave as much, so the unchanged graph
+    replays to the recorded steps. (Work carried in from the step before is not added back:
+    it may overlap the step's own work on another stream, and a step's bound must not exceed
+    what the recording shows it took.)"""
+    if not n:
+        return np.zeros(0)
+    ends = g.g_ts + g.g_dur
+    return np.nan_to_num(np.fmax(_gpu_done(g, ends, n) - g.h_ts[g.step_end[:n]], 0.0))
 
 
 def _in_step(g: Graph, n: int) -> np.ndarray:
