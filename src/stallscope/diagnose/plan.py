@@ -50,10 +50,14 @@ from stallscope.trace.model import TraceModel
 MODEL_ERROR = 0.15
 # A change that saves less than this share of the step on top of the plan ends it.
 MIN_GAIN_PCT = 0.5
-# Findings whose change removes or overlaps GPU work that the floor counts (collectives and
-# DataParallel's peer copies and broadcasts): the floor, the busiest GPU's work, does not bound
-# what they save.
-FLOOR_WORK_BOUNDS = frozenset({"comm-bound", "dataparallel"})
+# Unreplayed bounds the floor does not cap, and why: changes that remove or overlap GPU work
+# the floor counts (collectives, DataParallel's peer copies and broadcasts), and a saving per
+# epoch that lives in the re-spawn steps the median step leaves out.
+NOT_CAPPED = {
+    "comm-bound": "it overlaps or removes collective kernels, GPU work the floor counts",
+    "dataparallel": "it removes peer copies and broadcasts, GPU work the floor counts",
+    "worker-startup": "its saving is per epoch, in the re-spawn steps the median step leaves out",
+}
 _FLOOR_WORDS = {"gpu": "the busiest GPU's work once the plan's changes are made",
                 "host": "the stepping thread's own work once the plan's changes are made"}
 # A long recording is replayed over this many consecutive steps from its middle: a median needs
@@ -380,10 +384,10 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
 def _cap_bound(plan: Plan, f: Finding) -> None:
     """No unreplayed bound claims more than the measured step less the floor: the last guard
     of the invariant (the rules' bounds are computed over the plan's steps, but a sum over
-    steps set against a median can still overshoot). Findings whose change removes or
-    overlaps GPU work the floor counts (FLOOR_WORK_BOUNDS) are not bounded by it."""
+    steps set against a median can still overshoot). NOT_CAPPED says which the floor does not
+    bound."""
     step = plan.measured_step_us
-    if f.id in FLOOR_WORK_BOUNDS or step <= 0 or f.estimated_saving_pct is None:
+    if f.id in NOT_CAPPED or step <= 0 or f.estimated_saving_pct is None:
         return
     room = round(100.0 * max(step - plan.floor_us, 0.0) / step, 2)
     if f.estimated_saving_pct > room:
