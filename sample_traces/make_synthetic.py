@@ -168,6 +168,15 @@ class Builder:
         return self._gpu("gpu_memcpy", kind, tid, ts, "cudaMemcpyAsync", call_dur, device,
                          stream, gpu_dur, after, extra)
 
+    def blocking_memcpy(self, tid: int, ts: int, kind: str, device: int, nbytes: int,
+                        gbps: float, ret: int = 8) -> int:
+        """A copy whose cudaMemcpyAsync returns `ret` us after the copy has run (pageable memory,
+        or a DtoH read the host needs); returns the call's end."""
+        _, end = self.memcpy(tid, ts, kind, device, nbytes, gbps, call_dur=0)
+        call = next(e for e in reversed(self.events) if e.get("cat") == "cuda_runtime")
+        call["dur"] = end + ret - ts
+        return end + ret
+
     def gpu_idle_at(self, device: int, stream: int = 7) -> int:
         return self.free.get((device, stream), 0)
 
@@ -433,6 +442,50 @@ def dataparallel(pattern: str, steps: int = 3, ngpu: int = 4) -> dict[str, Any]:
     tids.update({e: f"autograd device {d}" for d, e in enumerate(engine)})
     return document(b, pattern, [V100] * ngpu, tids, t + 1000)
 
+# --- one GPU, inference: one forward, no ProfilerStep -------------------------------------------
+
+# Six layers, run once after each input's copy (each op name twice, under the three that make
+# iterations), and their kernels' GPU time (us): a large fp32 model, 5-24 ms a kernel.
+INFER_LAYERS = (
+    ("aten::conv2d", "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nhwckrsc_nhwc", 18_000),
+    ("aten::batch_norm", "void at::native::batch_norm_transform_input_kernel<float>", 6_000),
+    ("aten::linear", GEMM[8], 24_000),
+    ("aten::layer_norm", "void at::native::vectorized_layer_norm_kernel<float, float>", 5_000),
+    ("aten::bmm", GEMM[8], 21_000),
+    ("aten::softmax", "void at::native::cunn_SoftMaxForward<4, float, float, float>", 7_000),
+)
+
+
+def inference(pattern: str) -> dict[str, Any]:
+    """One inference call on one A100, recorded without a schedule (no ProfilerStep): the whole
+    trace is one step. Two input tensors come from pageable memory with `.to(device)`: each
+    `cudaMemcpyAsync` returns only once its copy has run, and the second copy queues behind the
+    first half of the model on the same stream, so the host blocks for that GPU work too. The
+    output is read back with `.cpu()` (a pageable DtoH copy that waits for the rest). The GPU's
+    own work (kernels and copies, about 196 ms) is the floor no change to the host removes."""
+    b = Builder()
+    main = PID
+    t = 1000
+    input_bytes = 96 * 1024 * 1024  # 100 MB of float32 per input, pageable, at 6 GB/s: 17 ms
+    for _part in range(2):
+        cs = t
+        # A pageable copy is synchronous for the host: the call returns when the copy has run.
+        t = b.blocking_memcpy(main, t + 14, "Memcpy HtoD (Pageable -> Device)", 0, input_bytes,
+                              6.0, ret=9)
+        b.op("aten::copy_", main, cs + 6, t - cs - 4)
+        t = b.op("aten::to", main, cs, t - cs + 6) + 25
+        for op_name, kernel_name, gpu_us in INFER_LAYERS:
+            s = t
+            b.kernel(main, t + 12, kernel_name, 0, gpu_us)
+            t = b.op(op_name, main, s, 40) + 15
+    # .cpu() of the 4 MB output: the call waits for the queued layers, then copies.
+    cs = t
+    t = b.blocking_memcpy(main, t + 10, "Memcpy DtoH (Device -> Pageable)", 0, 4 * 1024 * 1024,
+                          5.0)
+    b.op("aten::copy_", main, cs + 4, t - cs - 2)
+    t = b.op("aten::to", main, cs, t - cs + 4) + 30
+    return document(b, pattern, [A100], {main: "python main"}, t + 1000)
+
 
 # --- one GPU serving requests: forward only, host preprocessing, output read ------------------
 
@@ -525,6 +578,7 @@ PATTERNS = {
     "allocator-steady": lambda p: single_gpu(p),
     "blocking-h2d": lambda p: single_gpu(p, blocking_copy=True),
     "inference-serving": lambda p: inference_serving(p),
+    "inference-pageable": inference,
 }
 
 

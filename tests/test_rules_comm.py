@@ -57,8 +57,10 @@ def test_sync_off_still_predicts_the_lost_lead_on_rank3of8() -> None:
     assert "sync=off" in report.verdict
     entry = report.plan_entry(report.top_finding)
     # measured 76.9 ms; 71.3 ms without the profiler's assumed cost (6,786 recorded ops per
-    # step); sync=off takes about 14 ms off that, not below the GPU's 51.9 ms floor
-    assert report.plan["floor_us"] < entry["predicted_step_us"] < 65_000
+    # step); sync=off takes about 10.6 ms off that, down to the busiest GPU's 60.7 ms of work
+    # per step (the floor), never below it
+    assert report.plan["floor_us"] <= entry["predicted_step_us"] < 65_000
+    assert entry["predicted_step_us"] == pytest.approx(60_700, rel=0.01)
 
 
 def test_gloo_all_reduce_on_cpu_is_assessed_with_gloo_advice() -> None:

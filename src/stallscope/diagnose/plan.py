@@ -50,6 +50,16 @@ from stallscope.trace.model import TraceModel
 MODEL_ERROR = 0.15
 # A change that saves less than this share of the step on top of the plan ends it.
 MIN_GAIN_PCT = 0.5
+# Unreplayed bounds the floor does not cap, and why: changes that remove or overlap GPU work
+# the floor counts (collectives, DataParallel's peer copies and broadcasts), and a saving per
+# epoch that lives in the re-spawn steps the median step leaves out.
+NOT_CAPPED = {
+    "comm-bound": "it overlaps or removes collective kernels, GPU work the floor counts",
+    "dataparallel": "it removes peer copies and broadcasts, GPU work the floor counts",
+    "worker-startup": "its saving is per epoch, in the re-spawn steps the median step leaves out",
+}
+_FLOOR_WORDS = {"gpu": "the busiest GPU's work once the plan's changes are made",
+                "host": "the stepping thread's own work once the plan's changes are made"}
 # A long recording is replayed over this many consecutive steps from its middle: a median needs
 # no more, and every replay of the plan costs time in proportion to the steps.
 MAX_REPLAY_STEPS = 24
@@ -230,6 +240,15 @@ def _alone(predict: Any, graph: Graph, changes: list[Change]
         return None, changes, str(exc)
 
 
+def judged_steps(n: int) -> slice:
+    """The recorded steps the plan's medians are over (of `n`): the replayed window less its
+    first step when three or more are replayed. A rule's bound compared with the plan's step
+    and floor is computed over these steps too."""
+    window = _window(n)
+    first = window.start + 1 if window.stop - window.start >= 3 else window.start
+    return slice(first, window.stop)
+
+
 def _window(n: int) -> slice:
     """The steps to replay: all of them, or MAX_REPLAY_STEPS from the middle of a long run."""
     if n <= MAX_REPLAY_STEPS:
@@ -357,8 +376,26 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
         else:
             why = plan.not_replayed.get(f.id, "not replayed")
             f.saving_basis = f"upper bound, not replayed ({why}): {f.saving_basis}"
+            _cap_bound(plan, f)
             continue
         f.severity = severity_for(f.estimated_saving_pct)
+
+
+def _cap_bound(plan: Plan, f: Finding) -> None:
+    """No unreplayed bound claims more than the measured step less the floor: the last guard
+    of the invariant (the rules' bounds are computed over the plan's steps, but a sum over
+    steps set against a median can still overshoot). NOT_CAPPED says which the floor does not
+    bound."""
+    step = plan.measured_step_us
+    if f.id in NOT_CAPPED or step <= 0 or f.estimated_saving_pct is None:
+        return
+    room = round(100.0 * max(step - plan.floor_us, 0.0) / step, 2)
+    if f.estimated_saving_pct > room:
+        f.saving_basis += (
+            f"; at most {room:.1f}% here (the rule's figure was {f.estimated_saving_pct:.1f}%): "
+            f"the step ({ms(step)} ms) can lose no more than its time above the floor "
+            f"({ms(plan.floor_us)} ms, {_FLOOR_WORDS[plan.floor_kind]})")
+        f.estimated_saving_pct = room
 
 
 def _range(s: Scenario, used: slice) -> list[float]:
@@ -377,24 +414,23 @@ def _median(r: Replay, used: slice) -> float:
 
 
 def _floor(g: Graph, r: Replay, used: slice) -> float:
-    """Per step, the busiest GPU's busy time (union of its ops) in the replayed step window;
-    with no GPU, the stepping thread's own work (its fill and calls). Median over steps."""
+    """Per step, the busiest GPU's work in it (the union of the ops recorded in the step, at
+    their replayed times: a change that lets the host end its step sooner does not take that
+    work out of the step), less what the recording ran past the step's end (replay/engine.py
+    `_tails`: the report's per-step GPU busy time counts only the window too); with no GPU,
+    the stepping thread's own work (its fill and calls) in the replayed step window. Median
+    over the steps used, as the step it is compared with."""
+    if len(g.g_ts) and r.gpu_need is not None:
+        need = r.gpu_need[used]
+        return float(np.median(need)) if len(need) else 0.0
     lo = r.host_start[g.step_start][used]
     hi = r.host_start[g.step_end][used]
     if not len(lo):
         return 0.0
-    if len(g.g_ts):
-        groups = [(r.gpu_start[g.g_device == d], r.gpu_end[g.g_device == d])
-                  for d in np.unique(g.g_device.astype(str))]
-    else:
-        main = (g.h_thread == 0) & ((g.h_kind == FILL) | (g.h_kind == CALL))
-        groups = [(r.host_start[main], r.host_end[main])]
-    best = np.zeros(len(lo))
-    for s, e in groups:
-        tl = Timeline.from_intervals((s, e), (lo, hi))
-        covered = tl.sum_by(tl.cover(s, e), tl.bucket(lo, hi), len(lo))
-        best = np.maximum(best, covered)
-    return float(np.median(best))
+    main = (g.h_thread == 0) & ((g.h_kind == FILL) | (g.h_kind == CALL))
+    s, e = r.host_start[main], r.host_end[main]
+    tl = Timeline.from_intervals((s, e), (lo, hi))
+    return float(np.median(tl.sum_by(tl.cover(s, e), tl.bucket(lo, hi), len(lo))))
 
 
 def ms(us: float | None) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from stallscope.replay.graph import Graph
 
@@ -33,6 +34,12 @@ class Replay:
     gpu_end: np.ndarray
     # Per step, the latest end of the GPU ops recorded in it (NaN when it has none).
     gpu_done: np.ndarray | None = None
+    # The first step's GPU time: from its start to gpu_done[0], less the recorded tail.
+    gpu_first_us: float = np.nan
+    # Per step, the busiest device's busy time (union) over the ops recorded in it, as
+    # replayed, less the work the recording ran past the step's end (`_tails`): the time the
+    # step cannot take less than (0 when it has none).
+    gpu_need: np.ndarray | None = None
 
     @property
     def median_step_us(self) -> float:
@@ -40,14 +47,20 @@ class Replay:
 
     @property
     def paced_step_us(self) -> np.ndarray:
-        """Each step as long as the slower of the host and the GPU: the host's step, or the
-        time the GPU took to finish this step's work after the previous step's, if longer.
-        A host that no longer waits (sync=off) runs ahead of a busy GPU and its own steps
-        shrink, but the queue then grows every step: the rate a user measures is the GPU's."""
-        if self.gpu_done is None or len(self.step_us) < 2:
-            return self.step_us
-        period = np.concatenate([[np.nan], np.diff(self.gpu_done)])
-        return np.fmax(self.step_us, period)
+        """Each step as long as the slowest of: the host's step; the time the GPU took to
+        finish this step's work after the previous step's (for the first step, after the step
+        began, less the GPU tail the recording itself ran past the step's end); and the step's
+        own GPU work (`gpu_need`). A host that no longer waits (sync=off, non_blocking) runs
+        ahead of a busy GPU and its own steps shrink, but the queue then grows every step, and
+        a single step (an inference call) is not done before its GPU work is: the time a user
+        measures is the GPU's."""
+        steps = self.step_us
+        if self.gpu_done is not None and len(steps):
+            period = np.concatenate([[self.gpu_first_us], np.diff(self.gpu_done)])
+            steps = np.fmax(steps, period)
+        if self.gpu_need is not None and len(steps):
+            steps = np.fmax(steps, self.gpu_need)
+        return steps
 
 
 class ReplayOrderError(RuntimeError):
@@ -231,17 +244,65 @@ class _Run:
         wait_heads = heads[self.wait_seg]
         host_end[wait_heads] = self.seg_end[self.wait_seg]
         steps = host_start[g.step_end] - host_start[g.step_start]
-        return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end,
-                      _gpu_done(g, self.gpu_end, len(steps)))
+        done = _gpu_done(g, self.gpu_end, len(steps))
+        tail = _tails(g, len(steps))
+        first = float(done[0] - host_start[g.step_start[0]] - tail[0]) if len(steps) else np.nan
+        need = np.fmax(gpu_need(g, self.gpu_start, self.gpu_end, len(steps)) - tail, 0.0)
+        return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end, done, first,
+                      need)
+
+
+def _tails(g: Graph, n: int) -> np.ndarray:
+    """Per recorded step, the GPU work it let run past its end (prof.step() is called when the
+    host is done, not the GPU). A replayed step may leave as much, so the unchanged graph
+    replays to the recorded steps. (Work carried in from the step before is not added back:
+    it may overlap the step's own work on another stream, and a step's bound must not exceed
+    what the recording shows it took.)"""
+    if not n:
+        return np.zeros(0)
+    ends = g.g_ts + g.g_dur
+    return np.nan_to_num(np.fmax(_gpu_done(g, ends, n) - g.h_ts[g.step_end[:n]], 0.0))
+
+
+def _in_step(g: Graph, n: int) -> np.ndarray:
+    """Per GPU op, the recorded step it started in (among the first `n`), else -1."""
+    starts, ends = g.h_ts[g.step_start[:n]], g.h_rec_end[g.step_end[:n]]
+    step = np.searchsorted(starts, g.g_ts, side="right") - 1
+    inside = (step >= 0) & (g.g_ts < ends[np.clip(step, 0, None)])
+    return np.where(inside, step, -1)
+
+
+def gpu_need(g: Graph, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+    """Per step, the busiest device's busy time (the union of its ops' [start, end)) over the
+    ops recorded in the step, at their replayed times: a fix that moves the work keeps it in
+    its step, so the step's GPU work is never lost from it."""
+    need = np.zeros(n)
+    step = _in_step(g, n)
+    ok = (step >= 0) & ~np.isnan(start) & ~np.isnan(end)
+    if not n or not ok.any():
+        return need
+    dev = pd.factorize(g.g_device[ok].astype(str))[0]
+    s, e, k = start[ok], end[ok], step[ok]
+    order = np.lexsort((s, k, dev))
+    s, e, k, dev = s[order], e[order], k[order], dev[order]
+    group = dev * n + k
+    new = np.r_[True, group[1:] != group[:-1]]
+    # The busy union of each group: each op adds what lies past the latest end before it.
+    prev = pd.Series(e).groupby(group).cummax().shift(1).to_numpy(dtype=float, copy=True)
+    prev[new] = -np.inf
+    add = np.clip(e - np.maximum(s, prev), 0.0, None)
+    busy = np.bincount(np.cumsum(new) - 1, weights=add)
+    firsts = np.flatnonzero(new)
+    np.maximum.at(need, k[firsts], busy)
+    return need
 
 
 def _gpu_done(g: Graph, gpu_end: np.ndarray, n: int) -> np.ndarray:
     """Per step, the latest replayed end of the GPU ops that started inside it as recorded;
     NaN for none."""
     done = np.full(n, np.nan)
-    starts, ends = g.h_ts[g.step_start], g.h_rec_end[g.step_end]
-    step = np.searchsorted(starts, g.g_ts, side="right") - 1
-    inside = (step >= 0) & (g.g_ts < ends[np.clip(step, 0, None)])
+    step = _in_step(g, n)
+    inside = step >= 0
     if inside.any():
         np.fmax.at(done, step[inside], gpu_end[inside])
     return done

@@ -521,6 +521,7 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
         better = fits & (gap < best_gap)
         best[better] = order[arg[kk[better]]]
         best_gap[better] = gap[better]
+    _own_copies(host, g, cand, best, best_gap)
     # A stream out of launch order (clock skew, odd traces) would make the op depend on a launch
     # made after the call began: no wait is inferred then.
     has = best >= 0
@@ -529,6 +530,29 @@ def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
     host["wait"][n] = best[has]
     host["ret"][n] = best_gap[has]
     host["dur"][n] = np.minimum(typical[long][has], host["dur"][n])
+
+
+def _own_copies(host: dict[str, np.ndarray], g: dict, cand: np.ndarray, best: np.ndarray,
+                best_gap: np.ndarray) -> None:
+    """A copy call that returned right after its own copy ended waited for it (a copy from or
+    to pageable memory is synchronous for the host; it runs after the work queued before it on
+    its stream). The ops submitted before the call miss it, and without this edge the call kept
+    its recorded length as fixed host time: a change that moved or removed the queued work
+    left the host waiting as long as before, and one that unblocked an earlier copy let the
+    host end the step before its GPU work. Updates `best`/`best_gap` (per candidate call)."""
+    slot = np.full(len(host["ts"]), -1)
+    slot[cand] = np.arange(len(cand))
+    ops = np.flatnonzero((g["launch"] >= 0) & (g["kind"] == "memcpy"))
+    ops = ops[slot[g["launch"][ops]] >= 0]
+    if not len(ops):
+        return
+    i = slot[g["launch"][ops]]
+    op_end = g["ts"][ops] + g["dur"][ops]
+    gap = host["end"][cand][i] - op_end
+    fits = (op_end > host["ts"][cand][i]) & (gap >= -CLOCK_US) & (gap <= RETURN_US)
+    better = fits & (gap < best_gap[i])
+    best[i[better]] = ops[better]
+    best_gap[i[better]] = gap[better]
 
 
 def _find_queue_waits(host: dict[str, np.ndarray], g: dict) -> None:
