@@ -187,5 +187,7 @@ def test_inference_step_keeps_its_gpu_work():
     assert plan["what_if"]["predicted_step_us"] == pytest.approx(plan["floor_us"], rel=0.01)
     pinned = next(e for e in plan["entries"] if e["id"] == "pageable-h2d-copy")
     assert pinned["predicted_step_us"] >= plan["floor_us"] - US_SLACK
-    # The floor is the GPU work that the plan's changes leave, not the host's shortened step.
-    assert plan["floor_us"] >= 100_000
+    # The floor is the GPU work that the plan's changes leave, not the host's shortened step:
+    # bf16 takes the 162 ms of fp32 SIMT GEMMs to about a tenth with autocast's casts (the
+    # A100 ratio of docs/replay.md, "Mixed precision"), leaving about 60 ms with the copies.
+    assert 50_000 <= plan["floor_us"] < plan["measured_step_us"] / 2
