@@ -97,7 +97,9 @@ def _without_markers(doc: dict, steps_kept: int) -> dict:
                  and (e.get("name") != STEP or e["ts"] in kept))
 
 
-@pytest.mark.parametrize("steps_kept", [2, 1])
+# With one optimizer step left the trace reads as one iteration (a profiler opened around each
+# step does record one), judged whole: tests/test_own_profiler.py's autograd-profiler case.
+@pytest.mark.parametrize("steps_kept", [2])
 def test_a_sub_millisecond_cut_inside_long_iterations_is_refused(
         tmp_path: Path, steps_kept: int) -> None:
     path = _edited(tmp_path, _without_markers(_doc(), steps_kept), "edited.pt.trace.json.gz")

@@ -150,6 +150,10 @@ def infer_iterations(host: pd.DataFrame) -> Iterations | None:
     found = _from_repeats(ranges, _outermost(repeated))
     if found is not None:
         found.refused = _piece_of_iteration(found, markers, ranges)
+        if found.refused and len(markers[0][2]) == 1:
+            # One iteration marker: the trace holds one iteration (a profiler opened around
+            # each step), which is the window to judge, as a whole.
+            return None
     return found
 
 
