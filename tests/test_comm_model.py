@@ -115,6 +115,29 @@ def test_peer_excess_compares_the_same_collective_across_steps() -> None:
     assert not peer_excess(stream[two], step[two], ts[two], dur[two], kinds[two]).any()
 
 
+def _one_step(end_us: float, g_stream: np.ndarray, g_ts: np.ndarray, g_dur: np.ndarray,
+              cross: np.ndarray, anchor: np.ndarray, g_name: np.ndarray,
+              g_names: list[str]) -> Graph:
+    """A graph of one step on one host thread (a launch call at its start, its end marker at
+    `end_us`) and the given GPU ops, none launched by the host: the GPU side is the test's."""
+    m, n = len(g_ts), 3
+    return Graph(
+        h_thread=np.zeros(n, dtype=np.int64), h_kind=np.array([MARK, CALL, MARK]),
+        h_ts=np.array([0.0, 1.0, end_us]), h_rec_end=np.array([0.0, 11.0, end_us]),
+        h_dur=np.array([0.0, 10.0, 0.0]), h_lead=np.array([0.0, 0.0, end_us - 11.0]),
+        h_release=np.full(n, -1), h_delay=np.zeros(n), h_wait=np.full(n, -1),
+        h_after=np.full(n, -1), h_ret=np.zeros(n), h_name=np.zeros(n, dtype=np.int64),
+        h_names=["cudaLaunchKernel"], h_typical=np.full(n, 10.0), thread_ids=["1"],
+        thread_origin=np.zeros(1), markers=np.array([0, 2]), step_start=np.array([0]),
+        step_end=np.array([2]),
+        g_stream=g_stream, g_device=np.array(["0"] * m, dtype=object),
+        g_kind=np.array(["kernel"] * m, dtype=object), g_name=g_name, g_names=g_names,
+        g_ts=g_ts, g_dur=g_dur, g_bytes=np.full(m, np.nan), g_launch=np.full(m, -1),
+        g_lat=np.zeros(m), g_gap=np.zeros(m), g_cross=cross, g_cgap=np.zeros(m),
+        g_anchor=anchor, g_step=np.zeros(m, dtype=np.int64), launch_us=5.0,
+    )
+
+
 def _graph(collectives: int, comm_us: float = 12e3) -> Graph:
     """One step as recorded: backward compute on stream 0 (3 kernels of 10 ms, 0-30 ms), then
     the gradient all-reduce on stream 1 in `collectives` equal parts (`comm_us` in all, from
@@ -135,24 +158,9 @@ def _graph(collectives: int, comm_us: float = 12e3) -> Graph:
     anchor[len(stream0) - 1] = -np.inf
     anchor[len(stream0):] = -np.inf  # the parts follow each other on their stream
     anchor[len(stream0)] = 30e3
-    n = 3
-    return Graph(
-        h_thread=np.zeros(n, dtype=np.int64), h_kind=np.array([MARK, CALL, MARK]),
-        h_ts=np.array([0.0, 1.0, 50e3]), h_rec_end=np.array([0.0, 11.0, 50e3]),
-        h_dur=np.array([0.0, 10.0, 0.0]), h_lead=np.array([0.0, 0.0, 50e3 - 11.0]),
-        h_release=np.full(n, -1), h_delay=np.zeros(n), h_wait=np.full(n, -1),
-        h_after=np.full(n, -1), h_ret=np.zeros(n), h_name=np.zeros(n, dtype=np.int64),
-        h_names=["cudaLaunchKernel"], h_typical=np.full(n, 10.0), thread_ids=["1"],
-        thread_origin=np.zeros(1), markers=np.array([0, 2]), step_start=np.array([0]),
-        step_end=np.array([2]),
-        g_stream=g_stream, g_device=np.array(["0"] * m, dtype=object),
-        g_kind=np.array(["kernel"] * m, dtype=object),
-        g_name=np.array([o[3] for o in ops]),
-        g_names=["backward_kernel", "sgd_kernel", "ncclKernel_AllReduce_RING_LL_Sum_float"],
-        g_ts=g_ts, g_dur=g_dur, g_bytes=np.full(m, np.nan), g_launch=np.full(m, -1),
-        g_lat=np.zeros(m), g_gap=np.zeros(m), g_cross=cross, g_cgap=np.zeros(m),
-        g_anchor=anchor, g_step=np.zeros(m, dtype=np.int64), launch_us=5.0,
-    )
+    return _one_step(50e3, g_stream, g_ts, g_dur, cross, anchor,
+                     np.array([o[3] for o in ops]),
+                     ["backward_kernel", "sgd_kernel", "ncclKernel_AllReduce_RING_LL_Sum_float"])
 
 
 def _gpu_done(g: Graph, overlap: bool, backward: bool = True) -> float:
@@ -204,23 +212,8 @@ def _sharded_graph() -> Graph:
     g_dur = np.array([10e3, 10e3, 5e3, 5e3])
     cross = np.array([2, 3, -1, -1])
     anchor = np.array([-np.inf, -np.inf, 0.0, 15e3])
-    m, n = 4, 3
-    return Graph(
-        h_thread=np.zeros(n, dtype=np.int64), h_kind=np.array([MARK, CALL, MARK]),
-        h_ts=np.array([0.0, 1.0, 40e3]), h_rec_end=np.array([0.0, 11.0, 40e3]),
-        h_dur=np.array([0.0, 10.0, 0.0]), h_lead=np.array([0.0, 0.0, 40e3 - 11.0]),
-        h_release=np.full(n, -1), h_delay=np.zeros(n), h_wait=np.full(n, -1),
-        h_after=np.full(n, -1), h_ret=np.zeros(n), h_name=np.zeros(n, dtype=np.int64),
-        h_names=["cudaLaunchKernel"], h_typical=np.full(n, 10.0), thread_ids=["1"],
-        thread_origin=np.zeros(1), markers=np.array([0, 2]), step_start=np.array([0]),
-        step_end=np.array([2]),
-        g_stream=g_stream, g_device=np.array(["0"] * m, dtype=object),
-        g_kind=np.array(["kernel"] * m, dtype=object), g_name=np.array([0, 0, 1, 1]),
-        g_names=["layer_kernel", "ncclDevKernel_AllGather_RING_LL"],
-        g_ts=g_ts, g_dur=g_dur, g_bytes=np.full(m, np.nan), g_launch=np.full(m, -1),
-        g_lat=np.zeros(m), g_gap=np.zeros(m), g_cross=cross, g_cgap=np.zeros(m),
-        g_anchor=anchor, g_step=np.zeros(m, dtype=np.int64), launch_us=5.0,
-    )
+    return _one_step(40e3, g_stream, g_ts, g_dur, cross, anchor, np.array([0, 0, 1, 1]),
+                     ["layer_kernel", "ncclDevKernel_AllGather_RING_LL"])
 
 
 def test_all_gather_prefetch_hides_the_next_shard_under_the_current_layer() -> None:
