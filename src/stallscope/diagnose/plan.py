@@ -140,7 +140,8 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         return None
     steps = model.steps[window]
     recorded = np.array([s.duration_us for s in steps])
-    used = slice(1, None) if len(recorded) >= 3 else slice(None)
+    skip = judged_steps(len(model.steps)).start - window.start  # the first, of 3 or more
+    used = slice(skip, None) if skip else slice(None)
     base = replay(graph)
     cost = ProfilerCost.of(model)
     counts = op_counts(graph, model)
