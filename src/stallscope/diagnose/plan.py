@@ -367,6 +367,8 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
                        "other changes")
             else:
                 why = f"it saves under {MIN_GAIN_PCT}% of the step"
+                note = profiler_bound_note(vars(plan))
+                why += f"; {note}" if note else ""
             f.saving_basis = (
                 f"replayed: {ms(measured)} -> {ms(f.predicted_step_us)} ms per step alone; {why}")
         elif f.caused_by and f.caused_by in by_id:  # its time is its cause's to win back
@@ -380,6 +382,27 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
             _cap_bound(plan, f)
             continue
         f.severity = severity_for(f.estimated_saving_pct)
+
+
+# The step without the profiler's cost is "at its GPU work" within this much: then the idle the
+# recording shows is the profiler's own host time, which no change of the user's removes.
+AT_FLOOR = 1.15
+
+
+def profiler_bound_note(plan: dict[str, Any]) -> str | None:
+    """Why nothing saves on a step the profiler made host-bound: the step without the
+    profiler's cost (predicted) sits at the busiest GPU's work, though the recorded one did
+    not. None otherwise. `plan`: Plan.to_dict()'s fields (the report keeps plans as dicts)."""
+    base, floor = plan.get("baseline_step_us"), plan.get("floor_us")
+    step = plan.get("measured_step_us")
+    if plan.get("floor_kind") != "gpu" or not base or not floor or not step:
+        return None
+    if base > AT_FLOOR * floor or step <= AT_FLOOR * base:
+        return None
+    measured = (plan.get("profiler") or {}).get("measured")
+    how = "" if measured else " (its cost per op assumed)"
+    return (f"without the profiler{how} the step is predicted at {ms(base)} ms on "
+            f"{ms(floor)} ms of GPU work: that idle is the profiler's own")
 
 
 def _cap_bound(plan: Plan, f: Finding) -> None:

@@ -17,7 +17,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.knobs import as_written
-from stallscope.diagnose.plan import Plan
+from stallscope.diagnose.plan import Plan, profiler_bound_note
 from stallscope.report import job_scale
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals, summed, top_rows
@@ -148,9 +148,11 @@ class Report:
                     if top.estimated_saving_pct >= 0.05 else "can save")
             how = f" ({entry['change']}: {replayed.removeprefix('the replay predicts ')})" if (
                 replayed) else ""
+            why = profiler_bound_note(self.plan) if self.plan is not None else None
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
-                f"{said} {share_text(top.estimated_saving_pct)} of step time{how}."
+                f"{said} {share_text(top.estimated_saving_pct)} of step time{how}"
+                + (f"; {why}." if why and top.id == "gpu-idle" else ".")
             )
         if replayed:
             return (
