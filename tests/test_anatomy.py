@@ -219,7 +219,7 @@ def test_cpu_bound_loader_is_never_told_to_exceed_the_cores(tmp_path: Path) -> N
     # One intra-op thread, as a user who exported it: two OpenMP threads on a 2-core machine
     # that other work keeps busy made this model's step 240 ms instead of 10 (barrier
     # spinning), and the step then no longer waited on its loader.
-    _, report = _run(tmp_path, EXAMPLES / "loader_bound.py", "--samples", "256",
+    _, report = _run(tmp_path, EXAMPLES / "loader_bound.py", "--samples", "512",
                      "--batch-size", "16", "--num-workers", "1", env={"OMP_NUM_THREADS": "1"})
     loader = _loader(report)
     assert loader["bound"] == "cpu-bound", loader["anatomy"]
@@ -227,6 +227,21 @@ def test_cpu_bound_loader_is_never_told_to_exceed_the_cores(tmp_path: Path) -> N
     f = _finding(report)
     assert f["evidence"]["suggested_num_workers"] <= f["evidence"]["cores_per_process"]
     assert "Loading computes" in f["recommendation"]
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_mid_recording_keeps_its_workers_anatomy(tmp_path: Path) -> None:
+    # 8 batches for 8 recorded steps: the epoch runs out while recording, and the run writes
+    # the steps it has. The workers' files were once read only after their folder was gone,
+    # and the loader's anatomy came back empty (a CI run on a busy machine, whose steady wait
+    # took two more steps, met it on a 16-batch epoch).
+    proc, report = _run(tmp_path, EXAMPLES / "loader_bound.py", "--samples", "128",
+                        "--batch-size", "16", "--num-workers", "1", steps=8,
+                        env={"OMP_NUM_THREADS": "1"})
+    assert any("finished after" in n for n in report["notes"]), report["notes"]
+    a = _loader(report)["anatomy"]
+    assert a["where"] == "workers" and a["workers_reporting"] == 1, a
+    assert a["bound"] == "cpu-bound"
 
 
 # A DataLoader subclass whose collate_fn can be set only once (write-once attributes, as some

@@ -207,6 +207,12 @@ class CaptureSession:
         if self._no_step_timer is not None:
             self._no_step_timer.cancel()
         self.budget.end()
+        if self._started and not self.done:
+            # The script ended mid-recording (its epoch ran out): read the workers' files now,
+            # before the hooks go and their folder with them, or the loaders' anatomy is lost.
+            for d in self.watcher.loaders:
+                if d.batches_recorded:
+                    self.watcher.anatomy_of(d)
         self._remove_hooks()
         self.foreign.uninstall()
         if self._started and not self.done:
