@@ -128,3 +128,32 @@ def test_usage_errors_exit_2():
     assert_one_line_error(run_cli("analyze"), 2)
     assert_one_line_error(run_cli("analyze", "x", "--fail-on", "bogus"), 2)
     assert_one_line_error(run_cli("analyze", "x", "--jobs", "0"), 2)
+
+
+def test_the_command_line_starts_without_the_analysis_stack() -> None:
+    # `stallscope --version`, `--help` and a usage error import no pandas, numpy, torch or
+    # jinja2: the CLI imports only the command it runs (they cost 0.5 s and 60 MB at start).
+    code = (
+        "import sys\n"
+        "from stallscope.cli import main\n"
+        "for argv in (['--version'], ['--help'], ['bogus'], []):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('numpy', 'pandas', 'torch', 'jinja2') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert "analyze   diagnose traces recorded elsewhere" in proc.stdout + proc.stderr
+
+
+def test_each_command_lists_the_help_its_parser_has() -> None:
+    from stallscope.cli import build_parser
+    from stallscope.commands import COMMANDS
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    listed = {c.dest: c.help for c in sub._choices_actions}
+    assert listed == COMMANDS

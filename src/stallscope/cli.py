@@ -13,28 +13,38 @@ non-zero status passes that status through (1 for an exception).
 
 from __future__ import annotations
 
+import importlib
 import sys
 import warnings
 from types import ModuleType
 
 from stallscope import __version__
-from stallscope.commands import analyze, compare, run, tune
+from stallscope.commands import COMMANDS
 from stallscope.commands.common import Parser, split_run_argv
 from stallscope.errors import EXIT_USAGE, exit_line
 from stallscope.outputs import release_out_dirs
 
-# In the order `stallscope --help` lists them.
-COMMANDS: dict[str, ModuleType] = {m.NAME: m for m in (analyze, run, compare, tune)}
+
+def command_module(name: str) -> ModuleType:
+    """The module of command `name`, imported now: the CLI imports only the command it runs, so
+    `--version`, `--help` and a small `analyze` do not pay for pandas, numpy or torch."""
+    return importlib.import_module(f"stallscope.commands.{name}")
 
 
-def build_parser() -> Parser:
+def build_parser(only: str | None = None) -> Parser:
+    """The top-level parser: every command's own parser, or only `only`'s (the others listed by
+    name and one-line help, which is all `--help` and an unknown command's error show)."""
     parser = Parser(
         prog="stallscope",
         description="Find why a PyTorch training step stalls, from its torch.profiler trace.",
     )
     parser.add_argument("--version", action="version", version=f"stallscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    for name, module in COMMANDS.items():
+    for name, summary in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=summary, add_help=False)
+            continue
+        module = command_module(name)
         added = module.add_parser(sub)
         if module.TAKES_SCRIPT:
             parser.script_parsers[name] = added
@@ -52,19 +62,19 @@ def _quiet_numeric_warnings() -> None:
 def main(argv: list[str] | None = None) -> int:
     _quiet_numeric_warnings()
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    name = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only=name or "")
     script_args: list[str] = []
-    module = COMMANDS.get(argv[0]) if argv else None
-    if module is not None and module.TAKES_SCRIPT:
-        own, script_args = split_run_argv(argv[1:], parser.script_parsers[argv[0]])
-        args = parser.parse_args([argv[0], *own])
+    if name is not None and name in parser.script_parsers:
+        own, script_args = split_run_argv(argv[1:], parser.script_parsers[name])
+        args = parser.parse_args([name, *own])
     else:
         args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return COMMANDS[args.command].main(args, script_args, ["stallscope", *argv])
+        return command_module(args.command).main(args, script_args, ["stallscope", *argv])
     except (Exception, KeyboardInterrupt) as exc:
         return exit_line(exc)
     finally:

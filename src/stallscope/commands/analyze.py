@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
+from stallscope.commands import COMMANDS
 from stallscope.commands.common import add_what_if_argument, gate, whole_number, write_report
 
 NAME = "analyze"
@@ -21,7 +22,7 @@ TAKES_SCRIPT = False  # every argument is stallscope's own
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     an = sub.add_parser(
         NAME,
-        help="diagnose traces recorded elsewhere",
+        help=COMMANDS[NAME],
         description="Diagnose torch.profiler traces: a .json/.json.gz file, or a folder "
         "(TensorBoard logdir or run folder) holding *.pt.trace.json[.gz] files; several files "
         "are analysed as ranks or spans of one job.",

@@ -29,7 +29,7 @@ from typing import Any
 
 from stallscope import __version__
 from stallscope.capture.hostload import OTHER_LOAD_PCT
-from stallscope.commands import stats
+from stallscope.commands import COMMANDS, stats
 from stallscope.diagnose.finding import SEVERITIES
 from stallscope.errors import EXIT_OK, InputError, OutputError
 
@@ -392,7 +392,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The `compare` subcommand, added to the CLI's subparsers."""
     cmp = sub.add_parser(
         NAME,
-        help="compare two reports or traces: step time, breakdown, findings",
+        help=COMMANDS[NAME],
         description="Compare BEFORE and AFTER, each a stallscope output folder (holding "
         "report.json) or traces (a trace file or a folder of traces, analysed now): step-time "
         "ratio with its spread and a bootstrap interval (no measurable difference unless it "

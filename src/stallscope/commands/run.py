@@ -23,6 +23,7 @@ from stallscope.capture import steady
 from stallscope.capture.context import RunContext
 from stallscope.capture.overrides import OVERRIDE_KEYS, parse_overrides
 from stallscope.capture.target import Target
+from stallscope.commands import COMMANDS
 from stallscope.commands.common import (
     add_target_arguments,
     add_what_if_argument,
@@ -51,7 +52,7 @@ RANK_WAIT_S = 120.0
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     run = sub.add_parser(
         NAME,
-        help="profile a training script for a few steps and diagnose it",
+        help=COMMANDS[NAME],
         usage="stallscope run [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
         description="Run an unmodified training script (as `python SCRIPT ARGS` or `python -m "
         "MODULE ARGS` would) under torch.profiler, record a few training steps, stop the "

@@ -33,7 +33,7 @@ from typing import Any
 from stallscope import progress
 from stallscope.capture.hostload import OTHER_LOAD_PCT
 from stallscope.capture.overrides import Overrides, label, set_arguments
-from stallscope.commands import stats
+from stallscope.commands import COMMANDS, stats
 from stallscope.commands.common import add_target_arguments, positive_float, whole_number
 from stallscope.commands.tune_plan import (
     Baseline,
@@ -209,7 +209,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     for `run`."""
     tune = sub.add_parser(
         NAME,
-        help="measure DataLoader settings on a training script and report the fastest",
+        help=COMMANDS[NAME],
         usage="stallscope tune [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]",
         description="Run the script as it is (the baseline), then with DataLoader settings "
         "chosen from what the baseline measured (num_workers up to the cores this process may "
