@@ -305,6 +305,9 @@ def _row(key: tuple[str, str], b: dict[str, Any] | None,
         "caused_by_before": (b.get("caused_by") or None) if b else None,
         "caused_by_after": (a.get("caused_by") or None) if a else None,
         "metric": measure(key[0], b, a),
+        "judged": None,  # worse / better / same / not measured, on both sides only
+        "change": "",
+        "worse_because": [],
     }
 
 
@@ -315,7 +318,10 @@ def _judged(row: dict[str, Any], floor: float, step_ms: float) -> str:
     row["judged"] = judged
     row["change"] = change_text(row["metric"])
     if judged == WORSE:
-        row["worse_because"] = [row["change"]]
+        m = row["metric"]
+        grew = f"+{100 * (m['after'] / m['before'] - 1):.0f}%" if m["before"] else "from 0"
+        row["worse_because"] = [f"{row['change']}: {grew}, past the {100 * floor:g}% "
+                                "run-to-run floor"]
     return {WORSE: "worse", BETTER: "better"}.get(judged, "unchanged")
 
 

@@ -32,7 +32,9 @@ Getter = Callable[[dict[str, Any]], float | None]
 def _key(name: str) -> Getter:
     def get(evidence: dict[str, Any]) -> float | None:
         value = evidence.get(name)
-        return float(value) if isinstance(value, int | float) and value == value else None
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value == value
+        return float(value) if ok else None
+    get.key_names = (name,)  # type: ignore[attr-defined]
     return get
 
 
@@ -40,6 +42,7 @@ def _sum(*names: str) -> Getter:
     def get(evidence: dict[str, Any]) -> float | None:
         values = [_key(n)(evidence) for n in names]
         return None if any(v is None for v in values) else sum(v for v in values if v)
+    get.key_names = names  # type: ignore[attr-defined]
     return get
 
 
@@ -73,6 +76,13 @@ class Metric:
     unit: str
     get: Getter
     share_key: str | None = None
+    reads: tuple[str, ...] = ()  # the evidence keys `get` reads, when not `_key`'s one
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every evidence key this metric reads (tests check the rules still write them)."""
+        own = getattr(self.get, "key_names", ())
+        return (*own, *self.reads, *([self.share_key] if self.share_key else []))
 
     @property
     def per_step(self) -> bool:
@@ -104,11 +114,13 @@ METRICS: dict[str, Metric] = {
     "allocator-churn": Metric("cudaMalloc/cudaFree calls", MS,
                               _sum("malloc_ms_per_step", "free_ms_per_step"), "churn_share_pct"),
     "single-tensor-optimizer": Metric("optimizer host time", MS, _optimizer_ms,
-                                      "optimizer_share_of_step_pct"),
+                                      "optimizer_share_of_step_pct", ("step_ms_mean",)),
     "comm-bound": Metric("communication not hidden under compute", MS,
                          _key("exposed_ms_per_step"), "exposed_share_pct"),
-    "rank-imbalance": Metric("slowest rank's excess over the median rank", MS, _excess_ms),
-    "cpu-oversubscription": Metric("threads wanted beyond the cores", "threads", _threads_over),
+    "rank-imbalance": Metric("slowest rank's excess over the median rank", MS, _excess_ms,
+                             reads=("excess_ms_over_median",)),
+    "cpu-oversubscription": Metric("threads wanted beyond the cores", "threads", _threads_over,
+                                   reads=("threads_wanted", "cores_per_process")),
     "pageable-d2h-copy": Metric("host in device-to-host copies into pageable memory", MS,
                                 _key("host_copy_ms_per_step"), "host_copy_share_pct"),
     "gpu-bound": Metric("GPU busy", MS, _key("gpu_busy_ms_per_step"), "gpu_busy_share_pct"),
