@@ -15,6 +15,7 @@ the difference must be at least MIN_STEP_PCT of the longer median step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,8 @@ Getter = Callable[[dict[str, Any]], float | None]
 def _key(name: str) -> Getter:
     def get(evidence: dict[str, Any]) -> float | None:
         value = evidence.get(name)
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and value == value
+        ok = (isinstance(value, int | float) and not isinstance(value, bool)
+              and math.isfinite(value))
         return float(value) if ok else None
     get.key_names = (name,)  # type: ignore[attr-defined]
     return get
@@ -58,7 +60,8 @@ def _excess_ms(evidence: dict[str, Any]) -> float | None:
     spreads = evidence.get("excess_ms_over_median")
     if not isinstance(spreads, dict):
         return None
-    values = [float(v) for v in spreads.values() if isinstance(v, int | float)]
+    values = [float(v) for v in spreads.values()
+              if isinstance(v, int | float) and math.isfinite(v)]
     return max(values) if values else None
 
 

@@ -84,7 +84,7 @@ def severity_cell(row: dict[str, Any]) -> str:
     """AFTER's severity, BEFORE's beside it when it differs: "high (was info)"."""
     b, a = row.get("severity_before"), row.get("severity_after")
     if a is None:
-        return f"- (was {b})" if b else "-"
+        return f"gone (was {b})" if b else "-"
     return a if b in (None, a) else f"{a} (was {b})"
 
 
