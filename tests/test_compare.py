@@ -19,6 +19,7 @@ from stallscope.report.compare_schema import SCHEMA_FILE as COMPARE_SCHEMA_FILE
 from stallscope.report.compare_schema import check as check_compare
 from stallscope.report.compare_schema import render_schema as render_compare_schema
 from stallscope.report.json_writer import report_data
+from stallscope.text import speedup_range_text, speedup_text
 from tests.conftest import ROOT, SAMPLES, real_trace, report_of, run_cli, storage_script
 
 SAMPLE = SAMPLES / "cpu-loader-bound.pt.trace.json.gz"
@@ -585,3 +586,17 @@ def test_each_finding_of_a_real_trace_is_measured(trace: str):
         metric = measure(f["id"], f, f)
         assert metric is not None and metric["before"] is not None, f["id"]
         assert judge(metric, 0.2, 100.0) == "same"
+
+
+@pytest.mark.parametrize("speedup, text", [
+    (3.793, "3.79x faster"), (0.8, "1.25x slower"), (1.0, "1.00x (no change)"),
+    (0.998, "1.00x (no change)"), (1 / 1.5, "1.50x slower"),
+])
+def test_the_speedup_notation(speedup: float, text: str):
+    assert speedup_text(speedup) == text
+
+
+def test_a_speedup_interval_reads_in_the_same_notation():
+    assert speedup_range_text(3.237, 4.439) == "3.24x to 4.44x faster"
+    assert speedup_range_text(0.6, 0.7) == "1.43x to 1.67x slower"
+    assert speedup_range_text(0.9, 1.2) == "1.11x slower to 1.20x faster"

@@ -418,7 +418,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "report.json) or traces (a trace file or a folder of traces, analysed now): step-time "
         "ratio with its spread and a bootstrap interval (no measurable difference unless it "
         "clears both sides' own noise and the run-to-run floor), where the step's time went, "
-        "and which findings were resolved, are new, got worse or remain. Writes compare.json, "
+        "and which findings were resolved, are new, got worse or better (by what each "
+        "measures) or remain. Writes compare.json, "
         "compare.html and compare.md.",
     )
     cmp.add_argument("before", type=Path, metavar="BEFORE", help="report folder or traces")
@@ -437,7 +438,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="CI gate, may be repeated: after writing the files, exit "
                      f"{EXIT_SLOWER} when AFTER is measurably slower (its interval below the "
                      f"A/A noise), {EXIT_NEW} when a finding is new, {EXIT_WORSE} when one got "
-                     "worse (the first that applies, in that order)")
+                     "worse by what it measures, its time per step, not its severity (the "
+                     "first that applies, in that order)")
     return cmp
 
 
