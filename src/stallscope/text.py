@@ -95,3 +95,30 @@ def bounded(value: Any, limit: int = MAX_TEXT) -> Any:
     if isinstance(value, (list, tuple)):
         return [bounded(v, limit) for v in value]
     return value
+
+
+def speedup_text(speedup: float | None) -> str:
+    """The one way every view of `compare` writes a speedup (before / after of the step time):
+    "3.79x faster" or "1.25x slower", two decimals, never a bare ratio. A change that rounds
+    to 1.00x either way is "1.00x (no change)"."""
+    if speedup is None or not speedup > 0:
+        return "n/a"
+    if speedup >= 1.0:
+        word, factor = "faster", speedup
+    else:
+        word, factor = "slower", 1.0 / speedup
+    return "1.00x (no change)" if f"{factor:.2f}" == "1.00" else f"{factor:.2f}x {word}"
+
+
+def speedup_range_text(low: float, high: float) -> str:
+    """A speedup interval in the same notation: "3.24x to 4.44x faster", "1.43x to 1.67x
+    slower", or across no change "1.11x slower to 1.20x faster"."""
+    a, b = speedup_text(low), speedup_text(high)
+    if a == b:
+        return a
+    (fa, wa), (fb, wb) = a.split(" ", 1), b.split(" ", 1)
+    if wa == wb == "faster":
+        return f"{fa} to {b}"
+    if wa == wb == "slower":
+        return f"{fb} to {a}"  # the smaller slowdown first
+    return f"{a} to {b}"

@@ -13,6 +13,10 @@ since two recordings of one unchanged script differ by more than either shows in
 A change that does not clear both is "no measurable difference"; so is any change when either
 side was recorded on a busy machine (`_step_time` says why).
 
+Findings on both sides are worse, better or unchanged by what each measures (its time per step:
+`commands/compare_metrics.py`), never by severity or saving, which are shares of the step and
+grow when the step shrinks.
+
 `--fail-on slower|new|worse` turns the comparison into a CI gate: exit EXIT_SLOWER (6),
 EXIT_NEW (7) or EXIT_WORSE (8), the first that applies in that order, after writing the files.
 """
@@ -30,16 +34,24 @@ from typing import Any
 from stallscope import __version__
 from stallscope.capture.hostload import OTHER_LOAD_PCT
 from stallscope.commands import COMMANDS, stats
-from stallscope.diagnose.finding import SEVERITIES
+from stallscope.commands.compare_metrics import (
+    BETTER,
+    WORSE,
+    change_text,
+    judge,
+    measure,
+)
 from stallscope.errors import EXIT_OK, InputError, OutputError
+from stallscope.text import speedup_range_text, speedup_text
 
 NAME = "compare"
 TAKES_SCRIPT = False
-SCHEMA_VERSION = 2
+# 3: findings judged by their measured quantity (`metric`, `judged`, the `better` group),
+# rows in AFTER's words, `speedup` of the mean step (the verdict's) with `speedup_text`.
+SCHEMA_VERSION = 3
 COMPARE_FILES = ("compare.json", "compare.html", "compare.md")
-# A finding whose saving grew by more than this many percentage points of the step is worse:
-# below it, the same finding on two recordings of one job moves by rounding and step noise.
-WORSE_SAVING_PTS = 1.0
+# The groups of compare.json's `findings`, in the order every view lists them.
+GROUPS = ("resolved", "new", "worse", "better", "unchanged", "not_assessed")
 EXIT_SLOWER = 6
 EXIT_NEW = 7
 EXIT_WORSE = 8
@@ -180,7 +192,9 @@ def _step_time(before: dict[str, float], after: dict[str, float], db: list[float
     r = stats.rnd
     return {
         "ratio": r(after["median"] / before["median"]),
-        "speedup": r(before["median"] / after["median"]),
+        # The one speedup every view states: the mean step's (throughput), the verdict's.
+        "speedup": interval.as_json()["speedup"],
+        "speedup_text": speedup_text(interval.point),
         "ratio_mean": r(after["mean"] / before["mean"]),
         "ratio_range": [r(after["p10"] / before["p90"]), r(after["p90"] / before["p10"])],
         "delta_us": round(after["median"] - before["median"], 1),
@@ -268,62 +282,67 @@ def _assessment_status(data: dict[str, Any], rule: str, key: str) -> str | None:
     return None
 
 
-def worse_because(b: dict[str, Any], a: dict[str, Any]) -> list[str]:
-    """Why a finding present on both sides got worse, [] when it did not: its severity rose,
-    its saving grew by more than WORSE_SAVING_PTS points, or another finding became its cause
-    (or stopped being it)."""
-    why = []
-    sb, sa = b.get("severity"), a.get("severity")
-    if sb in SEVERITIES and sa in SEVERITIES and SEVERITIES.index(sa) < SEVERITIES.index(sb):
-        why.append(f"severity {sb} -> {sa}")
-    pb, pa = b.get("estimated_saving_pct"), a.get("estimated_saving_pct")
-    if isinstance(pb, int | float) and isinstance(pa, int | float) and pa - pb > WORSE_SAVING_PTS:
-        why.append(f"saving {pb:.1f}% -> {pa:.1f}% of the step")
-    cb, ca = b.get("caused_by") or None, a.get("caused_by") or None
-    if cb != ca:
-        why.append(f"cause {cb or 'none'} -> {ca or 'none'}")
-    return why
-
-
-def _findings(before: dict[str, Any], after: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Resolved: found before, assessed clear after. New: found after only. Worse: both, with
-    a higher severity, a larger saving or another cause (`worse_because`). Unchanged: both,
-    otherwise, with the saving of each. A finding gone because the rule could not be assessed
-    on the other side is `not_assessed`, not resolved."""
-    fb, fa = _indexed_findings(before), _indexed_findings(after)
-    out: dict[str, list[dict[str, Any]]] = {
-        "resolved": [], "new": [], "worse": [], "unchanged": [], "not_assessed": []
+def _row(key: tuple[str, str], b: dict[str, Any] | None,
+         a: dict[str, Any] | None) -> dict[str, Any]:
+    """One finding's row: AFTER's words and figures where AFTER has the finding (a resolved
+    one has only BEFORE's), each side's severity and saving beside them."""
+    ref = a or b
+    assert ref is not None
+    return {
+        "id": key[0],
+        "trace": key[1],
+        "trace_before": b.get("trace") if b else None,
+        "trace_after": a.get("trace") if a else None,
+        "title": ref.get("title"),
+        "title_before": b.get("title") if b else None,
+        "severity_before": b.get("severity") if b else None,
+        "severity_after": a.get("severity") if a else None,
+        "saving_before_pct": b.get("estimated_saving_pct") if b else None,
+        "saving_after_pct": a.get("estimated_saving_pct") if a else None,
+        # replayed / counted / upper_bound (reports before schema 2: upper bounds)
+        "saving_before_kind": (b.get("saving_kind") or "upper_bound") if b else None,
+        "saving_after_kind": (a.get("saving_kind") or "upper_bound") if a else None,
+        "caused_by_before": (b.get("caused_by") or None) if b else None,
+        "caused_by_after": (a.get("caused_by") or None) if a else None,
+        "metric": measure(key[0], b, a),
+        "judged": None,  # worse / better / same / not measured, on both sides only
+        "change": "",
+        "worse_because": [],
     }
+
+
+def _judged(row: dict[str, Any], floor: float, step_ms: float) -> str:
+    """The group of a finding found on both sides, by its measured quantity
+    (commands/compare_metrics.py); its severity, saving and cause are said, not judged."""
+    judged = judge(row["metric"], floor, step_ms)
+    row["judged"] = judged
+    row["change"] = change_text(row["metric"])
+    if judged == WORSE:
+        m = row["metric"]
+        grew = f"+{100 * (m['after'] / m['before'] - 1):.0f}%" if m["before"] else "from 0"
+        row["worse_because"] = [f"{row['change']}: {grew}, past the {100 * floor:g}% "
+                                "run-to-run floor"]
+    return {WORSE: "worse", BETTER: "better"}.get(judged, "unchanged")
+
+
+def _findings(before: dict[str, Any], after: dict[str, Any], floor: float = 0.0,
+              step_ms: float = 0.0) -> dict[str, list[dict[str, Any]]]:
+    """Resolved: found before, assessed clear after. New: found after only. On both sides:
+    worse, better or unchanged by the finding's measured quantity (`_judged`). A finding gone
+    because the rule could not be assessed on the other side is `not_assessed`, not resolved."""
+    fb, fa = _indexed_findings(before), _indexed_findings(after)
+    out: dict[str, list[dict[str, Any]]] = {k: [] for k in GROUPS}
     for key in dict.fromkeys([*fb, *fa]):
         b, a = fb.get(key), fa.get(key)
-        ref = b or a
-        assert ref is not None
-        row = {
-            "id": key[0],
-            "trace": key[1],
-            "trace_before": b.get("trace") if b else None,
-            "trace_after": a.get("trace") if a else None,
-            "title": ref.get("title"),
-            "severity_before": b.get("severity") if b else None,
-            "severity_after": a.get("severity") if a else None,
-            "saving_before_pct": b.get("estimated_saving_pct") if b else None,
-            "saving_after_pct": a.get("estimated_saving_pct") if a else None,
-            # replayed / counted / upper_bound (reports before schema 2: upper bounds)
-            "saving_before_kind": (b.get("saving_kind") or "upper_bound") if b else None,
-            "saving_after_kind": (a.get("saving_kind") or "upper_bound") if a else None,
-        }
+        row = _row(key, b, a)
         if b and a:
-            why = worse_because(b, a)
-            if why:
-                out["worse"].append({**row, "worse_because": why})
-            else:
-                out["unchanged"].append(row)
-        elif b:
-            status = _assessment_status(after, key[0], key[1])
-            out["not_assessed" if status == "not_assessed" else "resolved"].append(row)
-        else:
-            status = _assessment_status(before, key[0], key[1])
-            out["not_assessed" if status == "not_assessed" else "new"].append(row)
+            out[_judged(row, floor, step_ms)].append(row)
+            continue
+        row["change"] = change_text(row["metric"])
+        other, rule = (after, key[0]) if b else (before, key[0])
+        status = _assessment_status(other, rule, key[1])
+        out["not_assessed" if status == "not_assessed" else
+            ("resolved" if b else "new")].append(row)
     return out
 
 
@@ -332,9 +351,10 @@ def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]],
     """One sentence: faster, slower or no measurable difference (the mean step's speedup and
     its interval against the A/A noise), and what the findings did."""
     iv = step["interval"]
-    figures = (f"{iv['speedup']:.2f}x mean step speedup, 95% interval "
-               f"{iv['low']:.2f}-{iv['high']:.2f}x, A/A noise {stats.noise_text(step['aa_noise'])}"
-               f", run-to-run floor {100 * step['noise_floor']:g}%")
+    figures = (f"mean step {speedup_text(iv['speedup'])}, 95% interval "
+               f"{speedup_range_text(iv['low'], iv['high'])}, A/A noise "
+               f"{stats.noise_text(step['aa_noise'])}, run-to-run floor "
+               f"{100 * step['noise_floor']:g}%")
     if step["verdict"] == stats.FASTER:
         head = f"Faster: {figures}"
     elif step["verdict"] == stats.SLOWER:
@@ -346,7 +366,7 @@ def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]],
         head = f"No measurable difference in step time ({figures})"
     if busy:
         head += "; busy machine, see the inputs"
-    kinds = ("resolved", "new", "worse", "unchanged")
+    kinds = ("resolved", "new", "worse", "better", "unchanged")
     parts = [f"{len(findings[k])} {k}" for k in kinds if findings[k]]
     tail = "; findings: " + ", ".join(parts) if parts else "; no findings on either side"
     return head + tail + "."
@@ -361,7 +381,8 @@ def compare_data(before: Side, after: Side,
     step = _step_time(info_b["step_time_us"], info_a["step_time_us"], db, da,
                       (_workers(before.data), _workers(after.data)), busy,
                       noise_floor_pct / 100)
-    findings = _findings(before.data, after.data)
+    longest_ms = max(info_b["step_time_us"]["median"], info_a["step_time_us"]["median"]) / 1e3
+    findings = _findings(before.data, after.data, noise_floor_pct / 100, longest_ms)
     return {
         "schema_version": SCHEMA_VERSION,
         "stallscope_version": __version__,
@@ -397,7 +418,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "report.json) or traces (a trace file or a folder of traces, analysed now): step-time "
         "ratio with its spread and a bootstrap interval (no measurable difference unless it "
         "clears both sides' own noise and the run-to-run floor), where the step's time went, "
-        "and which findings were resolved, are new, got worse or remain. Writes compare.json, "
+        "and which findings were resolved, are new, got worse or better (by what each "
+        "measures) or remain. Writes compare.json, "
         "compare.html and compare.md.",
     )
     cmp.add_argument("before", type=Path, metavar="BEFORE", help="report folder or traces")
@@ -416,7 +438,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="CI gate, may be repeated: after writing the files, exit "
                      f"{EXIT_SLOWER} when AFTER is measurably slower (its interval below the "
                      f"A/A noise), {EXIT_NEW} when a finding is new, {EXIT_WORSE} when one got "
-                     "worse (the first that applies, in that order)")
+                     "worse by what it measures, its time per step, not its severity (the "
+                     "first that applies, in that order)")
     return cmp
 
 

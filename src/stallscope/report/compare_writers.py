@@ -9,15 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from stallscope.report.html import LEGEND, jinja_env
-from stallscope.text import md, plain
+from stallscope.report.compare_charts import breakdown_chart, findings_chart, step_chart
+from stallscope.report.html import COLORS, LEGEND, jinja_env
+from stallscope.text import md, plain, speedup_range_text, speedup_text
 
+# How each group is judged; the rule in full is in README ("compare") and compare_metrics.py.
+JUDGED_BY = ("Judged by what each finding measures (its time per step), not by its severity or "
+             "saving: those are shares of the step, and grow for every finding a faster step "
+             "leaves behind.")
 GROUPS = (
     ("resolved", "Resolved", "found before, assessed clear after"),
     ("new", "New", "found after only"),
-    ("worse", "Worse", "found on both sides, with a higher severity, a larger saving or "
-     "another cause"),
-    ("unchanged", "Unchanged", "found on both sides"),
+    ("worse", "Worse", "found on both sides; what it measures grew past the run-to-run floor"),
+    ("better", "Better", "found on both sides; what it measures fell past the run-to-run floor"),
+    ("unchanged", "Unchanged", "found on both sides; what it measures moved less than the "
+     "run-to-run floor (or was not measured)"),
     ("not_assessed", "Not comparable", "found on one side, not assessable on the other"),
 )
 
@@ -64,9 +70,22 @@ def category_name(category: str) -> str:
 def render_compare_html(data: dict[str, Any]) -> str:
     env = jinja_env()
     env.filters.update(ms=ms, signed_ms=signed_ms, pct=pct, signed_pct=signed_pct,
-                       spread=spread, category=category_name, noise=noise_text)
-    env.globals["saving_cell"] = saving_cell
-    return env.get_template("compare.html.j2").render(c=data, groups=GROUPS)
+                       spread=spread, category=category_name, noise=noise_text,
+                       speedup=speedup_text)
+    env.globals.update(saving_cell=saving_cell, speedup_range=speedup_range_text,
+                       severity_cell=severity_cell)
+    return env.get_template("compare.html.j2").render(
+        c=data, groups=GROUPS, judged_by=JUDGED_BY, colors=COLORS, legend=LEGEND,
+        step_chart=step_chart(data), breakdown_chart=breakdown_chart(data),
+        findings_chart=findings_chart(data))
+
+
+def severity_cell(row: dict[str, Any]) -> str:
+    """AFTER's severity, BEFORE's beside it when it differs: "high (was info)"."""
+    b, a = row.get("severity_before"), row.get("severity_after")
+    if a is None:
+        return f"gone (was {b})" if b else "-"
+    return a if b in (None, a) else f"{a} (was {b})"
 
 
 def saving_cell(value: float | None, kind: str | None) -> str:
@@ -76,19 +95,23 @@ def saving_cell(value: float | None, kind: str | None) -> str:
     return f"{pct(value)} ({(kind or 'upper_bound').replace('_', ' ')})"
 
 
+def _saves(row: dict[str, Any]) -> str:
+    """AFTER's saving (BEFORE's for a resolved finding, which AFTER no longer has)."""
+    if row["saving_after_pct"] is not None:
+        return saving_cell(row["saving_after_pct"], row.get("saving_after_kind"))
+    return "-"
+
+
 def _finding_line(row: dict[str, Any]) -> str:
-    before = saving_cell(row["saving_before_pct"], row.get("saving_before_kind"))
-    after = saving_cell(row["saving_after_pct"], row.get("saving_after_kind"))
-    why = "; ".join(row.get("worse_because") or [])
-    title = md(row["title"]) + (f" ({md(why)})" if why else "")
-    return (f"| `{md(row['id'])}` {title} | {md(row['trace'])} | "
-            f"{md(row['severity_before'] or '-')} / {md(row['severity_after'] or '-')} | "
-            f"{before} | {after} |")
+    # md() writes every ">" as an entity; an arrow cannot open a tag, so it stays plain.
+    measured = md(row.get("change") or "not measured").replace("-&gt;", "->")
+    return (f"| `{md(row['id'])}` {md(row['title'])} | {md(row['trace'])} | {measured} | "
+            f"{md(severity_cell(row))} | {_saves(row)} |")
 
 
 def _side_text(side: dict[str, Any]) -> str:
     traces = ", ".join(md(t) for t in side["traces"])
-    text = f"{side['steps']} step(s), {md(side['kind'])}"
+    text = f"{side['steps']} step{'' if side['steps'] == 1 else 's'}, {md(side['kind'])}"
     return text + (f"; traces: {traces}" if traces else "")
 
 
@@ -115,15 +138,12 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
         f"| p10-p90 | {ms(tb['p10'])}-{ms(tb['p90'])} ms | {ms(ta['p10'])}-{ms(ta['p90'])} ms |",
         f"| min-max | {ms(tb['min'])}-{ms(tb['max'])} ms | {ms(ta['min'])}-{ms(ta['max'])} ms |",
         "",
-        f"Ratio after/before (medians): **x{st['ratio']:.3f}**, speedup **{st['speedup']:.2f}x** "
-        f"(means: x{st['ratio_mean']:.3f}; spreads set against each other: "
-        f"x{st['ratio_range'][0]:.3f} to x{st['ratio_range'][1]:.3f}).",
-        "",
-        f"Mean step (throughput) speedup **{st['interval']['speedup']:.3f}x**, 95% bootstrap "
-        f"interval {st['interval']['low']:.3f}-{st['interval']['high']:.3f}x (seeded; steps "
+        f"Mean step (throughput): **{speedup_text(st['speedup'])}**, 95% bootstrap interval "
+        f"{speedup_range_text(st['interval']['low'], st['interval']['high'])} (seeded; steps "
         "resampled in whole rounds of the loader's workers): "
         f"**{st['verdict']}**. A change counts only when the interval clears the A/A noise of "
-        f"{noise_text(st['aa_noise'])} ({md(st['aa_noise_from'])}).",
+        f"{noise_text(st['aa_noise'])} ({md(st['aa_noise_from'])}) and the speedup the "
+        f"run-to-run floor of {100 * st['noise_floor']:g}%.",
         "",
         "## Where the step's time goes",
         "",
@@ -142,15 +162,15 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
         for g in data["gpu"]:
             lines.append(f"| {md(g['device'])} | {pct(g['before_busy_pct'])} | "
                          f"{pct(g['after_busy_pct'])} | {signed_pct(g['delta_busy_pct'])} |")
-    lines += ["", "## Findings", ""]
+    lines += ["", "## Findings", "", JUDGED_BY, ""]
     for key, title, meaning in GROUPS:
         rows = data["findings"][key]
-        if not rows and key == "not_assessed":
+        if not rows and key in ("not_assessed", "better"):
             continue
         lines += [f"### {title} ({len(rows)})", "", f"*{meaning}*", ""]
         if rows:
-            lines += ["| finding | trace | severity before / after | saves before | "
-                      "saves after |", "|---|---|---|---:|---:|"]
+            lines += ["| finding (as AFTER states it) | trace | measured, before -> after | "
+                      "severity | saves (after) |", "|---|---|---|---|---:|"]
             lines += [_finding_line(r) for r in rows]
         else:
             lines.append("None.")
@@ -163,8 +183,9 @@ def render_compare_terminal(data: dict[str, Any], outputs: dict[str, str]) -> st
     f = data["findings"]
     lines = [
         plain(data["verdict"]),
-        f"  median step: {ms(tb['median'])} ms -> {ms(ta['median'])} ms "
-        f"(x{data['step_time']['ratio']:.3f}); mean {ms(tb['mean'])} -> {ms(ta['mean'])} ms",
+        f"  step: mean {ms(tb['mean'])} -> {ms(ta['mean'])} ms "
+        f"({speedup_text(data['step_time']['speedup'])}), median {ms(tb['median'])} -> "
+        f"{ms(ta['median'])} ms",
     ]
     for name in ("before", "after"):
         if data[name].get("busy"):
@@ -173,5 +194,6 @@ def render_compare_terminal(data: dict[str, Any], outputs: dict[str, str]) -> st
         if f[key]:
             ids = ", ".join(plain(r["id"]) for r in f[key])
             lines.append(f"  {title.lower()}: {ids}")
+    lines += [f"    {plain(r['id'])}: {plain(r['change'])}" for r in f["worse"]]
     lines += [f"  {name}: {plain(path)}" for name, path in outputs.items()]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,196 @@
+"""compare.json as a contract: typed definitions of its shape, and the JSON Schema made from them.
+
+A CI gate reads compare.json beside the exit status of `compare --fail-on`; it needs to know
+which keys are always there, which may be null, and in which unit each number is. These msgspec
+Structs are that description; `msgspec.json.schema` turns them into the JSON Schema shipped
+beside this module (`compare.schema.json`) and copied to docs/compare-schema.json
+(tests/test_compare.py checks both are current and that compare.json validates).
+
+Rules the schema states, and `commands/compare.py` keeps:
+- Absent values are `null`. The unit is a word in the key's name: `us` microseconds, `pct`
+  percent (0-100) of the step or of the GPU's time; ratios and speedups are plain numbers
+  rounded to `step_time.ratio_digits` digits; `aa_noise` and `noise_floor` are fractions.
+- `step_time.speedup` is the one speedup every view states (the mean step's, before / after:
+  above 1 is faster), `speedup_text` its words ("3.79x faster", "1.25x slower").
+- Findings on both sides are `worse`, `better` or `unchanged` by `metric` (the quantity each
+  rule measures, mostly its time per step), never by severity or saving; each row quotes
+  AFTER's title (BEFORE's for a resolved finding).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+SCHEMA_FILE = Path(__file__).with_name("compare.schema.json")
+SCHEMA_ID = "https://stallscope.dev/compare-schema.json"
+
+StepVerdict = Literal["faster", "slower", "no measurable difference"]
+
+
+class StepStats(msgspec.Struct, forbid_unknown_fields=True):
+    """One side's step wall times, in microseconds."""
+
+    median: float
+    mean: float
+    p10: float
+    p90: float
+    min: float
+    max: float
+
+
+class Side(msgspec.Struct, forbid_unknown_fields=True):
+    """One input: `kind` is `report` (an output folder's report.json) or `traces` (analysed
+    now); `busy` says why its machine counts as busy ([] when it does not)."""
+
+    path: str
+    kind: Literal["report", "traces"]
+    traces: list[str | None]
+    steps: int
+    step_time_us: StepStats
+    partial: bool
+    busy: list[str]
+
+
+class Interval(msgspec.Struct, forbid_unknown_fields=True):
+    """The mean step's speedup with its seeded bootstrap interval."""
+
+    speedup: float
+    low: float
+    high: float
+    confidence: float
+
+
+class StepTime(msgspec.Struct, forbid_unknown_fields=True):
+    """`ratio`/`ratio_mean`: after / before of the medians and means (below 1 is faster);
+    `ratio_range`: after's p10-p90 against before's p90-p10; `verdict`: the interval against
+    the A/A noise and the run-to-run floor (`no measurable difference` on a busy machine,
+    where `interval_verdict` keeps what the interval alone said)."""
+
+    ratio: float
+    speedup: float
+    speedup_text: str
+    ratio_mean: float
+    ratio_range: list[float]
+    delta_us: float
+    interval: Interval
+    aa_noise: float | None
+    aa_noise_from: str
+    aa_noise_sides: list[float | None]
+    noise_floor: float
+    verdict: StepVerdict
+    interval_verdict: StepVerdict
+    ratio_digits: int
+
+
+class BreakdownRow(msgspec.Struct, forbid_unknown_fields=True):
+    """One host category: its share of the step and its time per step, each side."""
+
+    category: str
+    before_pct: float
+    after_pct: float
+    delta_pct: float
+    before_us: float
+    after_us: float
+    delta_us: float
+
+
+class GpuRow(msgspec.Struct, forbid_unknown_fields=True):
+    """One GPU's busy and idle shares; null on the side that has no such device."""
+
+    device: str
+    before_busy_pct: float | None
+    after_busy_pct: float | None
+    before_idle_pct: float | None
+    after_idle_pct: float | None
+    delta_busy_pct: float | None
+
+
+class Metric(msgspec.Struct, forbid_unknown_fields=True):
+    """What a rule measures, each side (null where the side has no such finding): `unit` is
+    `ms per step` for most rules, `ms per epoch`, `ms in the steps` or `threads`."""
+
+    what: str
+    unit: str
+    before: float | None
+    after: float | None
+    share_before_pct: float | None
+    share_after_pct: float | None
+
+
+class FindingRow(msgspec.Struct, forbid_unknown_fields=True):
+    """A finding, matched across the sides by rule and trace (`trace`: `trace` when each side
+    is one trace, `rank N`, a label, or `job`). `title` is AFTER's (BEFORE's when resolved);
+    `metric` null for a rule compare has no quantity for; `judged`: worse, better, same or
+    `not measured` for a finding on both sides, null otherwise; `change` the quantity in words;
+    `worse_because` why a worse row is worse ([] otherwise)."""
+
+    id: str
+    trace: str
+    trace_before: str | None
+    trace_after: str | None
+    title: str | None
+    title_before: str | None
+    severity_before: str | None
+    severity_after: str | None
+    saving_before_pct: float | None
+    saving_after_pct: float | None
+    saving_before_kind: str | None
+    saving_after_kind: str | None
+    caused_by_before: str | None
+    caused_by_after: str | None
+    metric: Metric | None
+    judged: Literal["worse", "better", "same", "not measured"] | None
+    change: str
+    worse_because: list[str]
+
+
+class Findings(msgspec.Struct, forbid_unknown_fields=True):
+    """Resolved (before only, clear after), new (after only), worse / better / unchanged (both
+    sides, by `metric`), not_assessed (one side only, the rule not assessable on the other)."""
+
+    resolved: list[FindingRow]
+    new: list[FindingRow]
+    worse: list[FindingRow]
+    better: list[FindingRow]
+    unchanged: list[FindingRow]
+    not_assessed: list[FindingRow]
+
+
+class Compare(msgspec.Struct, forbid_unknown_fields=True):
+    """compare.json, top level. `verdict` is the comparison's first line."""
+
+    schema_version: int
+    stallscope_version: str
+    before: Side
+    after: Side
+    step_time: StepTime
+    breakdown: list[BreakdownRow]
+    gpu: list[GpuRow]
+    findings: Findings
+    verdict: str
+
+
+def compare_schema() -> dict[str, Any]:
+    """The JSON Schema of compare.json, made from the Structs above."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "stallscope compare.json",
+        "description": __doc__.split("\n\n")[1].replace("\n", " "),
+        **msgspec.json.schema(Compare),
+    }
+
+
+def render_schema() -> str:
+    """The schema as the shipped file holds it: sorted keys, two-space indent."""
+    return json.dumps(compare_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def check(data: dict[str, Any]) -> Compare:
+    """Decode compare.json data against the typed definitions; raises msgspec.ValidationError
+    naming the first key that breaks the contract."""
+    return msgspec.convert(data, Compare, strict=False)
