@@ -444,3 +444,18 @@ def test_the_plugins_http_overview_matches_the_report_on_modern_and_legacy_trace
                 assert step_ms == pytest.approx(want_ms, rel=0.02) and step_ms > want_ms
                 assert (f"Average Step Time {step_ms:.1f} ms: its steps end when the GPU "
                         "finishes the work they launched") in said
+
+
+@pytest.mark.parametrize("name", ["real-h200-r1-w8", "synthetic-allocator-churn",
+                                  "cpu-persistent-workers", "cpu-inference-loop"])
+def test_the_verdict_scalar_is_the_figure_the_verdict_states(name: str):
+    """pageable-h2d-copy (its saving), gpu-idle (its idle share), dataloader-bound (its loader
+    wait), and "no bottleneck worth fixing" (the largest finding's saving)."""
+    from stallscope.report.build import share_text
+    from stallscope.report.tensorboard import verdict_metric
+    from tests.conftest import report_of
+
+    report = report_of(SAMPLES / f"{name}.pt.trace.json.gz")
+    tag, value = verdict_metric(report)
+    assert tag.endswith("_pct")
+    assert share_text(value) in report.verdict

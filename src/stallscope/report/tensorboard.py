@@ -201,7 +201,9 @@ def verdict_metric(report: Report) -> tuple[str, float] | None:
     if report.verdict_id == "gpu-bound":
         lead = next((f for f in report.findings if f.id == "gpu-bound" and not f.caused_by
                      and f.trace == lead.trace), lead)
-    key, name = VERDICT_METRIC.get(lead.id, ("", ""))
+    # "No bottleneck worth fixing" states the largest finding's saving, not its own figure.
+    key, name = (VERDICT_METRIC.get(lead.id, ("", "")) if report.verdict_id != "no-bottleneck"
+                 else ("", ""))
     value = lead.evidence.get(key) if key else None
     if isinstance(value, (int, float)):
         return name, float(value)
