@@ -54,8 +54,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     an.add_argument(
         "--tensorboard",
         action="store_true",
-        help="also write per-step scalars and the findings as text to OUT/tensorboard/ "
-        "(open with `tensorboard --logdir OUT/tensorboard`); opt-in because it imports torch, "
+        help="also write per-step scalars, the findings as text and a copy of each trace the "
+        "PyTorch profiler plugin reads to OUT/tensorboard/<trace name>/ (open with "
+        "`tensorboard --logdir OUT/tensorboard`); opt-in because it imports torch, "
         "which adds about 2 s to a command that otherwise starts in under 1 s",
     )
     add_what_if_argument(an)
@@ -107,5 +108,14 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
                                                args.tensorboard,
                                                [c.text for c in what_if])
-    write_report(report, out, args.quiet, out / "tensorboard" if args.tensorboard else None)
+    write_report(report, out, args.quiet, tensorboard_run(out, report) if args.tensorboard
+                 else None)
     return gate(report, args.fail_on)
+
+
+def tensorboard_run(out: Path, report: Any) -> Path:
+    """The run folder below OUT/tensorboard (one run name for TensorBoard and its profiler
+    plugin: report/tensorboard.py)."""
+    from stallscope.report.tensorboard import run_name
+
+    return out / "tensorboard" / run_name(report.source.get("paths", []))

@@ -122,6 +122,7 @@ def step_dict(step: Step) -> dict[str, Any]:
         "duration_us": round(step.duration_us, 3),
         "breakdown_us": {k: round(v, 3) for k, v in step.breakdown_us.items()},
         "dataloader_us": round(step.loader_us, 3),
+        "dataloader_wait_us": round(step.loader_wait_us, 3),
         "gpu_us": {
             dev: {k: round(v, 3) for k, v in parts.items()} for dev, parts in step.gpu_us.items()
         },

@@ -69,12 +69,15 @@ class Summary(msgspec.Struct, forbid_unknown_fields=True):
 
 class Step(msgspec.Struct, forbid_unknown_fields=True):
     """One judged step. `dataloader_us` is the time inside the DataLoader's `__next__`;
+    `dataloader_wait_us` the part of it with no GPU work running (the loader wait, the
+    dataloader-bound finding's figure and the TensorBoard profiler plugin's DataLoader share);
     `breakdown_us` splits `duration_us` by host category."""
 
     name: str
     duration_us: float
     breakdown_us: dict[str, float]
     dataloader_us: float
+    dataloader_wait_us: float
     gpu_us: dict[str, dict[str, float]]
     trace: str | None = None  # the trace's label, when the report covers several
 
