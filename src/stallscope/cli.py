@@ -21,7 +21,7 @@ from types import ModuleType
 from stallscope import __version__
 from stallscope.commands import COMMANDS
 from stallscope.commands.common import Parser, split_run_argv
-from stallscope.errors import EXIT_USAGE, exit_line
+from stallscope.errors import EXIT_USAGE, Terminated, exit_line
 from stallscope.outputs import release_out_dirs
 
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return command_module(args.command).main(args, script_args, ["stallscope", *argv])
-    except (Exception, KeyboardInterrupt) as exc:
+    except (Exception, KeyboardInterrupt, Terminated) as exc:
         return exit_line(exc)
     finally:
         release_out_dirs()
