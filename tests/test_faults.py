@@ -8,7 +8,9 @@ status kept, one `stallscope:` line for stallscope's own failure.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -141,3 +143,147 @@ def test_a_child_forked_during_skip_says_nothing(tmp_path: Path):
     assert_parents_report(tmp_path, proc)
     assert "no step recorded" not in proc.stderr + proc.stdout
     assert children_alive(tmp_path) == []
+
+
+# ------------------------------------------------------------------ a full disk
+
+# A short training loop that ends with status 3; with argv[1] a folder, it first fills that
+# folder's file system (as a checkpoint would), after stallscope has written its trace.
+EXIT_3 = textwrap.dedent(
+    """
+    import errno, os, sys
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(TensorDataset(torch.randn(512, 8), torch.randn(512, 1)), batch_size=8):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    if len(sys.argv) > 1:
+        with open(os.path.join(sys.argv[1], "checkpoint"), "wb", buffering=0) as fh:
+            try:
+                while True:
+                    fh.write(b"x" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+    sys.exit(3)
+    """
+)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 1 MiB tmpfs at tmp_path/disk, unmounted afterwards; skipped where it cannot be mounted
+    (not root, or a container without CAP_SYS_ADMIN)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                           capture_output=True, text=True, check=False)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mount.stderr.strip() or mount.returncode}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(folder: Path) -> None:
+    with (folder / "filler").open("wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"x" * 4096)
+        except OSError:
+            pass
+
+
+def _run_exit_3(tmp_path: Path, out: Path, *script_args: str
+                ) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "exit3.py").write_text(EXIT_3)
+    return subprocess.run(
+        [sys.executable, "-m", "stallscope", "run", "-o", str(out), "--run-to-end",
+         "--no-steady-wait", "exit3.py", *script_args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("stallscope:")]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.slow
+def test_a_full_disk_keeps_the_scripts_status_and_names_enospc(tmp_path: Path, small_disk: Path):
+    """Before: exit 2, after Kineto's raw "Failed to write to log file!" line and a line blaming
+    "No such file or directory"."""
+    _fill(small_disk)
+    proc = _run_exit_3(tmp_path, small_disk / "out")
+    assert proc.returncode == 3, proc.stderr
+    line = _one_line(proc)
+    assert line.startswith("stallscope: the script ended with status 3")
+    assert "could not write the trace of the 5 recorded step(s)" in line
+    assert "No space left on device (ENOSPC)" in line
+    assert "Failed to write to log file" not in proc.stderr
+    assert "No such file" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_before_the_report_keeps_the_trace_and_says_so(tmp_path: Path,
+                                                                          small_disk: Path):
+    """The trace is written at the end of the recorded steps; the script's checkpoint then
+    fills the disk. Before: exit 2, and no word that the trace was kept."""
+    out = small_disk / "out"
+    proc = _run_exit_3(tmp_path, out, str(small_disk))
+    assert proc.returncode == 3, proc.stderr
+    line = _one_line(proc)
+    assert line.startswith("stallscope: the script ended with status 3; could not write its "
+                           "output ("), line
+    assert "No space left on device (ENOSPC)" in line
+    trace_dir = out / "tensorboard" / "exit3"
+    assert f"the trace is kept: {trace_dir}, analyse it again with `stallscope analyze " in line
+    assert not (out / "report.json").exists()
+    (small_disk / "checkpoint").unlink()  # space again: the kept trace is analysed whole
+    again = subprocess.run([sys.executable, "-m", "stallscope", "analyze", str(trace_dir), "-o",
+                            str(tmp_path / "again")], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    report = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert report["summary"]["steps"] >= 4
+
+
+class _KinetoOnAFullDisk:
+    """A profiler whose export fails as Kineto's does on a full disk: its line on descriptor 2,
+    no file."""
+
+    def export_chrome_trace(self, path: str) -> None:
+        os.write(2, b"ERROR:2026-11-26 20:17:13 24785:24785 output_json.cpp:977] Failed to "
+                    b"write to log file!\n")
+
+
+def test_a_trace_kineto_could_not_write_is_one_sentence_naming_enospc(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]):
+    """Where no small file system can be mounted: the write that finds the cause fails as a
+    full disk's would (ENOSPC), in-process. Kineto's own line is kept off the terminal."""
+    from stallscope.capture import export
+
+    monkeypatch.setattr(export, "_write_error",
+                        lambda _folder: OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    failed = export.export_trace(_KinetoOnAFullDisk(), tmp_path / "tb", "host", 5)
+    assert failed is not None
+    assert failed.startswith(f"could not write the trace of the 5 recorded step(s) to "
+                             f"{tmp_path / 'tb'}: No space left on device (ENOSPC); ")
+    assert "Failed to write to log file" not in capfd.readouterr().err
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == []  # no partial file left
+
+
+def test_an_os_error_names_its_errno():
+    from stallscope.errors import os_error_text
+
+    assert os_error_text(OSError(errno.ENOSPC, "No space left on device")) == (
+        "No space left on device (ENOSPC)")
+    assert os_error_text(OSError(errno.EDQUOT, "Disk quota exceeded")) == (
+        "Disk quota exceeded (EDQUOT)")
+    assert os_error_text(OSError("the profiler wrote 10 bytes and stopped")) == (
+        "the profiler wrote 10 bytes and stopped")

@@ -48,6 +48,7 @@ from stallscope.errors import (
     OutputError,
     Terminated,
     exit_line,
+    fail,
 )
 from stallscope.text import clean
 
@@ -137,7 +138,7 @@ def capture(
             intraop.uninstall()
             context.notes.extend(intraop.notes)
     if session.export_failed is not None:  # stallscope's failure, not the script's
-        raise OutputError(session.export_failed)
+        return _export_failed(session.export_failed, status, error)
     if watchdog is not None and watchdog.landed:
         ending = _timed_out(watchdog)
     elif error is not None:
@@ -169,6 +170,16 @@ def capture(
                 stream.flush()
         os._exit(status)
     return status
+
+
+def _export_failed(failed: str, status: int, error: BaseException | None) -> int:
+    """The trace could not be written (a full disk): one line saying so. A script that failed
+    keeps its own status (and its traceback, as python prints it); else stallscope's exit 2."""
+    if not status:
+        raise OutputError(failed)
+    if error is not None:
+        _print_user_traceback(error)
+    return fail(f"the script ended with status {status}, and stallscope {failed}", status)
 
 
 def _arm_fork_guard() -> int:

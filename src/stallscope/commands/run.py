@@ -32,7 +32,7 @@ from stallscope.commands.common import (
     whole_number,
     write_report,
 )
-from stallscope.errors import NoStepsError, fail
+from stallscope.errors import EXIT_USAGE, NoStepsError, OutputError, fail
 
 if TYPE_CHECKING:
     from stallscope.report import Report
@@ -300,7 +300,11 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
             why = why or f"ended with status {ctx.exit_status}"
             return fail(f"no step recorded: the script {why}{seen}", ctx.exit_status)
         raise NoStepsError(f"{exc}{seen}") from None
-    write_report(report, plan.out, quiet, trace_dir(plan))
+    try:
+        write_report(report, plan.out, quiet, trace_dir(plan))
+    except OutputError as exc:  # a full disk: the trace was written before, and is kept
+        return fail(f"{_ended_badly(ctx, why)}could not write its output ({exc}); the trace is "
+                    f"kept: {kept_trace(plan)}", ctx.exit_status or EXIT_USAGE)
     assert report.run is not None
     if not quiet:
         print(f"  trace: {report.run['trace_dir']}\n  open it: ui.perfetto.dev, Open trace file "
@@ -314,6 +318,21 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
         return fail(f"the script {why}; the report covers the {report.run['steps_recorded']} "
                      f"step(s) recorded before that ({plan.out / 'report.html'})", status)
     return gate(report, fail_on)
+
+
+def kept_trace(plan: RunPlan) -> str:
+    """Where the recorded trace is and the command that analyses it again, into another
+    folder (the one given may be the full disk)."""
+    return (f"{trace_dir(plan)}, analyse it again with `stallscope analyze {trace_dir(plan)} "
+            "-o FOLDER`")
+
+
+def _ended_badly(ctx: RunContext, why: str | None) -> str:
+    """"the script ended with status 3; " for a script that failed, to lead stallscope's own
+    failure's line (which keeps the script's status), else ""."""
+    if not ctx.exit_status:
+        return ""
+    return f"the script {why or f'ended with status {ctx.exit_status}'}; "
 
 
 def write_unrecorded(plan: RunPlan, ctx: RunContext) -> str:
