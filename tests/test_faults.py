@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -28,7 +29,7 @@ from tests.test_run_failures import running
 # children/, and the parent each child's exit status in statuses/.
 SCRIPT = textwrap.dedent(
     """
-    import multiprocessing, os, sys
+    import atexit, multiprocessing, os, sys
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -52,6 +53,7 @@ SCRIPT = textwrap.dedent(
             if i == at and how.startswith("fork"):
                 pid = os.fork()
                 if pid == 0:
+                    atexit.register(mark, "atexit", os.getpid())
                     little_work()
                     print("CHILD DONE", flush=True)
                     if how == "fork-exit":
@@ -120,6 +122,9 @@ def test_a_child_forked_at_a_recorded_step_ends_as_under_python(tmp_path: Path, 
     # The child's own output is flushed as python would flush it, before the parent's summary.
     assert proc.stdout.count("CHILD DONE") == 1 and proc.stdout.startswith("CHILD DONE")
     assert children_alive(tmp_path) == []  # before: hung in the profiler's teardown
+    # The child's atexit functions ran, as python runs them.
+    assert [p.name for p in (tmp_path / "atexit").iterdir()] == [
+        p.name for p in (tmp_path / "children").iterdir()]
     if how == "fork-exit":
         statuses = [p.name.split("-")[1] for p in (tmp_path / "statuses").iterdir()]
         assert statuses == ["0"]
@@ -287,3 +292,37 @@ def test_an_os_error_names_its_errno():
         "Disk quota exceeded (EDQUOT)")
     assert os_error_text(OSError("the profiler wrote 10 bytes and stopped")) == (
         "the profiler wrote 10 bytes and stopped")
+
+
+# ------------------------------------------------------------------ signals while analysing
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "status", "how"), [
+    (signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted")])
+def test_a_signal_while_analysing_is_one_line_naming_the_trace_kept(
+        tmp_path: Path, signum: int, status: int, how: str):
+    """Sent once the progress line says the analysis began (the script has ended). Before:
+    SIGTERM ended the process with status 143 and no word."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "run", "-o", "out", "--no-steady-wait", "train.py",
+         "none", "0"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("[stallscope] analysing "):
+            proc.send_signal(signum)
+            break
+    out, err = proc.communicate(timeout=300)
+    err = "".join(seen) + err
+    assert proc.returncode == status, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("stallscope:")]
+    trace_dir = tmp_path / "out" / "tensorboard" / "train"
+    assert lines == [f"stallscope: {how} while analysing the recorded steps; the trace is kept: "
+                     f"{trace_dir}, analyse it again with `stallscope analyze {trace_dir} -o "
+                     "FOLDER`"], err
+    assert "Traceback" not in err
+    assert len(list(trace_dir.glob("*.pt.trace.json.gz"))) == 1

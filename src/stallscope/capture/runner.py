@@ -163,7 +163,13 @@ def capture(
         sys.stderr.write(f"stallscope: {line}\n")
         ending.notes.append(line[0].upper() + line[1:] + ".")
     describe(session, context, ending)
-    status = conclude(context, ending.why)
+    # SIGTERM while analysing says so in one line (conclude names the trace kept), as Ctrl-C
+    # does, instead of ending the process without a word.
+    restore_sigterm = _sigterm_to_exception()
+    try:
+        status = conclude(context, ending.why)
+    finally:
+        restore_sigterm()
     if lingering:  # python would join them at exit, forever: end here instead
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

@@ -32,7 +32,15 @@ from stallscope.commands.common import (
     whole_number,
     write_report,
 )
-from stallscope.errors import EXIT_USAGE, NoStepsError, OutputError, fail
+from stallscope.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    NoStepsError,
+    OutputError,
+    Terminated,
+    fail,
+)
 
 if TYPE_CHECKING:
     from stallscope.report import Report
@@ -291,6 +299,20 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
         save_context(plan, launch, ctx)
     if launch.rank != 0:
         return ctx.exit_status
+    try:
+        return _analyse(plan, launch, quiet, fail_on, ctx, why)
+    except (KeyboardInterrupt, Terminated) as exc:
+        if not ctx.traces:
+            raise
+        how, code = (("interrupted", EXIT_INTERRUPTED) if isinstance(exc, KeyboardInterrupt)
+                     else ("terminated (SIGTERM)", EXIT_TERMINATED))
+        return fail(f"{how} while analysing the recorded steps; the trace is kept: "
+                    f"{kept_trace(plan)}", code)
+
+
+def _analyse(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ctx: RunContext,
+             why: str | None) -> int:
+    """Rank 0's half of `conclude`: gather, analyse, write the report; the exit status."""
     contexts, missing = gather(plan, launch, ctx)
     try:
         report = analyze_run(contexts, missing, plan)
