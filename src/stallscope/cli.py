@@ -7,8 +7,10 @@ one `stallscope:` line and its exit code.
 
 Exit codes: 0 analysed; 1 internal error (a stallscope bug); 2 usage error or unreadable input
 or output; 3 `--fail-on` threshold met; 4 `run` recorded no step; 124 `run --timeout` stopped
-the script (as coreutils `timeout`); 130 interrupted. Under `run`, a script that ends with a
-non-zero status passes that status through (1 for an exception).
+the script (as coreutils `timeout`); 130 interrupted; 143 terminated by SIGTERM (while the
+script runs, or while `run` analyses after it: the line then names the trace kept). Under `run`,
+a script that ends with a non-zero status passes that status through (1 for an exception), also
+when stallscope then fails to write (a full disk: one line naming the errno).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from types import ModuleType
 from stallscope import __version__
 from stallscope.commands import COMMANDS
 from stallscope.commands.common import Parser, split_run_argv
-from stallscope.errors import EXIT_USAGE, exit_line
+from stallscope.errors import EXIT_USAGE, Terminated, exit_line
 from stallscope.outputs import release_out_dirs
 
 
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return command_module(args.command).main(args, script_args, ["stallscope", *argv])
-    except (Exception, KeyboardInterrupt) as exc:
+    except (Exception, KeyboardInterrupt, Terminated) as exc:
         return exit_line(exc)
     finally:
         release_out_dirs()

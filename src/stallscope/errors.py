@@ -4,11 +4,16 @@ Every command prints `stallscope: <message>` for these and never a traceback; an
 bug, said in one line too (`exit_line`).
 Under `run`, a script that fails passes its own status through instead (1 for an exception, 130
 for Ctrl-C, n for sys.exit(n)); `run --timeout` ends with EXIT_TIMEOUT, as coreutils `timeout`
-does, so wrappers that already know that convention read it the same way.
+does, so wrappers that already know that convention read it the same way. SIGTERM, while the
+script runs or while stallscope analyses after it, ends with EXIT_TERMINATED (128 + 15, the
+status a shell shows for a process SIGTERM ended). When stallscope itself fails to write under
+`run` (a full disk), a script that failed keeps its own status; one that ended well gets
+EXIT_USAGE.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import traceback
@@ -20,6 +25,12 @@ EXIT_FINDINGS = 3
 EXIT_NO_STEPS = 4
 EXIT_TIMEOUT = 124  # `run --timeout`: the script was still running and was stopped
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+
+class Terminated(BaseException):
+    """SIGTERM (a launcher stopping this rank) turned into an exception, so the run unwinds and
+    the steps recorded so far are kept, or the analysis after the script stops with one line."""
 
 
 class StallscopeError(Exception):
@@ -60,6 +71,8 @@ def exit_line(exc: BaseException) -> int:
         return fail(str(exc), exc.exit_code)
     if isinstance(exc, KeyboardInterrupt):
         return fail("interrupted", EXIT_INTERRUPTED)
+    if isinstance(exc, Terminated):
+        return fail("terminated (SIGTERM)", EXIT_TERMINATED)
     if os.environ.get("STALLSCOPE_DEBUG"):
         traceback.print_exception(exc)
     return fail(
@@ -67,3 +80,12 @@ def exit_line(exc: BaseException) -> int:
         "for the traceback and report it",
         EXIT_INTERNAL,
     )
+
+
+def os_error_text(exc: BaseException) -> str:
+    """An OSError as its words and errno name ("No space left on device (ENOSPC)"): the name is
+    what a user searches for and what scripts match on."""
+    words = getattr(exc, "strerror", None) or str(exc).strip() or type(exc).__name__
+    code = getattr(exc, "errno", None)
+    name = errno.errorcode.get(code) if isinstance(code, int) else None
+    return f"{words} ({name})" if name and name not in words else words

@@ -19,7 +19,7 @@ try:
 except ImportError:  # Windows: no flock; folders are then not locked
     fcntl = None  # type: ignore[assignment]
 
-from stallscope.errors import OutputError
+from stallscope.errors import OutputError, os_error_text
 
 REPORT_FILES = ("report.json", "report.html", "report.md")
 # Characters kept from an input's name in the default output folder's name: a file name from
@@ -67,12 +67,12 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputError(f"cannot create {out}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot create {out}: {os_error_text(exc)}") from None
     try:
         with tempfile.TemporaryFile(dir=out, prefix=".stallscope-probe-"):
             pass
     except OSError as exc:
-        raise OutputError(f"cannot write in {out}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot write in {out}: {os_error_text(exc)}") from None
     if lock:
         lock_out_dir(out)
 
@@ -87,7 +87,7 @@ def lock_out_dir(out: Path) -> None:
     try:
         fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise OutputError(f"cannot open {out}: {exc.strerror or exc}") from None
+        raise OutputError(f"cannot open {out}: {os_error_text(exc)}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -123,12 +123,12 @@ def write_files(out: Path, files: dict[str, str]) -> None:
                 staged.append((name, _stage(out / name, text)))
         except OSError as exc:
             failed = out / list(files)[len(staged)]
-            raise OutputError(f"cannot write {failed}: {exc.strerror or exc}") from None
+            raise OutputError(f"cannot write {failed}: {os_error_text(exc)}") from None
         for i, (name, tmp) in enumerate(staged):
             try:
                 os.replace(tmp, out / name)
             except OSError as exc:
-                raise OutputError(f"cannot write {out / name}: {exc.strerror or exc}") from None
+                raise OutputError(f"cannot write {out / name}: {os_error_text(exc)}") from None
             staged[i] = (name, out / name)  # in place: no longer a temporary file to remove
     finally:
         for name, tmp in staged:

@@ -4,7 +4,10 @@ torch's `tensorboard_trace_handler` writes straight to the final name, so a full
 half-written `.gz` that looked like a trace, and its OSError surfaced in the script's training
 loop (blamed on the script, "0 steps recorded"). Here the trace goes to a hidden temporary file
 in the same folder, renamed into place once complete; a failure removes the temporary file and
-is returned as one sentence for stallscope's own exit-2 line.
+is returned as one sentence for stallscope's own line (exit 2, or the script's own status when
+it failed). Kineto's own "Failed to write to log file!" line says neither why nor what was lost:
+it is kept off the terminal, and the cause is found by writing in the folder
+(`_write_error`), so the line names ENOSPC rather than the missing file Kineto left.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stallscope.capture.quiet import usdt_filtered
+from stallscope.errors import os_error_text
+
+# Kineto's line when it cannot write the trace (output_json.cpp, torch 2.x).
+_KINETO_WRITE_FAILED = b"Failed to write to log file"
+# Bytes written to find why Kineto could not write (an assumption, not measured: more than the
+# last free blocks of a disk Kineto just filled, small enough to write in a moment).
+_PROBE_BYTES = 1 << 20
+
 
 def export_trace(prof: Any, trace_dir: Path, worker: str, steps: int) -> str | None:
     """Export `prof` as `<worker>.<ns>.pt.trace.json.gz` in `trace_dir` (the names TensorBoard
@@ -28,8 +40,12 @@ def export_trace(prof: Any, trace_dir: Path, worker: str, steps: int) -> str | N
         trace_dir.mkdir(parents=True, exist_ok=True)
         # Kineto writes the JSON from C++ and says nothing when a write fails: a complete
         # trace ends with its closing brace. The compression is python's, which raises.
-        prof.export_chrome_trace(str(raw))
-        _check_complete(raw)
+        with usdt_filtered(also=_KINETO_WRITE_FAILED):
+            prof.export_chrome_trace(str(raw))
+        try:
+            _check_complete(raw)
+        except OSError as exc:  # Kineto's own failure: find its cause by writing there
+            raise _write_error(trace_dir) or exc from None
         with raw.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         os.replace(tmp, trace_dir / name)
@@ -37,12 +53,28 @@ def export_trace(prof: Any, trace_dir: Path, worker: str, steps: int) -> str | N
         for path in (raw, raw.with_name(raw.name + ".tmp"), tmp):  # Kineto's own .tmp too
             with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-        why = getattr(exc, "strerror", None) or str(exc).strip() or type(exc).__name__
-        return (f"could not write the trace of the {steps} recorded step(s) to {trace_dir} "
-                f"({why}): those steps are lost and no partial file was left; free space there "
+        why = os_error_text(exc)
+        return (f"could not write the trace of the {steps} recorded step(s) to {trace_dir}: "
+                f"{why}; those steps are lost and no partial file was left; free space there "
                 "or use -o for another folder, then run again")
     with contextlib.suppress(OSError):
         raw.unlink(missing_ok=True)
+    return None
+
+
+def _write_error(folder: Path) -> OSError | None:
+    """The error writing `_PROBE_BYTES` in `folder` meets (ENOSPC on a full disk, EDQUOT, EFBIG
+    past a file size limit), or None when they can be written."""
+    probe = folder / f".stallscope-probe-{os.getpid()}"
+    try:
+        with probe.open("wb") as fh:
+            for _ in range(_PROBE_BYTES >> 16):
+                fh.write(b"\0" * (1 << 16))
+    except OSError as exc:
+        return exc
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
     return None
 
 

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
+from typing import BinaryIO
 
 _NOISE = b"USDT:"
 # torch.profiler warns once per process when a profiler cycle is prepared after another (seen
@@ -31,9 +32,10 @@ def quiet_profiler_warnings() -> None:
 
 
 @contextlib.contextmanager
-def usdt_filtered() -> Iterator[None]:
-    """Run the body with descriptor 2 captured; pass on everything but Kineto's USDT lines.
-    Where descriptor 2 cannot be captured (closed, no temporary folder) the body runs as is."""
+def usdt_filtered(also: bytes | None = None) -> Iterator[None]:
+    """Run the body with descriptor 2 captured; pass on everything but Kineto's USDT lines (and
+    lines holding `also`). Where descriptor 2 cannot be captured (closed, no memory file nor
+    temporary folder) the body runs as is."""
     try:
         with contextlib.suppress(Exception):
             sys.stderr.flush()
@@ -42,7 +44,7 @@ def usdt_filtered() -> Iterator[None]:
         yield
         return
     try:
-        buf = tempfile.TemporaryFile()  # noqa: SIM115 (closed in the finally below)
+        buf = _buffer()
     except OSError:
         os.close(saved)
         yield
@@ -57,7 +59,16 @@ def usdt_filtered() -> Iterator[None]:
         data = buf.read()
         buf.close()
         kept = b"".join(line for line in data.splitlines(keepends=True)
-                        if not line.startswith(_NOISE))
+                        if not line.startswith(_NOISE) and not (also and also in line))
         if kept:
             with contextlib.suppress(OSError):
                 os.write(2, kept)
+
+
+def _buffer() -> BinaryIO:
+    """A file in memory where Linux has them (the disk, /tmp included, may be full: that is
+    when Kineto's lines are captured to be folded into stallscope's own), else on disk."""
+    if hasattr(os, "memfd_create"):
+        with contextlib.suppress(OSError):
+            return os.fdopen(os.memfd_create("stallscope-stderr"), "w+b")
+    return tempfile.TemporaryFile()  # noqa: SIM115 (the caller closes it)

@@ -9,7 +9,9 @@ would print it, without stallscope's frames.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import gc
 import os
 import signal
@@ -20,8 +22,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from stallscope import progress
 from stallscope.capture import budget, steady
 from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
@@ -38,7 +41,15 @@ from stallscope.capture.session import (
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.capture.worker_exit import add_exit_status
-from stallscope.errors import EXIT_INTERRUPTED, EXIT_TIMEOUT, OutputError, exit_line
+from stallscope.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_TIMEOUT,
+    OutputError,
+    Terminated,
+    exit_line,
+    fail,
+)
 from stallscope.text import clean
 
 # Seconds `run` waits, once the script has ended or been stopped, for the threads it started
@@ -47,15 +58,13 @@ from stallscope.text import clean
 THREAD_GRACE_S = 10.0
 TIMED_OUT = "timed out"  # RunContext.ended for `--timeout`; reads as "the script timed out"
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
+_REAL_EXIT = os._exit  # before capture() hooks it
+# The process capture() runs the script in; a process forked from it is the script's child.
+_RECORDING_PID: int | None = None
 
 # (the RunContext, one clause saying how the script ended, or None when it ended well) ->
 # the exit status: `stallscope.commands.run.conclude`.
 Conclude = Callable[[RunContext, str | None], int]
-
-
-class Terminated(BaseException):
-    """SIGTERM (a launcher stopping this rank) turned into an exception, so the run unwinds and
-    the steps recorded so far are kept."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,7 @@ def capture(
     if intraop is not None:
         intraop.install()
     started = time.monotonic()
+    pid = _arm_fork_guard()
     session.start()
     error: BaseException | None = None
     restore_exit = _hook_os_exit(session, context, conclude)
@@ -114,6 +124,8 @@ def capture(
         if watchdog is not None:
             watchdog.start()
         ended, status, error = _run(target)
+        if os.getpid() != pid:  # a child the script forked ran to the script's end
+            _end_forked_child(status, error)
     finally:
         restore_exit()
         _repair_stdio()
@@ -126,7 +138,7 @@ def capture(
             intraop.uninstall()
             context.notes.extend(intraop.notes)
     if session.export_failed is not None:  # stallscope's failure, not the script's
-        raise OutputError(session.export_failed)
+        return _export_failed(session.export_failed, status, error)
     if watchdog is not None and watchdog.landed:
         ending = _timed_out(watchdog)
     elif error is not None:
@@ -151,13 +163,70 @@ def capture(
         sys.stderr.write(f"stallscope: {line}\n")
         ending.notes.append(line[0].upper() + line[1:] + ".")
     describe(session, context, ending)
-    status = conclude(context, ending.why)
+    # SIGTERM while analysing says so in one line (conclude names the trace kept), as Ctrl-C
+    # does, instead of ending the process without a word.
+    restore_sigterm = _sigterm_to_exception()
+    try:
+        status = conclude(context, ending.why)
+    finally:
+        restore_sigterm()
     if lingering:  # python would join them at exit, forever: end here instead
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(status)
     return status
+
+
+def _export_failed(failed: str, status: int, error: BaseException | None) -> int:
+    """The trace could not be written (a full disk): one line saying so. A script that failed
+    keeps its own status (and its traceback, as python prints it); else stallscope's exit 2."""
+    if not status:
+        raise OutputError(failed)
+    if error is not None:
+        _print_user_traceback(error)
+    return fail(f"the script ended with status {status}, and stallscope {failed}", status)
+
+
+def _arm_fork_guard() -> int:
+    """Mark this process as the one stallscope records in, once per process registering
+    `_disarm_in_child` to run in every child forked from it; this process's pid."""
+    global _RECORDING_PID
+    if _RECORDING_PID is None and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_disarm_in_child)
+    _RECORDING_PID = os.getpid()
+    return _RECORDING_PID
+
+
+def _disarm_in_child() -> None:
+    """In a process forked from the recorded script (os.fork(), multiprocessing's fork, a
+    DataLoader worker): stallscope says nothing there, progress lines and warnings included.
+    Its timers and pollers are threads, which a fork does not copy; the hooks check the pid."""
+    if _RECORDING_PID is not None and os.getpid() != _RECORDING_PID:
+        progress.configure(True, False)
+
+
+def _end_forked_child(status: int, error: BaseException | None) -> NoReturn:
+    """End a child the script forked with os.fork() that returned from the script or called
+    sys.exit(), as python would end it: its traceback, its threads joined, its atexit
+    functions, its output flushed, its status. Nothing of stallscope's runs: no trace, no
+    report, and the profiler it inherited is left alone (stopping it, or C++'s exit handlers,
+    hang in a forked child: libkineto's ConfigLoader destructor waits on a thread that the
+    fork did not copy), so the process ends with os._exit."""
+    try:
+        if error is not None:
+            _print_user_traceback(error)
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None).fflush(None)  # C stdio buffers, which exit() would flush
+        _REAL_EXIT(status)
 
 
 def _repair_stdio() -> None:
@@ -235,7 +304,7 @@ def _run(target: Target) -> tuple[str, int, BaseException | None]:
     except KeyboardInterrupt:
         return "interrupted", EXIT_INTERRUPTED, None
     except Terminated:
-        return "terminated", 128 + signal.SIGTERM, None
+        return "terminated", EXIT_TERMINATED, None
     except TimedOut:
         return TIMED_OUT, EXIT_TIMEOUT, None
     except BaseException as exc:  # the script's own error: shown as python would show it

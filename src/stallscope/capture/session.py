@@ -183,7 +183,7 @@ class CaptureSession:
         """Say at once when no step boundary has come after `no_step_s`: a loop with neither an
         optimizer nor a DataLoader would otherwise run to its end in silence (25 minutes for
         pytorch/examples word_language_model) before "no step recorded"."""
-        if self.boundaries or self.done:
+        if self.boundaries or self.done or os.getpid() != self._pid:
             return
         if _in_optimizer_step():
             progress.warn(
@@ -203,7 +203,11 @@ class CaptureSession:
             "The script keeps running (--no-step-warning SECONDS changes this wait).")
 
     def finish(self) -> None:
-        """Remove the hooks and, if the script ended mid-recording, write what was recorded."""
+        """Remove the hooks and, if the script ended mid-recording, write what was recorded.
+        Never in a process the script forked: the profiler there is the parent's copy, and
+        stopping it hangs (libkineto's ConfigLoader destructor)."""
+        if os.getpid() != self._pid:
+            return
         if self._no_step_timer is not None:
             self._no_step_timer.cancel()
         self.budget.end()

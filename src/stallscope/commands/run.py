@@ -32,7 +32,15 @@ from stallscope.commands.common import (
     whole_number,
     write_report,
 )
-from stallscope.errors import NoStepsError, fail
+from stallscope.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    NoStepsError,
+    OutputError,
+    Terminated,
+    fail,
+)
 
 if TYPE_CHECKING:
     from stallscope.report import Report
@@ -291,6 +299,20 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
         save_context(plan, launch, ctx)
     if launch.rank != 0:
         return ctx.exit_status
+    try:
+        return _analyse(plan, launch, quiet, fail_on, ctx, why)
+    except (KeyboardInterrupt, Terminated) as exc:
+        if not ctx.traces:
+            raise
+        how, code = (("interrupted", EXIT_INTERRUPTED) if isinstance(exc, KeyboardInterrupt)
+                     else ("terminated (SIGTERM)", EXIT_TERMINATED))
+        return fail(f"{how} while analysing the recorded steps; the trace is kept: "
+                    f"{kept_trace(plan)}", code)
+
+
+def _analyse(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ctx: RunContext,
+             why: str | None) -> int:
+    """Rank 0's half of `conclude`: gather, analyse, write the report; the exit status."""
     contexts, missing = gather(plan, launch, ctx)
     try:
         report = analyze_run(contexts, missing, plan)
@@ -300,7 +322,11 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
             why = why or f"ended with status {ctx.exit_status}"
             return fail(f"no step recorded: the script {why}{seen}", ctx.exit_status)
         raise NoStepsError(f"{exc}{seen}") from None
-    write_report(report, plan.out, quiet, trace_dir(plan))
+    try:
+        write_report(report, plan.out, quiet, trace_dir(plan))
+    except OutputError as exc:  # a full disk: the trace was written before, and is kept
+        return fail(f"{_ended_badly(ctx, why)}could not write its output ({exc}); the trace is "
+                    f"kept: {kept_trace(plan)}", ctx.exit_status or EXIT_USAGE)
     assert report.run is not None
     if not quiet:
         print(f"  trace: {report.run['trace_dir']}\n  open it: ui.perfetto.dev, Open trace file "
@@ -314,6 +340,21 @@ def conclude(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
         return fail(f"the script {why}; the report covers the {report.run['steps_recorded']} "
                      f"step(s) recorded before that ({plan.out / 'report.html'})", status)
     return gate(report, fail_on)
+
+
+def kept_trace(plan: RunPlan) -> str:
+    """Where the recorded trace is and the command that analyses it again, into another
+    folder (the one given may be the full disk)."""
+    return (f"{trace_dir(plan)}, analyse it again with `stallscope analyze {trace_dir(plan)} "
+            "-o FOLDER`")
+
+
+def _ended_badly(ctx: RunContext, why: str | None) -> str:
+    """"the script ended with status 3; " for a script that failed, to lead stallscope's own
+    failure's line (which keeps the script's status), else ""."""
+    if not ctx.exit_status:
+        return ""
+    return f"the script {why or f'ended with status {ctx.exit_status}'}; "
 
 
 def write_unrecorded(plan: RunPlan, ctx: RunContext) -> str:
