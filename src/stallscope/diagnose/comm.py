@@ -20,6 +20,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.text import plural
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline, enclosing
 from stallscope.trace.model import TraceModel
@@ -351,8 +352,9 @@ def _peer_text(evidence: dict, n: int) -> str:
     """What the measured waiting on peers is, and what helps it (not overlap)."""
     return (
         f"Waiting on peers: {evidence['peer_wait_ms_per_step']} ms per step "
-        f"({evidence['peer_wait_share_pct']:.1f}% of the step, {evidence['peer_wait_collectives']} "
-        f"collective(s) over the {n} steps) is collective time beyond what the same collective "
+        f"({evidence['peer_wait_share_pct']:.1f}% of the step, "
+        f"{plural(evidence['peer_wait_collectives'], 'collective')} over the {n} steps) is "
+        "collective time beyond what the same collective "
         "takes in a typical step (2x or more): this rank waited for slower ranks. Overlap does "
         "not remove it; look at the other ranks' traces (analyze them together: "
         "rank-imbalance compares their work per step) and balance the work and data across "

@@ -23,6 +23,7 @@ from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.plan import judged_steps
+from stallscope.text import millis
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import LOADER_NAME, TraceModel
@@ -725,10 +726,12 @@ def _idle_advice(
         "late as possible and keep independent work launched ahead of them."
     )
     if cause == "host-cpu-work":
-        ops = ", ".join(f"{o['op']} {o['ms_per_step']} ms" for o in ev.get("cpu_work_ops", []))
+        ops = ", ".join(f"{o['op']} {millis(o['ms_per_step'])} ms"
+                        for o in ev.get("cpu_work_ops", []))
         rec = (
-            f"For {ev['cpu_work_ms_per_step']} ms per step ({ev['cpu_work_share_pct']:.1f}% of "
-            "step time) the GPU had nothing to run while the stepping thread did CPU work that "
+            f"For {millis(ev['cpu_work_ms_per_step'])} ms per step "
+            f"({ev['cpu_work_share_pct']:.1f}% of step time) the GPU had nothing to run while "
+            "the stepping thread did CPU work that "
             f"launched no GPU work (per step: {ops}). This is not launch overhead: CUDA graphs, "
             "torch.compile or fewer kernels would not remove it. Take that work off the critical "
             "path: do preprocessing, tokenisation and image processing in the Dataset or "
