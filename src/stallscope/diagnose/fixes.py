@@ -49,7 +49,7 @@ from stallscope.replay.engine import replay
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
 from stallscope.replay.threads import OneThread, one_thread
-from stallscope.text import plural
+from stallscope.text import millis, plural
 from stallscope.trace.model import SYNC_CALLS, TraceModel
 from stallscope.trace.names import name_matches, per_name
 
@@ -578,7 +578,7 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         "one call per bucket from C++ hooks (their cost is neglected)",
     ]
     if wait.any():
-        notes.append(f"{ms(float(wait.sum()) / max(g.steps, 1))} ms per step of waiting on "
+        notes.append(f"{millis(ms(float(wait.sum()) / max(g.steps, 1)))} ms per step of waiting on "
                      "peers (collective time beyond the same collective's median step) stays "
                      "on the step's last collective: overlap does not remove it")
     return g, notes

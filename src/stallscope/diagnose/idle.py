@@ -697,13 +697,14 @@ def _idle_advice(
 ) -> tuple[str, str, str]:
     steps = ev["steps"]
     host_part = (
-        f"host-wait gaps ({ms(rest_host / steps)} ms per step: the next kernel was launched only "
-        f"after the GPU ran dry; {ev['kernels_per_step']} kernels per step, median "
-        f"{ev['median_kernel_us']} us)"
+        f"host-wait gaps ({millis(ms(rest_host / steps))} ms per step: the next kernel was "
+        f"launched only after the GPU ran dry; {ev['kernels_per_step']:.0f} kernels per step, "
+        f"median {ev['median_kernel_us']} us)"
     )
     other_part = (
-        f"gaps with work already queued ({ms(rest_other / steps)} ms per step: it waited on a "
-        "stream/event dependency or another device, or the step ended before the next launch)"
+        f"gaps with work already queued ({millis(ms(rest_other / steps))} ms per step: it "
+        "waited on a stream/event dependency or another device, or the step ended before the "
+        "next launch)"
     )
     if has(model, (2, 0)):
         fewer = ("launch fewer, larger kernels (torch.compile fuses elementwise ops; "

@@ -74,7 +74,7 @@ def _plan_lines(report: Report) -> list[str]:
     plan = report.plan
     if not plan or not plan["entries"]:
         return []
-    of = f" of {code(plan['trace'])}" if len(report.traces) > 1 else ""
+    of = f" of {_trace_name(plan['trace'])}" if len(report.traces) > 1 else ""
     cost = profiler_phrase(plan)
     ranges = range_phrase(plan)
     lines = ["## Fix plan", ""]
@@ -160,6 +160,11 @@ def _estimate_line(report: Report, f: Finding) -> str:
             f"{share_text(f.estimated_saving_pct)} of step time ({basis}).")
 
 
+def _trace_name(label: str) -> str:
+    """A recording's label: a file name in a code span; a rank ("rank 3") in words."""
+    return label if label.startswith("rank ") and label[5:].isdigit() else code(label)
+
+
 def _saves(f: Finding) -> str:
     """What fixing a finding saves, as the findings list says it."""
     kind, text = saving_label(f)
@@ -202,13 +207,13 @@ def _finding_lines(report: Report) -> list[str]:
         f = group[0]
         caused = f" (an effect of {code(f.caused_by)})" if f.caused_by else ""
         if len(group) == 1:
-            where = f" In {code(f.trace)}." if multi else ""
+            where = f" In {_trace_name(f.trace)}." if multi else ""
             lines += wrap(f"**{f.severity}** {code(f.id)}{caused}: {prose(f.title)}; "
                           f"{_saves(f)}.{where}", first=f"{i}. ", indent="    ")
             continue
         lines += wrap(f"{code(f.id)}{caused}: in {plural(len(group), 'recording')}",
                       first=f"{i}. ", indent="    ")
-        lines += bullets([f"{code(g.trace)}: **{g.severity}**, {prose(g.title)}; {_saves(g)}"
+        lines += bullets([f"{_trace_name(g.trace)}: **{g.severity}**, {prose(g.title)}; {_saves(g)}"
                           for g in group], level=1)
     lines.append("")
     return lines + _top_lines(report)
@@ -290,7 +295,7 @@ def _trace_lines(report: Report) -> list[str]:
             ts["step_time_us"]) else ""
         found = ", ".join(code(f) for f in t["findings"]) or "none"
         items.append(
-            f"{code(t['label'])}: {plural(ts['steps'], 'step')}{median}, "
+            f"{_trace_name(t['label'])}: {plural(ts['steps'], 'step')}{median}, "
             f"{category_name('dataloader')} {share.get('dataloader', 0):.1f}%, "
             f"{category_name('sync')} {share.get('sync', 0):.1f}%; findings: {found}")
     return ["## Per rank" if report.ranks else "## Per trace", "", *bullets(items), ""]
@@ -324,7 +329,7 @@ def _not_assessed_lines(report: Report) -> list[str]:
     for (rule, detail), traces in grouped.items():
         every = len(labels) > 1 and set(traces) >= labels
         where = "" if every or len(labels) <= 1 and traces != ["job"] else (
-            " (" + ", ".join("the job" if t == "job" else code(t) for t in traces) + ")")
+            " (" + ", ".join("the job" if t == "job" else _trace_name(t) for t in traces) + ")")
         items.append(f"{code(rule)}{where}: {prose(detail)}")
     return ["## What could not be assessed", "", *bullets(items), ""]
 
