@@ -207,7 +207,8 @@ def _finding_lines(report: Report) -> list[str]:
         f = group[0]
         caused = f" (an effect of {code(f.caused_by)})" if f.caused_by else ""
         if len(group) == 1:
-            where = f" In {_trace_name(f.trace)}." if multi else ""
+            # A finding grouped over ranks (job_scale's `seen_on`) names its ranks in its title.
+            where = f" In {_trace_name(f.trace)}." if multi and "seen_on" not in f.evidence else ""
             lines += wrap(f"**{f.severity}** {code(f.id)}{caused}: {prose(f.title)}; "
                           f"{_saves(f)}.{where}", first=f"{i}. ", indent="    ")
             continue

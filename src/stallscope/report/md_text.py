@@ -39,6 +39,8 @@ _LEAD = re.compile(r"^[(\"']+")
 _TRAIL = re.compile(r"[.,;:!?\"')]+$")
 # What would open a block at the start of a line (or start a setext underline).
 _BLOCKY = re.compile(r"^(?:[-+*]$|[-=]+$|#|>|\||<[A-Za-z/!?]|~~~|`{3}|\d{1,9}[.)]$)")
+# A name the text itself already quotes in backticks.
+_QUOTED = re.compile(r"`([^`\n]+)`")
 # Longest run of tokens merged into one call, `.to(device, non_blocking=True)`.
 _MAX_CALL = 8
 
@@ -53,15 +55,17 @@ def code(text: object, limit: int = MAX_NAME) -> str:
 
 def _split(token: str) -> tuple[str, str, str]:
     """Leading brackets and quotes, the core, and trailing punctuation of one token; a closing
-    bracket stays with the core when the core opened it (`SGD.step()`)."""
+    bracket or quote stays with the core when the core opened it (`SGD.step()`,
+    `.to('cpu')`, `mode="max-autotune"`)."""
     lead = _LEAD.match(token)
     head = lead.group(0) if lead else ""
     rest = token[len(head):]
     trail = _TRAIL.search(rest)
     tail = trail.group(0) if trail else ""
     core = rest[: len(rest) - len(tail)]
-    while tail.startswith(")") and core.count("(") > core.count(")"):
-        core, tail = core + ")", tail[1:]
+    while tail and ((tail[0] == ")" and core.count("(") > core.count(")"))
+                    or (tail[0] in "\"'" and core.count(tail[0]) % 2 == 1)):
+        core, tail = core + tail[0], tail[1:]
     return head, core, tail
 
 
@@ -82,17 +86,30 @@ def _calls(tokens: list[str]) -> list[str]:
     return out
 
 
-def prose(text: object) -> str:
-    """A sentence from a rule or the report, on one line: names and identifiers in code spans,
-    every other word as it is (no word left holds a markup character)."""
+def _words(text: str) -> str:
+    """Plain words as they are; names and identifiers among them in code spans."""
     words = []
-    for token in _calls(plain(text).split()):
+    for token in _calls(text.split()):
         head, core, tail = _split(token)
-        if core and _CODEY.search(core):
-            words.append(f"{head}{code(core)}{tail}")
-        else:
-            words.append(token)
+        words.append(f"{head}{code(core)}{tail}" if core and _CODEY.search(core) else token)
     return " ".join(words)
+
+
+def prose(text: object) -> str:
+    """A sentence from a rule or the report, on one line: names and identifiers in code spans
+    (what the rule already put in backticks too), every other word as it is (no word left
+    holds a markup character)."""
+    out = []
+    for i, piece in enumerate(_QUOTED.split(plain(text))):
+        if i % 2:
+            out.append(code(piece))
+        elif piece.strip():
+            pad_left = " " if piece[0].isspace() else ""
+            pad_right = " " if piece[-1].isspace() else ""
+            out.append(pad_left + _words(piece) + pad_right)
+        else:
+            out.append(" " if piece else "")
+    return " ".join("".join(out).split(" ")).strip()
 
 
 def _atoms(line: str) -> list[str]:
