@@ -7,7 +7,6 @@ says how): lists, not tables; names in code spans; lines wrapped under 200 chara
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from stallscope.diagnose.finding import Finding
@@ -30,7 +29,7 @@ from stallscope.report.labels import (
     steps_phrase,
     with_before,
 )
-from stallscope.report.md_text import WIDTH, bullets, code, paragraph, prose, wrap
+from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
 from stallscope.text import md_code, plural
 
 # A line in a fenced block is cut here: a ticket's raw view must not scroll sideways (a
@@ -49,22 +48,6 @@ def _fence(language: str, text: str) -> list[str]:
     body = [line if len(line) <= _MAX_CODE_LINE else line[: _MAX_CODE_LINE - 1] + "…"
             for line in md_code(text).split("\n")]
     return [f"```{language}", *body, "```", ""]
-
-
-def _command(command: str) -> str:
-    """A shell command split over lines (`\\` continuations) so no line passes WIDTH."""
-    try:
-        words = [shlex.quote(w) for w in shlex.split(command)]
-    except ValueError:  # unbalanced quotes: shown as it came
-        return command
-    lines, current = [], ""
-    for word in words:
-        if current and len(current) + 1 + len(word) > WIDTH - 2:
-            lines.append(current + " \\")
-            current = "    " + word
-        else:
-            current = f"{current} {word}" if current else word
-    return "\n".join([*lines, current])
 
 
 def _plan_lines(report: Report) -> list[str]:
@@ -303,12 +286,12 @@ def _trace_lines(report: Report) -> list[str]:
 
 
 def _reproduce_lines(report: Report) -> list[str]:
-    lines = ["## Reproduce", "", "```sh", md_code(_command(report.reproduce_command))]
+    lines = ["## Reproduce", "", "```sh", md_code(command_lines(report.reproduce_command))]
     if report.run:
         lines += [
             "# stallscope's per-step charts, and the trace in the PyTorch profiler plugin",
             "# (its page needs internet access):",
-            md_code(_command(report.run["tensorboard_command"])),
+            md_code(command_lines(report.run["tensorboard_command"])),
         ]
     lines += ["```", ""]
     lines += paragraph("Open a trace in ui.perfetto.dev (*Open trace file*; read in the "

@@ -17,6 +17,7 @@ that would open a block (a list, a heading, a quote, a fence).
 from __future__ import annotations
 
 import re
+import shlex
 
 from stallscope.text import clip, plain
 
@@ -167,3 +168,20 @@ def bullets(items: list[str], ordered: bool = False, level: int = 0) -> list[str
         marker = f"{i}. " if ordered else "- "
         lines += wrap(item, first=pad + marker, indent=pad + "    ")
     return lines
+
+
+def command_lines(command: str) -> str:
+    """A shell command for a fenced block, split over lines (`\\` continuations) so no line
+    passes WIDTH; as it came when it does not parse (unbalanced quotes)."""
+    try:
+        words = [shlex.quote(w) for w in shlex.split(command)]
+    except ValueError:
+        return command
+    lines, current = [], ""
+    for word in words:
+        if current and len(current) + 1 + len(word) > WIDTH - 2:
+            lines.append(current + " \\")
+            current = "    " + word
+        else:
+            current = f"{current} {word}" if current else word
+    return "\n".join([*lines, current])
