@@ -259,3 +259,16 @@ def test_the_no_step_report_renders_alike_and_plainly(tmp_path: Path):
     assert max(len(line) for line in text.splitlines()) < LIMIT
     assert "after 3 steps" in text and "`my_train.py`" in text and "\\" not in outside_code(text)
     assert structure(commonmark(text))["lists"] == [[0, "ul", 2], [0, "ul", 1]]
+
+
+def test_the_what_if_section_renders_alike():
+    """`--what-if` adds a list of the user's changes, each alone and all together."""
+    from stallscope.commands.pipeline import analyze_paths
+    from stallscope.diagnose.fixes import parse_what_if
+
+    report = analyze_paths([KINETO[0]], what_if=parse_what_if(["num_workers=4", "amp=fp16"]))
+    text = render_markdown(report)
+    section = text[text.index("## What if"): text.index("## Findings")]
+    assert structure(commonmark(text)) == structure(python_markdown(text))
+    assert structure(commonmark(section))["lists"][0] == [0, "ul", 3]
+    assert "- `num_workers=4` alone: about " in section and "- all together: about " in section
