@@ -227,10 +227,14 @@ def _summary_lines(report: Report) -> list[str]:
     if not t:
         return []
     cost = profiler_phrase(report.plan) if report.plan else ""
-    lines = paragraph(
-        f"Step time: median {ms(t['median'])} ms, mean {ms(t['mean'])} ms, p90 {ms(t['p90'])} "
-        f"ms over {plural(s['steps'], 'step')}"
-        + (f", recorded under the profiler; {prose(cost)}." if cost else "."))
+    n = len(report.traces)
+    figures = f"median {ms(t['median'])} ms, mean {ms(t['mean'])} ms, p90 {ms(t['p90'])} ms"
+    if n > 1:  # pooled steps of recordings that may differ in speed: said so, and where to look
+        lines = paragraph(f"Step time over the {n} recordings' {plural(s['steps'], 'step')} "
+                          f"together (each recording's own below): {figures}.")
+    else:
+        lines = paragraph(f"Step time: {figures} over {plural(s['steps'], 'step')}"
+                          + (f", recorded under the profiler; {prose(cost)}." if cost else "."))
     lines += ["Where the step's time goes:", ""]
     lines += bullets([f"{category_name(k)}: {v:.1f}%" for k, v in s["breakdown_pct"].items()])
     lines.append("")
@@ -242,7 +246,9 @@ def _summary_lines(report: Report) -> list[str]:
                            f"{parts.get('idle', 0.0):.1f}%.")
     story = loader_story(report)
     if story:
-        lines += paragraph(prose(story))
+        loader = next(f for f in report.findings if f.id == "dataloader-bound")
+        where = f"In {_trace_name(loader.trace)}: " if n > 1 else ""
+        lines += paragraph(where + prose(story))
     return lines
 
 
