@@ -17,7 +17,7 @@ import pytest
 from stallscope.report.build import Report
 from stallscope.report.markdown import render_markdown
 from stallscope.report.md_text import LIMIT, prose, wrap
-from tests.conftest import SAMPLES, real_trace, report_of
+from tests.conftest import SAMPLES, committed_traces, real_trace, report_of
 
 markdown = pytest.importorskip("markdown")
 markdown_it = pytest.importorskip("markdown_it")
@@ -272,3 +272,14 @@ def test_the_what_if_section_renders_alike():
     assert structure(commonmark(text)) == structure(python_markdown(text))
     assert structure(commonmark(section))["lists"][0] == [0, "ul", 3]
     assert "- `num_workers=4` alone: about " in section and "- all together: about " in section
+
+
+@pytest.mark.parametrize("path", committed_traces(), ids=lambda p: p.name.split(".")[0])
+def test_every_committed_trace_renders_alike_and_plainly(path: Path):
+    """The rules above on every committed trace, one by one: both renderers, the line limit,
+    no entity and no backslash escape in the prose."""
+    text = render_markdown(report_of(path))
+    assert structure(commonmark(text)) == structure(python_markdown(text))
+    assert max(len(line) for line in text.splitlines()) < LIMIT
+    assert not re.search(r"&(?:gt|lt|amp|quot|#\d+);", text)
+    assert "\\" not in outside_code(text)
