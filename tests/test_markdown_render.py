@@ -230,6 +230,7 @@ def test_the_top_recommendation_is_the_verdicts_finding(name: str):
     "waits 1. then - a list? # heading > quote <img src=x onerror=alert(1)> [link](https://x)",
     "a_b *c* `d` ```e``` | f ~~g~~ \\h &amp; &lt;i&gt; =====",
     "pin_memory helps only with .to(device, non_blocking=True). 2 worker(s) -> 3 ms",
+    "quoted `run` and ``doubled`` and `a``b` and a lone ` tick",
 ])
 def test_prose_with_markup_characters_renders_the_same_and_literally(text: str):
     """Rule and trace text with Markdown's special characters, wrapped narrow so block markers

@@ -110,7 +110,9 @@ def prose(text: object) -> str:
             out.append(pad_left + _words(piece) + pad_right)
         else:
             out.append(" " if piece else "")
-    return " ".join("".join(out).split(" ")).strip()
+    # code() never puts a backtick inside a span: "``" is two spans that touch, which would
+    # read as one delimiter; a space keeps them two.
+    return " ".join("".join(out).split()).replace("``", "` `")
 
 
 def _atoms(line: str) -> list[str]:
