@@ -40,7 +40,7 @@ def test_analyze_writes_json_html_markdown_and_a_summary(tmp_path: Path):
     assert "dataloader-bound" in html and "<svg" in html
     assert "http://" not in html.split("PyTorch docs")[0]  # no external resources before links
     md = (tmp_path / "out" / "report.md").read_text()
-    assert md.startswith("# stallscope report") and "| severity |" in md
+    assert md.startswith("# stallscope report") and "1. **high** `dataloader-bound`: " in md
 
 
 def test_console_script_and_module_give_the_same_report(tmp_path: Path):

@@ -19,8 +19,9 @@ from tests.conftest import ROOT, committed_traces, report_of
 
 TITLE = re.compile(r"<title>stallscope report(?:: (.*?))?</title>", re.DOTALL)
 CARD = re.compile(r'<div class="tile" id="tile-(main|saving)"(?: data-finding="([^"]*)")?')
-TOP_REC = re.compile(r"^### Top recommendation: (.*)$", re.MULTILINE)
-MD_ESCAPED = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|<>~])")
+# The heading names the finding's id; its title follows in bold, wrapped, names in code spans.
+TOP_REC = re.compile(r"^### Top recommendation: `([\w-]+)`\n\n\*\*(.+?)\*\*\n\n",
+                     re.MULTILINE | re.DOTALL)
 
 
 @functools.cache
@@ -40,7 +41,8 @@ def page_choices(data: dict[str, Any], page: str, text: str) -> dict[str, Any]:
         "title": html.unescape(title.group(1)) if title and title.group(1) else None,
         "main": cards.get("main"),
         "saving": cards.get("saving"),
-        "top_rec": MD_ESCAPED.sub(r"\1", rec.group(1)) if rec else None,
+        "top_rec": " ".join(rec.group(2).replace("`", "").split()) if rec else None,
+        "top_rec_id": rec.group(1) if rec else None,
     }
 
 
@@ -68,10 +70,12 @@ def test_the_page_names_one_finding(path: Path):
     lead = lead_of(data)
     if lead is None:
         assert not data["findings"], data["verdict"]
-        assert got == {"title": None, "main": None, "saving": None, "top_rec": None}
+        assert got == {"title": None, "main": None, "saving": None, "top_rec": None,
+                       "top_rec_id": None}
         return
     assert got["main"] == lead["id"] and got["saving"] == lead["id"], (got, data["verdict"])
     assert got["title"] == lead["title"] == got["top_rec"], (got, lead["title"])
+    assert got["top_rec_id"] == lead["id"]
     # The first line speaks of it: its title, lower-cased where the line quotes it.
     assert lead["title"].lower() in data["verdict"]["text"].lower(), data["verdict"]["text"]
     # Where its fix was replayed, the plan's first entry is that fix.

@@ -95,7 +95,7 @@ def test_more_workers_predicted_within_the_recordings_spread(session: str, worke
     after = report(session, f"w{workers}").plan["baseline_step_us"]
     assert before > 3 * after and before > 3 * predicted
     assert abs(predicted - after) / after * 100 <= WORKER_PAIR_PCT, (predicted, after)
-    assert "16 core(s)" in " ".join(what["assumptions"])  # the recorded cores, not this VM's
+    assert "16 cores" in " ".join(what["assumptions"])  # the recorded cores, not this VM's
 
 
 @pytest.mark.parametrize("session", SESSIONS)

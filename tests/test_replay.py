@@ -97,7 +97,7 @@ def test_committed_cpu_pairs_predicted_within_15pct(load: str, workers: int) -> 
     measured = np.median([s.duration_us for s in _model(after).steps])
     assert abs(predicted - measured) / measured * 100 <= CPU_PAIR_PCT, (predicted, measured)
     said = " ".join(report.what_if["assumptions"])
-    assert "2 core(s)" in said  # the recorded cores were used, not assumed
+    assert "2 cores" in said  # the recorded cores were used, not assumed
     if load == "io":
         assert "% of a fetch was CPU" in said and report.what_if["measured_step_us"] > 3 * \
             predicted  # waiting on storage: 4 workers on 2 cores still cut the step

@@ -150,7 +150,7 @@ def test_gpu_bound_is_the_verdict_on_v100(tmp_path: Path):
     out = tmp_path / "out"
     proc = run_cli("analyze", str(real_trace(V100_NS)), "-q", "-o", str(out))
     assert proc.returncode == 0, proc.stderr
-    verdict = (out / "report.md").read_text().splitlines()[2]
+    verdict = " ".join((out / "report.md").read_text().split("\n\n")[1].split())  # unwrapped
     assert "The GPU is the bottleneck" in verdict
     assert "full launch queue" in verdict and "mixed precision" in verdict
     assert "No bottleneck worth fixing" not in verdict

@@ -311,7 +311,8 @@ def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
     assert meta["loaders"][0]["fetch_wall_us"] == pytest.approx(loader["fetch_wall_us"], abs=1)
     # The plan replays the suggested workers on the recorded cores.
     assert report["plan"]["entries"][0]["change"] == f"num_workers={workers}"
-    assert any(f"{cores} core(s)" in a for a in report["plan"]["entries"][0]["assumptions"])
+    said = f"{cores} core{'' if cores == 1 else 's'}"
+    assert any(said in a for a in report["plan"]["entries"][0]["assumptions"])
 
 
 @pytest.mark.slow

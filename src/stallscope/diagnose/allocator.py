@@ -20,6 +20,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags, regex_hit
 
@@ -67,7 +68,7 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
         return Assessment(
             RULE_ID,
             "clear",
-            f"No device malloc/free calls in the {n} steady-state step(s)"
+            f"No device malloc/free calls in the {plural(n, 'steady-state step')}"
             + (f" ({first} in the first step, where the cache grows)." if first else "."),
         )
     steady = rt[is_steady]
@@ -79,7 +80,8 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
         return Assessment(
             RULE_ID,
             "clear",
-            f"{len(allocs)} device malloc call(s) in steady-state steps take {share:.1f}% of "
+            f"{plural(len(allocs), 'device malloc call')} in steady-state steps take "
+            f"{share:.1f}% of "
             f"their time (threshold {CHURN_THRESHOLD_PCT:.0f}%): occasional cache growth.",
         )
     steps_with = int(steady["step"].nunique())

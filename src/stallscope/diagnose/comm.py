@@ -20,6 +20,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.text import millis, plural
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline, enclosing
 from stallscope.trace.model import TraceModel
@@ -197,7 +198,7 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
         saving, basis = (exposed - peer) / 2, (
             "upper bound: half the exposed all-reduce time less the waiting on peers, if fp16 "
             "compression halves the bytes gloo moves (more than overlap could hide under the "
-            f"step's {ms(compute / n)} ms of other compute)")
+            f"step's {millis(ms(compute / n))} ms of other compute)")
     peers = _peer_text(evidence, n) if peer > 0 else ""
     per_step = r["top"][0]["count"] / n if r["top"] else 0.0
     evidence["top_collective_calls_per_step"] = round(per_step, 1)
@@ -208,9 +209,10 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
                "and starts each bucket as soon as backward has produced it. ") + rec
     rec = (
         f"{backend} collectives run with no compute beside them on {place} for {share:.1f}% of "
-        f"each step ({ms(exposed / n)} ms; largest, exposed ms summed over the {n} steps: "
-        + ", ".join(f"{c['collective']} {c['exposed_ms']} ms" for c in r["top"][:3])
-        + f"). The step has {ms(compute / n)} ms of other compute per step to hide them under"
+        f"each step ({millis(ms(exposed / n))} ms; largest, exposed ms summed over the {n} steps: "
+        + ", ".join(f"{c['collective']} {millis(c['exposed_ms'])} ms" for c in r["top"][:3])
+        + f"). The step has {millis(ms(compute / n))} ms of other compute per step to hide "
+        "them under"
         + (" (less than the exposed time: overlap alone cannot hide it all). "
            if compute < exposed - peer else ". ")
         # The larger of the two first: the waiting on peers, or what overlap can hide.
@@ -351,8 +353,9 @@ def _peer_text(evidence: dict, n: int) -> str:
     """What the measured waiting on peers is, and what helps it (not overlap)."""
     return (
         f"Waiting on peers: {evidence['peer_wait_ms_per_step']} ms per step "
-        f"({evidence['peer_wait_share_pct']:.1f}% of the step, {evidence['peer_wait_collectives']} "
-        f"collective(s) over the {n} steps) is collective time beyond what the same collective "
+        f"({evidence['peer_wait_share_pct']:.1f}% of the step, "
+        f"{plural(evidence['peer_wait_collectives'], 'collective')} over the {n} steps) is "
+        "collective time beyond what the same collective "
         "takes in a typical step (2x or more): this rank waited for slower ranks. Overlap does "
         "not remove it; look at the other ranks' traces (analyze them together: "
         "rank-imbalance compares their work per step) and balance the work and data across "

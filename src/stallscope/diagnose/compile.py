@@ -20,6 +20,7 @@ import pandas as pd
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags
 
@@ -80,7 +81,8 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     if compiles.empty:
         return Assessment(
             RULE_ID, "clear",
-            f"torch.compile ran {len(regions)} compiled region(s) in the recorded steps and "
+            f"torch.compile ran {plural(len(regions), 'compiled region')} in the recorded steps "
+            "and "
             "compiled nothing there: compilation had settled before recording."
             + (f" {_breaks_text(breaks)}" if breaks else ""),
         )
@@ -153,7 +155,8 @@ def _fell_back(model: TraceModel, dynamo: dict) -> Assessment:
     limit = dynamo.get("recompile_limit") or RECOMPILE_LIMIT
     return Assessment.found(Finding(
         id=RULE_ID,
-        title=(f"torch.compile compiled {graphs} graph(s) before recording, but the recorded "
+        title=(f"torch.compile compiled {plural(graphs, 'graph')} before recording, but the "
+               "recorded "
                "steps ran no compiled code"),
         evidence={"graphs_compiled_before_recording": graphs, "recompile_limit": limit,
                   "compiled_regions_per_step": 0.0, "steps": len(model.steps)},
@@ -208,6 +211,7 @@ def _graph_breaks(model: TraceModel) -> dict[str, int]:
 
 def _breaks_text(breaks: dict[str, int]) -> str:
     top = "; ".join(f"{reason} ({count}x)" for reason, count in list(breaks.items())[:MAX_REASONS])
-    return (f"Dynamo counted {sum(breaks.values())} graph break(s) while recording: {top}. Each "
+    return (f"Dynamo counted {plural(sum(breaks.values()), 'graph break')} while recording: "
+            f"{top}. Each "
             "break splits the model into separately compiled graphs with Python between them; "
             "torch._dynamo.explain(model)(inputs) lists them, fullgraph=True makes one an error.")

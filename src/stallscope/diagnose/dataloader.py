@@ -11,6 +11,7 @@ from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import Knobs
 from stallscope.replay.loader import LoaderFacts
+from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "dataloader-bound"
@@ -251,7 +252,7 @@ class LoaderClass:
                     + (sampled or " Also cache the samples (in memory, or on local NVMe, tmpfs "
                        "or /dev/shm) or read from faster storage."))
         if self.bound == "cpu-bound":
-            cap = f"the {cores} core(s)" if cores else "the free cores"
+            cap = f"the {plural(cores, 'core')}" if cores else "the free cores"
             runq = a.get("runq_share")
             queued = (f" ({100 * runq:.0f}% runnable but waiting for a core: the cores are "
                       "saturated)" if isinstance(runq, int | float) and runq >= 0.1 else "")
@@ -346,17 +347,18 @@ def _advice(
     if workers <= workers_now or step - projected < MIN_GAIN * step:
         # Every core already has work: more workers would only contend for them.
         busy = (
-            f"the DataLoader has {workers_now} worker(s)" if workers_now
+            f"the DataLoader has {plural(workers_now, 'worker')}" if workers_now
             else "the step's own compute already keeps them busy"
         )
         return _Advice(
-            f"{_where(info)}The step waits for batches, but this process may use {cores} "
-            f"core(s) and {busy}: more worker processes would compete for the same cores "
+            f"{_where(info)}The step waits for batches, but this process may use "
+            f"{plural(cores, 'core')} and {busy}: more worker processes would compete for the "
+            "same cores "
             "rather than overlap. Make each sample cheaper (lighter or GPU-side transforms and "
             "decoding, caching decoded samples), read from faster storage, or give the process "
             f"more cores (fewer processes per host).{klass.sentence(cores)}",
             f"# {info.call_site if info else 'the DataLoader'}: loading competes with the step "
-            f"for {cores} core(s)\n"
+            f"for {plural(cores, 'core')}\n"
             "# - cache decoded samples, or move augmentation to the GPU\n"
             "# - fewer processes per host, or a wider CPU affinity for this one",
             "Loading is CPU-bound on cores that are all in use.",
@@ -380,22 +382,24 @@ def _advice(
         change["pin_memory"] = True
     why = (
         f"each batch takes {ms(per_batch):.1f} ms of loading against {ms(compute):.1f} ms of "
-        f"other step work, so {ideal} worker process(es) (load/compute rounded up"
+        f"other step work, so {plural(ideal, 'worker process', 'worker processes')} "
+        "(load/compute rounded up"
         f"{', plus one spare' if workers_now == 0 else ''}) can prepare batches ahead of the step"
     )
     if waiting and cores is not None and workers > cores:
-        why += (f"; more than the {cores} core(s), as each worker mostly waits "
+        why += (f"; more than the {plural(cores, 'core')}, as each worker mostly waits "
                 f"({100 * share:.0f}% of its time on CPU)")
     if cap is not None and workers < ideal:
         why += (f"; capped at {WAITING_WORKERS_PER_CORE} per core" if waiting
-                else f"; capped at the {cores} core(s) this process may use")
+                else f"; capped at the {plural(cores, 'core')} this process may use")
     basis = upper_basis
     if cores is not None:
         cpu_work = "all CPU work spread over the cores"
         if waiting:
             cpu_work += f", loading counted at its {share:.0%} CPU share"
         basis = (
-            f"estimate: with {workers} worker(s) on {cores} core(s) a step takes about "
+            f"estimate: with {plural(workers, 'worker')} on {plural(cores, 'core')} a step "
+            "takes about "
             f"{ms(projected):.1f} ms (the largest of the other step work, loading spread over the "
             f"workers{', and ' + cpu_work if not model.has_gpu else ''}); "
             "never more than the loader wait"
@@ -404,11 +408,12 @@ def _advice(
     threads_text, threads_code = "", ""
     if fit is not None:
         threads_text = (
-            f" With {workers} worker(s) beside {threads} intra-op thread(s) on {cores} core(s) "
+            f" With {plural(workers, 'worker')} beside {plural(threads, 'intra-op thread')} on "
+            f"{plural(cores, 'core')} "
             f"they would preempt each other: set torch.set_num_threads({fit}) in the same change "
             "(the two together, not either alone).")
-        threads_code = (f"\n+torch.set_num_threads({fit})  # {cores} core(s) shared with "
-                        f"{workers} loader worker(s)")
+        threads_code = (f"\n+torch.set_num_threads({fit})  # {plural(cores, 'core')} shared with "
+                        f"{plural(workers, 'loader worker')}")
     return _Advice(
         f"{_where(info, change)}{where}: {why}."
         f"{' Keep the workers alive across epochs.' if workers_now == 0 else ''}"
@@ -417,7 +422,8 @@ def _advice(
         (f"Storage that serves {workers} concurrent readers as fast as one (the measured wait is "
          "per read, not a bandwidth limit); memory for the extra worker processes; a picklable "
          "dataset." if waiting and cores is not None and workers > cores else
-         f"{workers} CPU core(s) free for loading in this process (cores per process, after the "
+         f"{plural(workers, 'CPU core')} free for loading in this process (cores per process, "
+         "after the "
          "other ranks on the host); a picklable dataset; transforms that do not touch the GPU.")
         + (" pin_memory helps only with .to(device, non_blocking=True)." if "pin_memory" in change
            else ""),

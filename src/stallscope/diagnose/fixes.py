@@ -49,6 +49,7 @@ from stallscope.replay.engine import replay
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
 from stallscope.replay.threads import OneThread, one_thread
+from stallscope.text import millis, plural
 from stallscope.trace.model import SYNC_CALLS, TraceModel
 from stallscope.trace.names import name_matches, per_name
 
@@ -294,7 +295,7 @@ def _sync_off(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
                           "out of the loop would remove")
     g = g.copy()
     tf.unblock(g, waits)
-    return g, [f"{int(waits.sum())} host wait(s) on the GPU (stream/device syncs, "
+    return g, [f"{plural(int(waits.sum()), 'host wait')} on the GPU (stream/device syncs, "
                "device-to-host copies) no longer block the step: the values are read every "
                "N steps instead"]
 
@@ -567,7 +568,8 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     host = calls & ((g.h_kind == FILL) | (g.h_kind == CALL)) & (g.h_wait < 0)
     tf.scale_host(g, host, 0.0)
     notes = [
-        f"{moved} collective(s) start as soon as their inputs are ready: gradient all-reduce "
+        f"{plural(moved, 'collective')} start as soon as their inputs are ready: gradient "
+        "all-reduce "
         "and reduce-scatter sent in buckets (DDP's default 25 MB, taken as "
         f"{BUCKET_US / 1000:g} ms each: 25 GB/s assumed) as backward produces their gradients "
         "(in proportion to their transfer time), all-gathers one ahead (FSDP prefetch); none "
@@ -576,7 +578,7 @@ def _comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         "one call per bucket from C++ hooks (their cost is neglected)",
     ]
     if wait.any():
-        notes.append(f"{ms(float(wait.sum()) / max(g.steps, 1))} ms per step of waiting on "
+        notes.append(f"{millis(ms(float(wait.sum()) / max(g.steps, 1)))} ms per step of waiting on "
                      "peers (collective time beyond the same collective's median step) stays "
                      "on the step's last collective: overlap does not remove it")
     return g, notes

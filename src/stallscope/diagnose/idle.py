@@ -23,6 +23,7 @@ from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.plan import judged_steps
+from stallscope.text import millis
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import LOADER_NAME, TraceModel
@@ -696,13 +697,14 @@ def _idle_advice(
 ) -> tuple[str, str, str]:
     steps = ev["steps"]
     host_part = (
-        f"host-wait gaps ({ms(rest_host / steps)} ms per step: the next kernel was launched only "
-        f"after the GPU ran dry; {ev['kernels_per_step']} kernels per step, median "
-        f"{ev['median_kernel_us']} us)"
+        f"host-wait gaps ({millis(ms(rest_host / steps))} ms per step: the next kernel was "
+        f"launched only after the GPU ran dry; {ev['kernels_per_step']:.0f} kernels per step, "
+        f"median {ev['median_kernel_us']} us)"
     )
     other_part = (
-        f"gaps with work already queued ({ms(rest_other / steps)} ms per step: it waited on a "
-        "stream/event dependency or another device, or the step ended before the next launch)"
+        f"gaps with work already queued ({millis(ms(rest_other / steps))} ms per step: it "
+        "waited on a stream/event dependency or another device, or the step ended before the "
+        "next launch)"
     )
     if has(model, (2, 0)):
         fewer = ("launch fewer, larger kernels (torch.compile fuses elementwise ops; "
@@ -725,10 +727,12 @@ def _idle_advice(
         "late as possible and keep independent work launched ahead of them."
     )
     if cause == "host-cpu-work":
-        ops = ", ".join(f"{o['op']} {o['ms_per_step']} ms" for o in ev.get("cpu_work_ops", []))
+        ops = ", ".join(f"{o['op']} {millis(o['ms_per_step'])} ms"
+                        for o in ev.get("cpu_work_ops", []))
         rec = (
-            f"For {ev['cpu_work_ms_per_step']} ms per step ({ev['cpu_work_share_pct']:.1f}% of "
-            "step time) the GPU had nothing to run while the stepping thread did CPU work that "
+            f"For {millis(ev['cpu_work_ms_per_step'])} ms per step "
+            f"({ev['cpu_work_share_pct']:.1f}% of step time) the GPU had nothing to run while "
+            "the stepping thread did CPU work that "
             f"launched no GPU work (per step: {ops}). This is not launch overhead: CUDA graphs, "
             "torch.compile or fewer kernels would not remove it. Take that work off the critical "
             "path: do preprocessing, tokenisation and image processing in the Dataset or "

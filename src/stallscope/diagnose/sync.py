@@ -8,6 +8,7 @@ import pandas as pd
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.text import millis
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
@@ -237,7 +238,7 @@ def _output_read_detail(model: TraceModel, share: float, read_us: float,
     other = pct(cost["costly"], total)
     return (
         f"The host waits for the GPU {share:.1f}% of each batch; {pct(read_us, total):.1f}% "
-        f"of the batch ({ms(read_us / n)} ms) is spent reading its output after its last "
+        f"of the batch ({millis(ms(read_us / n))} ms) is spent reading its output after its last "
         "GPU work (.cpu(), .item(), .tolist()): a read the caller needs, not a "
         "synchronisation to remove; other waits cost "
         f"{other:.1f}% of the batch (threshold {SYNC_THRESHOLD_PCT:.0f}%). To keep the GPU "

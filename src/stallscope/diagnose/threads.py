@@ -14,6 +14,7 @@ from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.replay.threads import OneThread
+from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "cpu-oversubscription"
@@ -79,16 +80,18 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
         # Not "clear": the cores were contended, only not by this run's threads.
         return Assessment(
             RULE_ID, "not_assessed",
-            f"{threads} intra-op thread(s) + {workers} loader worker(s) fit the {cores} core(s) "
+            f"{plural(threads, 'intra-op thread')} + {plural(workers, 'loader worker')} fit the "
+            f"{plural(cores, 'core')} "
             f"this process may use, but {busy.clause}: any contention came from them, not from "
             "this run's threads. Re-record on a quiet machine to judge.",
         )
     if demand <= cores:
         return Assessment(
             RULE_ID, "clear",
-            f"{threads} intra-op thread(s) + {workers} loader worker(s) fit the {cores} core(s) "
+            f"{plural(threads, 'intra-op thread')} + {plural(workers, 'loader worker')} fit the "
+            f"{plural(cores, 'core')} "
             "this process may use"
-            + (f" (the workers wait on storage: together they keep {worker_cores:.1f} core(s) "
+            + (f" (the workers wait on storage: together they keep {worker_cores:.1f} cores "
                "busy)." if busy_workers < workers else "."),
         )
     excess = (demand - cores) / demand
@@ -98,7 +101,8 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
         saving = pct(excess * compute / n, total / n)
         basis = (
             f"estimate, not a bound: under fair time-sharing {demand} runnable threads on "
-            f"{cores} core(s) leave the step's compute {100 * excess:.0f}% short of CPU while "
+            f"{plural(cores, 'core')} leave the step's compute {100 * excess:.0f}% short of CPU "
+            "while "
             "the workers run, and the trace shows them running (the step waits "
             f"{evidence['loader_wait_share_pct']:.1f}% on batches); OpenMP barriers can make "
             "the real cost larger, idle workers smaller"
@@ -129,13 +133,14 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
         id=RULE_ID,
         title=(
             f"CPU oversubscribed: {threads} intra-op threads + {workers} loader workers on "
-            f"{cores} core(s)"
+            f"{plural(cores, 'core')}"
         ),
         evidence=evidence,
         recommendation=(
             f"{where}The step's intra-op threads and the DataLoader workers want {demand} cores "
             f"but this process may use {cores}: they preempt each other, and a preempted "
-            f"OpenMP thread stalls the whole parallel region. Give the step {fit} thread(s) "
+            "OpenMP thread stalls the whole parallel region. Give the step "
+            f"{plural(fit, 'thread')} "
             "and leave one core per worker, or use fewer workers."
             + (f" Timed without the profiler just before recording: {one.measured_us / 1000:.1f}"
                f" ms per step at one thread, {plain / 1000:.1f} ms at {threads}."

@@ -22,6 +22,7 @@ from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
+from stallscope.text import plural
 from stallscope.trace.model import LOADER_NAME, TraceModel
 from stallscope.trace.names import name_matches, per_name
 
@@ -86,7 +87,8 @@ def worker_startup(model: TraceModel, context: RunContext | None = None) -> Asse
                if initial else "")
             + ": the cost of re-spawning workers each epoch was not observed. Record a window "
             "spanning an epoch boundary to measure it."
-            + (f" (`run` saw {started} worker process(es) start while the steps were recorded, "
+            + (f" (`run` saw {plural(started, 'worker process', 'worker processes')} start "
+               "while the steps were recorded, "
                "but the trace does not show where.)" if started else ""),
         )
     return _startup_finding(model, context, bounds, respawns, multi_loaders)

@@ -16,6 +16,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags
 
@@ -60,7 +61,8 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
     if per_call < MIN_LAUNCHES or share < MIN_SHARE_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"zero_grad() launches {per_call} kernel(s) per call and takes {share:.1f}% of the "
+            f"zero_grad() launches {plural(per_call, 'kernel')} per call and takes {share:.1f}% "
+            "of the "
             f"step (flagged from {MIN_LAUNCHES} launch and {MIN_SHARE_PCT:.0f}%).",
         )
     room = max(model.total_step_us - busiest_gpu_us(model), 0.0)

@@ -24,6 +24,7 @@ import numpy as np
 from stallscope.capture.hostload import OtherLoad, load_from
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import LOADER, Graph
+from stallscope.text import plural
 
 # Receiving one batch from a worker (queue get, unpickling, fetching each tensor's shared-memory
 # handle from the worker, mapping it). Measured on this project's 2-core VM with batches of 32
@@ -160,7 +161,7 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
         raise NotModelled("the DataLoader already uses workers, and how many is not in the "
                           "trace (record it with `stallscope run`)")
     if n <= workers_now:
-        raise NotModelled(f"the DataLoader already has {workers_now} worker(s)")
+        raise NotModelled(f"the DataLoader already has {plural(workers_now, 'worker')}")
     # The step as the graph has it now (without the profiler, where the plan took it out):
     # its own work is what is left once the fetches it waited on are gone.
     before = replay(g).step_us
@@ -203,11 +204,12 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     if one_thread:
         u = min(u, 1.0)
     s = 1.0 if share is None else share
-    notes.append(f"{facts.cores} core(s) shared by the step's own work ({u:.1f} cores busy "
+    notes.append(f"{plural(facts.cores, 'core')} shared by the step's own work ({u:.1f} cores busy "
                  f"while it ran) and the workers' loading ({s:.0%} of a fetch was CPU)")
     if facts.other_load is not None:
-        notes.append(f"{facts.other_load.clause}: the prediction assumes the {facts.cores} "
-                     "core(s) are free for this run, which they were not then (lower "
+        notes.append(f"{facts.other_load.clause}: the prediction assumes the "
+                     f"{plural(facts.cores, 'core')} are free for this run, which they were not "
+                     "then (lower "
                      "confidence)")
     first = replay(g).step_us
     k = own  # the step's own work, per step

@@ -23,6 +23,7 @@ from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals, summed, top_rows
 from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
+from stallscope.text import plural
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 
 # 2: findings are ranked by the replayed fix plan (`plan`, `findings[].predicted_step_us`,
@@ -371,7 +372,8 @@ def attach_run(
         report.notes.insert(
             0,
             f"Partial: {why} after "
-            f"{report.run['steps_recorded']} of {first.steps_requested} recorded step(s).",
+            f"{report.run['steps_recorded']} of "
+            f"{plural(first.steps_requested, 'recorded step')}.",
         )
     if first.script_profiler and first.script_profiler.get("note"):
         report.notes.insert(0, first.script_profiler["note"])  # which trace this report is of

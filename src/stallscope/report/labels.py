@@ -10,6 +10,7 @@ from typing import Any
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report, share_text
+from stallscope.text import plural
 
 # A plan's steps are named one by one up to this many, else as "first ... last".
 MAX_STEP_NAMES = 4
@@ -124,7 +125,7 @@ def profiler_phrase(plan: dict[str, Any]) -> str:
                  f"wait for a core ({load['wait_share_pct']:.0f}% of its runnable time, from "
                  "the kernel's run-queue figures) that other processes caused, beyond the "
                  f"{load['own_share_pct']:.0f}% this run's own threads on its "
-                 f"{load['cores']} core(s) explain")
+                 f"{plural(load['cores'], 'core')} explain")
     return text + ")"
 
 

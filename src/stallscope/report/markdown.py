@@ -1,7 +1,13 @@
-"""report.md: the verdict, the replayed fix plan, a findings table and the top recommendation,
-for a ticket."""
+"""report.md: the verdict, the replayed fix plan, the findings in plan order and the top
+recommendation, for a ticket.
+
+Written to render the same in CommonMark and Python-Markdown and to read well raw (md_text.py
+says how): lists, not tables; names in code spans; lines wrapped under 200 characters.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
@@ -23,13 +29,25 @@ from stallscope.report.labels import (
     steps_phrase,
     with_before,
 )
-from stallscope.text import md, md_code
+from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
+from stallscope.text import md_code, plural
+
+# A line in a fenced block is cut here: a ticket's raw view must not scroll sideways (a
+# command is split at its arguments before that; only a hostile name runs so long).
+_MAX_CODE_LINE = 199
 
 
 def _fence_language(snippet: str) -> str:
     """`diff` for snippets written as -/+ lines, so ticket systems colour them; else python."""
     lines = snippet.split("\n")
     return "diff" if any(line.startswith(("-", "+")) for line in lines) else "python"
+
+
+def _fence(language: str, text: str) -> list[str]:
+    """A fenced code block; a line longer than a screen is cut, saying so."""
+    body = [line if len(line) <= _MAX_CODE_LINE else line[: _MAX_CODE_LINE - 1] + "…"
+            for line in md_code(text).split("\n")]
+    return [f"```{language}", *body, "```", ""]
 
 
 def _plan_lines(report: Report) -> list[str]:
@@ -39,36 +57,35 @@ def _plan_lines(report: Report) -> list[str]:
     plan = report.plan
     if not plan or not plan["entries"]:
         return []
-    of = f" of {md(plan['trace'])}" if len(report.traces) > 1 else ""
-    lines = [
-        "## Fix plan",
-        "",
+    of = f" of {_trace_name(plan['trace'])}" if len(report.traces) > 1 else ""
+    cost = profiler_phrase(plan)
+    ranges = range_phrase(plan)
+    lines = ["## Fix plan", ""]
+    lines += paragraph(
         f"Replayed predictions{of}: the recorded steps replayed with each change applied, in "
-        "this order, each on top of the ones before. Medians over "
-        f"{md(steps_phrase(report, plan))}; "
-        f"measured {ms(plan['measured_step_us'])} ms per step (the unchanged replay: "
-        f"{ms(plan['replayed_step_us'])} ms)"
-        + (f"; {md(profiler_phrase(plan))}." if profiler_phrase(plan) else ".")
-        + (f" {md(range_phrase(plan))}." if range_phrase(plan) else ""),
-        "",
-    ]
+        f"this order, each on top of the ones before. Medians over "
+        f"{prose(steps_phrase(report, plan))}; measured {ms(plan['measured_step_us'])} ms per "
+        f"step (the unchanged replay: {ms(plan['replayed_step_us'])} ms)"
+        + (f"; {prose(cost)}." if cost else ".") + (f" {prose(ranges)}." if ranges else ""))
     for i, (e, before) in enumerate(with_before(plan), 1):
-        lines.append(f"{i}. {md(e['change'])} ({md(e['id'])}): {ms(before)} -> "
-                     f"{predicted(e)} (-{e['saving_pct']:.1f}%)")
-        lines += [f"   - assumes: {md(a)}" for a in e["assumptions"]]
-    lines += ["", f"Floor: {ms(plan['floor_us'])} ms per step, the "
-              f"{floor_phrase(plan)} once every change is made; no change in this "
-              "plan goes below it.", ""]
+        lines += wrap(f"{code(e['change'])} ({code(e['id'])}): {ms(before)} -> "
+                      f"{predicted(e)} (-{e['saving_pct']:.1f}%)", first=f"{i}. ",
+                      indent="    ")
+        lines += bullets([f"assumes: {prose(a)}" for a in e["assumptions"]], level=1)
+    lines += [""]
+    lines += paragraph(f"Floor: {ms(plan['floor_us'])} ms per step, the {floor_phrase(plan)} "
+                       "once every change is made; no change in this plan goes below it.")
     if plan["not_replayed"]:
         lines += ["Not replayed:", ""]
-        lines += [f"- `{md_code(k)}`: {md(v)}" for k, v in plan["not_replayed"].items()]
+        lines += bullets([f"{code(k)}: {prose(v)}" for k, v in plan["not_replayed"].items()])
         lines.append("")
     left = [f for f in report.findings if f.trace == plan["trace"]
             and f.predicted_step_us is not None and f.plan_rank is None]
     if left:
-        lines += [f"Replayed but not in the plan (under {plan['min_gain_pct']}% on top of it): "
-                  + ", ".join(f"`{md_code(f.id)}` (alone {ms(f.predicted_step_us)} ms)"
-                              for f in left), ""]
+        lines += paragraph(
+            f"Replayed but not in the plan (under {plan['min_gain_pct']}% on top of it): "
+            + ", ".join(f"{code(f.id)} (alone {ms(f.predicted_step_us)} ms)" for f in left)
+            + ".")
     return lines
 
 
@@ -77,31 +94,28 @@ def _what_if_lines(report: Report) -> list[str]:
     w = report.what_if
     if not w:
         return []
-    lines = [
-        "## What if",
-        "",
-        f"Your changes (`--what-if`), replayed on the same steps: measured "
+    lines = ["## What if", ""]
+    lines += paragraph(
+        f"Your changes ({code('--what-if')}), replayed on the same steps: measured "
         f"{ms(w['measured_step_us'])} ms per step (the unchanged replay: "
-        f"{ms(w['replayed_step_us'])} ms).",
-        "",
-        "| change | predicted step | vs measured |",
-        "|---|---:|---:|",
-    ]
-    rows = [(f"{c['change']} alone", c) for c in w["each"]]
+        f"{ms(w['replayed_step_us'])} ms).")
+    rows = [(f"{code(c['change'])} alone", c) for c in w["each"]]
     if len(w["each"]) > 1:
         rows.append(("all together", w))
+    items = []
     for label, c in rows:
         us = c.get("predicted_step_us")
         if us is None:
-            why = c.get("not_replayed") or "not modelled"
-            lines.append(f"| {md(label)} | not replayed: {md(why)} | |")
+            items.append(f"{label}: not replayed "
+                         f"({prose(c.get('not_replayed') or 'not modelled')})")
         else:
-            lines.append(f"| {md(label)} | {predicted(c)} | {pct_of(w, us):+.1f}% |")
+            items.append(f"{label}: {predicted(c)}, {pct_of(w, us):+.1f}% against the measured "
+                         "step")
+    lines += [*bullets(items), ""]
     assumptions = list(dict.fromkeys(
         [*w.get("assumptions", []), *(a for c in w["each"] for a in c.get("assumptions", []))]))
     if assumptions:
-        lines += ["", "Assumptions:", ""] + [f"- {md(a)}" for a in assumptions]
-    lines.append("")
+        lines += ["Assumptions:", "", *bullets([prose(a) for a in assumptions]), ""]
     return lines
 
 
@@ -110,154 +124,204 @@ def _estimate_line(report: Report, f: Finding) -> str:
     kind, _ = saving_label(f)
     entry = report.plan_entry(f)
     plan = plan_of(report, f.trace)
+    basis = prose(f.saving_basis)
     if kind == "replayed" and entry is not None and plan is not None:
         alone = f"; this change alone: {ms(f.predicted_step_us)} ms" if (
             f.predicted_step_us is not None) else ""
         return (f"*Estimate (replayed prediction):* step {f.plan_rank} of the fix plan, "
                 f"-{share_text(f.estimated_saving_pct)} of the "
                 f"{ms(baseline(plan))} ms step (down to "
-                f"{predicted(entry, inside=True)}){alone} ({md(f.saving_basis)}).")
+                f"{predicted(entry, inside=True)}){alone} ({basis}).")
     if kind == "replayed":
         return (f"*Estimate (replayed prediction):* {share_text(f.estimated_saving_pct)} of "
-                "step time "
-                f"({md(f.saving_basis)}).")
+                f"step time ({basis}).")
     if kind == "counted":
-        return f"*Estimate:* counted in `{md_code(f.caused_by)}`'s fix ({md(f.saving_basis)})."
+        return f"*Estimate:* counted in {code(f.caused_by)}'s fix ({basis})."
     if not_estimated(f):
-        return f"*Estimate:* not estimated ({md(f.saving_basis)})."
+        return f"*Estimate:* not estimated ({basis})."
     return (f"*Estimate (upper bound, not replayed):* up to "
-            f"{share_text(f.estimated_saving_pct)} of step time ({md(f.saving_basis)}).")
+            f"{share_text(f.estimated_saving_pct)} of step time ({basis}).")
 
 
-def render_markdown(report: Report) -> str:
-    """The whole report.md: plain Markdown a ticket system renders, trace text escaped."""
+def _trace_name(label: str) -> str:
+    """A recording's label: a file name in a code span; a rank ("rank 3") in words."""
+    return label if label.startswith("rank ") and label[5:].isdigit() else code(label)
+
+
+def _saves(f: Finding) -> str:
+    """What fixing a finding saves, as the findings list says it."""
+    kind, text = saving_label(f)
+    if kind == "counted":
+        return f"counted in {code(f.caused_by)}'s fix"
+    alone = (f"; the step with this change alone: {ms(f.predicted_step_us)} ms"
+             if f.predicted_step_us is not None else "")
+    return f"saves {text}{alone}" if text != "not estimated" else f"saving {text}"
+
+
+def _causes(report: Report) -> list[list[Finding]]:
+    """The findings grouped by cause (each id once for the whole input), in the fix plan's
+    order, then in the report's own order (severity and saving)."""
+    groups: dict[str, list[Finding]] = {}
+    for f in report.findings:
+        groups.setdefault(f.id, []).append(f)
+    plan_trace = report.plan["trace"] if report.plan else None
+    first = {fid: i for i, fid in enumerate(groups)}
+
+    def rank(fid: str) -> tuple[float, int]:
+        ranks = [f.plan_rank for f in groups[fid]
+                 if f.plan_rank is not None and f.trace == plan_trace]
+        return (min(ranks) if ranks else float("inf"), first[fid])
+
+    return [groups[fid] for fid in sorted(groups, key=rank)]
+
+
+def _finding_lines(report: Report) -> list[str]:
+    """One item per cause; with several recordings, one sub-item per recording that has it."""
+    lines = ["## Findings", ""]
+    if not report.findings:
+        return [*lines, "No findings.", ""]
+    multi = len(report.traces) > 1
+    lines += paragraph("In the fix plan's order, each cause once; the saving is a replayed "
+                       "prediction or, where the replay could not model the change, an upper "
+                       "bound.")
+    order = {t["label"]: i for i, t in enumerate(report.traces)}
+    for i, group in enumerate(_causes(report), 1):
+        group = sorted(group, key=lambda g: order.get(g.trace, len(order)))
+        f = group[0]
+        caused = f" (an effect of {code(f.caused_by)})" if f.caused_by else ""
+        if len(group) == 1:
+            # A finding grouped over ranks (job_scale's `seen_on`) names its ranks in its title.
+            where = f" In {_trace_name(f.trace)}." if multi and "seen_on" not in f.evidence else ""
+            lines += wrap(f"**{f.severity}** {code(f.id)}{caused}: {prose(f.title)}; "
+                          f"{_saves(f)}.{where}", first=f"{i}. ", indent="    ")
+            continue
+        lines += wrap(f"{code(f.id)}{caused}: in {plural(len(group), 'recording')}",
+                      first=f"{i}. ", indent="    ")
+        lines += bullets([f"{_trace_name(g.trace)}: **{g.severity}**, {prose(g.title)}; {_saves(g)}"
+                          for g in group], level=1)
+    lines.append("")
+    return lines + _top_lines(report)
+
+
+def _top_lines(report: Report) -> list[str]:
+    """The lead finding (the verdict's) in full: what to do, the code, its precondition."""
+    top = report.lead or report.findings[0]
+    # The title goes below the heading: a heading cannot wrap, and titles run to 200 characters.
+    lines = [f"### Top recommendation: {code(top.id)}", "", *paragraph(f"**{prose(top.title)}**")]
+    if report.verdict_id == "no-bottleneck":
+        lines += paragraph("*The largest finding, though the verdict finds nothing worth "
+                           "fixing: its saving is small.*")
+    lines += paragraph(prose(top.recommendation))
+    lines += _fence(_fence_language(top.snippet), top.snippet)
+    lines += paragraph(f"*Precondition:* {prose(top.precondition)}")
+    lines += paragraph(_estimate_line(report, top))
+    if top.docs.startswith("https://") and " " not in top.docs and ">" not in top.docs:
+        lines += [f"*Docs:* <{top.docs}>", ""]
+    return lines
+
+
+def _summary_lines(report: Report) -> list[str]:
+    """Step time, where it goes, the GPU's busy and idle shares, the loader's two figures."""
     s = report.summary
-    lines = ["# stallscope report", "", f"**Verdict:** {md(report.verdict)}", ""]
-    versions = report.environment.get("torch_versions") or []
-    if versions:
-        lines += [f"**Recorded with:** {md('; '.join(versions))}", ""]
-    if report.workload_note:
-        lines += [f"*{md(report.workload_note)}*", ""]
-    run = report.run
-    if run and run.get("overrides"):
-        forced = ", ".join(f"`{md_code(f'{k}={v}')}`" for k, v in run["overrides"].items())
-        lines += [
-            f"> **Overridden run:** measured with DataLoader settings forced by `--set` "
-            f"({forced}), not the script's own.",
-            "",
-        ]
-    if run and run.get("trace_source") == "script-profiler" and run.get("script_profiler"):
-        lines += [f"> **The script's own profiler:** {md(run['script_profiler']['note'])}", ""]
-    if run and (run["partial"] or run["exit_status"]):
-        lines += [
-            f"> **Partial run:** the script ended ({md(run['ended'])}, exit status "
-            f"{run['exit_status']}) with {run['steps_recorded']} of {run['steps_requested']} "
-            "requested step(s) recorded.",
-            "",
-        ]
-    if s["step_time_us"]:
-        t = s["step_time_us"]
-        lines += [
-            f"Step time: median {t['median'] / 1000:.1f} ms, mean {t['mean'] / 1000:.1f} ms, "
-            f"p90 {t['p90'] / 1000:.1f} ms over {s['steps']} step(s)"
-            + (f", recorded under the profiler; {md(profiler_phrase(report.plan))}."
-               if report.plan and profiler_phrase(report.plan) else "."),
-            "",
-            "| where the step's time goes | share |",
-            "|---|---:|",
-        ]
-        lines += [f"| {md(category_name(k))} | {v:.1f}% |" for k, v in s["breakdown_pct"].items()]
-        lines.append("")
-        for dev, parts in s["gpu_pct"].items():
-            busy = 100.0 - parts.get("idle", 0.0)
-            what = ", ".join(f"{category_name(k)} {parts[k]:.1f}%"
-                             for k in ("kernel", "memcpy", "memset") if k in parts)
-            lines.append(f"GPU {md(dev)}: busy {busy:.1f}% of the step ({what}), idle "
-                         f"{parts.get('idle', 0.0):.1f}%.")
-        if s["gpu_pct"]:
-            lines.append("")
-        story = loader_story(report)
-        if story:
-            lines += [md(story), ""]
-    lines += _plan_lines(report) + _what_if_lines(report)
-    lines += ["## Findings", ""]
-    if report.findings:
-        # The predicted-step column only when some change was replayed: else it is all blank.
-        replayed = any(f.predicted_step_us is not None for f in report.findings)
-        head = "| severity | finding | saves |" + (" predicted step alone |" if replayed else "")
-        lines += [f"{head} trace |", "|---|---|---:|" + ("---:|" if replayed else "") + "---|"]
-        for f in report.findings:
-            alone = ""
-            if replayed:
-                step = f"{ms(f.predicted_step_us)} ms" if f.predicted_step_us is not None else ""
-                alone = f" {step} |"
-            lines.append(
-                f"| {f.severity} | `{f.id}` {md(f.title)}"
-                f"{f' (caused by `{f.caused_by}`)' if f.caused_by else ''} "
-                f"| {saving_label(f)[1]} |{alone} "
-                f"{md(f.trace)} |"
-            )
-        top = report.lead or report.findings[0]
-        lines += [
-            "",
-            f"### Top recommendation: {md(top.title)}",
-            "",
-            md(top.recommendation),
-            "",
-            f"```{_fence_language(top.snippet)}",
-            md_code(top.snippet),
-            "```",
-            "",
-            f"*Precondition:* {md(top.precondition)}",
-            "",
-            _estimate_line(report, top),
-            "",
-        ]
-        if top.docs.startswith("https://"):
-            lines += [f"*Docs:* <{top.docs}>", ""]
+    t = s["step_time_us"]
+    if not t:
+        return []
+    cost = profiler_phrase(report.plan) if report.plan else ""
+    n = len(report.traces)
+    figures = f"median {ms(t['median'])} ms, mean {ms(t['mean'])} ms, p90 {ms(t['p90'])} ms"
+    if n > 1:  # pooled steps of recordings that may differ in speed: said so, and where to look
+        lines = paragraph(f"Step time over the {n} recordings' {plural(s['steps'], 'step')} "
+                          f"together (each recording's own below): {figures}.")
     else:
-        lines += ["No findings.", ""]
-    lines += _anatomy_lines(report)
-    if len(report.traces) > 1:
+        lines = paragraph(f"Step time: {figures} over {plural(s['steps'], 'step')}"
+                          + (f", recorded under the profiler; {prose(cost)}." if cost else "."))
+    lines += ["Where the step's time goes:", ""]
+    lines += bullets([f"{category_name(k)}: {v:.1f}%" for k, v in s["breakdown_pct"].items()])
+    lines.append("")
+    for dev, parts in s["gpu_pct"].items():
+        busy = 100.0 - parts.get("idle", 0.0)
+        what = ", ".join(f"{category_name(k)} {parts[k]:.1f}%"
+                         for k in ("kernel", "memcpy", "memset") if k in parts)
+        lines += paragraph(f"GPU {prose(dev)}: busy {busy:.1f}% of the step ({what}), idle "
+                           f"{parts.get('idle', 0.0):.1f}%.")
+    story = loader_story(report)
+    if story:
+        loader = next(f for f in report.findings if f.id == "dataloader-bound")
+        where = f"In {_trace_name(loader.trace)}: " if n > 1 else ""
+        lines += paragraph(where + prose(story))
+    return lines
+
+
+def _run_lines(report: Report) -> list[str]:
+    """What the run itself says about its recording: forced settings, its own profiler, an
+    early end."""
+    run = report.run
+    if not run:
+        return []
+    lines: list[str] = []
+    if run.get("overrides"):
+        forced = ", ".join(code(f"{k}={v}") for k, v in run["overrides"].items())
+        lines += paragraph(f"**Overridden run:** measured with DataLoader settings forced by "
+                           f"{code('--set')} ({forced}), not the script's own.")
+    if run.get("trace_source") == "script-profiler" and run.get("script_profiler"):
+        lines += paragraph(f"**The script's own profiler:** "
+                           f"{prose(run['script_profiler']['note'])}")
+    if run["partial"] or run["exit_status"]:
+        lines += paragraph(
+            f"**Partial run:** the script ended ({prose(run['ended'])}, exit status "
+            f"{run['exit_status']}) with {run['steps_recorded']} of "
+            f"{plural(run['steps_requested'], 'requested step')} recorded.")
+    return lines
+
+
+def _trace_lines(report: Report) -> list[str]:
+    """Per recording (or rank): its steps, median step and the shares the verdict reads."""
+    if len(report.traces) <= 1:
+        return []
+    items = []
+    for t in report.traces:
+        ts, share = t["summary"], t["summary"]["breakdown_pct"]
+        median = f", median step {ms(ts['step_time_us']['median'])} ms" if (
+            ts["step_time_us"]) else ""
+        found = ", ".join(code(f) for f in t["findings"]) or "none"
+        items.append(
+            f"{_trace_name(t['label'])}: {plural(ts['steps'], 'step')}{median}, "
+            f"{category_name('dataloader')} {share.get('dataloader', 0):.1f}%, "
+            f"{category_name('sync')} {share.get('sync', 0):.1f}%; findings: {found}")
+    return ["## Per rank" if report.ranks else "## Per trace", "", *bullets(items), ""]
+
+
+def _reproduce_lines(report: Report) -> list[str]:
+    lines = ["## Reproduce", "", "```sh", md_code(command_lines(report.reproduce_command))]
+    if report.run:
         lines += [
-            "## Per rank" if report.ranks else "## Per trace",
-            "",
-            "| trace | steps | median step | dataloader | sync | findings |",
-            "|---|---:|---:|---:|---:|---|",
+            "# stallscope's per-step charts, and the trace in the PyTorch profiler plugin",
+            "# (its page needs internet access):",
+            md_code(command_lines(report.run["tensorboard_command"])),
         ]
-        for t in report.traces:
-            ts, share = t["summary"], t["summary"]["breakdown_pct"]
-            median = f"{ts['step_time_us']['median'] / 1000:.1f} ms" if ts["step_time_us"] else ""
-            lines.append(
-                f"| {md(t['label'])} | {ts['steps']} | {median} "
-                f"| {share.get('dataloader', 0):.1f}% | {share.get('sync', 0):.1f}% "
-                f"| {md(', '.join(t['findings']))} |"
-            )
-        lines.append("")
-    lines += ["## Reproduce", "", "```sh", md_code(report.reproduce_command)]
-    if run:
-        lines += [
-            "# stallscope's per-step charts, and the trace in the PyTorch profiler plugin"
-            " (its page needs internet access):",
-            md_code(run["tensorboard_command"]),
-        ]
-    lines += [
-        "```",
-        "",
-        # Escaped text, not code spans: a code span shows a file name's `<` and `&` only raw.
-        "Open a trace in ui.perfetto.dev (*Open trace file*; read in the browser, not "
-        "uploaded): "
-        + ", ".join(md(t["path"]) for t in report.traces),
-        "",
-    ]
+    lines += ["```", ""]
+    lines += paragraph("Open a trace in ui.perfetto.dev (*Open trace file*; read in the "
+                       "browser, not uploaded):")
+    return [*lines, *bullets([code(t["path"], limit=190) for t in report.traces]), ""]
+
+
+def _not_assessed_lines(report: Report) -> list[str]:
+    """Rules that could not judge the input: one item per rule and reason, naming the
+    recordings only when not all of them share it."""
     not_assessed = [a for a in report.assessments if a["status"] == "not_assessed"]
-    if not_assessed or report.notes:
-        lines += ["## What could not be assessed", ""]
-        lines += [f"- {md(n)}" for n in report.notes]
-        lines += [f"- `{a['rule']}` ({md(a['trace'])}): {md(a['detail'])}" for a in not_assessed]
-        lines.append("")
-    lines += [f"*stallscope {report.stallscope_version}*", ""]
-    return "\n".join(lines)
+    if not not_assessed and not report.notes:
+        return []
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for a in not_assessed:
+        grouped.setdefault((a["rule"], a["detail"]), []).append(a["trace"])
+    labels = {t["label"] for t in report.traces}
+    items = [prose(n) for n in report.notes]
+    for (rule, detail), traces in grouped.items():
+        every = len(labels) > 1 and set(traces) >= labels
+        where = "" if every or len(labels) <= 1 and traces != ["job"] else (
+            " (" + ", ".join("the job" if t == "job" else _trace_name(t) for t in traces) + ")")
+        items.append(f"{code(rule)}{where}: {prose(detail)}")
+    return ["## What could not be assessed", "", *bullets(items), ""]
 
 
 def _anatomy_lines(report: Report) -> list[str]:
@@ -265,22 +329,40 @@ def _anatomy_lines(report: Report) -> list[str]:
     views = loader_views(report.dataloaders)
     if not views:
         return []
-    lines = ["## Inside the DataLoaders", "",
-             "Measured in the workers and the training process, per batch, over the recorded "
-             "steps.", ""]
+    lines = ["## Inside the DataLoaders", ""]
+    lines += paragraph("Measured in the workers and the training process, per batch, over the "
+                       "recorded steps.")
+    items = []
     for v in views:
-        site = f"`{md_code(str(v['call_site']))}`"
+        site = code(str(v["call_site"]))
         if not v["segments"]:
-            lines.append(f"- {site}: not measured inside ({md(str(v['lost']))}).")
+            items.append(f"{site}: not measured inside ({prose(str(v['lost']))}).")
             continue
         parts = ", ".join(f"{p['label']} {p['ms']:.2f} ms" for p in v["segments"])
-        klass = f" **{md(v['bound'])}**" if v["bound"] else ""
-        line = (f"- {site}{klass}: one batch's loading takes {v['total_ms']:.2f} ms "
-                f"(measured in the {md(str(v['where']))}): {md(parts)}.")
+        klass = f" **{prose(v['bound'])}**" if v["bound"] else ""
+        line = (f"{site}{klass}: one batch's loading takes {v['total_ms']:.2f} ms "
+                f"(measured in the {prose(str(v['where']))}): {prose(parts)}.")
         top = v["top"][:2]
         if top:
             line += " Top functions: " + "; ".join(
-                f"{100 * (t.get('share') or 0):.0f}% {md(str(t.get('category')))} at "
-                f"`{md_code(str(t.get('site')))}`" for t in top) + "."
-        lines.append(line)
-    return lines + [""]
+                f"{100 * (t.get('share') or 0):.0f}% {prose(str(t.get('category')))} at "
+                f"{code(str(t.get('site')))}" for t in top) + "."
+        items.append(line)
+    return [*lines, *bullets(items), ""]
+
+
+def render_markdown(report: Report) -> str:
+    """The whole report.md: plain Markdown a ticket system renders, trace text inert."""
+    lines = ["# stallscope report", ""]
+    lines += paragraph(f"**Verdict:** {prose(report.verdict)}")
+    versions: list[Any] = report.environment.get("torch_versions") or []
+    if versions:
+        lines += paragraph(f"**Recorded with:** {prose('; '.join(versions))}")
+    if report.workload_note:
+        lines += paragraph(f"*{prose(report.workload_note)}*")
+    lines += _run_lines(report) + _summary_lines(report)
+    lines += _plan_lines(report) + _what_if_lines(report) + _finding_lines(report)
+    lines += _anatomy_lines(report) + _trace_lines(report) + _reproduce_lines(report)
+    lines += _not_assessed_lines(report)
+    lines += [f"*stallscope {report.stallscope_version}*", ""]
+    return "\n".join(lines)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from stallscope.capture.context import RunContext
 from stallscope.outputs import write_files
-from stallscope.text import plain
+from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose
+from stallscope.text import md_code, plural
 
 # Run-level options of `stallscope run` that choose the window; replaced in the command given.
 WINDOW_FLAGS = ("--skip", "--warmup", "--steps")
@@ -78,37 +79,36 @@ def rerun_command(command: list[str], script_words: int, window: Window) -> str:
 
 def write(out: Path, ctx: RunContext, how: str, command: str | None) -> None:
     """report.md and run.json in `out`. `how` is the clause after "The script" saying how it
-    ended; `command` the one that records the steps it ran, or None."""
+    ended; `command` the one that records the steps it ran, or None. report.md is written as
+    report/markdown.py writes its own (md_text.py): lists, code spans, wrapped lines."""
     lines = ["# stallscope: no step recorded", ""]
-    steps = ctx.boundaries_seen
-    lines.append(f"The script `{plain(ctx.target)}` {how} after {steps} step(s), before the "
-                 "profiler recorded one.")
-    lines.append("")
+    lines += paragraph(f"The script {code(ctx.target)} {prose(how)} after "
+                       f"{plural(ctx.boundaries_seen, 'step')}, before the profiler recorded "
+                       "one.")
     if command:
-        lines += ["To record the steps it does run, with the profiler started from the second "
-                  "step (recorded steps may hold start-up costs that a longer run would not):",
-                  "", "```", command, "```", ""]
+        lines += paragraph("To record the steps it does run, with the profiler started from the "
+                           "second step (recorded steps may hold start-up costs that a longer "
+                           "run would not):")
+        lines += ["```sh", md_code(command_lines(command)), "```", ""]
     else:
-        lines += ["No step ended before the script did: no window can record one. Fix what "
-                  "ended it, or let it run longer, then run stallscope again.", ""]
+        lines += paragraph("No step ended before the script did: no window can record one. Fix "
+                           "what ended it, or let it run longer, then run stallscope again.")
     times = ctx.unprofiled_steps_us
     if times:
-        lines += ["## The steps timed without the profiler", "",
-                  f"Median {_ms(statistics.median(times))} ms over {len(times)} step(s) (from "
-                  "the second step boundary on; the first holds the script's start-up). "
-                  "Measured, not predicted.", "",
-                  "| step | time (ms) |", "|---:|---:|"]
-        lines += [f"| {i + 2} | {_ms(t)} |" for i, t in enumerate(times)]
-        lines.append("")
+        lines += ["## The steps timed without the profiler", ""]
+        lines += paragraph(f"Median {_ms(statistics.median(times))} ms over "
+                           f"{plural(len(times), 'step')} (from the second step boundary on; the "
+                           "first holds the script's start-up). Measured, not predicted.")
+        lines += [*bullets([f"step {i + 2}: {_ms(t)} ms" for i, t in enumerate(times)]), ""]
     if ctx.dataloaders:
         lines += ["## DataLoaders the script built", ""]
-        for d in ctx.dataloaders:
-            lines.append(f"- `{plain(d.call_site)}`: {plain(d.dataset)}, batch_size "
-                         f"{d.batch_size}, num_workers {d.num_workers}, pin_memory "
-                         f"{d.pin_memory}; {d.batches} batch(es) drawn")
+        lines += bullets([
+            f"{code(d.call_site)}: {code(d.dataset)}, {code('batch_size')} {d.batch_size}, "
+            f"{code('num_workers')} {d.num_workers}, {code('pin_memory')} {d.pin_memory}; "
+            f"{plural(d.batches, 'batch', 'batches')} drawn" for d in ctx.dataloaders])
         lines.append("")
     if ctx.notes:
-        lines += ["## Notes", ""] + [f"- {plain(n)}" for n in ctx.notes] + [""]
+        lines += ["## Notes", "", *bullets([prose(n) for n in ctx.notes]), ""]
     write_files(out, {
         "report.md": "\n".join(lines).rstrip() + "\n",
         "run.json": json.dumps(ctx.to_dict(), indent=1, sort_keys=True) + "\n",

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.errors import NoStepsError
+from stallscope.text import plural
 from stallscope.trace.intervals import Timeline, enclosing, exclusive
 from stallscope.trace.keyed import first_match, inner_join, pick
 from stallscope.trace.load import Trace
@@ -347,7 +348,8 @@ def _set_aside_outliers(
     n = len(windows)
     if n < 3:
         notes.append(
-            f"Only {n} step(s) to judge: all are kept, none set aside as an outlier (that needs "
+            f"Only {plural(n, 'step')} to judge: all are kept, none set aside as an outlier (that "
+            "needs "
             "3 or more); record more steps so a one-off first step can be told apart."
         )
         return windows, names, []
