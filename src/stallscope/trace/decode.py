@@ -104,9 +104,14 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     device: float = NAN
     stream: float = NAN
     bytes: float = NAN
+    # Kineto's per-kernel estimates, for the GPU summary (report/kernel_mix.py).
+    blocks_per_sm: float = msgspec.field(default=NAN, name="blocks per SM")
+    occupancy: float = msgspec.field(default=NAN, name="est. achieved occupancy %")
 
 
 ARG_FIELDS = tuple(Args.__struct_fields__)
+# The same fields under the names the trace writes them with.
+ARG_KEYS = tuple(Args.__struct_encode_fields__)
 _NO_ARGS = Args()
 
 
@@ -117,6 +122,8 @@ class LooseArgs(msgspec.Struct, frozen=True, gc=False):
     device: Any = None
     stream: Any = None
     bytes: Any = None
+    blocks_per_sm: Any = msgspec.field(default=None, name="blocks per SM")
+    occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -657,7 +664,7 @@ def _salvage(item: Any) -> Event | None:
                 fields[key] = str(value)
     args = item.get("args")
     if isinstance(args, dict):
-        fields["args"] = Args(*(_number(args.get(f)) for f in ARG_FIELDS))
+        fields["args"] = Args(*(_number(args.get(f)) for f in ARG_KEYS))
     return Event(**fields)
 
 
