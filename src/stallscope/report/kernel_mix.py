@@ -139,8 +139,7 @@ def gpu_summary(model: TraceModel) -> list[dict[str, Any]] | None:
         if occ is None:
             missing.append("no kernel carries Kineto's \"est. achieved occupancy %\"")
         row["occupancy_pct"] = occ
-        if missing:
-            row["missing"] = "; ".join(missing)
+        row["missing"] = "; ".join(missing) if missing else None
         out.append(row)
     return out or None
 
