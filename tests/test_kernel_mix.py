@@ -103,8 +103,8 @@ def test_the_split_matches_hta_on_its_own_kernel_selection(relative: str) -> Non
 
 
 # The TensorBoard profiler plugin (torch-tb-profiler 0.4.3, GPUMetricsParser, run by hand on
-# this file): Est. SM Efficiency 54.68%, Est. Achieved Occupancy 49.13%. Its window runs from
-# the first to the last step; the report's judged steps leave out the first (an outlier).
+# this file): Est. SM Efficiency 54.68%, Est. Achieved Occupancy 49.13%. It ends each step
+# where the GPU work the step launched ends; the report's windows are the host steps'.
 KINETO = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 
 
