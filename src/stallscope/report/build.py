@@ -259,7 +259,7 @@ def report_from(
     else:
         notes = [f"{label}: {n}" if label else n for label, n in trace_notes]
     given = len({r["rank"] for r in ranks})
-    if world is not None and 0 < given < world:
+    if world is not None and 1 < given < world:  # one rank alone is a trace, not a job
         notes.insert(0, f"{given} of {world} ranks given (the traces' distributedInfo says "
                      f"world_size {world}): the job-level figures (rank-imbalance, the spread "
                      f"over the ranks) are over these {given} only.")
