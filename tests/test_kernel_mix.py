@@ -152,3 +152,11 @@ def test_the_page_draws_one_bar_per_rank() -> None:
     assert "% hidden" in chart
     table = page.split('id="kernels"', 1)[1].split("</table>", 1)[0]
     assert "198.1" in table  # rank 0's communication, ms per step
+
+
+def test_report_md_states_the_same_per_rank_figures() -> None:
+    from stallscope.report.markdown import render_markdown
+
+    text = render_markdown(report_of(*(real_trace(r) for r in PAIR)))
+    row = next(line for line in text.splitlines() if line.startswith("| rank 0 |"))
+    assert "| 105.2 ms | 198.1 ms | 14.9% |" in row  # as report.json and the page say

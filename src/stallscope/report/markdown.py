@@ -6,6 +6,7 @@ from __future__ import annotations
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
+from stallscope.report.kernel_mix import busiest
 from stallscope.report.labels import (
     baseline,
     category_name,
@@ -219,11 +220,13 @@ def render_markdown(report: Report) -> str:
         lines += ["No findings.", ""]
     lines += _anatomy_lines(report)
     if len(report.traces) > 1:
+        kernels = any(t.get("kernel_mix") for t in report.traces)
         lines += [
             "## Per rank" if report.ranks else "## Per trace",
             "",
-            "| trace | steps | median step | dataloader | sync | findings |",
-            "|---|---:|---:|---:|---:|---|",
+            "| trace | steps | median step | dataloader | sync "
+            + ("| GPU compute | comm. | comm. hidden " if kernels else "") + "| findings |",
+            "|---|---:|---:|---:|---:|" + ("---:|---:|---:|" if kernels else "") + "---|",
         ]
         for t in report.traces:
             ts, share = t["summary"], t["summary"]["breakdown_pct"]
@@ -231,7 +234,8 @@ def render_markdown(report: Report) -> str:
             lines.append(
                 f"| {md(t['label'])} | {ts['steps']} | {median} "
                 f"| {share.get('dataloader', 0):.1f}% | {share.get('sync', 0):.1f}% "
-                f"| {md(', '.join(t['findings']))} |"
+                + (_kernel_cells(busiest(t.get("kernel_mix"))) if kernels else "")
+                + f"| {md(', '.join(t['findings']))} |"
             )
         lines.append("")
     lines += ["## Reproduce", "", "```sh", md_code(report.reproduce_command)]
@@ -284,3 +288,14 @@ def _anatomy_lines(report: Report) -> list[str]:
                 f"`{md_code(str(t.get('site')))}`" for t in top) + "."
         lines.append(line)
     return lines + [""]
+
+
+def _kernel_cells(mix: dict | None) -> str:
+    """Compute and communication ms per step and the share of communication hidden under
+    compute, of the trace's busiest GPU (report/kernel_mix.py); blank without GPU work."""
+    if mix is None:
+        return "|  |  |  "
+    us = mix["per_step_us"]
+    hidden = mix["comm_hidden_pct"]
+    return (f"| {us['compute'] / 1000:.1f} ms | {us['communication'] / 1000:.1f} ms "
+            f"| {'-' if hidden is None else f'{hidden:.1f}%'} ")
