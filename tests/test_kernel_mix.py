@@ -160,3 +160,12 @@ def test_report_md_states_the_same_per_rank_figures() -> None:
     text = render_markdown(report_of(*(real_trace(r) for r in PAIR)))
     row = next(line for line in text.splitlines() if line.startswith("| rank 0 |"))
     assert "| 105.2 ms | 198.1 ms | 14.9% |" in row  # as report.json and the page say
+
+
+def test_one_gpu_without_communication_gets_no_kernel_chart_but_its_summary() -> None:
+    """The split of one GPU that never communicates is the GPU breakdown already shown; a GPU
+    without tensor cores says so rather than 'not in the trace'."""
+    page = render_html(report_of(real_trace("hta/gp100_gpu_user_annotation.pt.trace.json.gz")))
+    assert 'id="kernels-chart"' not in page
+    summary = page.split('id="gpu-summary"', 1)[1].split("</table>", 1)[0]
+    assert "no tensor cores" in summary and "0.1%" in summary

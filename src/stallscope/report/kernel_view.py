@@ -54,9 +54,10 @@ def kernel_rows(report: Report) -> list[dict[str, Any]]:
 
 
 def kernel_chart(report: Report) -> dict[str, Any] | None:
-    """Bars in SVG units; None when no trace ran GPU work inside its steps."""
+    """Bars in SVG units; None when no trace ran GPU work inside its steps, or when one GPU
+    alone ran no communication (its compute, copies and idle are the GPU breakdown's already)."""
     rows = kernel_rows(report)
-    if not rows:
+    if not rows or (len(rows) == 1 and rows[0]["mix"]["comm_hidden_pct"] is None):
         return None
     plot_w = WIDTH - LABEL_W - VALUE_W
     bars = []
@@ -82,6 +83,8 @@ def gpu_summary_rows(report: Report) -> list[dict[str, Any]]:
     rows = []
     for t in report.traces[:ROWS_SHOWN]:
         for g in t.get("gpu_summary") or []:
-            rows.append({"trace": t["label"], **g})
+            none = "no tensor cores" in (g.get("missing") or "")
+            rows.append({"trace": t["label"], **g, "tensor_core_text": (
+                "no tensor cores" if none else "not in the trace")})
     return rows
 
