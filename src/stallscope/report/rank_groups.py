@@ -35,14 +35,17 @@ def rank_span(ranks: Iterable[int]) -> str:
 
 def where_seen(ranks: list[int], given: int, world: int | None = None) -> str:
     """'on rank 3', 'on ranks 0-15 (16 of 16)', or, when only some of the job's ranks were
-    given, 'on ranks 0-1 (2 of 2 ranks given; the job has 128)': the ranks not given were not
-    looked at, so the finding is not said to be on 2 of 128."""
+    given, 'on ranks 0-1 (2 of 128 ranks given)' (every rank given shows it) and 'on ranks 0-2
+    (3 of the 16 ranks given, of 128)': the ranks not given were not looked at, so a finding is
+    never said to be on 2 of 128."""
     if len(ranks) == 1:
         return f"on rank {ranks[0]}"
+    span = rank_span(ranks)
     if world is not None and world > given:
-        return (f"on ranks {rank_span(ranks)} ({len(ranks)} of {given} ranks given; the job "
-                f"has {world})")
-    return f"on ranks {rank_span(ranks)} ({len(ranks)} of {given})"
+        if len(ranks) == given:
+            return f"on ranks {span} ({given} of {world} ranks given)"
+        return f"on ranks {span} ({len(ranks)} of the {given} ranks given, of {world})"
+    return f"on ranks {span} ({len(ranks)} of {given})"
 
 
 def group_findings(found: list[Finding], rank_of: dict[str, int | None],
