@@ -169,3 +169,18 @@ def test_one_gpu_without_communication_gets_no_kernel_chart_but_its_summary() ->
     assert 'id="kernels-chart"' not in page
     summary = page.split('id="gpu-summary"', 1)[1].split("</table>", 1)[0]
     assert "no tensor cores" in summary and "0.1%" in summary
+
+
+@pytest.mark.parametrize("relative", [A100_16, "hta/a100_rank0of2_nccl.pt.trace.json.gz",
+                                      "hta/v100_rank1of2_trace_diff_test.pt.trace.json.gz"])
+def test_the_comm_bound_evidence_states_the_same_figures(relative: str) -> None:
+    """One definition: the comm-bound finding's overlap, exposed share and communication time
+    are the kernel split's, on the same GPU."""
+    data = _data(relative)
+    evidence = next(f["evidence"] for f in data["findings"] if f["id"] == "comm-bound")
+    mix = next(m for m in data["traces"][0]["kernel_mix"] if m["device"] == evidence["device"])
+    assert evidence["overlap_pct"] == pytest.approx(mix["comm_hidden_pct"], abs=0.01)
+    assert evidence["exposed_share_pct"] == pytest.approx(mix["split_pct"]["comm_exposed"],
+                                                          abs=0.01)
+    assert evidence["comm_ms_per_step"] == pytest.approx(
+        mix["per_step_us"]["communication"] / 1000, abs=0.001)
