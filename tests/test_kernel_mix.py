@@ -5,6 +5,7 @@ and the TensorBoard plugin's own numbers on the same traces, and shown on the pa
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from stallscope.diagnose.comm import COMM_NAME
 from stallscope.report.html import render_html
 from stallscope.report.json_writer import render_json
-from stallscope.report.kernel_mix import _device_mix
+from stallscope.report.kernel_mix import _device_mix, gpu_summary, kernel_mix
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from stallscope.trace.names import name_mask
@@ -184,3 +185,31 @@ def test_the_comm_bound_evidence_states_the_same_figures(relative: str) -> None:
                                                           abs=0.01)
     assert evidence["comm_ms_per_step"] == pytest.approx(
         mix["per_step_us"]["communication"] / 1000, abs=0.001)
+
+
+def test_the_split_on_a_planted_step(tmp_path: Path) -> None:
+    """One 100 us step: compute 10-50 (two streams, 10-30 and 20-50: counted once), an
+    all-reduce 40-70 (10 us under compute, 20 exposed), a copy 80-90, idle the rest. Kineto's
+    estimates: one kernel says 2 blocks per SM (SM efficiency capped at 1 while it runs), one
+    writes text and one an occupancy of 900%: not percents, left out."""
+    from tests.test_rules_gpu import kernel, step, synthetic
+
+    events = [step(1, 0, 100)]
+    events += kernel("volta_sgemm_128x64_nn", 10, 20, 1, launch=1)
+    events += kernel("elementwise_kernel", 20, 30, 2, launch=2, stream=8)
+    events += kernel("ncclKernel_AllReduce_RING_LL_Sum_float", 40, 30, 3, launch=3, stream=9)
+    events[1]["args"].update({"blocks per SM": 2.0, "est. achieved occupancy %": 50})
+    events[3]["args"].update({"blocks per SM": "many", "est. achieved occupancy %": 900})
+    events += [{"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)",
+                "pid": 0, "tid": 7, "ts": 80, "dur": 10,
+                "args": {"correlation": 4, "device": 0, "stream": 7, "bytes": 1024}}]
+    model = synthetic(tmp_path, "kernel-mix", events)
+    (mix,) = kernel_mix(model)
+    assert mix["per_step_us"] == {"compute": 40.0, "communication": 30.0, "memory": 10.0,
+                                  "comm_hidden": 10.0}
+    assert mix["split_pct"] == {"compute": 30.0, "comm_hidden": 10.0, "comm_exposed": 20.0,
+                                "memory": 10.0, "idle": 30.0}
+    assert mix["comm_hidden_pct"] == pytest.approx(33.33, abs=0.01)
+    (summary,) = gpu_summary(model)
+    assert summary["sm_efficiency_pct"] == 20.0  # 10-30 at min(1, 2 blocks per SM)
+    assert summary["occupancy_pct"] == 50.0  # the 900% is not a percent

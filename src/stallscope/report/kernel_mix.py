@@ -190,8 +190,9 @@ def _sm_efficiency(ts: np.ndarray, end: np.ndarray, blocks: np.ndarray,
 
 
 def _weighted(values: np.ndarray, weights: np.ndarray) -> float | None:
-    """The `weights`-weighted mean of the finite, non-negative `values`; None without any."""
-    ok = np.isfinite(values) & (values >= 0) & (weights > 0)
+    """The `weights`-weighted mean of the `values` that are percents (0-100); None without
+    any."""
+    ok = np.isfinite(values) & (values >= 0) & (values <= 100) & (weights > 0)
     if not ok.any():
         return None
     return round(float(np.average(values[ok], weights=weights[ok])), 2)
