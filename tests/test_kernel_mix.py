@@ -213,3 +213,29 @@ def test_the_split_on_a_planted_step(tmp_path: Path) -> None:
     (summary,) = gpu_summary(model)
     assert summary["sm_efficiency_pct"] == 20.0  # 10-30 at min(1, 2 blocks per SM)
     assert summary["occupancy_pct"] == 50.0  # the 900% is not a percent
+
+
+def test_cpu_ranks_say_their_host_collectives() -> None:
+    """The gloo DDP pair (CPU only): each rank's time in gloo collectives per step, its share
+    of the step and the part hidden under compute, as comm-bound measures them, in every view."""
+    from stallscope.report.markdown import render_markdown
+
+    paths = (SAMPLES / "cpu-gloo-ddp-rank0.pt.trace.json.gz",
+             SAMPLES / "cpu-gloo-ddp-rank1.pt.trace.json.gz")
+    report = report_of(*paths)
+    data = json.loads(render_json(report))
+    rows = {r["rank"]: r for r in data["ranks"]}
+    assert all(r["kernel_mix"] is None for r in rows.values())
+    evidence = next(f["evidence"] for f in data["findings"] if f["id"] == "comm-bound")
+    comm = {r: rows[r]["host_comm"] for r in rows}
+    assert all(0 < c["comm_hidden_pct"] < 100 and 20 < c["share_pct"] < 90
+               for c in comm.values())
+    assert any(c["share_pct"] == pytest.approx(evidence["comm_share_pct"], abs=0.01)
+               and c["comm_hidden_pct"] == pytest.approx(evidence["overlap_pct"], abs=0.01)
+               for c in comm.values())
+    page = render_html(report)
+    table = page.split('id="host-comm"', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr>") == 3
+    text = render_markdown(report)
+    ms0 = comm[0]["per_step_us"]["communication"] / 1000
+    assert f"| CPU only | {ms0:.1f} ms | {comm[0]['comm_hidden_pct']:.1f}% |" in text

@@ -228,6 +228,7 @@ def report_from(
             "gpu_pct": t["summary"]["gpu_pct"],
             # The kernel-type split of the GPU the rank's step waits on (report/kernel_mix.py).
             "kernel_mix": busiest(t.get("kernel_mix")),
+            "host_comm": t.get("host_comm"),  # a CPU-only rank's collectives (gloo, MPI)
             "findings": t["findings"],
         }
         for t in traces

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.diagnose.comm import COMM_NAME
+from stallscope.diagnose.comm import COMM_NAME, host_collectives
 from stallscope.diagnose.precision import MIN_COMPUTE_MAJOR, device_major, kernel_kind
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
@@ -86,6 +86,24 @@ def _device_mix(dev: str, windows: np.ndarray,
                       for k, m in parts.items()},
         # HTA's comm-comp overlap: the share of communication time that compute overlaps.
         "comm_hidden_pct": round(100.0 * hidden_us / comm_us, 2) if comm_us > 0 else None,
+    }
+
+
+def host_comm(model: TraceModel) -> dict[str, Any] | None:
+    """A CPU-only trace's collectives (gloo/MPI/UCC host ranges, as comm-bound measures them):
+    time per step, its share of the step and the share of it hidden under the process's
+    compute ops; None for a GPU trace or one without host collectives in its steps."""
+    if model.has_gpu or not model.steps or model.total_step_us <= 0:
+        return None
+    r = host_collectives(model)
+    if r is None or r["comm"] <= 0:
+        return None
+    n, hidden = len(model.steps), r["comm"] - r["exposed"]
+    return {
+        "per_step_us": {"communication": round(r["comm"] / n, 3),
+                        "comm_hidden": round(hidden / n, 3)},
+        "share_pct": round(100.0 * r["comm"] / model.total_step_us, 2),
+        "comm_hidden_pct": round(100.0 * hidden / r["comm"], 2),
     }
 
 

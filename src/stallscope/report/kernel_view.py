@@ -88,3 +88,12 @@ def gpu_summary_rows(report: Report) -> list[dict[str, Any]]:
                 "no tensor cores" if none else "not in the trace")})
     return rows
 
+
+def host_rows(report: Report) -> list[dict[str, Any]]:
+    """CPU-only ranks (or traces) with host collectives: label and figures, as the rank table
+    shows them."""
+    if report.ranks:
+        return [{"label": f"rank {r['rank']}", "title": r["label"], "comm": r["host_comm"]}
+                for r in rank_view(report)["rows"] if r.get("host_comm")]
+    return [{"label": t["label"], "title": t["label"], "comm": t["host_comm"]}
+            for t in report.traces[:ROWS_SHOWN] if t.get("host_comm")]

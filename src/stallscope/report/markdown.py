@@ -220,7 +220,7 @@ def render_markdown(report: Report) -> str:
         lines += ["No findings.", ""]
     lines += _anatomy_lines(report)
     if len(report.traces) > 1:
-        kernels = any(t.get("kernel_mix") for t in report.traces)
+        kernels = any(t.get("kernel_mix") or t.get("host_comm") for t in report.traces)
         lines += [
             "## Per rank" if report.ranks else "## Per trace",
             "",
@@ -234,7 +234,8 @@ def render_markdown(report: Report) -> str:
             lines.append(
                 f"| {md(t['label'])} | {ts['steps']} | {median} "
                 f"| {share.get('dataloader', 0):.1f}% | {share.get('sync', 0):.1f}% "
-                + (_kernel_cells(busiest(t.get("kernel_mix"))) if kernels else "")
+                + (_kernel_cells(busiest(t.get("kernel_mix")) or t.get("host_comm"))
+                   if kernels else "")
                 + f"| {md(', '.join(t['findings']))} |"
             )
         lines.append("")
@@ -292,10 +293,12 @@ def _anatomy_lines(report: Report) -> list[str]:
 
 def _kernel_cells(mix: dict | None) -> str:
     """Compute and communication ms per step and the share of communication hidden under
-    compute, of the trace's busiest GPU (report/kernel_mix.py); blank without GPU work."""
+    compute, of the trace's busiest GPU, or of a CPU-only trace's host collectives
+    (report/kernel_mix.py); blank without either."""
     if mix is None:
         return "|  |  |  "
     us = mix["per_step_us"]
     hidden = mix["comm_hidden_pct"]
-    return (f"| {us['compute'] / 1000:.1f} ms | {us['communication'] / 1000:.1f} ms "
+    compute = f"{us['compute'] / 1000:.1f} ms" if "compute" in us else "CPU only"
+    return (f"| {compute} | {us['communication'] / 1000:.1f} ms "
             f"| {'-' if hidden is None else f'{hidden:.1f}%'} ")

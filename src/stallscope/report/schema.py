@@ -189,9 +189,25 @@ class GpuSummary(msgspec.Struct, forbid_unknown_fields=True):
     missing: str | None
 
 
+class HostCommTimes(msgspec.Struct, forbid_unknown_fields=True):
+    communication: float
+    comm_hidden: float
+
+
+class HostComm(msgspec.Struct, forbid_unknown_fields=True):
+    """A CPU-only trace's collectives (gloo/MPI/UCC host ranges) over the judged steps:
+    microseconds per step in them and hidden under the process's compute ops, their share of
+    step wall time (`share_pct`) and the share of them hidden (`comm_hidden_pct`)."""
+
+    per_step_us: HostCommTimes
+    share_pct: float
+    comm_hidden_pct: float
+
+
 class Rank(msgspec.Struct, forbid_unknown_fields=True):
     """One rank's row: its step times, breakdowns, the kernel split of its busiest GPU (null
-    for a CPU-only rank) and its findings' ids."""
+    for a CPU-only rank), a CPU-only rank's host collectives (null otherwise) and its
+    findings' ids."""
 
     rank: int
     label: str
@@ -200,6 +216,7 @@ class Rank(msgspec.Struct, forbid_unknown_fields=True):
     breakdown_pct: dict[str, float]
     gpu_pct: dict[str, dict[str, float]]
     kernel_mix: KernelMix | None
+    host_comm: HostComm | None
     findings: list[str]
 
 
@@ -225,6 +242,7 @@ class Trace(msgspec.Struct):
     # Per GPU that ran work in the judged steps; null for a trace without any.
     kernel_mix: list[KernelMix] | None = None
     gpu_summary: list[GpuSummary] | None = None
+    host_comm: HostComm | None = None
 
 
 class HotOp(msgspec.Struct):

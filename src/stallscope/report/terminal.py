@@ -132,8 +132,8 @@ def _what_if_lines(report: Report) -> list[str]:
 
 def _comm_text(trace: dict) -> str:
     """", communication 198.1 ms per step (14.9% hidden under compute)" for a trace whose
-    busiest GPU communicates (report/kernel_mix.py); "" otherwise."""
-    mix = busiest(trace.get("kernel_mix"))
+    busiest GPU, or (CPU-only) whose process, communicates (report/kernel_mix.py); "" else."""
+    mix = busiest(trace.get("kernel_mix")) or trace.get("host_comm")
     if mix is None or mix["comm_hidden_pct"] is None:
         return ""
     return (f", communication {mix['per_step_us']['communication'] / 1000:.1f} ms per step "
