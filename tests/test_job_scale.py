@@ -65,3 +65,25 @@ def test_report_grows_by_kilobytes_per_rank(tmp_path: Path, small_threshold: Non
     per_rank_html = (len(render_html(large)) - len(render_html(small))) / 16
     assert per_rank_json < 2500, per_rank_json
     assert per_rank_html < 5000, per_rank_html
+
+
+def test_a_big_gpu_jobs_ranks_keep_their_kernel_split(
+    tmp_path: Path, small_threshold: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Summarised or not, every GPU rank's row keeps its kernel split, the job says how many of
+    its ranks were given, and the page's kernel chart shows the ranks the rank table shows."""
+    from stallscope.report import rank_table
+    from stallscope.report.kernel_view import kernel_chart
+    from tests.test_ranks import _job as gpu_job
+
+    report = analyze_paths(gpu_job(tmp_path / "job", list(range(5)), {3}, world=64))
+    data = json.loads(render_json(report))
+    check(data)
+    assert data["notes"][0].startswith("5 of 64 ranks given")
+    assert all(0 <= r["kernel_mix"]["comm_hidden_pct"] <= 100 for r in data["ranks"])
+    monkeypatch.setattr(rank_table, "ROWS_SHOWN", 3)
+    monkeypatch.setattr(rank_table, "SLOWEST", 1)
+    monkeypatch.setattr(rank_table, "FASTEST", 1)
+    shown = {f"rank {r['rank']}" for r in rank_table.rank_view(report)["rows"]}
+    assert 3 <= len(shown) < 5
+    assert {b["label"] for b in kernel_chart(report)["bars"]} == shown

@@ -88,6 +88,10 @@ def test_a_finding_on_one_rank_names_that_rank() -> None:
     assert where_seen([7], 16) == "on rank 7"
     assert where_seen(list(range(16)), 16) == "on ranks 0-15 (16 of 16)"
     assert rank_span([0, 1, 2, 3, 7, 9, 10]) == "0-3, 7, 9-10"
+    # Some ranks of a bigger job: the ranks not given were not looked at.
+    assert where_seen([0, 1], 2, 128) == "on ranks 0-1 (2 of 128 ranks given)"
+    assert where_seen([0, 1, 2], 16, 128) == "on ranks 0-2 (3 of the 16 ranks given, of 128)"
+    assert where_seen([0, 1], 2, 2) == "on ranks 0-1 (2 of 2)"
 
 
 def test_a_big_jobs_page_summarises_its_ranks(six_ranks: tuple[dict, Path],

@@ -411,6 +411,12 @@ def _host_names(model: TraceModel, pattern: re.Pattern[str]) -> bool:
     return bool(len(ops)) and bool(name_mask(ops["name"], pattern).any())
 
 
+def host_collectives(model: TraceModel) -> dict | None:
+    """`_host_comm`'s measurement for the report's per-rank figures (report/kernel_mix.py):
+    collective, exposed and compute time (us, summed over the steps); None without any."""
+    return _host_comm(model)
+
+
 def _host_comm(model: TraceModel) -> dict | None:
     """CPU collectives (gloo/MPI/UCC host ranges) in the steps, and the part of them during
     which the process ran no compute op; None when there are none."""

@@ -21,6 +21,7 @@ from stallscope.diagnose.plan import Plan, profiler_bound_note
 from stallscope.report import job_scale
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals, summed, top_rows
+from stallscope.report.kernel_mix import busiest
 from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
 from stallscope.text import plural
@@ -226,13 +227,18 @@ def report_from(
             "step_time_us": t["summary"]["step_time_us"],
             "breakdown_pct": t["summary"]["breakdown_pct"],
             "gpu_pct": t["summary"]["gpu_pct"],
+            # The kernel-type split of the GPU the rank's step waits on (report/kernel_mix.py).
+            "kernel_mix": busiest(t.get("kernel_mix")),
+            "host_comm": t.get("host_comm"),  # a CPU-only rank's collectives (gloo, MPI)
             "findings": t["findings"],
         }
         for t in traces
         if t["rank"] is not None
     ]
+    world = world_size(traces)
     # One card per finding across the ranks of a job (report/rank_groups.py), causes first.
-    found = causes_first(group_findings(ranked, {t["label"]: t["rank"] for t in traces}))
+    found = causes_first(group_findings(ranked, {t["label"]: t["rank"] for t in traces},
+                                        world))
     top = next((f for f in found if not f.caused_by), found[0] if found else None)
     lead = next((t for t in traces if top and t["label"] == top.trace), traces[0] if traces
                 else None)
@@ -254,6 +260,11 @@ def report_from(
         )
     else:
         notes = [f"{label}: {n}" if label else n for label, n in trace_notes]
+    given = len({r["rank"] for r in ranks})
+    if world is not None and 1 < given < world:  # one rank alone is a trace, not a job
+        notes.insert(0, f"{given} of {world} ranks given (the traces' distributedInfo says "
+                     f"world_size {world}): the job-level figures (rank-imbalance, the spread "
+                     f"over the ranks) are over these {given} only.")
     return Report(
         schema_version=SCHEMA_VERSION,
         stallscope_version=__version__,
@@ -274,6 +285,17 @@ def report_from(
         plan=lead_plan,
         what_if=lead_plan.get("what_if") if lead_plan else None,
     )
+
+
+def world_size(traces: list[dict[str, Any]]) -> int | None:
+    """The job's number of ranks as the ranked traces' distributedInfo gives it (world_size),
+    when they agree and it is at least the number of ranks given; else None."""
+    sizes = {t.get("world_size") for t in traces if t["rank"] is not None}
+    given = len({t["rank"] for t in traces if t["rank"] is not None})
+    if len(sizes) != 1:
+        return None
+    size = sizes.pop()
+    return size if isinstance(size, int) and size >= given > 0 else None
 
 
 def causes_first(findings: list[Finding]) -> list[Finding]:

@@ -18,6 +18,7 @@ from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.plan import Plan
 from stallscope.diagnose.ranks import RankWork, rank_work
 from stallscope.report.hotspots import HotTotals, gpu_kernel_totals, host_op_totals
+from stallscope.report.kernel_mix import gpu_summary, host_comm, kernel_mix
 from stallscope.report.timeline import trace_timeline
 from stallscope.trace.model import Step, TraceModel
 
@@ -92,6 +93,10 @@ def digest(model: TraceModel, plan: Plan | None, draw: bool) -> TraceDigest:
             "set_aside_steps": model.set_aside,
             "too_little": model.too_little,
             "plan": plan_dict(plan),
+            # Per device: the kernel-type split and the GPU summary (report/kernel_mix.py).
+            "kernel_mix": kernel_mix(model),
+            "gpu_summary": gpu_summary(model),
+            "host_comm": host_comm(model),  # CPU-only traces' collectives
         },
         steps=steps,
         notes=notes,

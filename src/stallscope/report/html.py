@@ -22,6 +22,7 @@ from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report, share_text
 from stallscope.report.evidence_view import evidence_value
 from stallscope.report.json_writer import report_data
+from stallscope.report.kernel_view import gpu_summary_rows, host_rows, kernel_chart
 from stallscope.report.labels import (
     baseline,
     baseline_name,
@@ -139,6 +140,9 @@ def render_html(report: Report) -> str:
         gpus=_gpu_lines(report.environment.get("devices", [])),
         loader_views=loader_views(report.dataloaders),
         rank_view=rank_view(report),
+        kernels=kernel_chart(report),
+        gpu_rows=gpu_summary_rows(report),
+        host_comm_rows=host_rows(report),
         checks=check_rows(report),
         trace_rows=report.traces[:ROWS_SHOWN],
     )

@@ -12,6 +12,7 @@ from typing import Any
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
+from stallscope.report.kernel_mix import busiest
 from stallscope.report.labels import (
     baseline,
     category_name,
@@ -30,7 +31,7 @@ from stallscope.report.labels import (
     with_before,
 )
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
-from stallscope.text import md_code, plural
+from stallscope.text import md_code, millis, plural
 
 # A line in a fenced block is cut here: a ticket's raw view must not scroll sideways (a
 # command is split at its arguments before that; only a hostile name runs so long).
@@ -287,7 +288,9 @@ def _trace_lines(report: Report) -> list[str]:
         items.append(
             f"{_trace_name(t['label'])}: {plural(ts['steps'], 'step')}{median}, "
             f"{category_name('dataloader')} {share.get('dataloader', 0):.1f}%, "
-            f"{category_name('sync')} {share.get('sync', 0):.1f}%; findings: {found}")
+            f"{category_name('sync')} {share.get('sync', 0):.1f}%"
+            f"{_kernel_text(busiest(t.get('kernel_mix')) or t.get('host_comm'))}; "
+            f"findings: {found}")
     return ["## Per rank" if report.ranks else "## Per trace", "", *bullets(items), ""]
 
 
@@ -366,3 +369,16 @@ def render_markdown(report: Report) -> str:
     lines += _not_assessed_lines(report)
     lines += [f"*stallscope {report.stallscope_version}*", ""]
     return "\n".join(lines)
+
+
+def _kernel_text(mix: dict | None) -> str:
+    """Compute and communication per step and the share of communication hidden under compute,
+    of the trace's busiest GPU or of a CPU-only trace's host collectives
+    (report/kernel_mix.py); nothing without either."""
+    if mix is None:
+        return ""
+    us = mix["per_step_us"]
+    hidden = mix["comm_hidden_pct"]
+    compute = f"GPU compute {millis(us['compute'] / 1000)} ms, " if "compute" in us else ""
+    shown = "" if hidden is None else f" ({hidden:.1f}% hidden under compute)"
+    return f", {compute}communication {millis(us['communication'] / 1000)} ms{shown}"

@@ -5,8 +5,10 @@ comes back as 16 findings; shown one card per rank, a 2,000-rank job made a 177 
 and a page nobody reads. A group keeps the finding of the rank where it saves the most (its
 evidence, recommendation and fix plan are that rank's, so the verdict's replayed figures stay
 measured), says in its title where it was seen ("on ranks 0-15 (16 of 16)"), and records the
-spread of the saving across those ranks. A finding seen on one rank of several names that rank,
-so a rank-specific verdict says which rank.
+spread of the saving across those ranks. When the traces are some of a bigger job's ranks
+(distributedInfo's world_size), the title says how many were given and how many the job has.
+A finding seen on one rank of several names that rank, so a rank-specific verdict says which
+rank.
 """
 
 from __future__ import annotations
@@ -31,23 +33,33 @@ def rank_span(ranks: Iterable[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def where_seen(ranks: list[int], world: int) -> str:
-    """'on rank 3' or 'on ranks 0-15 (16 of 16)'."""
+def where_seen(ranks: list[int], given: int, world: int | None = None) -> str:
+    """'on rank 3', 'on ranks 0-15 (16 of 16)', or, when only some of the job's ranks were
+    given, 'on ranks 0-1 (2 of 128 ranks given)' (every rank given shows it) and 'on ranks 0-2
+    (3 of the 16 ranks given, of 128)': the ranks not given were not looked at, so a finding is
+    never said to be on 2 of 128."""
     if len(ranks) == 1:
         return f"on rank {ranks[0]}"
-    return f"on ranks {rank_span(ranks)} ({len(ranks)} of {world})"
+    span = rank_span(ranks)
+    if world is not None and world > given:
+        if len(ranks) == given:
+            return f"on ranks {span} ({given} of {world} ranks given)"
+        return f"on ranks {span} ({len(ranks)} of the {given} ranks given, of {world})"
+    return f"on ranks {span} ({len(ranks)} of {given})"
 
 
-def group_findings(found: list[Finding], rank_of: dict[str, int | None]) -> list[Finding]:
+def group_findings(found: list[Finding], rank_of: dict[str, int | None],
+                   world: int | None = None) -> list[Finding]:
     """`found` in ranked order, each finding shared by several ranks made one (see above).
 
-    `rank_of` maps each trace label to its rank (None for a trace without one). Only jobs of
+    `rank_of` maps each trace label to its rank (None for a trace without one); `world` is the
+    job's number of ranks when the traces say it (distributedInfo's world_size). Only jobs of
     two or more ranked traces are grouped; findings of unranked traces and job-level findings
     are kept as they are. The order stays the ranked order of each group's first member."""
     ranked = {label: r for label, r in rank_of.items() if r is not None}
     if len(ranked) < 2:
         return found
-    world = len(ranked)
+    given = len(ranked)
     members: dict[str, list[Finding]] = {}
     for f in found:
         if f.trace in ranked:
@@ -60,18 +72,20 @@ def group_findings(found: list[Finding], rank_of: dict[str, int | None]) -> list
         group = members[f.id]
         if f is not group[0]:
             continue  # folded into the group's first (largest-saving) member
-        out.append(_grouped(group, ranked, world))
+        out.append(_grouped(group, ranked, given, world))
     return out
 
 
-def _grouped(group: list[Finding], rank_of: dict[str, int], world: int) -> Finding:
+def _grouped(group: list[Finding], rank_of: dict[str, int], given: int,
+             world: int | None) -> Finding:
     lead = group[0]
     ranks = sorted(rank_of[f.trace] for f in group)
     savings = [f.estimated_saving_pct for f in group]
     seen: dict[str, Any] = {
         "ranks": rank_span(ranks),
         "count": len(ranks),
-        "of": world,
+        "of": given,  # the ranks given; `world` the job's, when the traces say it
+        "world": world,
         "shown": f"{lead.trace} (the largest saving)" if len(group) > 1 else lead.trace,
     }
     if len(group) > 1:
@@ -80,6 +94,6 @@ def _grouped(group: list[Finding], rank_of: dict[str, int], world: int) -> Findi
             "median": round(statistics.median(savings), 1),
             "max": round(max(savings), 1),
         }
-    lead.title = f"{lead.title} {where_seen(ranks, world)}"
+    lead.title = f"{lead.title} {where_seen(ranks, given, world)}"
     lead.evidence = {"seen_on": seen, **lead.evidence}
     return lead

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.report.build import Report
+from stallscope.report.build import Report, world_size
 from stallscope.report.rank_groups import rank_span
 
 ROWS_SHOWN = 300  # every rank up to this many; beyond, SLOWEST + FASTEST and the stragglers
@@ -32,15 +32,19 @@ def rank_view(report: Report) -> dict[str, Any]:
     spread = ({q: round(float(np.percentile(known, p)) / 1000, 3)
                for q, p in (("min", 0), ("median", 50), ("p90", 90), ("max", 100))}
               if len(known) else None)
+    # The job's size, when the traces say it and more ranks ran than were given.
+    world = world_size(report.traces)
+    world = world if world is not None and world > len(rows) else None
     if len(rows) <= ROWS_SHOWN:
-        return {"rows": rows, "total": len(rows), "summarised": False, "spread": spread}
+        return {"rows": rows, "total": len(rows), "summarised": False, "spread": spread,
+                "world": world}
     order = np.argsort(np.where(np.isnan(medians), -np.inf, medians), kind="stable")
     keep = set(order[::-1][:SLOWEST].tolist()) | set(order[:FASTEST].tolist())
     named = {b.get("trace") for f in report.findings if f.id == "rank-imbalance"
              for b in f.evidence.get("stragglers", [])}
     keep |= {i for i, r in enumerate(rows) if r["label"] in named}
     return {"rows": [rows[i] for i in sorted(keep)], "total": len(rows), "summarised": True,
-            "spread": spread}
+            "spread": spread, "world": world}
 
 
 def check_rows(report: Report) -> list[dict[str, Any]]:

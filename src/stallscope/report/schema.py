@@ -143,6 +143,86 @@ class Plan(msgspec.Struct):
     model_error_pct: float | None = None
 
 
+class KernelTimes(msgspec.Struct, forbid_unknown_fields=True):
+    """Microseconds per judged step during which kernels of each type run on the GPU
+    (concurrent kernels of one type counted once); `comm_hidden`: communication while compute
+    runs."""
+
+    compute: float
+    communication: float
+    memory: float
+    comm_hidden: float
+
+
+class KernelSplit(msgspec.Struct, forbid_unknown_fields=True):
+    """The judged steps' wall time on one GPU, each moment given to the first that applies:
+    compute with communication (`comm_hidden`), compute alone (`compute`), communication alone
+    (`comm_exposed`), copies and memsets alone (`memory`), else `idle`; percent, summing to
+    100."""
+
+    compute: float
+    comm_hidden: float
+    comm_exposed: float
+    memory: float
+    idle: float
+
+
+class KernelMix(msgspec.Struct, forbid_unknown_fields=True):
+    """One GPU's kernels by type over the judged steps (report/kernel_mix.py, docs/metrics.md).
+    `comm_hidden_pct`: the share of communication time during which compute runs
+    (HolisticTraceAnalysis' comm-comp overlap); null without communication."""
+
+    device: str
+    per_step_us: KernelTimes
+    split_pct: KernelSplit
+    comm_hidden_pct: float | None
+
+
+class GpuSummary(msgspec.Struct, forbid_unknown_fields=True):
+    """One GPU over the judged steps: `tensor_core_pct`, the share of compute kernel time in
+    tensor-core kernels (by name); `sm_efficiency_pct`, Kineto's "blocks per SM" as the
+    TensorBoard plugin's Est. SM Efficiency; `occupancy_pct`, Kineto's "est. achieved occupancy
+    %" weighted by kernel time. A figure the trace does not hold is null and `missing` says
+    why (null when nothing is missing)."""
+
+    device: str
+    tensor_core_pct: float | None
+    sm_efficiency_pct: float | None
+    occupancy_pct: float | None
+    missing: str | None
+
+
+class HostCommTimes(msgspec.Struct, forbid_unknown_fields=True):
+    communication: float
+    comm_hidden: float
+
+
+class HostComm(msgspec.Struct, forbid_unknown_fields=True):
+    """A CPU-only trace's collectives (gloo/MPI/UCC host ranges) over the judged steps:
+    microseconds per step in them and hidden under the process's compute ops, their share of
+    step wall time (`share_pct`) and the share of them hidden (`comm_hidden_pct`)."""
+
+    per_step_us: HostCommTimes
+    share_pct: float
+    comm_hidden_pct: float
+
+
+class Rank(msgspec.Struct, forbid_unknown_fields=True):
+    """One rank's row: its step times, breakdowns, the kernel split of its busiest GPU (null
+    for a CPU-only rank), a CPU-only rank's host collectives (null otherwise) and its
+    findings' ids."""
+
+    rank: int
+    label: str
+    steps: int
+    step_time_us: StepTime | None
+    breakdown_pct: dict[str, float]
+    gpu_pct: dict[str, dict[str, float]]
+    kernel_mix: KernelMix | None
+    host_comm: HostComm | None
+    findings: list[str]
+
+
 class Trace(msgspec.Struct):
     label: str
     path: str
@@ -162,6 +242,10 @@ class Trace(msgspec.Struct):
     too_little: str | None
     plan: Plan | None
     findings: list[str]
+    # Per GPU that ran work in the judged steps; null for a trace without any.
+    kernel_mix: list[KernelMix] | None = None
+    gpu_summary: list[GpuSummary] | None = None
+    host_comm: HostComm | None = None
 
 
 class HotOp(msgspec.Struct):
@@ -193,7 +277,7 @@ class Report(msgspec.Struct, forbid_unknown_fields=True):
     traces: list[Trace]
     notes: list[str]
     run: Json | None
-    ranks: list[Json]
+    ranks: list[Rank]
     dataloaders: list[Json]
     timeline: Json
     top_host_ops: list[HotOp]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
+from stallscope.report.kernel_mix import busiest
 from stallscope.report.labels import (
     LOADER_TIME,
     category_name,
@@ -60,7 +61,7 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
                 out.append(
                     f"  {_p(t['label'])}: median {ts['step_time_us']['median'] / 1000:.1f} ms, "
                     f"{LOADER_TIME} {ts['breakdown_pct']['dataloader']:.1f}%, "
-                    f"sync {ts['breakdown_pct']['sync']:.1f}%"
+                    f"sync {ts['breakdown_pct']['sync']:.1f}%" + _comm_text(t)
                 )
     out += _plan_lines(report) + _what_if_lines(report)
     for f in report.findings[:MAX_FINDINGS]:
@@ -127,3 +128,13 @@ def _what_if_lines(report: Report) -> list[str]:
                 else f"{predicted(c)} ({pct_of(w, us):+.1f}%)")
         out.append(_p(f"    {label}: {said}"))
     return out
+
+
+def _comm_text(trace: dict) -> str:
+    """", communication 198.1 ms per step (14.9% hidden under compute)" for a trace whose
+    busiest GPU, or (CPU-only) whose process, communicates (report/kernel_mix.py); "" else."""
+    mix = busiest(trace.get("kernel_mix")) or trace.get("host_comm")
+    if mix is None or mix["comm_hidden_pct"] is None:
+        return ""
+    return (f", communication {mix['per_step_us']['communication'] / 1000:.1f} ms per step "
+            f"({mix['comm_hidden_pct']:.1f}% hidden under compute)")

@@ -104,9 +104,17 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     device: float = NAN
     stream: float = NAN
     bytes: float = NAN
+    # Kineto's per-kernel estimates, for the GPU summary (report/kernel_mix.py).
+    blocks_per_sm: float = msgspec.field(default=NAN, name="blocks per SM")
+    occupancy: float = msgspec.field(default=NAN, name="est. achieved occupancy %")
 
 
 ARG_FIELDS = tuple(Args.__struct_fields__)
+# The same fields under the names the trace writes them with.
+ARG_KEYS = tuple(Args.__struct_encode_fields__)
+# Estimates kept at float32 (7 digits; they are percents and block ratios): half the memory of
+# a column every event carries, where ids and sizes need float64.
+ARG_DTYPES: dict[str, type] = {"blocks_per_sm": np.float32, "occupancy": np.float32}
 _NO_ARGS = Args()
 
 
@@ -117,6 +125,8 @@ class LooseArgs(msgspec.Struct, frozen=True, gc=False):
     device: Any = None
     stream: Any = None
     bytes: Any = None
+    blocks_per_sm: Any = msgspec.field(default=None, name="blocks per SM")
+    occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -239,7 +249,8 @@ class Columns:
         }
         args = list(map(_get["args"], xs))
         for f in ARG_FIELDS:
-            cols[f] = np.fromiter(map(_get[f], args), dtype=np.float64, count=n)
+            cols[f] = np.fromiter(map(_get[f], args), dtype=ARG_DTYPES.get(f, np.float64),
+                                  count=n)
         for key, arr in cols.items():
             self.parts.setdefault(key, []).append(arr)
 
@@ -657,7 +668,7 @@ def _salvage(item: Any) -> Event | None:
                 fields[key] = str(value)
     args = item.get("args")
     if isinstance(args, dict):
-        fields["args"] = Args(*(_number(args.get(f)) for f in ARG_FIELDS))
+        fields["args"] = Args(*(_number(args.get(f)) for f in ARG_KEYS))
     return Event(**fields)
 
 

@@ -118,6 +118,7 @@ class TraceModel:
     notes: list[str] = field(default_factory=list)
     # Event tables for rules (columns below; `step` is the index into `steps`, -1 outside).
     # gpu: kind (kernel|memcpy|memset), device, stream, name, ts, dur, end, correlation, bytes,
+    #      blocks_per_sm, occupancy (Kineto's "blocks per SM", "est. achieved occupancy %"),
     #      launch_ts (start of the runtime call that launched it, NaN when unknown), step
     gpu: pd.DataFrame = field(default_factory=pd.DataFrame)
     # runtime: cuda_runtime / cuda_driver calls of the stepping process: name, tid, ts, dur,
@@ -452,6 +453,9 @@ def _gpu_table(
         "correlation": gpu.correlation[order],
         "bytes": gpu.bytes[order],
         "stream": cols.arg("stream")[rows],
+        # Kineto's per-kernel estimates (NaN where the trace has none): the GPU summary's.
+        "blocks_per_sm": cols.arg("blocks_per_sm")[rows],
+        "occupancy": cols.arg("occupancy")[rows],
         "launch_ts": launch_ts[order],
         "step": _step_of(gpu.ts[order], windows),
     })
