@@ -159,8 +159,10 @@ def test_report_md_states_the_same_per_rank_figures() -> None:
     from stallscope.report.markdown import render_markdown
 
     text = render_markdown(report_of(*(real_trace(r) for r in PAIR)))
-    row = next(line for line in text.splitlines() if line.startswith("| rank 0 |"))
-    assert "| 105.2 ms | 198.1 ms | 14.9% |" in row  # as report.json and the page say
+    section = text[text.index("## Per rank"):].split("\n\n- rank 1", 1)[0]
+    row = " ".join(section.split())  # the list item, unwrapped
+    # as report.json and the page say
+    assert "GPU compute 105.2 ms, communication 198.1 ms (14.9% hidden under compute)" in row
 
 
 def test_one_gpu_without_communication_gets_no_kernel_chart_but_its_summary() -> None:
@@ -238,4 +240,6 @@ def test_cpu_ranks_say_their_host_collectives() -> None:
     assert table.count("<tr>") == 3
     text = render_markdown(report)
     ms0 = comm[0]["per_step_us"]["communication"] / 1000
-    assert f"| CPU only | {ms0:.1f} ms | {comm[0]['comm_hidden_pct']:.1f}% |" in text
+    flat = " ".join(text.split())
+    assert (f"communication {ms0:.1f} ms ({comm[0]['comm_hidden_pct']:.1f}% hidden under "
+            "compute)") in flat

@@ -262,8 +262,8 @@ def report_from(
         notes = [f"{label}: {n}" if label else n for label, n in trace_notes]
     given = len({r["rank"] for r in ranks})
     if world is not None and 1 < given < world:  # one rank alone is a trace, not a job
-        notes.insert(0, f"{given} of {world} ranks given (the traces' distributedInfo says "
-                     f"world_size {world}): the job-level figures (rank-imbalance, the spread "
+        notes.insert(0, f"{given} of {world} ranks given (the job's size, from the traces' "
+                     "distributed info): the job-level figures (rank-imbalance, the spread "
                      f"over the ranks) are over these {given} only.")
     return Report(
         schema_version=SCHEMA_VERSION,
