@@ -76,7 +76,14 @@ def test_gpu_report_reads_verdict_first_with_timeline_and_top_tables(resnet_html
     assert "DataLoader" in verdict and (
         f"the replay predicts {ms(plan['baseline_step_us'])} -&gt; about "
         f"{ms(first['predicted_step_us'])} ms per step, range {ms(lo)}-{ms(hi)}") in verdict
-    assert html.index('id="verdict"') < html.index('id="findings"') < html.index("step-timeline")
+    # The story first (verdict, fix plan, where the time goes, one step), then the findings,
+    # then the details, folded.
+    order = ['id="verdict"', 'id="fix-plan"', 'id="steps-chart"', 'id="step-timeline"',
+             'id="findings-summary"', 'id="finding-1"', 'id="hotspots"', 'id="setup"',
+             'id="reproduce"', 'id="checks"']
+    assert [html.index(mark) for mark in order] == sorted(html.index(mark) for mark in order)
+    for folded in ("setup", "reproduce", "not-assessed", "checks"):
+        assert f'<details class="section" id="{folded}">' in html
     assert "176.3 ms" in section(html, "summary", 'id="findings-summary"')  # median step
     assert lanes(html) == ["data loader", "host compute", "copies (host)", "syncs", "GPU 0"]
     start = html.index('data-lane="GPU 0"')
@@ -193,9 +200,9 @@ def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resne
     plan = report_data(report)["plan"]
     n = len(plan["entries"])
     assert n >= 2 and plan["entries"][0]["id"] == "dataloader-bound"
-    assert html.index('id="findings-summary"') < html.index('id="fix-plan"') < html.index(
+    assert html.index('id="summary"') < html.index('id="fix-plan"') < html.index(
         'id="findings"')
-    assert 'href="#fix-plan"' in section(html, "findings-summary", "</nav>")
+    assert 'href="#fix-plan"' in section(html, "summary", "</nav>")
     bars = plan_bars(html)
     # The measured step, the step without the profiler's cost (where the changes start), then
     # each change on top of the ones before.

@@ -53,10 +53,19 @@ COLORS = {
     "memset": "#bcbd22",
 }
 LEGEND = {k: category_name(k) for k in COLORS}  # the names every view uses (labels.py)
-# Chart geometry, in SVG user units (about a pixel each at the page's width).
-CHART_WIDTH = 1000
+# Chart geometry, in SVG user units. The charts scale to the page's width; 720 units is the
+# content width of an 800 px window (785 px inside its scroll bar, less .75rem padding each
+# side: 761 px) and of a printed A4/Letter page (about 720 px at 96 dpi), so text set at 11 units
+# shows at 11 px or more there (tests/test_browser.py measures it), and larger on a wider screen.
+CHART_WIDTH = 720
 CHAR_WIDTH = 6.6  # average width of a 12-unit system-ui glyph; sizes the label column
-MAX_LABEL_CHARS = 48
+MAX_LABEL_CHARS = 44
+# A trace's file name where room is short (a table cell, a chart label): cut in the middle, the
+# start and the end kept (recordings of one run differ at the end: "..._worker0.1623143089861"),
+# the whole name in a tooltip and in report.json.
+TRACE_LABEL_CHARS = 28
+CHART_TRACE_CHARS = 24
+_TRACE_SUFFIX = re.compile(r"(\.pt)?\.trace\.json(\.gz)?$|\.json(\.gz)?$")
 LANE_HEIGHT = 22
 SHORT_NAME_CHARS = 90
 # The fix-plan waterfall: one row per bar, room after each bar for "116.1 ms (−34.3%)", and a
@@ -92,6 +101,7 @@ def jinja_env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["code"] = code_text
+    env.globals["clipped"] = clipped
     return env
 
 
@@ -102,6 +112,32 @@ def display(value: Any) -> Any:
     if isinstance(value, Markup) or not isinstance(value, str):
         return value
     return clip(clean(value), MAX_TEXT)
+
+
+def trace_label(name: str, limit: int = TRACE_LABEL_CHARS) -> str:
+    """A trace's name in at most `limit` characters: unchanged when it fits, else without its
+    `.pt.trace.json.gz` ending and cut in the middle, so two recordings of one run still read
+    apart."""
+    if len(name) <= limit:
+        return name
+    stem = _TRACE_SUFFIX.sub("", name) or name
+    return mid_cut(stem, limit)
+
+
+def mid_cut(text: str, limit: int) -> str:
+    """`text` in `limit` characters, its middle replaced by an ellipsis (more of the end kept)."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 2 // 5
+    tail = limit - 1 - head
+    return text[:head] + "\u2026" + text[len(text) - tail:]
+
+
+def clipped(name: str, limit: int = TRACE_LABEL_CHARS) -> Markup:
+    """A long name where room is short: its short form on one line (CSS cuts it further with an
+    ellipsis where even that does not fit), the whole name in the tooltip; no mid-word wrap."""
+    full = display(str(name))
+    return Markup('<span class="clip" title="{}">{}</span>').format(full, trace_label(full, limit))
 
 
 def code_text(text: str) -> Markup:
@@ -378,7 +414,9 @@ def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:
     labels = []
     for s in steps:
         full = f"{s['name']} ({s['trace']})" if s.get("trace") else s["name"]
-        short = full if len(full) <= MAX_LABEL_CHARS else full[: MAX_LABEL_CHARS - 1] + "\u2026"
+        short = (f"{s['name']} ({trace_label(s['trace'], CHART_TRACE_CHARS)})"
+                 if s.get("trace") else s["name"])
+        short = short if len(short) <= MAX_LABEL_CHARS else mid_cut(short, MAX_LABEL_CHARS)
         labels.append((full, short))
     label_w = max((len(short) for _, short in labels), default=10) * CHAR_WIDTH + 12
     value_w = 70  # room for the duration printed after each bar
