@@ -20,7 +20,7 @@ from markupsafe import Markup, escape
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report, share_text
-from stallscope.report.evidence_view import evidence_value
+from stallscope.report.evidence_view import NAME_RUN, evidence_value, key_text, text_cell
 from stallscope.report.json_writer import report_data
 from stallscope.report.labels import (
     baseline,
@@ -65,6 +65,7 @@ MAX_LABEL_CHARS = 44
 # the whole name in a tooltip and in report.json.
 TRACE_LABEL_CHARS = 28
 CHART_TRACE_CHARS = 24
+_LONG_RUN = re.compile(rf"\S{{{NAME_RUN + 1},}}")  # a name in prose too long to wrap
 _TRACE_SUFFIX = re.compile(r"(\.pt)?\.trace\.json(\.gz)?$|\.json(\.gz)?$")
 LANE_HEIGHT = 22
 SHORT_NAME_CHARS = 90
@@ -101,6 +102,8 @@ def jinja_env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["code"] = code_text
+    env.filters["path"] = path_text
+    env.filters["prose"] = prose_text
     env.globals["clipped"] = clipped
     return env
 
@@ -141,8 +144,31 @@ def clipped(name: str, limit: int = TRACE_LABEL_CHARS) -> Markup:
 
 
 def code_text(text: str) -> Markup:
-    """A command to copy, escaped: cut only at MAX_CODE, past where `display` would cut it."""
-    return escape(clip(clean(text), MAX_CODE))
+    """A command to copy, escaped: cut only at MAX_CODE, past where `display` would cut it;
+    a long path in it may wrap after a `/` (not copied: `<wbr>` is no character)."""
+    return _slash_breaks(escape(clip(clean(text), MAX_CODE)))
+
+
+def prose_text(text: str) -> Markup:
+    """A sentence as `display` prints it, but a name in it too long to wrap between words (a
+    120-character kernel name in a verdict) is kept on one line: cut with an ellipsis where the
+    line is shorter, whole in its tooltip, rather than widening the page or breaking mid-word."""
+    text = display(str(text))
+    parts, last = [], 0
+    for m in _LONG_RUN.finditer(text):
+        parts += [escape(text[last:m.start()]),
+                  Markup('<span class="clip" title="{}">{}</span>').format(m.group(), m.group())]
+        last = m.end()
+    return Markup("").join([*parts, escape(text[last:])])
+
+
+def path_text(text: str) -> Markup:
+    """A file path or call site, escaped, that wraps after a `/` rather than mid-name."""
+    return _slash_breaks(escape(display(str(text))))
+
+
+def _slash_breaks(escaped: Markup) -> Markup:
+    return Markup(str(escaped).replace("/", "/<wbr>"))
 
 
 def render_html(report: Report) -> str:
@@ -152,6 +178,8 @@ def render_html(report: Report) -> str:
     env.filters["diff_lines"] = diff_lines
     env.filters["pretty_json"] = pretty_json
     env.globals["evidence_value"] = evidence_value
+    env.filters["key"] = key_text
+    env.filters["cell"] = lambda text: text_cell(str(text), MAX_TEXT)
     env.filters["delta"] = delta
     env.filters["saved"] = saved
     env.filters["share"] = share_text
