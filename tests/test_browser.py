@@ -115,6 +115,14 @@ def save_full_page(driver: Any, folder: Path, name: str, width: int = VIEWPORT[0
     return path
 
 
+def set_viewport(driver: Any, width: int, height: int = VIEWPORT[1]) -> None:
+    """Size the window so that the page itself gets `width` x `height` px (the window's own
+    frame, which headless Chromium still draws, is added back)."""
+    driver.set_window_size(width, height)
+    frame = driver.execute_script("return window.outerHeight - window.innerHeight")
+    driver.set_window_size(width, height + frame)
+
+
 def bottom_of(driver: Any, selector: str) -> float:
     """How far down the page (px from its top) the element ends."""
     return driver.execute_script(
@@ -316,6 +324,8 @@ def assert_fits(driver: Any, what: str) -> None:
     ("rank-queue-sync", "hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz"),
     # a 120-character kernel name in its verdict and evidence
     ("xfmr-compile", SAMPLES / "real-h200-xfmr-compile.pt.trace.json.gz"),
+    # no fix plan: the first chart is the per-step chart, of 24 steps
+    ("cpu-no-plan-24-steps", SAMPLES / "cpu-replay-cpu-w1.pt.trace.json.gz"),
 ])
 def test_report_fits_800px_and_prints_without_clipping(browser: Any, tmp_path: Path, name: str,
                                                         trace: Any):
@@ -343,6 +353,10 @@ def check_fits(browser: Any, page: Path, name: str) -> None:
             browser.set_window_size(width, VIEWPORT[1])
             assert browser.execute_script("return document.documentElement.clientWidth") <= width
             assert_fits(browser, f"{name} at {width} px")
+            if width in (NARROW, VIEWPORT[0]):  # the verdict and the first chart, whole
+                set_viewport(browser, width)
+                for what in ("#verdict", "svg"):
+                    assert bottom_of(browser, what) <= VIEWPORT[1], f"{name}: {what} at {width}"
         browser.execute_script(OPEN_ALL_JS)
         for width in WIDTHS:
             browser.set_window_size(width, VIEWPORT[1])
@@ -375,8 +389,9 @@ def test_kineto_pair_reads_in_one_screen_and_prints_on_8_pages(browser: Any, tmp
     page = out / "report.html"
     open_page(browser, page)
     for width in (NARROW, VIEWPORT[0]):
-        browser.set_window_size(width, VIEWPORT[1])
+        set_viewport(browser, width)
         screen = browser.execute_script("return window.innerHeight")
+        assert screen == VIEWPORT[1]
         for selector in ("#verdict", "svg#plan-chart"):
             assert bottom_of(browser, selector) <= screen, (
                 f"{selector} ends {bottom_of(browser, selector):.0f} px down at {width} px")

@@ -68,6 +68,11 @@ CHART_TRACE_CHARS = 24
 _LONG_RUN = re.compile(rf"\S{{{NAME_RUN + 1},}}")  # a name in prose too long to wrap
 _TRACE_SUFFIX = re.compile(r"(\.pt)?\.trace\.json(\.gz)?$|\.json(\.gz)?$")
 LANE_HEIGHT = 22
+# The per-step chart: a row per step, tighter past a dozen steps so that 24 steps still end
+# inside the first screen at 1280 x 900 (the CPU samples' reports).
+STEP_ROW = 20
+STEP_ROW_TIGHT = 16
+TIGHT_AFTER_STEPS = 12
 SHORT_NAME_CHARS = 90
 # The fix-plan waterfall: one row per bar, room after each bar for "116.1 ms (−34.3%)", and a
 # line under the bars for the floor's label.
@@ -461,11 +466,14 @@ def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:
             x += w
         bars.append({"label": short, "full": full, "parts": parts, "end": x,
                      "duration_us": s["duration_us"]})
-    axis_y = len(bars) * 20 + 4
+    row = STEP_ROW if len(bars) <= TIGHT_AFTER_STEPS else STEP_ROW_TIGHT
+    bar_h = row - 6
+    axis_y = len(bars) * row + 4
     ticks = [{"x": label_w + plot_w * t / longest, "ms": _tick_label(t)}
              for t in round_ticks(longest)]
-    return {"bars": bars, "width": CHART_WIDTH, "label_w": label_w, "row": 20,
-            "axis_y": axis_y, "ticks": ticks, "height": axis_y + 18}
+    return {"bars": bars, "width": CHART_WIDTH, "label_w": label_w, "row": row,
+            "bar_h": bar_h, "text_dy": 3 + bar_h // 2 + 4, "axis_y": axis_y, "ticks": ticks,
+            "height": axis_y + 18}
 
 
 def round_ticks(limit_us: float, target: int = 5) -> list[float]:
