@@ -3,8 +3,9 @@
 Static checks on the HTML text cannot see a Content-Security-Policy violation, a chart that
 renders at zero size, a request the browser makes for a resource, or a page that prints blank.
 So each report is produced through the real CLI and opened from disk (file://) in Chromium
-driven by selenium and Debian's chromedriver. Screenshots (and the printed PDF) land in
-`.artifacts/screenshots/`, kept out of git, so CI keeps a picture of what was checked.
+driven by selenium and Debian's chromedriver. Screenshots (and the printed PDFs) land in the
+folder $STALLSCOPE_ARTIFACTS names (`.ci/run`: `.artifacts/screenshots/`, kept out of git), else
+in the session's pytest temporary folder, so a run keeps a picture of what was checked.
 
 Skips, with the reason, where selenium, Chromium or chromedriver is not installed; `.ci/run`
 installs them.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,14 +24,24 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 
-from tests.conftest import ROOT, SAMPLES, real_trace, run_cli
+from tests.conftest import ROOT, SAMPLES, real_trace, run_cli, write_trace
 
 pytestmark = pytest.mark.slow  # a real browser: the slow tier
 
-SCREENSHOTS = ROOT / ".artifacts" / "screenshots"
+ARTIFACTS_ENV = "STALLSCOPE_ARTIFACTS"
 VIEWPORT = (1280, 900)  # a laptop screen: the verdict must be readable without scrolling
 SIZE_BUDGET = 1_000_000  # issue 5: a typical report well under 1 MB
 GPU_TRACE = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where screenshots and printed PDFs are kept: $STALLSCOPE_ARTIFACTS, else a folder in the
+    session's pytest temporary directory."""
+    chosen = os.environ.get(ARTIFACTS_ENV)
+    path = Path(chosen) if chosen else tmp_path_factory.mktemp("artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture
@@ -85,23 +98,52 @@ def assert_chart_visible(driver: Any, selector: str) -> None:
     assert any(rendered_size(driver, m)[0] > 0 for m in marks), f"{selector} draws nothing"
 
 
-def save_full_page(driver: Any, name: str) -> Path:
-    """Screenshot the whole page: grow the window until its viewport holds the document.
+def save_full_page(driver: Any, folder: Path, name: str, width: int = VIEWPORT[0]) -> Path:
+    """Screenshot the whole page at `width`: grow the window until its viewport holds the
+    document.
 
     The window size includes the browser's own frame, so that difference is added back.
     """
+    driver.set_window_size(width, VIEWPORT[1])
     height, frame = driver.execute_script(
         "return [document.documentElement.scrollHeight, window.outerHeight - window.innerHeight]"
     )
-    driver.set_window_size(VIEWPORT[0], max(VIEWPORT[1], height + frame))
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
+    driver.set_window_size(width, max(VIEWPORT[1], height + frame))
+    path = folder / f"{name}.png"
     assert driver.save_screenshot(str(path))
     driver.set_window_size(*VIEWPORT)
     return path
 
 
-def check_report(driver: Any, out: Path, name: str, what_if: bool = False) -> None:
+def set_viewport(driver: Any, width: int, height: int = VIEWPORT[1]) -> None:
+    """Size the window so that the page itself gets `width` x `height` px (the window's own
+    frame, which headless Chromium still draws, is added back)."""
+    driver.set_window_size(width, height)
+    frame = driver.execute_script("return window.outerHeight - window.innerHeight")
+    driver.set_window_size(width, height + frame)
+
+
+def bottom_of(driver: Any, selector: str) -> float:
+    """How far down the page (px from its top) the element ends."""
+    return driver.execute_script(
+        "const r = document.querySelector(arguments[0]).getBoundingClientRect();"
+        "return r.bottom + window.scrollY", selector)
+
+
+def print_pdf(driver: Any) -> bytes:
+    """The page printed as Chrome prints it (Letter, default margins, no backgrounds)."""
+    pdf = base64.b64decode(driver.execute_cdp_cmd("Page.printToPDF", {})["data"])
+    assert pdf.startswith(b"%PDF")
+    return pdf
+
+
+def pdf_pages(pdf: bytes) -> int:
+    """Pages in a PDF Chrome wrote: one `/Type /Page` dictionary each (Skia writes them
+    uncompressed)."""
+    return len(re.findall(rb"/Type\s*/Page\b(?!s)", pdf))
+
+
+def check_report(driver: Any, out: Path, name: str, folder: Path, what_if: bool = False) -> None:
     """Everything a reviewer opening this report.html must get, checked in the browser."""
     page = out / "report.html"
     assert page.stat().st_size < SIZE_BUDGET, f"report.html is {page.stat().st_size} bytes"
@@ -117,6 +159,8 @@ def check_report(driver: Any, out: Path, name: str, what_if: bool = False) -> No
         "return [arguments[0].getBoundingClientRect().bottom, window.innerHeight]", verdict
     )
     assert bottom <= screen, f"verdict ends {bottom:.0f} px down, below the first {screen} px"
+    chart = bottom_of(driver, "svg#plan-chart")  # the first chart: the fix plan
+    assert chart <= screen, f"the fix-plan chart ends {chart:.0f} px down, below {screen} px"
     assert_chart_visible(driver, "svg#steps-chart")
     assert_chart_visible(driver, "svg#step-timeline")
     check_plan_chart(driver, out)
@@ -124,7 +168,7 @@ def check_report(driver: Any, out: Path, name: str, what_if: bool = False) -> No
         table = driver.find_element(By.ID, "what-if-table")
         assert table.is_displayed() and "all together" in table.text
 
-    shot = save_full_page(driver, name)
+    shot = save_full_page(driver, folder, name)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
     # Printed (the report travels as a ticket attachment and gets printed): the verdict and
@@ -134,9 +178,9 @@ def check_report(driver: Any, out: Path, name: str, what_if: bool = False) -> No
     assert driver.find_element(By.ID, "verdict").is_displayed()
     assert driver.find_element(By.CSS_SELECTOR, "svg#steps-chart").is_displayed()
     assert_chart_visible(driver, "svg#plan-chart")
-    pdf = base64.b64decode(driver.execute_cdp_cmd("Page.printToPDF", {})["data"])
-    assert pdf.startswith(b"%PDF") and len(pdf) > 10_000
-    (SCREENSHOTS / f"{name}.pdf").write_bytes(pdf)
+    pdf = print_pdf(driver)
+    assert len(pdf) > 10_000 and pdf_pages(pdf) >= 1
+    (folder / f"{name}.pdf").write_bytes(pdf)
     driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
     assert not severe(driver.get_log("browser"))
 
@@ -160,21 +204,24 @@ def check_plan_chart(driver: Any, out: Path) -> None:
     assert all(v.endswith("%)") for v in values[1:])
 
 
-def analyze(trace: Path, out: Path, *options: str) -> Path:
-    result = run_cli("analyze", str(trace), "-o", str(out), "-q", *options)
+def analyze(trace: Path, out: Path, *options: str, also: tuple[Path, ...] = ()) -> Path:
+    """`stallscope analyze` on `trace` (and the traces in `also`, analysed together)."""
+    result = run_cli("analyze", str(trace), *map(str, also), "-o", str(out), "-q", *options)
     assert result.returncode == 0, result.stderr
     return out
 
 
-def test_cpu_sample_report_renders_offline_and_prints(browser: Any, tmp_path: Path):
+def test_cpu_sample_report_renders_offline_and_prints(browser: Any, tmp_path: Path,
+                                                      artifacts: Path):
     out = analyze(SAMPLES / "cpu-loader-bound.pt.trace.json.gz", tmp_path / "out")
-    check_report(browser, out, "cpu-loader-bound")
+    check_report(browser, out, "cpu-loader-bound", artifacts)
 
 
-def test_gpu_trace_report_renders_offline_and_prints(browser: Any, tmp_path: Path):
+def test_gpu_trace_report_renders_offline_and_prints(browser: Any, tmp_path: Path,
+                                                     artifacts: Path):
     out = analyze(real_trace(GPU_TRACE), tmp_path / "out", "--what-if", "num_workers=4",
                   "--what-if", "amp=fp16")
-    check_report(browser, out, "resnet50-gpu", what_if=True)
+    check_report(browser, out, "resnet50-gpu", artifacts, what_if=True)
 
 
 def test_the_checks_catch_a_page_that_errs_and_phones_home(browser: Any, tmp_path: Path):
@@ -200,32 +247,85 @@ def test_the_checks_catch_a_page_that_errs_and_phones_home(browser: Any, tmp_pat
 
 
 NARROW = 800  # a half-width window on a laptop, or a ticket's side panel
-OVERFLOW_JS = """
+WIDTHS = (NARROW, 1280, 1920)
+PRINT_WIDTH = NARROW - 80  # A4/Letter: about 720 px of content width at 96 dpi
+# What a page does wrong in the window it is shown in: wider than the window (the page scrolls
+# sideways, or a box sticks out; a box inside its own scroll box that fits is fine), a word broken
+# in the middle (a word: letters and digits; a break after `_`, `-` or `/` is between words),
+# a severity badge on more than one line.
+LAYOUT_JS = r"""
 const width = document.documentElement.clientWidth;
+const inScrollBox = el => {
+  for (let p = el.parentElement; p && p !== document.body; p = p.parentElement) {
+    const o = getComputedStyle(p).overflowX;
+    if (['auto', 'scroll', 'hidden'].includes(o)) {
+      return p.getBoundingClientRect().right <= width + 0.5;
+    }
+  }
+  return false;
+};
+const where = el => {
+  const c = el.closest('[id]');
+  return (c ? '#' + c.id + ' ' : '') + el.tagName.toLowerCase();
+};
 const wide = [];
 for (const el of document.body.querySelectorAll('*')) {
+  if (!el.checkVisibility() || el.closest('script, style')) continue;
   const r = el.getBoundingClientRect();
-  if (r.width === 0 || getComputedStyle(el).display === 'none') continue;
-  if (el.closest('script, style, [hidden]')) continue;
-  if (r.right > width + 0.5 || r.left < -0.5) {
-    wide.push(`${el.tagName.toLowerCase()}#${el.id}.${el.className.baseVal ?? el.className}`
-              + ` ${Math.round(r.left)}..${Math.round(r.right)}`);
+  if (r.width === 0 || (r.right <= width + 0.5 && r.left >= -0.5) || inScrollBox(el)) continue;
+  wide.push(`${where(el)} ${Math.round(r.left)}..${Math.round(r.right)}`);
+}
+const broken = [];
+const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+  const parent = node.parentElement;
+  if (!parent || parent.closest('svg, script, style') || !parent.checkVisibility()) continue;
+  for (const m of node.data.matchAll(/[\p{L}\p{N}]{2,}/gu)) {
+    const range = document.createRange();
+    range.setStart(node, m.index);
+    range.setEnd(node, m.index + m[0].length);
+    const lines = new Set([...range.getClientRects()].filter(q => q.width > 0)
+                          .map(q => Math.round(q.top)));
+    if (lines.size > 1) broken.push(`${where(parent)}: ${m[0]}`);
   }
 }
-return [document.documentElement.scrollWidth, width, wide.slice(0, 8)];
+const badges = [...document.querySelectorAll('.sev')].filter(b => b.checkVisibility()).filter(b => {
+  const lineHeight = parseFloat(getComputedStyle(b).fontSize) * 1.6;
+  return b.getClientRects().length !== 1 || b.getBoundingClientRect().height > lineHeight + 8;
+}).map(b => b.textContent);
+return {scroll: document.documentElement.scrollWidth, width, wide: wide.slice(0, 8),
+        broken: broken.slice(0, 8), badges};
 """
+# The smallest chart text as drawn: its font size times the chart's scale on screen.
+CHART_TEXT_JS = """
+let smallest = Infinity, which = '';
+for (const t of document.querySelectorAll('svg text')) {
+  if (!t.checkVisibility() || !t.textContent.trim()) continue;
+  const px = parseFloat(getComputedStyle(t).fontSize) * t.getScreenCTM().a;
+  if (px < smallest) { smallest = px; which = t.textContent; }
+}
+return [smallest, which];
+"""
+OPEN_ALL_JS = "document.querySelectorAll('details').forEach(d => { d.open = true; })"
 
 
 def assert_fits(driver: Any, what: str) -> None:
-    """Nothing is wider than the viewport: no sideways scroll, no clipped table cell."""
-    scroll, width, wide = driver.execute_script(OVERFLOW_JS)
-    assert scroll <= width and not wide, f"{what}: page {scroll} px in {width} px; {wide}"
+    """Nothing wider than the viewport, no word broken mid-word, every badge on one line."""
+    got = driver.execute_script(LAYOUT_JS)
+    assert got["scroll"] <= got["width"] and not got["wide"], (
+        f"{what}: page {got['scroll']} px in {got['width']} px; {got['wide']}")
+    assert not got["broken"], f"{what}: words broken mid-word: {got['broken']}"
+    assert not got["badges"], f"{what}: badges on more than one line: {got['badges']}"
 
 
 @pytest.mark.parametrize("name, trace", [
     ("cpu-loader-bound", SAMPLES / "cpu-loader-bound.pt.trace.json.gz"),
     ("resnet50-gpu", GPU_TRACE),
     ("rank-queue-sync", "hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz"),
+    # a 120-character kernel name in its verdict and evidence
+    ("xfmr-compile", SAMPLES / "real-h200-xfmr-compile.pt.trace.json.gz"),
+    # no fix plan: the first chart is the per-step chart, of 24 steps
+    ("cpu-no-plan-24-steps", SAMPLES / "cpu-replay-cpu-w1.pt.trace.json.gz"),
 ])
 def test_report_fits_800px_and_prints_without_clipping(browser: Any, tmp_path: Path, name: str,
                                                         trace: Any):
@@ -245,20 +345,194 @@ def test_run_report_with_its_dataloaders_table_fits(browser: Any, tmp_path: Path
 
 
 def check_fits(browser: Any, page: Path, name: str) -> None:
+    """At 800, 1280, 1920 and 1400 px, folded and with every <details> opened, and printed:
+    nothing wider than the page, no word broken mid-word, badges on one line."""
     open_page(browser, page)
     try:
-        browser.set_window_size(NARROW, VIEWPORT[1])
-        assert browser.execute_script("return document.documentElement.clientWidth") <= NARROW
-        assert_fits(browser, f"{name} at {NARROW} px")
-        browser.set_window_size(1400, VIEWPORT[1])
-        assert_fits(browser, f"{name} at 1400 px")
-        # Printed on A4/Letter (about 700 px of content width at 96 dpi): nothing cut off.
+        for width in (*WIDTHS, 1400):
+            browser.set_window_size(width, VIEWPORT[1])
+            assert browser.execute_script("return document.documentElement.clientWidth") <= width
+            assert_fits(browser, f"{name} at {width} px")
+            if width in (NARROW, VIEWPORT[0]):  # the verdict and the first chart, whole
+                set_viewport(browser, width)
+                for what in ("#verdict", "svg"):
+                    assert bottom_of(browser, what) <= VIEWPORT[1], f"{name}: {what} at {width}"
+        browser.execute_script(OPEN_ALL_JS)
+        for width in WIDTHS:
+            browser.set_window_size(width, VIEWPORT[1])
+            assert_fits(browser, f"{name} at {width} px, every <details> open")
+        # Printed on A4/Letter (about 720 px of content width at 96 dpi): nothing cut off.
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
-        browser.set_window_size(NARROW - 80, VIEWPORT[1])
+        browser.set_window_size(PRINT_WIDTH, VIEWPORT[1])
         assert_fits(browser, f"{name} in print")
     finally:
         browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
         browser.set_window_size(*VIEWPORT)
+
+
+KINETO_PAIR = ("kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
+               "kineto/resnet50_num_workers_0__worker0.1623143566756.pt.trace.json.gz")
+PAGE_HEIGHT_LIMIT = 8_000  # px at 1280: issue 32 (the pair's report was 19,364 px)
+PRINTED_PAGES_LIMIT = 8  # issue 32 (it printed on 32 pages)
+CHART_TEXT_PX = 11  # issue 32: chart text was about 7 px at 800 px
+
+
+def test_kineto_pair_reads_in_one_screen_and_prints_on_8_pages(browser: Any, tmp_path: Path,
+                                                               artifacts: Path):
+    """The two num_workers=0 recordings analysed together (12 findings for 6 causes, long file
+    names): at 800 and 1280 px the verdict and the fix-plan chart fit the first 900 px, the
+    per-step chart and the one-step timeline come before the findings, chart text is 11 px or
+    more, the page is under 8,000 px at 1280 and prints on 8 pages or fewer with page 1 used
+    and table headers whole."""
+    out = analyze(real_trace(KINETO_PAIR[0]), tmp_path / "out",
+                  also=(real_trace(KINETO_PAIR[1]),))
+    page = out / "report.html"
+    open_page(browser, page)
+    for width in (NARROW, VIEWPORT[0]):
+        set_viewport(browser, width)
+        screen = browser.execute_script("return window.innerHeight")
+        assert screen == VIEWPORT[1]
+        for selector in ("#verdict", "svg#plan-chart"):
+            assert bottom_of(browser, selector) <= screen, (
+                f"{selector} ends {bottom_of(browser, selector):.0f} px down at {width} px")
+        order = [bottom_of(browser, s) for s in ("svg#plan-chart", "svg#steps-chart",
+                                                 "svg#step-timeline", "#findings-summary")]
+        assert order == sorted(order), f"story out of order at {width} px: {order}"
+        smallest, text = browser.execute_script(CHART_TEXT_JS)
+        if width == NARROW:
+            assert smallest >= CHART_TEXT_PX, f"chart text {text!r} is {smallest:.1f} px"
+        assert_fits(browser, f"kineto pair at {width} px")
+        save_full_page(browser, artifacts, f"kineto-pair-{width}", width)
+    browser.set_window_size(*VIEWPORT)
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    assert height < PAGE_HEIGHT_LIMIT, f"the page is {height} px tall at {VIEWPORT[0]} px"
+    # Nothing dropped to get there: every finding's card, its change and its evidence are in
+    # the page, folded.
+    cards = browser.find_elements(By.CSS_SELECTOR, "div.card[id^=finding-]")
+    findings = json.loads((out / "report.json").read_text())["findings"]
+    assert len(cards) == len(findings) == 12
+    for card in cards:
+        assert card.find_elements(By.CSS_SELECTOR, "details.change pre")
+        assert card.find_elements(By.CSS_SELECTOR, "details.evidence table.evidence")
+
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": "print"})
+    try:
+        check_print_rules(browser)
+        pdf = print_pdf(browser)
+    finally:
+        browser.execute_cdp_cmd("Emulation.setEmulatedMedia", {"media": ""})
+    (artifacts / "kineto-pair.pdf").write_bytes(pdf)
+    assert 1 < pdf_pages(pdf) <= PRINTED_PAGES_LIMIT, f"prints on {pdf_pages(pdf)} pages"
+
+
+PRINT_RULES_JS = """
+const style = (sel, prop, pseudo) => getComputedStyle(document.querySelector(sel), pseudo)[prop];
+const urls = [...document.querySelectorAll('a[href^="http"]')].map(a => {
+  const after = getComputedStyle(a, '::after').content;
+  const printed = a.textContent + (after && after !== 'none' && after !== 'normal' ? after : '');
+  return [a.href, printed.split(a.getAttribute('href')).length - 1];
+});
+return {table: style('#findings-summary', 'breakInside'),
+        head: style('#findings-summary thead', 'display'),
+        urls};
+"""
+
+
+def check_print_rules(driver: Any) -> None:
+    """In print: the findings table may break between rows (so it does not leave page 1 half
+    empty), repeats its header row on each page, and a link's URL is printed once."""
+    got = driver.execute_script(PRINT_RULES_JS)
+    assert got["table"] != "avoid" and got["head"] == "table-header-group", got
+    assert got["urls"] and all(count == 1 for _, count in got["urls"]), got["urls"]
+    driver.set_window_size(PRINT_WIDTH, VIEWPORT[1])
+    assert_fits(driver, "kineto pair in print")
+    driver.set_window_size(*VIEWPORT)
+
+
+# A cuBLAS kernel name as an H200 trace has it (real-h200-xfmr-fp32), made up to 120 characters
+# without a space.
+LONG_KERNEL = ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_warpsize4x2x1_"
+               "ffma_aligna4_alignc4_execute_kernel__synthetic")[:120]
+SYNTH = {"stallscope_synthetic": "generated by tests/test_browser.py, not a recording"}
+
+
+def long_names_trace(folder: Path, rank: int) -> Path:
+    """A synthetic trace whose one GPU kernel has a 120-character name and whose file name is
+    long, as a cluster job writes them."""
+    events = []
+    for i in range(4):
+        start = i * 10_000
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": 1,
+             "tid": 1, "ts": start, "dur": 10_000},
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1,
+             "ts": start + 100, "dur": 300},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+             "ts": start + 150, "dur": 20, "args": {"correlation": i + 1}},
+            {"ph": "X", "cat": "kernel", "name": LONG_KERNEL, "pid": 0, "tid": 7,
+             "ts": start + 400, "dur": 9_000,
+             "args": {"device": 0, "stream": 7, "correlation": i + 1}},
+        ]
+    name = (f"synthetic-training-job-2026-11-26-node-a100-{rank:03d}-of-128-"
+            f"worker{rank}.1623143089861.pt.trace.json")
+    return write_trace(folder / name, events, **SYNTH)
+
+
+def test_long_kernel_and_file_names_are_cut_with_the_whole_name_kept(browser: Any,
+                                                                     tmp_path: Path,
+                                                                     artifacts: Path):
+    """A 120-character kernel name and long trace file names: cut with an ellipsis on one line
+    (the whole name in its tooltip, and unchanged in report.json), numbers on one line, and no
+    page wider than the window at 800, 1280 and 1920 px."""
+    traces = [long_names_trace(tmp_path, rank) for rank in (0, 1)]
+    out = analyze(traces[0], tmp_path / "out", also=(traces[1],))
+    data = json.loads((out / "report.json").read_text())
+    assert data["top_gpu_kernels"][0]["name"] == LONG_KERNEL
+    assert [t["label"] for t in data["traces"]] == [p.name for p in traces]
+    open_page(browser, out / "report.html")
+    browser.execute_script(OPEN_ALL_JS)
+    for width in WIDTHS:
+        browser.set_window_size(width, VIEWPORT[1])
+        assert_fits(browser, f"long names at {width} px")
+        shown = browser.execute_script(
+            "return [...document.querySelectorAll('[title]')].filter(e => e.checkVisibility()"
+            " && e.title === arguments[0]).map(e => [e.scrollWidth > e.clientWidth + 1,"
+            " e.getClientRects().length, e.getBoundingClientRect().height"
+            " / parseFloat(getComputedStyle(e).lineHeight)])", LONG_KERNEL)
+        assert shown, "the kernel's whole name is in no tooltip"
+        assert all(rects == 1 and lines < 1.5 for _, rects, lines in shown), shown  # one line
+        if width == NARROW:  # no room for it: cut on screen, whole on hover
+            assert any(cut for cut, _, _ in shown), shown
+        numbers = browser.execute_script(
+            "return [...document.querySelectorAll('td.num')].filter(e => e.checkVisibility()"
+            " && e.textContent.trim()).map(e => { const r = document.createRange();"
+            " r.selectNodeContents(e); return new Set([...r.getClientRects()].map(q =>"
+            " Math.round(q.top))).size; })")
+        assert numbers and max(numbers) == 1, f"a number wraps at {width} px"
+    titles = browser.execute_script(
+        "return [...document.querySelectorAll('[title]')].map(e => e.title)")
+    assert all(p.name in titles for p in traces)
+    save_full_page(browser, artifacts, "long-names-800", NARROW)
+
+
+def test_the_layout_checks_catch_overflow_broken_words_and_wrapped_badges(browser: Any,
+                                                                          tmp_path: Path):
+    """Guard against a vacuous pass: a page with each fault is caught."""
+    page = tmp_path / "bad-layout.html"
+    page.write_text(
+        "<!DOCTYPE html><body style='margin:0'>"
+        "<div style='width: 70px; overflow-wrap: anywhere'>supercalifragilistic</div>"
+        "<div style='width: 40px'><span class='sev'>medium</span></div>"
+        "<div style='width: 3000px'>wide</div></body>")
+    open_page(browser, page)
+    browser.set_window_size(NARROW, VIEWPORT[1])
+    got = browser.execute_script(LAYOUT_JS)
+    assert got["scroll"] > got["width"] and any("div" in w for w in got["wide"]), got
+    assert any("supercalifragilistic" in b for b in got["broken"]), got
+    with pytest.raises(AssertionError, match="mid-word"):
+        browser.execute_script("document.body.lastChild.remove()")
+        assert_fits(browser, "bad page")
+    browser.set_window_size(*VIEWPORT)
 
 
 CONTRAST_JS = """

@@ -11,7 +11,15 @@ import pytest
 
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.diagnose.fixes import parse_what_if
-from stallscope.report.html import CHAR_WIDTH, render_html, short_name
+from stallscope.report.html import (
+    CHAR_WIDTH,
+    TRACE_LABEL_CHARS,
+    clipped,
+    prose_text,
+    render_html,
+    short_name,
+    trace_label,
+)
 from stallscope.report.json_writer import report_data
 from stallscope.report.markdown import render_markdown
 from tests.conftest import SAMPLES, real_trace, report_of, write_trace
@@ -22,6 +30,7 @@ RESNET = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 LARGEST = "hta/v100_rank1of2_df_index_resolver.pt.trace.json.gz"
 CPU_SAMPLE = SAMPLES / "cpu-loader-bound.pt.trace.json.gz"
 ONE_MB = 1_000_000
+KINETO_PAIR = (RESNET, "kineto/resnet50_num_workers_0__worker0.1623143566756.pt.trace.json.gz")
 
 
 def section(html: str, element_id: str, closing: str) -> str:
@@ -76,7 +85,14 @@ def test_gpu_report_reads_verdict_first_with_timeline_and_top_tables(resnet_html
     assert "DataLoader" in verdict and (
         f"the replay predicts {ms(plan['baseline_step_us'])} -&gt; about "
         f"{ms(first['predicted_step_us'])} ms per step, range {ms(lo)}-{ms(hi)}") in verdict
-    assert html.index('id="verdict"') < html.index('id="findings"') < html.index("step-timeline")
+    # The story first (verdict, fix plan, where the time goes, one step), then the findings,
+    # then the details, folded.
+    order = ['id="verdict"', 'id="fix-plan"', 'id="steps-chart"', 'id="step-timeline"',
+             'id="findings-summary"', 'id="finding-1"', 'id="hotspots"', 'id="setup"',
+             'id="reproduce"', 'id="checks"']
+    assert [html.index(mark) for mark in order] == sorted(html.index(mark) for mark in order)
+    for folded in ("setup", "reproduce", "not-assessed", "checks"):
+        assert f'<details class="section" id="{folded}">' in html
     assert "176.3 ms" in section(html, "summary", 'id="findings-summary"')  # median step
     assert lanes(html) == ["data loader", "host compute", "copies (host)", "syncs", "GPU 0"]
     start = html.index('data-lane="GPU 0"')
@@ -193,9 +209,9 @@ def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resne
     plan = report_data(report)["plan"]
     n = len(plan["entries"])
     assert n >= 2 and plan["entries"][0]["id"] == "dataloader-bound"
-    assert html.index('id="findings-summary"') < html.index('id="fix-plan"') < html.index(
+    assert html.index('id="summary"') < html.index('id="fix-plan"') < html.index(
         'id="findings"')
-    assert 'href="#fix-plan"' in section(html, "findings-summary", "</nav>")
+    assert 'href="#fix-plan"' in section(html, "summary", "</nav>")
     bars = plan_bars(html)
     # The measured step, the step without the profiler's cost (where the changes start), then
     # each change on top of the ones before.
@@ -297,3 +313,31 @@ def test_what_if_section_shows_each_change_alone_and_together():
     assert "all together" in rows[5] and "not replayed" in rows[5]
     # A CPU-only trace's floor is the host's own work.
     assert "floor: host work" in section(html, "plan-chart", "</svg>")
+
+
+def test_long_names_are_cut_in_the_middle_and_kept_whole_in_the_tooltip():
+    """Two recordings of one run differ at the end of their file names: the short label keeps
+    the end; a 120-character kernel name in a sentence stays on one line with its tooltip."""
+    a, b = (f"resnet50_num_workers_0__worker0.{ts}.pt.trace.json.gz"
+            for ts in ("1623143089861", "1623143566756"))
+    short_a, short_b = trace_label(a), trace_label(b)
+    assert short_a != short_b and len(short_a) <= TRACE_LABEL_CHARS
+    assert short_a.startswith("resnet50") and short_a.endswith("1623143089861")
+    assert trace_label("rank 0") == "rank 0"  # a short name stays as it is
+    assert str(clipped(a)) == f'<span class="clip" title="{a}">{short_a}</span>'
+    kernel = "sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_warpsize4x2x1_ffma"
+    text = str(prose_text(f"Top kernel: {kernel} (23% of kernel time) <b>"))
+    assert text == (f'Top kernel: <span class="clip" title="{kernel}">{kernel}</span> '
+                    "(23% of kernel time) &lt;b&gt;")
+
+
+def test_the_kineto_pair_names_its_traces_by_a_short_label():
+    report = report_of(*(real_trace(k) for k in KINETO_PAIR))
+    html = render_html(report)
+    table = section(html, "findings-summary", "</table>")
+    names = [Path(k).name for k in KINETO_PAIR]
+    assert all(f'title="{n}"' in table for n in names)  # whole on hover
+    assert not any(f">{n}<" in table for n in names)  # not printed whole in a narrow column
+    assert '<details class="change" open>' in section(html, "finding-1", "</details>")
+    # every finding's change folded but the first's
+    assert html.count('<details class="change">') == len(report.findings) - 1

@@ -23,6 +23,10 @@ from stallscope.text import clean, clip
 
 MAX_ROWS = 12  # rows of a nested table shown; the rest are counted
 MAX_CELL = 200  # characters of one text cell
+# A text with a run this long and no space in it (a kernel name, a path) cannot wrap between
+# words: it shows on one line cut with an ellipsis, whole in its tooltip, instead of widening
+# the page or breaking mid-word (tests/test_browser.py).
+NAME_RUN = 32
 UNITS = {"pct": "%", "ms": " ms", "us": " µs", "mb": " MB", "bytes": " B", "gbps": " GB/s",
          "s": " s"}
 
@@ -58,7 +62,23 @@ def _scalar(key: str, value: Any) -> Markup:
         return escape(figure(value, percent=unit == "%") + unit)
     if isinstance(value, bool):
         return escape(str(value).lower())
-    return escape(clip(clean(str(value)), MAX_CELL))
+    return text_cell(str(value))
+
+
+def text_cell(value: str, limit: int = MAX_CELL) -> Markup:
+    """Text for a table cell: cut at `limit` characters; a name too long to wrap between words
+    (a run of over NAME_RUN characters without a space) on one line, cut with an ellipsis by CSS,
+    whole in its tooltip."""
+    text = clip(clean(value), limit)
+    if max(map(len, text.split()), default=0) > NAME_RUN:
+        return Markup('<span class="clip" title="{}">{}</span>').format(text, text)
+    return escape(text)
+
+
+def key_text(key: str) -> Markup:
+    """An evidence key (`gpu_idle_after_waits_ms_per_step`) that may wrap after an underscore
+    (between its words), so a nested table of such headers fits an 800 px window."""
+    return Markup(str(escape(clip(clean(str(key)), MAX_CELL))).replace("_", "_<wbr>"))
 
 
 def _is_plain(value: Any) -> bool:
@@ -77,7 +97,7 @@ def _dict_table(value: dict[str, Any]) -> Markup:
     if not value:
         return Markup('<span class="muted">none</span>')
     rows = Markup("").join(
-        Markup("<tr><td>{}</td><td>{}</td></tr>").format(k, _cell(str(k), v))
+        Markup("<tr><td>{}</td><td>{}</td></tr>").format(key_text(k), _cell(str(k), v))
         for k, v in list(value.items())[:MAX_ROWS]
     )
     more = len(value) - MAX_ROWS
@@ -97,7 +117,7 @@ def _list_view(key: str, items: list[Any]) -> Markup:
     if all(isinstance(v, dict) for v in items):
         columns = [k for k in dict.fromkeys(k for v in items for k in v)
                    if any(v.get(k) not in (None, "", [], {}) for v in items)]
-        head = Markup("").join(Markup("<th>{}</th>").format(c) for c in columns)
+        head = Markup("").join(Markup("<th>{}</th>").format(key_text(c)) for c in columns)
         body = Markup("").join(
             Markup("<tr>{}</tr>").format(Markup("").join(
                 Markup("<td>{}</td>").format(_cell(c, v.get(c))) for c in columns))

@@ -20,7 +20,7 @@ from markupsafe import Markup, escape
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report, share_text
-from stallscope.report.evidence_view import evidence_value
+from stallscope.report.evidence_view import NAME_RUN, evidence_value, key_text, text_cell
 from stallscope.report.json_writer import report_data
 from stallscope.report.kernel_view import gpu_summary_rows, host_rows, kernel_chart
 from stallscope.report.labels import (
@@ -54,11 +54,26 @@ COLORS = {
     "memset": "#bcbd22",
 }
 LEGEND = {k: category_name(k) for k in COLORS}  # the names every view uses (labels.py)
-# Chart geometry, in SVG user units (about a pixel each at the page's width).
-CHART_WIDTH = 1000
+# Chart geometry, in SVG user units. The charts scale to the page's width; 720 units is the
+# content width of an 800 px window (785 px inside its scroll bar, less .75rem padding each
+# side: 761 px) and of a printed A4/Letter page (about 720 px at 96 dpi), so text set at 11 units
+# shows at 11 px or more there (tests/test_browser.py measures it), and larger on a wider screen.
+CHART_WIDTH = 720
 CHAR_WIDTH = 6.6  # average width of a 12-unit system-ui glyph; sizes the label column
-MAX_LABEL_CHARS = 48
+MAX_LABEL_CHARS = 44
+# A trace's file name where room is short (a table cell, a chart label): cut in the middle, the
+# start and the end kept (recordings of one run differ at the end: "..._worker0.1623143089861"),
+# the whole name in a tooltip and in report.json.
+TRACE_LABEL_CHARS = 28
+CHART_TRACE_CHARS = 24
+_LONG_RUN = re.compile(rf"\S{{{NAME_RUN + 1},}}")  # a name in prose too long to wrap
+_TRACE_SUFFIX = re.compile(r"(\.pt)?\.trace\.json(\.gz)?$|\.json(\.gz)?$")
 LANE_HEIGHT = 22
+# The per-step chart: a row per step, tighter past a dozen steps so that 24 steps still end
+# inside the first screen at 1280 x 900 (the CPU samples' reports).
+STEP_ROW = 20
+STEP_ROW_TIGHT = 16
+TIGHT_AFTER_STEPS = 12
 SHORT_NAME_CHARS = 90
 # The fix-plan waterfall: one row per bar, room after each bar for "116.1 ms (−34.3%)", and a
 # line under the bars for the floor's label.
@@ -93,6 +108,9 @@ def jinja_env() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["code"] = code_text
+    env.filters["path"] = path_text
+    env.filters["prose"] = prose_text
+    env.globals["clipped"] = clipped
     return env
 
 
@@ -105,9 +123,58 @@ def display(value: Any) -> Any:
     return clip(clean(value), MAX_TEXT)
 
 
+def trace_label(name: str, limit: int = TRACE_LABEL_CHARS) -> str:
+    """A trace's name in at most `limit` characters: unchanged when it fits, else without its
+    `.pt.trace.json.gz` ending and cut in the middle, so two recordings of one run still read
+    apart."""
+    if len(name) <= limit:
+        return name
+    stem = _TRACE_SUFFIX.sub("", name) or name
+    return mid_cut(stem, limit)
+
+
+def mid_cut(text: str, limit: int) -> str:
+    """`text` in `limit` characters, its middle replaced by an ellipsis (more of the end kept)."""
+    if len(text) <= limit:
+        return text
+    head = (limit - 1) * 2 // 5
+    tail = limit - 1 - head
+    return text[:head] + "\u2026" + text[len(text) - tail:]
+
+
+def clipped(name: str, limit: int = TRACE_LABEL_CHARS) -> Markup:
+    """A long name where room is short: its short form on one line (CSS cuts it further with an
+    ellipsis where even that does not fit), the whole name in the tooltip; no mid-word wrap."""
+    full = display(str(name))
+    return Markup('<span class="clip" title="{}">{}</span>').format(full, trace_label(full, limit))
+
+
 def code_text(text: str) -> Markup:
-    """A command to copy, escaped: cut only at MAX_CODE, past where `display` would cut it."""
-    return escape(clip(clean(text), MAX_CODE))
+    """A command to copy, escaped: cut only at MAX_CODE, past where `display` would cut it;
+    a long path in it may wrap after a `/` (not copied: `<wbr>` is no character)."""
+    return _slash_breaks(escape(clip(clean(text), MAX_CODE)))
+
+
+def prose_text(text: str) -> Markup:
+    """A sentence as `display` prints it, but a name in it too long to wrap between words (a
+    120-character kernel name in a verdict) is kept on one line: cut with an ellipsis where the
+    line is shorter, whole in its tooltip, rather than widening the page or breaking mid-word."""
+    text = display(str(text))
+    parts, last = [], 0
+    for m in _LONG_RUN.finditer(text):
+        parts += [escape(text[last:m.start()]),
+                  Markup('<span class="clip" title="{}">{}</span>').format(m.group(), m.group())]
+        last = m.end()
+    return Markup("").join([*parts, escape(text[last:])])
+
+
+def path_text(text: str) -> Markup:
+    """A file path or call site, escaped, that wraps after a `/` rather than mid-name."""
+    return _slash_breaks(escape(display(str(text))))
+
+
+def _slash_breaks(escaped: Markup) -> Markup:
+    return Markup(str(escaped).replace("/", "/<wbr>"))
 
 
 def render_html(report: Report) -> str:
@@ -117,6 +184,8 @@ def render_html(report: Report) -> str:
     env.filters["diff_lines"] = diff_lines
     env.filters["pretty_json"] = pretty_json
     env.globals["evidence_value"] = evidence_value
+    env.filters["key"] = key_text
+    env.filters["cell"] = lambda text: text_cell(str(text), MAX_TEXT)
     env.filters["delta"] = delta
     env.filters["saved"] = saved
     env.filters["share"] = share_text
@@ -382,7 +451,9 @@ def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:
     labels = []
     for s in steps:
         full = f"{s['name']} ({s['trace']})" if s.get("trace") else s["name"]
-        short = full if len(full) <= MAX_LABEL_CHARS else full[: MAX_LABEL_CHARS - 1] + "\u2026"
+        short = (f"{s['name']} ({trace_label(s['trace'], CHART_TRACE_CHARS)})"
+                 if s.get("trace") else s["name"])
+        short = short if len(short) <= MAX_LABEL_CHARS else mid_cut(short, MAX_LABEL_CHARS)
         labels.append((full, short))
     label_w = max((len(short) for _, short in labels), default=10) * CHAR_WIDTH + 12
     value_w = 70  # room for the duration printed after each bar
@@ -399,11 +470,14 @@ def _steps_chart(steps: list[dict[str, Any]]) -> dict[str, Any]:
             x += w
         bars.append({"label": short, "full": full, "parts": parts, "end": x,
                      "duration_us": s["duration_us"]})
-    axis_y = len(bars) * 20 + 4
+    row = STEP_ROW if len(bars) <= TIGHT_AFTER_STEPS else STEP_ROW_TIGHT
+    bar_h = row - 6
+    axis_y = len(bars) * row + 4
     ticks = [{"x": label_w + plot_w * t / longest, "ms": _tick_label(t)}
              for t in round_ticks(longest)]
-    return {"bars": bars, "width": CHART_WIDTH, "label_w": label_w, "row": 20,
-            "axis_y": axis_y, "ticks": ticks, "height": axis_y + 18}
+    return {"bars": bars, "width": CHART_WIDTH, "label_w": label_w, "row": row,
+            "bar_h": bar_h, "text_dy": 3 + bar_h // 2 + 4, "axis_y": axis_y, "ticks": ticks,
+            "height": axis_y + 18}
 
 
 def round_ticks(limit_us: float, target: int = 5) -> list[float]:
