@@ -341,3 +341,24 @@ def test_the_kineto_pair_names_its_traces_by_a_short_label():
     assert '<details class="change" open>' in section(html, "finding-1", "</details>")
     # every finding's change folded but the first's
     assert html.count('<details class="change">') == len(report.findings) - 1
+
+
+def test_two_recordings_of_different_speed_are_pooled_only_where_said():
+    # The kineto pair's recordings ran 176.3 and 152.5 ms per step: the median card's 161.8 ms
+    # pools them, so its label says so and lists each recording's own median; the terminal
+    # says the same, and report.md too.
+    from stallscope.report.terminal import render_terminal
+
+    report = report_of(*(real_trace(k) for k in KINETO_PAIR))
+    medians = [t["summary"]["step_time_us"]["median"] / 1000 for t in report.traces]
+    assert abs(medians[0] - medians[1]) > 0.1 * min(medians)  # they differ in speed
+    page = render_html(report)
+    card = page[page.index('<div class="tile">'):page.index("Main bottleneck")]
+    assert "2 recordings together" in card
+    assert all(f"{m:.1f} ms" in card for m in medians), card
+    assert "12 steps" in card and "step(s)" not in card
+    assert "traces together" in render_terminal(report)
+    assert "recordings' 12 steps together" in " ".join(render_markdown(report).split())
+    # one recording alone: nothing pooled, nothing said
+    alone = render_html(report_of(real_trace(RESNET)))
+    assert "together" not in alone[alone.index('<div class="tile">'):alone.index("Main bottleneck")]

@@ -299,6 +299,11 @@ def _headline(report: Report) -> dict[str, Any]:
         "top": top,
         "top_saving": _saving_view(report, top) if top else None,
         "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
+        # Several recordings (not ranks of one job) may differ in speed: the median card pools
+        # their steps and says so, with each recording's own median (report.md says the same).
+        "pooled": [(trace_label(t["label"]), _ms(t["summary"]["step_time_us"]["median"]))
+                   for t in report.traces if t["summary"].get("step_time_us")]
+        if len(report.traces) > 1 and not report.ranks else [],
         # The step without the profiler's cost (diagnose/plan.py), when it differs.
         "unprofiled_ms": _ms(baseline(report.plan)) if report.plan and profiler_phrase(
             report.plan) else None,

@@ -37,7 +37,10 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
     out = [f"stallscope: {_p(report.verdict)}"]
     if s["step_time_us"]:
         t = s["step_time_us"]
-        across = f" across {len(report.traces)} traces" if len(report.traces) > 1 else ""
+        across = ""
+        if len(report.traces) > 1:  # pooled: said so (each trace's own median is listed below)
+            across = (f" across {len(report.traces)} ranks" if report.ranks else
+                      f" of {len(report.traces)} traces together (each trace's own below)")
         shares = ", ".join(f"{category_name(k)} {v:.1f}%" for k, v in s["breakdown_pct"].items()
                            if v >= 0.5)
         out.append(
