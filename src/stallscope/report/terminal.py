@@ -24,6 +24,7 @@ from stallscope.text import MAX_TERMINAL, plain
 
 MAX_FINDINGS = 6
 MAX_PLAN_ENTRIES = 5
+MAX_VERDICT = 1000  # characters of the first line; other lines are cut at MAX_TERMINAL
 
 
 def _p(text: object) -> str:
@@ -34,7 +35,9 @@ def _p(text: object) -> str:
 def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> str:
     """The summary lines, newline-terminated; trace text made inert and cut per line."""
     s = report.summary
-    out = [f"stallscope: {_p(report.verdict)}"]
+    # The verdict whole (up to MAX_VERDICT): its end holds the fix and the predicted step,
+    # what the user acts on (up to 525 characters on the committed traces).
+    out = [f"stallscope: {plain(report.verdict, MAX_VERDICT)}"]
     if s["step_time_us"]:
         t = s["step_time_us"]
         across = ""
