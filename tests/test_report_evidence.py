@@ -43,12 +43,15 @@ def test_nested_evidence_is_a_table_with_units_not_raw_json():
     assert isinstance(sources, list) and isinstance(sources[0], dict)
     (card,) = [t for t in evidence_tables(html) if "sources" in t]
     nested = re.search(r'<table class="evidence nested">(.*?)</table>', card, re.S).group(1)
-    header = re.findall(r"<th>(.*?)</th>", nested)
-    assert {"kind", "call", "total_ms", "max_ms"} <= set(header)
+    header = [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<th>(.*?)</th>", nested)]
+    # In words, the unit with the value; report.json's key in the tooltip.
+    assert {"kind", "call", "Total", "Max"} <= set(header)
+    assert 'title="total_ms"' in nested and 'title="max_ms"' in nested
     first = sources[0]
     assert f"{figure(first['total_ms'])} ms" in nested  # the biggest source's total, with unit
     assert "{" not in re.sub(r"<[^>]+>", "", nested)  # no JSON left in the cells
-    top = [t for t in evidence_tables(html) if "sync_share_pct" in t][0]
+    top = [t for t in evidence_tables(html) if 'title="sync_share_pct"' in t][0]
+    assert "Sync share" in top
     assert f"{figure(sync.evidence['sync_share_pct'], percent=True)}%" in top
 
 
@@ -57,3 +60,21 @@ def test_empty_evidence_reads_none(value):
     from stallscope.report.evidence_view import evidence_value
 
     assert str(evidence_value("sources", value)) == '<span class="muted">none</span>'
+
+
+def test_evidence_keys_read_as_words_with_the_key_on_hover():
+    from stallscope.report.evidence_view import key_text, label_of
+
+    assert label_of("gpu_idle_share_of_step_pct") == "GPU idle share of step"
+    assert label_of("host_blocked_ms_per_step") == "Host blocked per step"
+    assert label_of("suggested_num_workers") == "Suggested number of workers"
+    assert label_of("aten::copy_") == "aten::copy_"  # a name used as a key stays whole
+    assert label_of("kind") == "kind"
+    assert str(key_text("wait_ms_per_step")) == (
+        '<span title="wait_ms_per_step">Wait per step</span>')
+    # no snake_case key left in the visible text of a real report's evidence
+    html = render_html(report_of(real_trace(QUEUE)))
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)  # the page's data
+    shown = re.sub(r"<[^>]+>", " ", re.sub(r'title="[^"]*"', "", html))
+    cards = shown[shown.index("Why it matters"):]
+    assert not re.search(r"\b[a-z]+_[a-z]+_(?:ms|pct|us)\b", cards)

@@ -75,10 +75,34 @@ def text_cell(value: str, limit: int = MAX_CELL) -> Markup:
     return escape(text)
 
 
+# Words of evidence keys as a reader says them; a unit word is dropped from the label (the value
+# carries its unit: "wait_ms_per_step" reads "wait per step", its value "4.4 ms").
+WORDS = {"gpu": "GPU", "cpu": "CPU", "h2d": "host-to-device", "d2h": "device-to-host",
+         "htod": "host-to-device", "dtoh": "device-to-host", "nccl": "NCCL", "sm": "SM",
+         "num": "number of", "pct": "", "ms": "", "us": "", "mb": "", "bytes": "bytes",
+         "gbps": "", "s": "", "id": "ID", "amp": "AMP", "tf32": "TF32", "bf16": "bf16",
+         "fp16": "fp16", "fp32": "fp32", "io": "I/O", "os": "OS"}
+
+
+def label_of(key: str) -> str:
+    """An evidence key in words: `gpu_idle_share_of_step_pct` -> "GPU idle share of step",
+    `host_blocked_ms_per_step` -> "host blocked per step". A key that is not snake_case (a
+    kernel's or an op's name used as a key) is kept as it is."""
+    if not key or not key.replace("_", "").isalnum() or key != key.lower() or "_" not in key:
+        return key
+    words = [WORDS.get(w, w) for w in key.split("_")]
+    text = " ".join(w for w in words if w)
+    return (text[:1].upper() + text[1:]) if text else key
+
+
 def key_text(key: str) -> Markup:
-    """An evidence key (`gpu_idle_after_waits_ms_per_step`) that may wrap after an underscore
-    (between its words), so a nested table of such headers fits an 800 px window."""
-    return Markup(str(escape(clip(clean(str(key)), MAX_CELL))).replace("_", "_<wbr>"))
+    """An evidence key as a label in words, the key itself in its tooltip (the name report.json
+    uses); a label that is a long name may wrap between words only."""
+    raw = clip(clean(str(key)), MAX_CELL)
+    label = label_of(raw)
+    if label == raw:
+        return Markup(str(escape(raw)).replace("_", "_<wbr>"))
+    return Markup('<span title="{}">{}</span>').format(raw, label)
 
 
 def _is_plain(value: Any) -> bool:
