@@ -406,11 +406,13 @@ def test_kineto_pair_reads_in_one_screen_and_prints_on_8_pages(browser: Any, tmp
     browser.set_window_size(*VIEWPORT)
     height = browser.execute_script("return document.documentElement.scrollHeight")
     assert height < PAGE_HEIGHT_LIMIT, f"the page is {height} px tall at {VIEWPORT[0]} px"
-    # Nothing dropped to get there: every finding's card, its change and its evidence are in
-    # the page, folded.
+    # Nothing dropped to get there: each cause's card (one per cause: 6 for 12 findings, the
+    # other recording's figures inside it), its change and its evidence are in the page, folded.
     cards = browser.find_elements(By.CSS_SELECTOR, "div.card[id^=finding-]")
     findings = json.loads((out / "report.json").read_text())["findings"]
-    assert len(cards) == len(findings) == 12
+    assert len(cards) == len({f["id"] for f in findings}) == 6 and len(findings) == 12
+    also = browser.find_elements(By.CSS_SELECTOR, "div.card p.also[id^=finding-]")
+    assert len(also) == 6
     for card in cards:
         assert card.find_elements(By.CSS_SELECTOR, "details.change pre")
         assert card.find_elements(By.CSS_SELECTOR, "details.evidence table.evidence")

@@ -339,8 +339,16 @@ def test_the_kineto_pair_names_its_traces_by_a_short_label():
     assert all(f'title="{n}"' in table for n in names)  # whole on hover
     assert not any(f">{n}<" in table for n in names)  # not printed whole in a narrow column
     assert '<details class="change" open>' in section(html, "finding-1", "</details>")
-    # every finding's change folded but the first's
-    assert html.count('<details class="change">') == len(report.findings) - 1
+    # one card per cause (6 for 12 findings), each change folded but the first's; the other
+    # recording's finding sits inside its cause's card, with its own anchor
+    causes = {f.id for f in report.findings}
+    cards = re.findall(r'<div class="card(?: caused)?" id="finding-', html)
+    assert len(cards) == len(causes) < len(report.findings)
+    assert html.count('<details class="change">') == len(causes) - 1
+    assert all(f'id="finding-{i}"' in html for i in range(1, len(report.findings) + 1))
+    assert html.count('<p class="also"') == len(report.findings) - len(causes)
+    rows = section(html, "findings-summary", "</table>").count("<tr>")
+    assert rows == len(causes) + 1  # the header row, then one per cause
 
 
 def test_two_recordings_of_different_speed_are_pooled_only_where_said():

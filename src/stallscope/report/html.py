@@ -204,6 +204,7 @@ def render_html(report: Report) -> str:
         fix_plan=_fix_plan(report),
         what_if=_what_if(report.what_if, report.plan),
         savings=[_saving_view(report, f) for f in report.findings],
+        cause=same_cause(report.findings),
         reproduce=report.reproduce_command,
         trace_files=[t["path"] for t in report.traces],
         gpus=_gpu_lines(report.environment.get("devices", [])),
@@ -285,6 +286,21 @@ def saved(pct: float) -> str:
 
 def _ms(us: float | None) -> str:
     return ms(us, missing="")
+
+
+def same_cause(findings: list[Finding]) -> dict[str, list[Any]]:
+    """Each cause once on the page: `first[i]` is the index of the first finding with finding
+    i's id (its card), `others[i]` the later ones (other recordings' figures, shown inside that
+    card, each keeping its own anchor so every link to it still lands)."""
+    seen: dict[str, int] = {}
+    first: list[int] = []
+    others: list[list[int]] = [[] for _ in findings]
+    for i, f in enumerate(findings):
+        j = seen.setdefault(f.id, i)
+        first.append(j)
+        if j != i:
+            others[j].append(i)
+    return {"first": first, "others": others}
 
 
 def _headline(report: Report) -> dict[str, Any]:
