@@ -28,8 +28,9 @@ boundary ahead of that byte are kept, the text up to the next boundary after it 
 counted (or kept, when a lone surrogate escape mended in that event alone is all it needs),
 and decoding resynchronises there, in the same buffer, without copying or decoding again the
 text after it. Each pass stops at the next damage, so the time is linear in the text however
-dense the damage: one event in 2 to 20 damaged costs 0.03-0.09 s per MB at 0.5 to 64 MB
-(docs/robustness.md; it grew 4x per doubling of the size before issue 36).
+dense the damage: one event in 2 to 20 damaged costs 0.01-0.09 s per MB at 0.5 to 64 MB on the
+shared 2-core VM, the spread its load (docs/robustness.md; it grew 4x per doubling of the size
+before issue 36).
 
 Limits (`Limits`) keep hostile input within seconds and a few hundred MB: the text a file may
 expand to, the text held without finding an event boundary, and the nesting depth.
