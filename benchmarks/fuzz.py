@@ -1,6 +1,6 @@
 """Mutation fuzzer for `stallscope analyze`: damaged copies of real traces, in-process.
 
-    python benchmarks/fuzz.py --cases 10000 --seed 1 --out /tmp/fuzz [--jobs 2]
+    python benchmarks/fuzz.py --cases 10000 --seed 1 --out /tmp/fuzz [--jobs 2] [--damage-64]
 
 Each case takes a seed trace (the public real traces under sample_traces/public, read-only,
 and sample_traces/*.gz), applies one to three mutations, writes the result to a scratch file
@@ -18,6 +18,16 @@ which a generic byte-level engine reaches rarely, and atheris has no wheel for t
 Most mutations work on the decoded document (fast, and every field the analysis reads gets
 wrong values); some work on the bytes and on the gzip stream.
 
+One case in `JOB_SHARE` is a job instead: a folder of two or three copies of the mutated trace
+as ranks, beside one or two ranks that died (a 0-byte file, one cut before its first event,
+garbage bytes, a link to a file that is gone). Such a case is `ok` only when the report lists
+every dead file in `source.left_out`; a report that does not is counted `internal`.
+
+After the cases (`main`), dense damage at growing sizes: a real trace tiled to 1 and 8 MB (64 MB
+with --damage-64) with one event in 20 damaged plus one lone surrogate escape, and one in 2 plus
+100 escapes (benchmarks/damaged.py), each loaded once; the time per MB is printed and kept in
+the summary. Linear reading keeps it flat as the size grows (issue 36).
+
 The summary (counts, the slowest case, peak RSS) is printed and written to OUT/summary.json.
 """
 
@@ -33,6 +43,7 @@ import math
 import multiprocessing
 import random
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -355,6 +366,83 @@ def make_case(rng: random.Random, doc: Doc) -> tuple[bytes, list[str]]:
     return out, what
 
 
+# ------------------------------------------------------------------ a job with dead ranks
+
+JOB_SHARE = 0.05  # of the cases: a job folder with ranks that died beside the case's trace
+DEAD_RANKS = ["empty", "cut-before-events", "garbage", "dangling-link"]
+
+
+def dead_rank(kind: str, text: bytes) -> bytes | None:
+    """What a rank that died leaves, from a trace's text; None for a link to a missing file."""
+    if kind == "empty":
+        return b""
+    if kind == "cut-before-events":
+        key = text.find(b'"traceEvents"')
+        return text[: key + 20] if key >= 0 else text[:20]
+    if kind == "garbage":
+        return bytes(range(256)) * 8
+    return None
+
+
+def write_job(folder: Path, key: str, data: bytes, seed_text: bytes) -> tuple[list[str], str]:
+    """A job folder: 2-3 copies of the case's file as ranks, plus 1-2 dead ranks made from the
+    seed's text. (the dead files' names, what was made), drawn from their own generator so the
+    other cases stay the same."""
+    rng = random.Random(f"{key}-job")
+    folder.mkdir(parents=True)
+    suffix = ".pt.trace.json" + (".gz" if data[:2] == b"\x1f\x8b" else "")
+    for r in range(rng.randint(2, 3)):
+        (folder / f"rank{r}{suffix}").write_bytes(data)
+    dead, kinds = [], []
+    for r in range(10, 10 + rng.randint(1, 2)):
+        kind = rng.choice(DEAD_RANKS)
+        path = folder / f"rank{r}.pt.trace.json"
+        content = dead_rank(kind, seed_text)
+        if content is None:
+            path.symlink_to(folder / "gone" / path.name)
+        else:
+            path.write_bytes(content)
+        dead.append(path.name)
+        kinds.append(kind)
+    return dead, f"job-dead-ranks ({'+'.join(kinds)})"
+
+
+def dead_listed(report: Any, dead: list[str]) -> str:
+    """'' when the report lists every dead rank file as left out, else what it missed."""
+    listed = {Path(row["path"]).name for row in report.source.get("left_out", [])}
+    missed = [name for name in dead if name not in listed]
+    return f"dead rank files not listed as left out: {missed}" if missed else ""
+
+
+# ------------------------------------------------------------------ dense damage, time per MB
+
+
+def dense_damage(sizes_mb: list[float], out: Path) -> list[dict[str, Any]]:
+    """Time `load_trace` on damaged traces of each size (benchmarks/damaged.py) at two
+    densities; one row per (size, density), with seconds per MB."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from damaged import damaged_text, time_load
+
+    rows = []
+    folder = out / "dense"
+    folder.mkdir(parents=True, exist_ok=True)
+    for every, escapes in ((20, 1), (2, 100)):
+        for mb in sizes_mb:
+            case = damaged_text(int(mb * (1 << 20)), every, escapes, seed=1)
+            size = len(case.text) / (1 << 20)
+            try:
+                wall, kept, skipped = time_load(case.text, folder)
+                outcome = "ok" if skipped == len(case.damaged) else "internal"
+            except Exception:  # noqa: BLE001 (counted, like any case's)
+                wall, kept, skipped, outcome = 0.0, 0, 0, "internal"
+            rows.append({"mb": round(size, 2), "every": every, "escapes": escapes,
+                         "damaged": len(case.damaged), "kept": kept, "skipped": skipped,
+                         "wall_s": round(wall, 3), "s_per_mb": round(wall / size, 4),
+                         "outcome": outcome})
+            del case
+    return rows
+
+
 class Hang(Exception):
     pass
 
@@ -363,9 +451,9 @@ def _alarm(signum: int, frame: Any) -> None:
     raise Hang
 
 
-def analyze_in_process(path: Path) -> None:
+def analyze_in_process(path: Path) -> Any:
     """What `stallscope analyze PATH` does, minus writing files: load, model, diagnose, plan,
-    render every view."""
+    render every view. The report."""
     from stallscope.commands.pipeline import analyze_paths
     from stallscope.report.html import render_html
     from stallscope.report.json_writer import render_json
@@ -377,17 +465,20 @@ def analyze_in_process(path: Path) -> None:
     render_html(report)
     render_markdown(report)
     render_terminal(report, {"report.json": "report.json"})
+    return report
 
 
-def run_case(path: Path, timeout: float) -> tuple[str, str]:
-    """(outcome, detail) of analysing `path`."""
+def run_case(path: Path, timeout: float, dead: list[str] | None = None) -> tuple[str, str]:
+    """(outcome, detail) of analysing `path`; `dead`: rank files of a job folder that must be
+    listed as left out."""
     from stallscope.errors import StallscopeError
 
     signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        analyze_in_process(path)
-        return "ok", ""
+        report = analyze_in_process(path)
+        missed = dead_listed(report, dead) if dead else ""
+        return ("internal", missed) if missed else ("ok", "")
     except Hang:
         return "hang", f"over {timeout:g} s"
     except StallscopeError as exc:
@@ -453,21 +544,33 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
             continue
         name = f"case{case}.pt.trace.json" + (".gz" if data[:2] == b"\x1f\x8b" else "")
         target = scratch / name
-        target.write_bytes(data)
+        dead: list[str] = []
+        if random.Random(f"{seed}-{case}-job").random() < JOB_SHARE:
+            target = scratch / f"case{case}-job"
+            dead, how = write_job(target, f"{seed}-{case}", data, doc.text)
+            what.append(how)
+        else:
+            target.write_bytes(data)
         del doc, data  # the analysis' memory is measured without the fuzzer's copies
         if large:  # (a full collection costs a second with the small seeds' objects around)
             gc.collect()
         _reset_peak()
         t0 = time.perf_counter()
-        outcome, detail = run_case(target, timeout)
+        outcome, detail = run_case(target, timeout, dead)
         wall = time.perf_counter() - t0
         peak = _peak_mb()
         if outcome in ("internal", "hang"):
             keep = out_dir / "failures"
             keep.mkdir(exist_ok=True)
-            (keep / name).write_bytes(target.read_bytes())
+            if target.is_dir():
+                shutil.copytree(target, keep / target.name, symlinks=True, dirs_exist_ok=True)
+            else:
+                (keep / name).write_bytes(target.read_bytes())
             (keep / f"{name}.txt").write_text(f"{what}\n{detail}")
-        target.unlink()
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink()
         results.append({"case": case, "key": f"{seed}-{case}", "what": what,
                         "outcome": outcome, "wall_s": wall,
                         "detail": detail if outcome != "ok" else "",
@@ -596,6 +699,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a hang")
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--small", action="store_true", help="only seeds under 200 kB")
+    parser.add_argument("--damage-sizes", default="1,8", metavar="MB,MB",
+                        help="sizes of the dense-damage timing after the cases ('' for none)")
+    parser.add_argument("--damage-64", action="store_true",
+                        help="add a 64 MB dense-damage case (about 6 s and 1 GB)")
     parser.add_argument("--remeasure", type=int, metavar="N",
                         help="after a run in --out: measure the cases on the N largest seeds "
                              "each in a fresh process")
@@ -604,13 +711,23 @@ def main() -> int:
         print(json.dumps(remeasure(args.out, args.remeasure, args.seed), indent=1))
         return 0
     summary = fuzz(args.cases, args.seed, args.out, args.timeout, args.jobs, args.small)
+    sizes = [float(x) for x in args.damage_sizes.split(",") if x] + ([64.0] if args.damage_64
+                                                                      else [])
+    if sizes:
+        summary["dense_damage"] = dense_damage(sizes, args.out)
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        for row in summary["dense_damage"]:
+            print(f"dense damage: {row['mb']:6.2f} MB, one event in {row['every']} damaged, "
+                  f"{row['escapes']} escapes: {row['wall_s']:.2f} s, {row['s_per_mb']:.3f} s/MB, "
+                  f"{row['skipped']:,} skipped, {row['kept']:,} kept ({row['outcome']})")
     with contextlib.suppress(Exception):
         for r in summary["internal_errors"][:20] + summary["hangs"][:20]:
             print(r["case"], r["what"], r["detail"].strip().splitlines()[-1:], sep="  ")
     shown = {k: summary[k] for k in ("cases", "outcomes", "max_wall_s", "slowest",
                                       "peak_rss_mb", "total_s")}
     print(json.dumps(shown, indent=1))
-    return 1 if summary["internal_errors"] or summary["hangs"] else 0
+    bad_damage = any(r["outcome"] != "ok" for r in summary.get("dense_damage", []))
+    return 1 if summary["internal_errors"] or summary["hangs"] or bad_damage else 0
 
 
 if __name__ == "__main__":

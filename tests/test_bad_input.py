@@ -266,3 +266,114 @@ def test_damaged_bytes_never_raise(tmp_path: Path, cut: float, flips: list, gz: 
     path = tmp_path / "damaged.pt.trace.json"
     path.write_bytes(bytes(data))
     pipeline(path)
+
+
+# --- a job with dead ranks: the files that cannot be read are left out, the rest analysed ----
+
+RANKS = [SAMPLES / f"cpu-gloo-ddp-rank{r}.pt.trace.json.gz" for r in (0, 1)]
+
+
+def dead_rank_job(folder: Path) -> Path:
+    """Ranks 0 and 1 of a real 2-process job, rank 2 cut mid-way (read up to the cut), and four
+    ranks that died: an empty file, one cut before its first event, garbage bytes and a link
+    to a file that is gone (as root, chmod 000 cannot make a file unreadable)."""
+    folder.mkdir()
+    for src in RANKS:
+        (folder / src.name).write_bytes(src.read_bytes())
+    doc = json.loads(gzip.decompress(RANKS[0].read_bytes()))
+    doc["distributedInfo"]["rank"] = 2
+    text = json.dumps(doc).encode()
+    (folder / "cpu-gloo-ddp-rank2.pt.trace.json").write_bytes(text[: len(text) * 3 // 5])
+    (folder / "rank3.pt.trace.json").write_bytes(b"")
+    (folder / "rank4.pt.trace.json").write_bytes(text[: text.index(b'"traceEvents"') + 60])
+    (folder / "rank5.pt.trace.json.gz").write_bytes(bytes(range(256)) * 4)
+    (folder / "rank6.pt.trace.json").symlink_to(folder / "gone" / "rank6.pt.trace.json")
+    return folder
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_job_with_dead_ranks_is_analysed_without_them_and_exits_5(tmp_path: Path,
+                                                                     jobs: str):
+    """Before issue 36 one empty rank file refused the whole job: 'file is empty', exit 2, no
+    report. `--jobs 2`: the files that cannot be read come back from worker processes too."""
+    job = dead_rank_job(tmp_path / "job")
+    out = tmp_path / "out"
+    proc = run_cli("analyze", str(job), "-o", str(out), "-q", "--jobs", jobs)
+    assert proc.returncode == 5, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("stallscope: partial report (exit 5): "
+                                                   "4 of 7 trace files could not be read")
+    report = json.loads((out / "report.json").read_text())
+    left = {Path(r["path"]).name: r["reason"] for r in report["source"]["left_out"]}
+    assert left == {
+        "rank3.pt.trace.json": "file is empty",
+        "rank4.pt.trace.json": "truncated: the file ends before its first complete event",
+        "rank5.pt.trace.json.gz": left["rank5.pt.trace.json.gz"],
+        "rank6.pt.trace.json": left["rank6.pt.trace.json"],
+    }
+    assert left["rank5.pt.trace.json.gz"].startswith("not valid JSON")
+    assert left["rank6.pt.trace.json"].startswith("cannot read (a link to a missing file")
+    assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
+    assert report["notes"][0].startswith("Partial report: 4 of 7 trace files could not be "
+                                         "read and were left out")
+    assert all(name in report["notes"][0] for name in left)
+    assert any("ends early" in n for n in report["notes"])  # rank 2: read up to its cut
+    assert "rank3.pt.trace.json" in (out / "report.md").read_text()
+
+
+def test_a_job_of_good_ranks_is_unchanged_and_exits_0(tmp_path: Path):
+    job = tmp_path / "job"
+    job.mkdir()
+    for src in RANKS:
+        (job / src.name).write_bytes(src.read_bytes())
+    proc = run_cli("analyze", str(job), "-o", str(tmp_path / "out"), "-q")
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert "left_out" not in report["source"]
+    assert not any(n.startswith("Partial report") for n in report["notes"])
+
+
+@pytest.mark.parametrize("alone", ["file", "folder"])
+def test_a_lone_empty_rank_file_is_still_one_line_and_exit_2(tmp_path: Path, alone: str):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    empty = folder / "rank0.pt.trace.json"
+    empty.write_bytes(b"")
+    target = empty if alone == "file" else folder
+    one_error(run_cli("analyze", str(target), "-o", str(tmp_path / "out")), 2,
+              "file is empty", str(empty))
+
+
+def test_a_job_none_of_whose_files_can_be_read_is_one_line_and_exit_2(tmp_path: Path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "rank0.pt.trace.json").write_bytes(b"")
+    (job / "rank1.pt.trace.json").write_bytes(b"\x00garbage")
+    line = one_error(run_cli("analyze", str(job), "-o", str(tmp_path / "out"), "-q"), 2,
+                     "none of the 2 trace files could be read", "file is empty",
+                     "(and 1 more)")
+    assert str(job / "rank0.pt.trace.json") in line
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+def test_a_rank_file_that_cannot_be_opened_is_left_out(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    """Permission denied (what chmod 000 gives a user who is not root), raised by the open."""
+    from stallscope.trace import load
+
+    job = tmp_path / "job"
+    job.mkdir()
+    for src in RANKS:
+        (job / src.name).write_bytes(src.read_bytes())
+    opened = load._open_text
+
+    def denied(path: Path):
+        if "rank1" in path.name:
+            raise PermissionError(13, "Permission denied", str(path))
+        return opened(path)
+
+    monkeypatch.setattr(load, "_open_text", denied)
+    report = report_data(analyze_paths([job], jobs=1))
+    assert [Path(r["path"]).name for r in report["source"]["left_out"]] == [RANKS[1].name]
+    assert report["source"]["left_out"][0]["reason"] == "cannot read (Permission denied)"
+    assert [t["rank"] for t in report["traces"]] == [0]

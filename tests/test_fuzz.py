@@ -8,7 +8,9 @@ shared real traces too) is by hand; its figures are in docs/robustness.md.
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def load_fuzzer():
     spec = importlib.util.spec_from_file_location("fuzz", ROOT / "benchmarks" / "fuzz.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fuzz", module)
     spec.loader.exec_module(module)
     return module
 
@@ -33,3 +36,22 @@ def test_forty_fuzz_cases_end_in_a_report_or_one_clear_line(tmp_path: Path, monk
     bad = summary["internal_errors"] + summary["hangs"]
     assert not bad, [(r["key"], r["what"], r["detail"][-400:]) for r in bad]
     assert summary["outcomes"].get("ok", 0) >= 10  # most damage still leaves a report
+
+
+def test_a_job_case_with_dead_ranks_gives_a_report_that_lists_them(tmp_path: Path):
+    """The fuzzer's job case (issue 36): ranks that died beside good ones must be listed as
+    left out, in a report of the rest; before, the first empty file refused the job."""
+    fuzz = load_fuzzer()
+    data = (ROOT / "sample_traces" / "cpu-gloo-ddp-rank0.pt.trace.json.gz").read_bytes()
+    text = gzip.decompress(data)
+    for key in ("a-1", "b-2", "c-3", "d-4"):
+        dead, how = fuzz.write_job(tmp_path / key, key, data, text)
+        assert how.startswith("job-dead-ranks (") and dead
+        outcome, detail = fuzz.run_case(tmp_path / key, 30.0, dead)
+        assert (outcome, detail) == ("ok", ""), how
+
+
+def test_dense_damage_rows_say_time_per_mb(tmp_path: Path):
+    rows = load_fuzzer().dense_damage([0.5], tmp_path)
+    assert [(r["every"], r["outcome"]) for r in rows] == [(20, "ok"), (2, "ok")]
+    assert all(r["s_per_mb"] > 0 and r["skipped"] == r["damaged"] > 10 for r in rows)

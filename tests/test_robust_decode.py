@@ -12,12 +12,16 @@ default limits.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
+import math
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from stallscope.errors import InputError
@@ -195,3 +199,88 @@ def test_text_past_the_size_limit_is_refused(tmp_path: Path):
                                          "--max-text-gb raises it"):
         load_trace(path, limits=Limits(max_text_bytes=MB))
     assert len(load_trace(path).events) == 20_005  # the default reads it (5 step markers too)
+
+
+# --- issue 36: damage costs linear time, however dense -------------------------------------
+
+def _damaged_module():
+    """benchmarks/damaged.py: damaged traces of a chosen size made from a real Kineto trace."""
+    spec = importlib.util.spec_from_file_location(
+        "damaged", Path(__file__).resolve().parents[1] / "benchmarks" / "damaged.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("damaged", module)  # its dataclass looks its module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+damaged = _damaged_module()
+
+
+def _seconds_per_mb(tmp_path: Path, text: bytes) -> float:
+    """The best of three loads of `text`, in seconds per MB (the best: other work on a shared
+    machine only ever adds time)."""
+    path = tmp_path / "synthetic-dense-damage.pt.trace.json"
+    path.write_bytes(text)
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        load_trace(path)
+        best = min(best, time.perf_counter() - t0)
+    return best / (len(text) / MB)
+
+
+@pytest.mark.parametrize(("every", "escapes", "chunk"), [
+    (20, 1, None), (5, 40, None), (2, 0, None), (20, 1, 256 << 10), (3, 40, 256 << 10),
+], ids=["1-in-20+escape", "1-in-5+40-escapes", "1-in-2", "1-in-20-streamed",
+        "1-in-3+escapes-streamed"])
+def test_time_per_mb_of_damaged_text_does_not_grow_with_its_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int, escapes: int,
+        chunk: int | None):
+    """One event in 20 damaged plus one lone surrogate escape took 1.6 s at 0.76 MB and 73.7 s
+    at 6.2 MB (issue 36: every damaged event re-decoded, and the escape repaired over, all the
+    text after it); measured here before the fix: 0.75 s/MB at 0.5 MB, 10.9 s/MB at 4 MB. The
+    larger file must cost under 3 times as much per MB as the smaller one: no clock limit,
+    only the growth, which the quadratic reading failed by 14x. `chunk`: the streamed path
+    (a file larger than a chunk) as well as the whole-text one."""
+    if chunk:
+        monkeypatch.setattr(decode, "CHUNK_BYTES", chunk)
+        monkeypatch.setattr(decode, "BLOCK_BYTES", chunk // 4)
+    small = damaged.damaged_text(MB // 2, every, escapes, seed=1).text
+    large = damaged.damaged_text(4 * MB, every, escapes, seed=1).text
+    per_mb_small = _seconds_per_mb(tmp_path, small)
+    per_mb_large = _seconds_per_mb(tmp_path, large)
+    assert per_mb_large < 3 * per_mb_small, (per_mb_small, per_mb_large)
+
+
+@pytest.mark.parametrize(("every", "escapes"), [(20, 1), (4, 30), (2, 5)])
+def test_dense_damage_costs_exactly_the_damaged_events(tmp_path: Path, every: int,
+                                                       escapes: int):
+    """Each damaged event is skipped and counted, every other event is kept, and an event
+    whose only fault is a lone surrogate escape is kept with U+FFFD in its name."""
+    case = damaged.damaged_text(MB, every, escapes, seed=2)
+    intact = [msgspec.json.decode(t) for t in damaged.event_texts(MB)]
+    assert len(case.damaged) > 40 and len(case.escaped) == escapes
+    hit = set(case.damaged)
+    expected = [e for i, e in enumerate(intact) if i not in hit and e.get("ph") == "X"]
+    path = tmp_path / "synthetic-dense-damage.pt.trace.json"
+    path.write_bytes(case.text)
+    trace = load_trace(path)
+    assert trace.skipped_events == len(case.damaged)
+    assert len(trace.events) == len(expected)
+    mended = trace.events["name"].astype(str).str.startswith("\ufffd").sum()
+    assert mended == sum(1 for i in case.escaped if intact[i].get("ph") == "X")
+    assert any("not valid UTF-8" in n for n in trace.notes)
+
+
+def test_a_lone_surrogate_before_damage_costs_nothing(tmp_path: Path):
+    """Before issue 36 an escape cut mid-character (`\\ud83d`) was mended only when nothing
+    else in the rest of the text was damaged: with a wrong byte after it, its event was lost
+    as damage too. It is now mended in its own event."""
+    evs = events(3000)
+    text = damage_at(text_of(evs), 2500)
+    text = text.replace(b'"name": "aten::op3"', b'"name": "\\ud83daten::op3"', 1)
+    path = tmp_path / "synthetic-escape-then-damage.pt.trace.json"
+    path.write_bytes(text)
+    trace = load_trace(path)
+    assert (len(trace.events), trace.skipped_events) == (len(evs) - 1, 1)
+    assert (trace.events["name"].astype(str) == "\ufffdaten::op3").sum() == 1

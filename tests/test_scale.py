@@ -230,3 +230,19 @@ def test_enclosing_finds_the_innermost_and_outermost_range(data: st.DataObject):
         else:
             assert s[inner[j]] == s[around].max()
             assert s[outer[j]] == s[around].min()
+
+
+def test_a_job_analysed_inside_a_pool_worker_stays_in_its_process(tmp_path: Path):
+    """A multiprocessing.Pool worker is daemonic and may not start processes: analysing a
+    large job there failed with 'daemonic processes are not allowed to have children' (the
+    fuzzer's job cases, issue 36). It now runs in that process."""
+    import multiprocessing
+
+    from stallscope import fanout
+
+    files = [tmp_path / f"rank{r}.pt.trace.json" for r in range(4)]
+    for f in files:
+        f.write_bytes(b" " * (8 << 20))
+    assert fanout.worker_count(files) > 1 or fanout.usable_cores() == 1
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(fanout.worker_count, (files, 4)) == 1

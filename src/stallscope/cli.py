@@ -6,11 +6,12 @@ and `main(args, script_args, command)`; this module owns only what is common to 
 one `stallscope:` line and its exit code.
 
 Exit codes: 0 analysed; 1 internal error (a stallscope bug); 2 usage error or unreadable input
-or output; 3 `--fail-on` threshold met; 4 `run` recorded no step; 124 `run --timeout` stopped
-the script (as coreutils `timeout`); 130 interrupted; 143 terminated by SIGTERM (while the
-script runs, or while `run` analyses after it: the line then names the trace kept). Under `run`,
-a script that ends with a non-zero status passes that status through (1 for an exception), also
-when stallscope then fails to write (a full disk: one line naming the errno).
+or output; 3 `--fail-on` threshold met; 4 `run` recorded no step; 5 a partial result (`analyze`:
+files of a job that could not be read were left out; `tune`: only the baseline ran); 124 `run
+--timeout` stopped the script (as coreutils `timeout`); 130 interrupted; 143 terminated by
+SIGTERM (while the script runs, or while `run` analyses after it: the line then names the trace
+kept). Under `run`, a script that ends with a non-zero status passes that status through (1 for
+an exception), also when stallscope then fails to write (a full disk: one line naming the errno).
 """
 
 from __future__ import annotations

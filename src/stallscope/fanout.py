@@ -65,7 +65,12 @@ def text_size(path: Path) -> int:
 
 
 def worker_count(files: Sequence[Path], jobs: int | None = None) -> int:
-    """How many processes to analyse `files` with (`jobs`: the user's choice, if any)."""
+    """How many processes to analyse `files` with (`jobs`: the user's choice, if any).
+
+    One in a daemonic process (a `multiprocessing.Pool` worker calling the API), which may not
+    start processes of its own: the fuzzer's job cases met it."""
+    if multiprocessing.current_process().daemon:
+        return 1
     if jobs is not None:
         return max(1, min(jobs, len(files)))
     if len(files) < 2:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from stallscope import progress
 from stallscope.commands import COMMANDS
 from stallscope.commands.common import add_what_if_argument, gate, whole_number, write_report
+from stallscope.errors import EXIT_OK, EXIT_PARTIAL
 
 NAME = "analyze"
 TAKES_SCRIPT = False  # every argument is stallscope's own
@@ -87,7 +89,8 @@ def _depth(text: str) -> int:
 
 
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
-    """Analyse the paths into OUT/report.{json,html,md}; the exit status (3 for --fail-on)."""
+    """Analyse the paths into OUT/report.{json,html,md}; the exit status (3 for --fail-on, else
+    5 when files of a job could not be read and were left out)."""
     from stallscope.commands.pipeline import analyze_paths
     from stallscope.diagnose.fixes import parse_what_if
     from stallscope.outputs import default_out_dir, prepare_out_dir
@@ -110,7 +113,26 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
                                                [c.text for c in what_if])
     write_report(report, out, args.quiet, tensorboard_run(out, report) if args.tensorboard
                  else None)
-    return gate(report, args.fail_on)
+    code = gate(report, args.fail_on)
+    left_out = report.source.get("left_out")
+    if left_out:  # said even under -q: the exit status alone would not say which files
+        _say_partial(left_out, len(left_out) + len(report.source["files"]), out)
+        if code == EXIT_OK:  # a --fail-on finding is said by its own status first
+            code = EXIT_PARTIAL
+    return code
+
+
+def _say_partial(left_out: list[dict[str, str]], total: int, out: Path) -> None:
+    """One line for a report that covers only the files that could be read."""
+    from stallscope.text import plain
+
+    first = left_out[0]
+    others = f" and {len(left_out) - 1:,} more" if len(left_out) > 1 else ""
+    sys.stderr.write(
+        f"stallscope: partial report (exit {EXIT_PARTIAL}): {len(left_out):,} of {total:,} "
+        f"trace files could not be read and were left out ({plain(Path(first['path']).name)}: "
+        f"{plain(first['reason'])}{others}); {plain(out / 'report.md')} covers the other "
+        f"{total - len(left_out):,} and lists them\n")
 
 
 def tensorboard_run(out: Path, report: Any) -> Path:

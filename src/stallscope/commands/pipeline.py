@@ -3,19 +3,26 @@
 Each trace file goes through load, model, diagnose and the fix plan on its own (in parallel
 processes when there are several large ones: see `fanout`); only the job-level rules and the
 report need them all together.
+
+A job whose rank crashed has a file that cannot be read (empty, cut before its first event,
+not JSON, unreadable). That file is left out and listed (a note, and `source.left_out` in
+report.json) and the other ranks are analysed: the report is partial, which `analyze` says with
+its own exit status (errors.EXIT_PARTIAL). A single file that cannot be read is still an error.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stallscope import fanout, progress
 from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
 from stallscope.diagnose.fixes import Change
 from stallscope.diagnose.plan import make_plan
-from stallscope.errors import NoStepsError
+from stallscope.errors import InputError, NoStepsError
 from stallscope.report import Report
 from stallscope.report.build import report_from
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
@@ -47,12 +54,15 @@ def analyze_paths(
     workers = fanout.worker_count(files, jobs)
     size = progress.size_text(progress.total_size(files))
     hot: tuple[HotTotals, HotTotals] | None = None  # summed as files finish, for several
+    left_out: dict[int, LeftOut] = {}  # files of a job that could not be read, by index
     if len(files) == 1:
         progress.say(f"loading {plain(files[0].name)} ({size})")
         meter = progress.Meter(f"reading {plain(files[0].name)}", fanout.text_size(files[0]))
         context = contexts.get(str(files[0].resolve()))
-        results = [_analyze_file(files[0], False, context,
-                                 meter if progress.active() else None, what_if, limits)]
+        one = _analyze_file(files[0], False, context, meter if progress.active() else None,
+                            what_if, limits)
+        assert not isinstance(one, LeftOut)  # a lone file that cannot be read raises
+        results = [one]
     else:
         in_parallel = (f" on the Dask cluster {scheduler}" if scheduler
                        else f" in {workers} processes" if workers > 1 else "")
@@ -61,31 +71,38 @@ def analyze_paths(
 
         def finished(i: int) -> None:
             done.append(i)
-            progress.say(f"analysed {plain(files[i].name)} ({len(done)}/{len(files)})")
+            what = "left out" if i in left_out else "analysed"
+            progress.say(f"{what} {plain(files[i].name)} ({len(done)}/{len(files)})")
 
         calls = [(f, True, contexts.get(str(f.resolve())), None, what_if, limits)
                  for f in files]
         host_ops, gpu_kernels = HotTotals(), HotTotals()
         hot = (host_ops, gpu_kernels)
 
-        def fold(i: int, result: tuple[TraceDigest, list[Assessment]]) -> tuple[
-                TraceDigest, list[Assessment]]:
+        def fold(i: int, result: Analysed | LeftOut) -> Analysed | LeftOut:
             """Sum each file's hotspot totals as it arrives: thousands of ranks' name tables
             would not fit, their sum does (the ranks run the same ops)."""
+            if isinstance(result, LeftOut):
+                left_out[i] = result
+                return result
             d = result[0]
             host_ops.add(d.host_ops)
             gpu_kernels.add(d.gpu_kernels)
             d.host_ops = d.gpu_kernels = HotTotals()
             return result
 
-        results = fanout.run_each(_analyze_file, calls, workers, finished, scheduler, fold)
+        outcomes = fanout.run_each(_analyze_file, calls, workers, finished, scheduler, fold)
+        results = [r for r in outcomes if not isinstance(r, LeftOut)]
+        if not results:
+            raise _none_readable(list(left_out.values()))
     # By rank when known, then by file name (trace/load.py rank_order).
     results.sort(key=lambda r: (r[0].rank is None, r[0].rank or 0, r[0].path))
     _label_same_ranks(results)
     digests = [d for d, _ in results]
     if not any(d.steps for d in digests):
+        unread = f" ({len(left_out):,} more could not be read)" if left_out else ""
         which = (f"{plain(files[0].name)} holds no" if len(files) == 1
-                 else f"none of the {len(files)} files holds")
+                 else f"none of the {len(digests)} files{unread} holds")
         raise NoStepsError(
             f'no steps found: {which} timed ("ph": "X") events that span any time'
         )
@@ -94,19 +111,69 @@ def analyze_paths(
         progress.say(f"diagnosing the job ({len(digests)} traces)")
     verdicts.append(diagnose_job([d.work for d in digests]))
     _draw(digests, limits)
-    return report_from(digests, verdicts, [str(p) for p in paths], hot)
+    report = report_from(digests, verdicts, [str(p) for p in paths], hot)
+    if len(files) > 1 and left_out:
+        _say_left_out(report, [left_out[i] for i in sorted(left_out)], len(files))
+    return report
+
+
+Analysed = tuple[TraceDigest, list[Assessment]]
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A file of a job that could not be read, and why (the loader's one line, less the path)."""
+
+    path: str
+    reason: str
+
+    def row(self) -> dict[str, Any]:
+        return {"path": self.path, "reason": self.reason}
+
+
+# Files named one by one in the note; the rest are counted (all are in source.left_out).
+NAMED_LEFT_OUT = 10
+
+
+def _say_left_out(report: Report, left: list[LeftOut], total: int) -> None:
+    """The note that heads a partial report, and the machine-readable list in its source."""
+    named = "; ".join(f"{plain(Path(x.path).name)} ({plain(x.reason)})"
+                      for x in left[:NAMED_LEFT_OUT])
+    more = f"; and {len(left) - NAMED_LEFT_OUT:,} more" if len(left) > NAMED_LEFT_OUT else ""
+    were = "was" if len(left) == 1 else "were"
+    report.notes.insert(0, (
+        f"Partial report: {len(left):,} of {total:,} trace files could not be read and {were} "
+        f"left out (a rank that crashed leaves such a file): {named}{more}. The other "
+        f"{total - len(left):,} were analysed; figures across ranks cover those only."))
+    report.source["left_out"] = [x.row() for x in left]
+
+
+def _none_readable(left: list[LeftOut]) -> InputError:
+    """The error for a job none of whose files could be read: the first one's reason."""
+    first = left[0]
+    others = f" (and {len(left) - 1:,} more)" if len(left) > 1 else ""
+    return InputError(f"none of the {len(left):,} trace files could be read: {first.path}: "
+                      f"{first.reason}{others}")
 
 
 def _analyze_file(
     path: Path, several: bool, context: RunContext | None, meter: progress.Meter | None,
     what_if: list[Change] | None = None, limits: Limits | None = None,
-) -> tuple[TraceDigest, list[Assessment]]:
+) -> Analysed | LeftOut:
     """Load, model, diagnose, plan and digest one file (in a worker process when there are
     several): what comes back is kilobytes, not the model (report/digest.py).
 
-    `meter` (one file only) is fed the bytes read and makes the phases say themselves."""
+    `meter` (one file only) is fed the bytes read and makes the phases say themselves.
+    `several`: one file of a job, where a file that cannot be read is left out (`LeftOut`)
+    rather than the job refused; a lone file that cannot be read is the error itself."""
     say = meter is not None
-    trace = load_trace(path, meter, limits or Limits())
+    try:
+        trace = load_trace(path, meter, limits or Limits())
+    except InputError as exc:
+        if not several:
+            raise
+        reason = str(exc).removeprefix(f"{path}: ")
+        return LeftOut(str(path), reason)
     if several:
         infer_rank(trace)
     if say:

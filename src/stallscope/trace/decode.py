@@ -22,11 +22,15 @@ written as a hex string, `"stream": "0x0"` in ROCm traces) is it decoded again w
 fields untyped and converted one by one, and only when that fails too is it read event by event,
 where a field of the wrong type is dropped and the rest of the event kept.
 
-Damaged text costs only the events it touches. When a chunk is not valid JSON before its cut,
-msgspec names the byte where it broke: the events before the last boundary ahead of that byte
-are kept, the text up to the next boundary after it is skipped and counted, and decoding goes
-on from there (`_skip_damage`). Every pass over the text is bounded by a constant factor, so a
-damaged file costs about what an intact one does.
+Damaged text costs only the events it touches, in time as well (`_drain`). When a chunk is not
+valid JSON before its cut, msgspec names the byte where it broke: the events before the last
+boundary ahead of that byte are kept, the text up to the next boundary after it is skipped and
+counted (or kept, when a lone surrogate escape mended in that event alone is all it needs),
+and decoding resynchronises there, in the same buffer, without copying or decoding again the
+text after it. Each pass stops at the next damage, so the time is linear in the text however
+dense the damage: one event in 2 to 20 damaged costs 0.01-0.09 s per MB at 0.5 to 64 MB on the
+shared 2-core VM, the spread its load (docs/robustness.md; it grew 4x per doubling of the size
+before issue 36).
 
 Limits (`Limits`) keep hostile input within seconds and a few hundred MB: the text a file may
 expand to, the text held without finding an event boundary, and the nesting depth.
@@ -40,11 +44,11 @@ import math
 import re
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import msgspec
 import numpy as np
@@ -92,6 +96,7 @@ class Damage:
         self.offsets.append(offset)
 
 NAN = math.nan
+T = TypeVar("T")
 
 
 class Args(msgspec.Struct, frozen=True, gc=False):
@@ -222,7 +227,7 @@ class Columns:
     unreadable: int = 0  # events with missing or wrong-typed fields that could not be read
     bad_times: int = 0  # complete events with a missing, negative or non-finite time
     seen: int = 0  # events of any phase read
-    repaired: int = 0  # chunks whose invalid UTF-8 was replaced by U+FFFD
+    repaired: int = 0  # spans (a chunk, or one event) whose bad UTF-8 or escapes were mended
     damage: Damage = field(default_factory=Damage)  # text that was not JSON, skipped
 
     def add(self, events: list[Event]) -> None:
@@ -419,8 +424,8 @@ class _NotStreamable(Exception):
 def _cut(buf: bytearray, cols: Columns, at: int) -> int:
     """Decode events from the front of `buf` (which starts with `[`) up to a clean cut.
 
-    Returns the offset of the comma that ended the decoded (or skipped) text, or -1 if no
-    candidate cut within `_MAX_TRIES` gave a complete list of events and no damage was found.
+    Returns the offset of the comma where decoding stopped (every event before it was read,
+    damage skipped), or -1 if no candidate cut within `_MAX_TRIES` ended after a whole event.
     `at` is the text offset of `buf[1]`, for naming where damage is.
     """
     pos = len(buf)
@@ -428,84 +433,180 @@ def _cut(buf: bytearray, cols: Columns, at: int) -> int:
         comma = _last_boundary(buf, pos)
         if comma < 0:
             return -1
-        events = _decode_events(buf, comma, cols)
-        if events is not None:
-            cols.add(events)
-            return comma
-        broken = _syntax_error(buf, comma)
-        if broken is not None and broken < comma:  # damage inside, not a cut inside an event
-            return _skip_damage(buf, comma, broken, cols, at)
-        pos = comma
+        stop = _drain(buf, comma, cols, at, final=False)
+        if stop > 0:
+            return stop
+        pos = comma  # a `}, {` inside a string: try an earlier one
     return -1
 
 
-def _syntax_error(buf: bytearray, end: int) -> int | None:
-    """Where `buf[:end]` + `]` stops being JSON: the byte msgspec names; `end` for text that
-    merely ends early (a cut inside an event); -1 when the place is unknown (nesting too deep
-    to parse); None when it is JSON after all (a chunk refused for its types only)."""
-    saved = buf[end]
-    buf[end] = ord("]")
+def _syntax_error(buf: bytearray, end: int, lo: int = 0) -> int | None:
+    """Where the list `buf[lo:end]` + `]` stops being JSON: the byte msgspec names; `end` for
+    text that merely ends early (a cut inside an event); -1 when the place is unknown (nesting
+    too deep to parse); None when it is JSON after all (refused for its types or its UTF-8
+    only). One pass over the text up to the place it names."""
     try:
-        with memoryview(buf) as view:
-            _RAWS.decode(view[: end + 1])
+        _on_list(buf, lo, end, _RAWS.decode)
     except msgspec.DecodeError as exc:
         match = _AT_BYTE.search(str(exc))
-        return int(match.group(1)) if match else end
+        return lo + int(match.group(1)) if match else end
     except (msgspec.ValidationError, UnicodeDecodeError):
         return None
     except RecursionError:
         return -1
-    finally:
-        buf[end] = saved
     return None
 
 
-def _skip_damage(buf: bytearray, end: int, broken: int, cols: Columns, at: int) -> int:
-    """Keep the events before the damage at `broken` in `buf[:end]`, skip the text up to the
-    next event boundary after it, count what was skipped; the offset of that boundary's comma
-    (decoding goes on after it), or, when the damage runs to `end`, `end`.
+def _on_list(buf: bytearray, lo: int, end: int, read: Callable[[memoryview], T]) -> T:
+    """`read` of `buf[lo:end + 1]` as a JSON list: `[` at `lo` (the list's own `[`, or the
+    comma of a boundary) and `]` at `end`, both put back after. No copy of the text."""
+    first, last = buf[lo], buf[end]
+    buf[lo], buf[end] = 0x5B, 0x5D  # [ ]
+    try:
+        with memoryview(buf) as view:
+            return read(view[lo:end + 1])
+    finally:
+        buf[lo], buf[end] = first, last
 
-    `broken` < 0: the damage is somewhere in `buf[:end]`, found by bisection over the
-    boundaries (each try decodes a prefix: a bounded number of passes over the text).
-    The text searched is what lies before the damage, which is then consumed, so the work
-    stays proportional to the text however many places are damaged.
+
+def _drain(buf: bytearray, end: int, cols: Columns, at: int, lo: int = 0,
+           final: bool = True) -> int:
+    """Every readable event in the list `buf[lo + 1:end]`, damage skipped; where it stopped.
+
+    `buf[lo]` is the `[` of the list or the comma of a boundary; `end` is where a `]` goes.
+    The text is read in spans: a span from `lo` that decodes is kept; else msgspec names the
+    byte where it breaks, the events before it are kept, the text up to the next boundary
+    after it is skipped and counted (or, when a lone surrogate escape was all that was wrong
+    with it, mended alone and kept), and the next span starts there. Each span costs passes
+    over its own text only, so the time is linear in the text however dense the damage.
+
+    Not `final` (a candidate cut): text that merely runs on past `end` is not damage but a cut
+    inside an event; the offset of the boundary before it is returned (0: nothing was read),
+    for the caller to read again with more text. Else `end`.
     """
-    good = _last_whole(buf, broken if broken >= 0 else end, cols, exact=broken >= 0)
-    after = _BOUNDARY.search(buf, max(broken, good) + 1, end)
-    resume = after.start(1) if after else end
+    kept: list[Event] = []
+    while lo < end:
+        if (events := _span_events(buf, lo, end, cols, mend=False)) is not None:
+            kept += events
+            break
+        broken = _syntax_error(buf, end, lo)
+        if broken is None:  # JSON after all: odd UTF-8, or no field typed as expected
+            kept += _span_events(buf, lo, end, cols, mend=True) or _lenient_span(buf, lo, end,
+                                                                              cols)
+            break
+        if broken == end and not final:
+            cols.add(kept)
+            return lo
+        if lo < broken < end:
+            good = _last_whole(buf, lo, broken, cols, kept)
+            after = _BOUNDARY.search(buf, max(broken, good) + 1, end)
+        else:  # the place is unknown (too deep, or the text runs on to the end): searched
+            good = _first_bad(buf, lo, end, cols, kept)
+            after = _BOUNDARY.search(buf, good + 1, end)
+        resume = after.start(1) if after else end
+        _skip(buf, good, resume, cols, at, kept)
+        lo = resume
+    cols.add(kept)
+    return end
+
+
+def _span_events(buf: bytearray, lo: int, end: int, cols: Columns,
+                 mend: bool) -> list[Event] | None:
+    """The events of the list `buf[lo:end]` + `]` (see `_on_list`), or None if it is not a
+    complete list of events. `mend`: repair bad UTF-8 and lone surrogates (a pass over the
+    span); without it a span with either is None, for the caller to find where."""
+    return _on_list(buf, lo, end, lambda text: _events_in(text, cols, mend))
+
+
+def _lenient_span(buf: bytearray, lo: int, end: int, cols: Columns) -> list[Event]:
+    """Events one by one, for a span that is JSON yet refused as a list of events."""
+    try:
+        raws = _on_list(buf, lo, end, _RAWS.decode)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
+        return []
+    return lenient_events(raws, cols)
+
+
+def _skip(buf: bytearray, good: int, resume: int, cols: Columns, at: int,
+          kept: list[Event]) -> None:
+    """The damaged text between the boundaries `good` and `resume`: kept when mending its lone
+    surrogate escapes (a name cut mid-character) is all it needs, else counted as damage.
+    Only this text is searched and mended, never the text after it."""
+    text = bytes(buf[good + 1:resume])
+    if text.find(b"\\ud") >= 0 or text.find(b"\\uD") >= 0:
+        repaired, n = _LONE_SURROGATE.subn(rb"\\ufffd", text)
+        if n and (events := _events_in(b"[" + repaired + b"]", cols, mend=True)) is not None:
+            kept += events
+            cols.repaired += 1
+            return
     lost = len(_boundaries(buf, good + 1, resume)) + 1
     cols.damage.add(at + good, lost)
-    return resume
 
 
-def _last_whole(buf: bytearray, before: int, cols: Columns, exact: bool) -> int:
-    """Decode and add the events up to the last boundary before `before` up to which `buf`
-    reads as whole events; that boundary's offset, or 0 when none does.
+def _last_whole(buf: bytearray, lo: int, before: int, cols: Columns,
+                kept: list[Event]) -> int:
+    """Decode into `kept` the events of `buf[lo:]` up to the last boundary before `before` up
+    to which it reads as whole events; that boundary's offset, or `lo` when none does.
 
-    `exact`: the text is JSON up to `before` (msgspec stopped there), so the last boundary or
-    one of the few before it (one inside a string) is the answer; else bisection."""
+    The text is JSON up to `before` (msgspec stopped there), so the last boundary or one of
+    the few before it (one inside a string) is the answer; else bisection over the
+    boundaries from `lo` (a bounded number of passes over this span's text)."""
     pos = before
-    for _ in range(3 if exact else 1):
-        comma = _last_boundary(buf, pos)
-        if comma <= 0:
-            return 0
-        if (events := _decode_events(buf, comma, cols)) is not None:
-            cols.add(events)
+    for _ in range(3):
+        comma = _last_boundary(buf, pos, lo)
+        if comma <= lo:
+            return lo
+        if (events := _span_events(buf, lo, comma, cols, mend=True)) is not None:
+            kept += events
             return comma
         pos = comma
-    bounds = _boundaries(buf, 0, pos)
-    lo, hi, found = 0, len(bounds) - 1, None  # prefixes read as events up to the damage
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        events = _decode_events(buf, bounds[mid], cols)
+    bounds = _boundaries(buf, lo + 1, pos)
+    low, high, found = 0, len(bounds) - 1, None  # prefixes read as events up to the damage
+    while low <= high:
+        mid = (low + high) // 2
+        events = _span_events(buf, lo, bounds[mid], cols, mend=True)
         if events is not None:
-            found, lo = (bounds[mid], events), mid + 1
+            found, low = (bounds[mid], events), mid + 1
         else:
-            hi = mid - 1
+            high = mid - 1
     if found is None:
-        return 0
-    cols.add(found[1])
+        return lo
+    kept += found[1]
     return found[0]
+
+
+def _first_bad(buf: bytearray, lo: int, end: int, cols: Columns, kept: list[Event]) -> int:
+    """For a span whose damage msgspec could not place: decode into `kept` the events up to
+    the last boundary before the damage, and return it (`lo` when there is none).
+
+    The boundaries from `lo` are tried at growing distances (1, 2, 4, ... boundaries on) until
+    the text up to one is not JSON, then bisected: the passes cost a few times the text up to
+    the damage, and nothing of the text after it."""
+    found = _BOUNDARY.finditer(buf, lo + 1, end)
+    bounds: list[int] = []
+    good, bad, step = -1, None, 1  # indices into bounds; -1 stands for `lo`
+    while bad is None:
+        want = good + step
+        while len(bounds) <= want and (match := next(found, None)) is not None:
+            bounds.append(match.start(1))
+        if len(bounds) <= want:  # past the last boundary: the damage is before `end`
+            bad = len(bounds)
+            break
+        if _syntax_error(buf, bounds[want], lo) is None:
+            good, step = want, step * 2
+        else:
+            bad = want
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if _syntax_error(buf, bounds[mid], lo) is None:
+            good = mid
+        else:
+            bad = mid
+    if good < 0:
+        return lo
+    comma = bounds[good]
+    kept += _span_events(buf, lo, comma, cols, mend=True) or _lenient_span(buf, lo, comma, cols)
+    return comma
 
 
 def _boundaries(buf: bytearray, lo: int, hi: int) -> list[int]:
@@ -514,24 +615,19 @@ def _boundaries(buf: bytearray, lo: int, hi: int) -> list[int]:
 
 
 def _decode_events(buf: bytearray, end: int, cols: Columns) -> list[Event] | None:
-    """The events in `buf[:end]` + `]`, or None if that is not a complete JSON list."""
-    saved = buf[end]
-    buf[end] = ord("]")
-    try:
-        with memoryview(buf) as view:
-            return _events_in(view[: end + 1], cols)
-    finally:
-        buf[end] = saved
+    """The events in `buf[:end]` + `]`, or None if that is not a complete list of events
+    whose text needs no mending (then `_drain` reads it)."""
+    return _span_events(buf, 0, end, cols, mend=False)
 
 
-def _events_in(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
+def _events_in(text: bytes | memoryview, cols: Columns, mend: bool = True) -> list[Event] | None:
     try:
-        return _typed_events(text, cols)
+        return _typed_events(text, cols, mend)
     except RecursionError:  # nested deeper than the limit: damage, found by the caller
         return None
 
 
-def _typed_events(text: bytes | memoryview, cols: Columns) -> list[Event] | None:
+def _typed_events(text: bytes | memoryview, cols: Columns, mend: bool) -> list[Event] | None:
     try:
         return _EVENTS.decode(text)
     except msgspec.ValidationError:  # an odd field somewhere
@@ -540,18 +636,21 @@ def _typed_events(text: bytes | memoryview, cols: Columns) -> list[Event] | None
         except msgspec.ValidationError:
             pass
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # odd text too
-            return _mended(text, exc, cols)
+            return _mended(text, exc, cols) if mend else None
         try:  # elsewhere: split, then read event by event
             raws = _RAWS.decode(text)
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             return None
         return lenient_events(raws, cols)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-        return _mended(text, exc, cols)
+        return _mended(text, exc, cols) if mend else None
 
 
 def _mended(text: bytes | memoryview, exc: Exception, cols: Columns) -> list[Event] | None:
-    """The events of a chunk whose text msgspec refused, once mended; None if it cannot be."""
+    """The events of a span whose text msgspec refused, once mended; None if it cannot be.
+
+    Called on a span known to hold no damage but this (or on one damaged event), so the
+    pass over the text it costs is bounded by the span's own size."""
     if isinstance(exc, UnicodeDecodeError):  # a name with bytes that are not UTF-8: keep it
         repaired = bytes(text).decode("utf-8", "replace").encode("utf-8")
     else:
@@ -672,18 +771,19 @@ def _salvage(item: Any) -> Event | None:
     return Event(**fields)
 
 
-def _last_boundary(buf: bytearray, before: int) -> int:
-    """Offset of the last comma in `}, {` (whitespace allowed) that ends before `before`.
+def _last_boundary(buf: bytearray, before: int, floor: int = 0) -> int:
+    """Offset of the last comma in `}, {` (whitespace allowed) that ends before `before` and
+    starts at `floor` or after; -1 if there is none.
 
     Searched in windows growing back from `before`, so a long run of whitespace costs one
     regex pass, not a Python loop per byte."""
     width = 1 << 16
     while True:
-        lo = max(0, before - width)
+        lo = max(floor, before - width)
         found = _boundaries(buf, lo, before)
         if found:
             return found[-1]
-        if lo == 0:
+        if lo == floor:
             return -1
         width *= 4
 
@@ -760,24 +860,6 @@ def _closes_early(buf: bytearray, end: int) -> bool:
     return False
 
 
-def _drain(buf: bytearray, end: int, cols: Columns, at: int) -> None:
-    """Every readable event in `buf[:end]` (all of the rest of the list), damage skipped."""
-    while end > 1:
-        if (events := _decode_events(buf, end, cols)) is not None:
-            cols.add(events)
-            return
-        broken = _syntax_error(buf, end)
-        # Where the text merely ends early, or reads as JSON yet not as events, the place is
-        # unknown: `_skip_damage` finds it.
-        known = broken is not None and 0 <= broken < end
-        cut = _skip_damage(buf, end, broken if known else -1, cols, at)
-        if cut >= end:
-            return
-        del buf[1: cut + 1]
-        end -= cut
-        at += cut
-
-
 def _finish_array(buf: bytearray, cols: Columns, at: int) -> Decoded:
     """The end of an array-form file: `]`, or none (which the Chrome format allows)."""
     end = _end_of_text(buf, len(buf))
@@ -804,23 +886,22 @@ def _keep_whole_events(buf: bytearray, cols: Columns, at: int, end: int | None =
     end = _end_of_text(buf, len(buf) if end is None else end)
     if end > 0 and buf[end - 1] == ord(","):
         end = _end_of_text(buf, end - 1)
+    lo = 0
     if end > 1 and buf[end - 1] == ord("}"):
         del buf[end:]
         buf += b"]"
-        if (events := _events_in(buf, cols)) is not None:
-            cols.add(events)
+        lo = _drain(buf, end, cols, at, final=False)
+        if lo == end:  # whole to the end, damage inside skipped
             return True
-        broken = _syntax_error(buf, end)
-        if broken is not None and broken < end:  # damage inside, the end is whole
-            _drain(buf, end, cols, at)
-            return True
+    # The text from `lo` runs on past its end: the last event is cut off. The last boundary
+    # may be inside that event (in a string): the few before it are tried.
     pos = end
-    for _ in range(_MAX_TRIES):  # the last boundary may be inside the event cut off
-        last = _last_boundary(buf, pos)
-        if last <= 0:
+    for _ in range(_MAX_TRIES):
+        last = _last_boundary(buf, pos, lo)
+        if last <= lo:
             break
-        if _syntax_error(buf, last) != last:  # whole, or damaged before it: read what reads
-            _drain(buf, last, cols, at)
+        if _syntax_error(buf, last, lo) != last:  # whole, or damaged before it: read what reads
+            _drain(buf, last, cols, at, lo)
             break
         pos = last
     return False

@@ -12,6 +12,7 @@ reads become columns; legacy category names (2020-21 traces: `Operator`, `Runtim
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -99,7 +100,11 @@ class Trace:
 
 
 def discover(path: Path) -> list[Path]:
-    """The trace files at `path`: the file itself, or every Kineto trace below a folder."""
+    """The trace files at `path`: the file itself, or every Kineto trace below a folder.
+
+    Below a folder, anything named like a trace but a folder is listed, a link to a missing
+    file included: a job's rank that crashed leaves such entries, and `load_trace` says why
+    each cannot be read (so the job's report lists it instead of passing over it)."""
     if not path.exists():
         raise InputError(f"no such file or folder: {path}")
     if path.is_file():
@@ -107,7 +112,7 @@ def discover(path: Path) -> list[Path]:
     if not path.is_dir():
         raise InputError(f"not a file or folder: {path}")
     found = sorted(
-        p for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+        p for p in path.rglob("*") if p.name.endswith(TRACE_SUFFIXES) and not p.is_dir()
     )
     if not found:
         raise InputError(f"no *.pt.trace.json or *.pt.trace.json.gz files under {path}")
@@ -126,6 +131,8 @@ def load_trace(path: Path, on_progress: Any = None,
     """Decode one trace file into a `Trace`, streaming it; odd files get a precise error.
 
     `limits` bound what the file may cost (decode.Limits); passing one is an InputError."""
+    if not path.is_file():  # never opened: a pipe would block the read
+        raise InputError(f"{path}: {_not_a_file(path)}")
     try:
         with _open_text(path) as fh:
             decoded = stream_decode(fh, on_progress, limits)
@@ -143,6 +150,13 @@ def load_trace(path: Path, on_progress: Any = None,
     if decoded.array and decoded.columns.seen == 0:
         raise InputError(f"{path}: not a trace (top level is a list holding no events)")
     return _build(path, decoded)
+
+
+def _not_a_file(path: Path) -> str:
+    """Why an entry named like a trace is not one to read."""
+    if path.is_symlink() and not path.exists():
+        return f"cannot read (a link to a missing file: {os.readlink(path)})"
+    return "cannot read (not a regular file: a pipe, socket or device)"
 
 
 def _whole_document(path: Path, limits: Limits = Limits()) -> Decoded:  # noqa: B008
