@@ -91,7 +91,7 @@ def test_one_tiny_cpu_step_is_too_little_to_judge(tmp_path: Path):
     # One step and a handful of events: before, "No bottleneck found" or a finding built on it.
     report = analyze_paths([tiny_cpu_step(tmp_path, ops=3)])
     assert report.verdict.startswith(
-        "Too little to judge: 3 CPU operation(s) in one 1.00 ms step")
+        "Too little to judge: 3 CPU operations in one 1.00 ms step")
     assert report.verdict_id == "too-little-to-judge" and not report.findings
     # Enough operations for a step, several steps that show what repeats, or one long step
     # whose few ranges say where its time went (a 12 ms DataLoader wait): judged.

@@ -94,7 +94,8 @@ def test_fewer_than_three_steps_are_all_kept_and_said() -> None:
 def test_tiny_windows_are_too_little_to_judge(name: str, kernels: int) -> None:
     path = real_trace(f"hta/{name}.pt.trace.json.gz")
     verdict = _verdict(path)
-    assert verdict.startswith(f"Too little to judge: {kernels} kernel(s)")
+    word = "kernel" if kernels == 1 else "kernels"
+    assert verdict.startswith(f"Too little to judge: {kernels} {word} and ")
     assert "us of GPU work in a " in verdict
     assert "prof.step()" in verdict
     assert "idle" not in verdict

@@ -406,7 +406,7 @@ def _too_little(gpu: pd.DataFrame, windows: np.ndarray, workload: str) -> str | 
     busy = float(inside["dur"].sum())
     span = float(windows[-1, 1] - windows[0, 0])
     return (
-        f"{kernels} kernel(s) and {len(inside) - kernels} other GPU operation(s), "
+        f"{plural(kernels, 'kernel')} and {plural(len(inside) - kernels, 'other GPU operation')}, "
         f"{busy:.1f} us of GPU work in a {_duration(span)} window (fewer than {MIN_GPU_OPS} "
         + ("GPU operations cannot be one batch of a model's inference); record several "
            "batches of the inference loop, calling prof.step() after each"
@@ -427,7 +427,7 @@ def _too_little_host(ops: pd.DataFrame, windows: np.ndarray) -> str | None:
         return None
     # So few operations say nothing of the workload (no backward pass may just be unrecorded).
     return (
-        f"{n} CPU operation(s) in one {_duration(span)} step (fewer than {MIN_HOST_OPS} "
+        f"{plural(n, 'CPU operation')} in one {_duration(span)} step (fewer than {MIN_HOST_OPS} "
         "operations cannot be a training step or a batch of a model's inference); record "
         "several steps of the loop, calling prof.step() after each"
     )
