@@ -275,7 +275,7 @@ return {
   names: JSON.parse(data.textContent).top_host_ops.map(o => o.name),
   titles: [...document.querySelectorAll('#top-host-ops td.name')].map(
       td => td.getAttribute('title')),
-  gpus: document.getElementById('environment').innerText,
+  gpus: document.getElementById('environment').textContent,
 };
 """
 

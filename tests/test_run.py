@@ -309,8 +309,11 @@ def test_loader_bound_example_names_its_dataloader(tmp_path: Path) -> None:
     assert meta["host"]["cores_per_process"] == cores
     assert meta["host"]["recorded_cpu_us"] > 0
     assert meta["loaders"][0]["fetch_wall_us"] == pytest.approx(loader["fetch_wall_us"], abs=1)
-    # The plan replays the suggested workers on the recorded cores.
-    assert report["plan"]["entries"][0]["change"] == f"num_workers={workers}"
+    # The plan replays the suggested workers on the recorded cores; where the workers take the
+    # step's cores and the one-thread steps were timed, with one intra-op thread as one change.
+    one = top["evidence"].get("suggested_torch_threads") == 1
+    assert report["plan"]["entries"][0]["change"] == (
+        f"torch_threads=1 + num_workers={workers}" if one else f"num_workers={workers}")
     said = f"{cores} core{'' if cores == 1 else 's'}"
     assert any(said in a for a in report["plan"]["entries"][0]["assumptions"])
 
