@@ -142,12 +142,6 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     plan = RunPlan(target, out, command, args.force, tuple(what_if))
     clear_previous(plan, launch)
 
-    # What the analysis after the run needs, imported before the script starts, as the CLI
-    # did when it imported every command: the memory budget counts the process's growth while
-    # recording, and tens of MB of modules imported or freed around it move that baseline
-    # (tests/test_budget.py's cut at the boundary came out at random without this).
-    import stallscope.commands.pipeline  # noqa: F401
-    import stallscope.report.html  # noqa: F401
     from stallscope.capture.runner import CaptureOptions, capture
     from stallscope.capture.session import Schedule
 
