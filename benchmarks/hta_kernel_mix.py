@@ -22,8 +22,9 @@ from stallscope.trace.model import build_model
 from stallscope.trace.names import name_mask
 
 
-def hta_selection(path: Path) -> str:
-    """One line: the overlap and the union times, over HTA's kernels."""
+def hta_selection_mix(path: Path) -> dict:
+    """The kernel split (report/kernel_mix.py's definitions) over HTA's own selection: the GPU
+    work launched before the last ProfilerStep, over its whole span."""
     trace = load_trace(path)
     model = build_model(trace)
     names = trace.events["name"].astype(str)
@@ -36,7 +37,12 @@ def hta_selection(path: Path) -> str:
     window = np.array([[ts[keep].min(), end[keep].max()]])
     kinds = {"compute": kernel & ~comm & keep, "communication": comm & keep,
              "memory": ~kernel & keep}
-    mix = _device_mix("all", window, {k: (ts[m], end[m]) for k, m in kinds.items()})
+    return _device_mix("all", window, {k: (ts[m], end[m]) for k, m in kinds.items()})
+
+
+def hta_selection(path: Path) -> str:
+    """One line: the overlap and the union times, over HTA's kernels."""
+    mix = hta_selection_mix(path)
     us = mix["per_step_us"]
     return (f"{path.name}: comm hidden {mix['comm_hidden_pct']}%, compute {us['compute']:.0f} us, "
             f"communication {us['communication']:.0f} us, memory {us['memory']:.0f} us")

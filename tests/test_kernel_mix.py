@@ -4,20 +4,16 @@ and the TensorBoard plugin's own numbers on the same traces, and shown on the pa
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from stallscope.diagnose.comm import COMM_NAME
 from stallscope.report.html import render_html
 from stallscope.report.json_writer import render_json
-from stallscope.report.kernel_mix import _device_mix, gpu_summary, kernel_mix
-from stallscope.trace.load import load_trace
-from stallscope.trace.model import build_model
-from stallscope.trace.names import name_mask
-from tests.conftest import SAMPLES, real_trace, report_of
+from stallscope.report.kernel_mix import gpu_summary, kernel_mix
+from tests.conftest import ROOT, SAMPLES, real_trace, report_of
 
 PAIR = ("hta/rank0of128_sampled.pt.trace.json.gz", "hta/rank1of128_sampled.pt.trace.json.gz")
 A100_16 = "hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz"
@@ -83,21 +79,11 @@ def test_the_split_matches_hta_on_its_own_kernel_selection(relative: str) -> Non
     """HTA keeps the GPU work launched before the last ProfilerStep and measures over its whole
     span; the report measures over the judged steps. On HTA's selection the same definitions
     give HTA's numbers (benchmarks/hta_kernel_mix.py prints them)."""
-    trace = load_trace(real_trace(relative))
-    model = build_model(trace)
-    names = trace.events["name"].astype(str)
-    last = trace.events["ts"][names.str.startswith("ProfilerStep#")].max()
-    gpu = model.gpu
-    keep = gpu["launch_ts"].to_numpy() < last
-    kernel = gpu["kind"].to_numpy() == "kernel"
-    comm = kernel & name_mask(gpu["name"], COMM_NAME)
-    ts, end = gpu["ts"].to_numpy(), gpu["end"].to_numpy()
-    window = np.array([[ts[keep].min(), end[keep].max()]])
-    mix = _device_mix("all", window, {
-        "compute": (ts[kernel & ~comm & keep], end[kernel & ~comm & keep]),
-        "communication": (ts[comm & keep], end[comm & keep]),
-        "memory": (ts[~kernel & keep], end[~kernel & keep]),
-    })
+    spec = importlib.util.spec_from_file_location("hta_kernel_mix", ROOT / "benchmarks" /
+                                                  "hta_kernel_mix.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    mix = bench.hta_selection_mix(real_trace(relative))
     overlap, compute_us = HTA_FIGURES[relative]
     assert mix["comm_hidden_pct"] == pytest.approx(overlap, abs=0.01)
     assert mix["per_step_us"]["compute"] == pytest.approx(compute_us, abs=1.0)

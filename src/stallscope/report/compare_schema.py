@@ -19,11 +19,12 @@ Rules the schema states, and `commands/compare.py` keeps:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
+
+from stallscope.report.schema import json_schema, shipped
 
 SCHEMA_FILE = Path(__file__).with_name("compare.schema.json")
 SCHEMA_ID = "https://stallscope.dev/compare-schema.json"
@@ -176,18 +177,12 @@ class Compare(msgspec.Struct, forbid_unknown_fields=True):
 
 def compare_schema() -> dict[str, Any]:
     """The JSON Schema of compare.json, made from the Structs above."""
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_ID,
-        "title": "stallscope compare.json",
-        "description": __doc__.split("\n\n")[1].replace("\n", " "),
-        **msgspec.json.schema(Compare),
-    }
+    return json_schema(Compare, SCHEMA_ID, "stallscope compare.json", __doc__)
 
 
 def render_schema() -> str:
     """The schema as the shipped file holds it: sorted keys, two-space indent."""
-    return json.dumps(compare_schema(), indent=2, sort_keys=True) + "\n"
+    return shipped(compare_schema())
 
 
 def check(data: dict[str, Any]) -> Compare:

@@ -286,21 +286,31 @@ class Report(msgspec.Struct, forbid_unknown_fields=True):
     what_if: Json | None
 
 
-def report_schema() -> dict[str, Any]:
-    """The JSON Schema of report.json, made from the Structs above."""
-    schema = msgspec.json.schema(Report)
+def json_schema(root: type, schema_id: str, title: str, doc: str) -> dict[str, Any]:
+    """The JSON Schema of the Struct `root`, headed by its id, title and the second paragraph
+    of the module docstring `doc` (report.json's here, compare.json's in compare_schema.py)."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": SCHEMA_ID,
-        "title": "stallscope report.json",
-        "description": __doc__.split("\n\n")[1].replace("\n", " "),
-        **schema,
+        "$id": schema_id,
+        "title": title,
+        "description": doc.split("\n\n")[1].replace("\n", " "),
+        **msgspec.json.schema(root),
     }
+
+
+def shipped(schema: dict[str, Any]) -> str:
+    """A schema as the shipped file holds it: sorted keys, two-space indent."""
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of report.json, made from the Structs above."""
+    return json_schema(Report, SCHEMA_ID, "stallscope report.json", __doc__)
 
 
 def render_schema() -> str:
     """The schema as the shipped file holds it: sorted keys, two-space indent."""
-    return json.dumps(report_schema(), indent=2, sort_keys=True) + "\n"
+    return shipped(report_schema())
 
 
 def check(data: dict[str, Any]) -> Report:
