@@ -91,13 +91,11 @@ def _depth(text: str) -> int:
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
     """Analyse the paths into OUT/report.{json,html,md}; the exit status (3 for --fail-on, else
     5 when files of a job could not be read and were left out)."""
-    from stallscope.commands.pipeline import analyze_paths
-    from stallscope.diagnose.fixes import parse_what_if
     from stallscope.outputs import default_out_dir, prepare_out_dir
-    from stallscope.report.build import analyze_command
+    from stallscope.trace import split
     from stallscope.trace.decode import Limits
 
-    what_if = parse_what_if(args.what_if)  # a typo is refused before any work
+    what_if = _what_if(args.what_if)  # a typo is refused before any work
     progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
     out = args.out or default_out_dir(args.paths)
     prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
@@ -105,8 +103,18 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     limits = Limits(max_text_bytes=args.max_text_gb << 30,
                     max_buffer_bytes=args.max_buffer_mb << 20,
                     max_depth=args.max_depth)
-    report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if, scheduler=scheduler,
-                           limits=limits)
+    # One large file: its parts are read while the analysis below is imported (trace/split.py).
+    reading = (split.start(args.paths[0], args.jobs or fanout_cores(), limits)
+               if len(args.paths) == 1 and not scheduler else None)
+    try:
+        from stallscope.commands.pipeline import analyze_paths
+        from stallscope.report.build import analyze_command
+
+        report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if,
+                               scheduler=scheduler, limits=limits, reading=reading)
+    finally:
+        if reading is not None:
+            reading.close()
     # How to reproduce this report; where it was written is left out (see analyze_command).
     report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
                                                args.tensorboard,
@@ -120,6 +128,22 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
         if code == EXIT_OK:  # a --fail-on finding is said by its own status first
             code = EXIT_PARTIAL
     return code
+
+
+def _what_if(items: list[str] | None) -> list[Any]:
+    """The parsed --what-if changes; none given, the rules' package (pandas) is not imported
+    here, so a large file's reading can start before it (split.start)."""
+    if not items:
+        return []
+    from stallscope.diagnose.fixes import parse_what_if
+
+    return parse_what_if(items)
+
+
+def fanout_cores() -> int:
+    from stallscope.fanout import usable_cores
+
+    return usable_cores()
 
 
 def _say_partial(left_out: list[dict[str, str]], total: int, out: Path) -> None:

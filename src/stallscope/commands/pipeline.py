@@ -32,6 +32,7 @@ from stallscope.text import plain
 from stallscope.trace.decode import Limits
 from stallscope.trace.load import discover, infer_rank, load_trace
 from stallscope.trace.model import build_model
+from stallscope.trace.split import Reading
 
 
 def analyze_paths(
@@ -41,12 +42,14 @@ def analyze_paths(
     what_if: list[Change] | None = None,
     scheduler: str | None = None,
     limits: Limits | None = None,
+    reading: Reading | None = None,
 ) -> Report:
     """`contexts` maps a trace's resolved path to what `stallscope run` captured beside it;
     `jobs` caps the worker processes (default: sized to the cores and the memory); `what_if`
     changes are replayed on every trace besides the findings' own; `scheduler` sends the
     per-file work of several files to a Dask cluster (see `fanout`); `limits` bound what one
-    file may cost to read (trace/decode.py)."""
+    file may cost to read (trace/decode.py); `reading`: a large file's parts already being read
+    (trace/split.py `start`, begun before this module was imported)."""
     limits = limits or Limits()
     files = list(dict.fromkeys(f for p in paths for f in discover(p)))
     contexts = contexts or {}
@@ -59,8 +62,10 @@ def analyze_paths(
         progress.say(f"loading {plain(files[0].name)} ({size})")
         meter = progress.Meter(f"reading {plain(files[0].name)}", fanout.text_size(files[0]))
         context = contexts.get(str(files[0].resolve()))
+        # A large plain file is read on several cores (trace/split.py); --jobs caps them.
+        cores = jobs if jobs is not None else fanout.usable_cores()
         one = _analyze_file(files[0], False, context, meter if progress.active() else None,
-                            what_if, limits)
+                            what_if, limits, cores, reading)
         assert not isinstance(one, LeftOut)  # a lone file that cannot be read raises
         results = [one]
     else:
@@ -158,7 +163,8 @@ def _none_readable(left: list[LeftOut]) -> InputError:
 
 def _analyze_file(
     path: Path, several: bool, context: RunContext | None, meter: progress.Meter | None,
-    what_if: list[Change] | None = None, limits: Limits | None = None,
+    what_if: list[Change] | None = None, limits: Limits | None = None, cores: int = 1,
+    reading: Reading | None = None,
 ) -> Analysed | LeftOut:
     """Load, model, diagnose, plan and digest one file (in a worker process when there are
     several): what comes back is kilobytes, not the model (report/digest.py).
@@ -168,7 +174,7 @@ def _analyze_file(
     rather than the job refused; a lone file that cannot be read is the error itself."""
     say = meter is not None
     try:
-        trace = load_trace(path, meter, limits or Limits())
+        trace = load_trace(path, meter, limits or Limits(), cores, reading)
     except InputError as exc:
         if not several:
             raise

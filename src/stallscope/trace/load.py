@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.errors import InputError
+from stallscope.trace import split
 from stallscope.trace.decode import (
     ARG_FIELDS,
     Columns,
@@ -127,15 +128,24 @@ def _open_text(path: Path) -> Any:
 
 
 def load_trace(path: Path, on_progress: Any = None,
-               limits: Limits = Limits()) -> Trace:  # noqa: B008 (frozen)
+               limits: Limits = Limits(), cores: int = 1,  # noqa: B008 (frozen)
+               reading: split.Reading | None = None) -> Trace:
     """Decode one trace file into a `Trace`, streaming it; odd files get a precise error.
 
-    `limits` bound what the file may cost (decode.Limits); passing one is an InputError."""
+    `limits` bound what the file may cost (decode.Limits); passing one is an InputError.
+    `cores`: processes a large plain file may be read with (trace/split.py); `reading`: that
+    file's parts already being read (split.start), used when it is this path's."""
     if not path.is_file():  # never opened: a pipe would block the read
         raise InputError(f"{path}: {_not_a_file(path)}")
     try:
-        with _open_text(path) as fh:
-            decoded = stream_decode(fh, on_progress, limits)
+        if reading is not None and reading.path == path:
+            decoded = reading.result(on_progress)
+        else:
+            decoded = split.decode_parallel(path, cores, on_progress, limits) if cores > 1 \
+                else None
+        if decoded is None:
+            with _open_text(path) as fh:
+                decoded = stream_decode(fh, on_progress, limits)
         if decoded is None:
             decoded = _whole_document(path, limits)
     except OSError as exc:
