@@ -33,6 +33,7 @@ from stallscope.capture import anatomy, frameworks, sampler, transfer
 from stallscope.capture.context import LoaderInfo
 
 _ATTR = "_stallscope_loader"
+_EPOCH = "_stallscope_epoch"  # on an iterator: which `__iter__` call of its loader made it
 
 
 class LoaderWatcher:
@@ -69,6 +70,10 @@ class LoaderWatcher:
         # step, and the time spent in `__next__` since the step boundary before.
         self.current: weakref.ref[Any] | None = None
         self.unprofiled_wait_us = 0.0
+        # For `watch`'s step log (capture/steplog.py), recording or not: the wait since the
+        # last boundary, and each loader's `__iter__` calls so far (its epochs).
+        self.step_wait_us = 0.0
+        self._epochs: dict[int, int] = {}
 
     @property
     def recording(self) -> bool:
@@ -161,6 +166,10 @@ class LoaderWatcher:
             info = loader.__dict__.get(_ATTR)
             if info is not None:
                 it.__dict__[_ATTR] = info
+                if os.getpid() == watcher._pid:
+                    epoch = watcher._epochs.get(id(info), 0)
+                    watcher._epochs[id(info)] = epoch + 1
+                    it.__dict__[_EPOCH] = epoch
                 tap = watcher._taps.get(id(info))
                 if tap is not None and os.getpid() == watcher._pid:
                     with contextlib.suppress(Exception):  # the figures are lost, not the loader
@@ -190,7 +199,9 @@ class LoaderWatcher:
                     try:
                         return orig_next(it)
                     finally:
-                        watcher.unprofiled_wait_us += (time.perf_counter() - start) * 1e6
+                        waited = (time.perf_counter() - start) * 1e6
+                        watcher.unprofiled_wait_us += waited
+                        watcher.step_wait_us += waited
                 if watcher.recording:
                     info.batches_recorded += 1
                     tap = watcher._taps.get(id(info))
@@ -211,6 +222,7 @@ class LoaderWatcher:
                             smp.end()
                     end = time.perf_counter()
                     info.fetch_wall_us += (end - wall) * 1e6
+                    watcher.step_wait_us += (end - wall) * 1e6
                     info.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
                     info.fetch_process_cpu_us += (time.process_time() - proc) * 1e6
                     if tap is not None:
@@ -248,6 +260,17 @@ class LoaderWatcher:
         call: the loader wait of the unprofiled step that just ended."""
         wait, self.unprofiled_wait_us = self.unprofiled_wait_us, 0.0
         return wait
+
+    def take_step_wait(self) -> float:
+        """The DataLoader wait (us) since the last call, recording or not (the step log's)."""
+        wait, self.step_wait_us = self.step_wait_us, 0.0
+        return wait
+
+    def current_epoch(self) -> int | None:
+        """The epoch (0-based `__iter__` call) of the loader whose batch opened the latest
+        step; None before any batch or without a torch DataLoader."""
+        it = self.current() if self.current is not None else None
+        return None if it is None else it.__dict__.get(_EPOCH)
 
     def prefetched_left(self) -> tuple[int, int]:
         """Of the batches the current iterator's workers prefetched when it started (an epoch's

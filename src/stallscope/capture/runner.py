@@ -38,6 +38,7 @@ from stallscope.capture.session import (
     Schedule,
     StopScript,
 )
+from stallscope.capture.steplog import StepLog
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.capture.worker_exit import add_exit_status
@@ -77,6 +78,10 @@ class CaptureOptions:
     timeout: float | None = None  # `--timeout`: seconds from the script's start
     max_record_mb: float = budget.DEFAULT_MB  # `--max-record-mb`; 0: no limit
     no_step_s: float | None = NO_STEP_S  # `--no-step-warning`
+    # `watch`: every step into this JSON Lines file (capture/steplog.py), and its figures as
+    # TensorBoard scalars into `scalars_dir` as the run goes.
+    step_log: Path | None = None
+    scalars_dir: Path | None = None
 
 
 @dataclass
@@ -99,7 +104,8 @@ def capture(
 ) -> int:
     """Run `target` under the profiler, fill in `context`, return `conclude(context, why)`."""
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
-                             options.overrides, options.max_record_mb, options.no_step_s)
+                             options.overrides, options.max_record_mb, options.no_step_s,
+                             _step_log(options))
     context.overrides = dict(options.overrides)
     context.steps_requested = options.sched.steps
     watchdog: Watchdog | None = None
@@ -176,6 +182,22 @@ def capture(
                 stream.flush()
         os._exit(status)
     return status
+
+
+def _step_log(options: CaptureOptions) -> StepLog | None:
+    """`watch`'s step log, with live TensorBoard scalars where the writer can be made (a
+    missing or broken tensorboard install costs the scalars only, said once)."""
+    if options.step_log is None:
+        return None
+    scalars = None
+    if options.scalars_dir is not None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            scalars = SummaryWriter(str(options.scalars_dir), flush_secs=5)
+        except Exception as exc:  # noqa: BLE001 (any failure: the log goes on without them)
+            progress.warn(f"no live TensorBoard scalars ({type(exc).__name__}: {exc})")
+    return StepLog(options.step_log, scalars)
 
 
 def _export_failed(failed: str, status: int, error: BaseException | None) -> int:

@@ -37,6 +37,7 @@ from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.quiet import quiet_profiler_warnings, usdt_filtered
+from stallscope.capture.steplog import StepLog
 from stallscope.capture.steps import StepDriver
 
 # torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
@@ -88,8 +89,11 @@ class CaptureSession:
         overrides: Mapping[str, Any] | None = None,
         max_record_mb: float = budget.DEFAULT_MB,
         no_step_s: float | None = NO_STEP_S,
+        step_log: StepLog | None = None,
     ) -> None:
         self.sched = sched
+        # `watch`: every step of the run into a log; the hooks then stay after recording.
+        self.step_log = step_log
         self.trace_dir = trace_dir
         self.worker = worker
         self.run_to_end = run_to_end
@@ -219,6 +223,8 @@ class CaptureSession:
                     self.watcher.anatomy_of(d)
         self._remove_hooks()
         self.foreign.uninstall()
+        if self.step_log is not None:
+            self.step_log.close()
         if self._started and not self.done:
             self._stop_early()
         if self.aside and self.recorded == 0:
@@ -308,6 +314,9 @@ class CaptureSession:
             self.driver.on_marker()
 
     def _boundary(self) -> None:
+        if self.step_log is not None:
+            self.step_log.boundary(self.watcher.take_step_wait(), self.watcher.current_epoch(),
+                                   self.watcher.recording)
         if self.done:
             if self.aside:
                 self._after_aside()
@@ -516,7 +525,8 @@ class CaptureSession:
         self.budget.end()
         with usdt_filtered():
             self.prof.stop()
-        self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
+        if self.step_log is None:
+            self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
         if not self.run_to_end and threading.current_thread() is threading.main_thread():
             self.stop_requested = True
             progress.say("recording done: stopping the script")

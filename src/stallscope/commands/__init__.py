@@ -7,6 +7,7 @@ its `main`; `common` holds what they share and `pipeline` the analysis they all 
 COMMANDS: dict[str, str] = {
     "analyze": "diagnose traces recorded elsewhere",
     "run": "profile a training script for a few steps and diagnose it",
+    "watch": "run a training script to its end, time every step, and find when it stalls",
     "compare": "compare two reports or traces: step time, breakdown, findings",
     "tune": "measure DataLoader settings on a training script and report the fastest",
 }

@@ -66,6 +66,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "MODULE ARGS` would) under torch.profiler, record a few training steps, stop the "
         "script, and diagnose the trace. Everything after SCRIPT or MODULE goes to the script.",
     )
+    add_capture_arguments(run)
+    run.add_argument("--run-to-end", action="store_true",
+                     help="let the script finish after recording instead of stopping it")
+    return run
+
+
+def add_capture_arguments(run: argparse.ArgumentParser) -> None:
+    """The options `run` and `watch` share: the script, the recorded window, the output."""
     add_target_arguments(run, "./stallscope-<script name>", "overwrite an existing report")
     run.add_argument("--skip", type=whole_number(0), default=2, metavar="N",
                      help="steps to let pass first, for one-off start-up costs (default 2)")
@@ -103,8 +111,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="say on stderr when no training step has been seen this many seconds after the "
         "script started, with what was seen and how to mark steps (default 60)",
     )
-    run.add_argument("--run-to-end", action="store_true",
-                     help="let the script finish after recording instead of stopping it")
     run.add_argument(
         "--timeout", type=seconds, metavar="SECONDS",
         help="stop the script if it is still running this many seconds after it started "
@@ -117,7 +123,6 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      help="exit 3 when a finding at or above this severity exists")
     run.add_argument("-q", "--quiet", action="store_true",
                      help="print nothing on success: no summary, no progress lines")
-    return run
 
 
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
@@ -139,7 +144,8 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     # reporting each step would interleave N copies of the same lines.
     progress.configure(args.quiet, launch.rank == 0)
     command = launch.command_prefix() + command
-    plan = RunPlan(target, out, command, args.force, tuple(what_if))
+    watch = bool(getattr(args, "watch", False))  # `stallscope watch` (commands/watch.py)
+    plan = RunPlan(target, out, command, args.force, tuple(what_if), watch)
     clear_previous(plan, launch)
 
     from stallscope.capture.runner import CaptureOptions, capture
@@ -153,12 +159,19 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     )
     options = CaptureOptions(Schedule(args.skip, args.warmup, args.steps,
                                       steady=not args.no_steady_wait), args.step_on,
-                             args.run_to_end, overrides, args.timeout, args.max_record_mb,
-                             args.no_step_warning)
-    progress.say(
-        f"running {target.name} under the profiler: {args.skip} step(s) skipped, "
-        f"{args.warmup} warm-up, {args.steps} recorded"
-    )
+                             args.run_to_end or watch, overrides, args.timeout,
+                             args.max_record_mb, args.no_step_warning,
+                             step_log_path(out, launch) if watch else None,
+                             trace_dir(plan) if watch else None)
+    if watch:
+        progress.say(f"watching {target.name} to its end: every step timed into "
+                     f"{step_log_path(out, launch)}, {args.steps} steps recorded under the "
+                     f"profiler once steady")
+    else:
+        progress.say(
+            f"running {target.name} under the profiler: {args.skip} step(s) skipped, "
+            f"{args.warmup} warm-up, {args.steps} recorded"
+        )
     if overrides:
         progress.say("DataLoader overrides: " + _overrides_text(overrides))
     # The report is written by `conclude`, which the capture calls once the script has ended
@@ -221,10 +234,17 @@ class RunPlan:
     command: list[str]
     force: bool = False
     what_if: tuple[Any, ...] = ()  # `--what-if` changes, replayed on the recorded steps
+    watch: bool = False  # `stallscope watch`: the whole run's steps are logged and analysed
 
 
 def trace_dir(plan: RunPlan) -> Path:
     return plan.out / "tensorboard" / plan.target.stem
+
+
+def step_log_path(out: Path, launch: Launch) -> Path:
+    """Where `watch` logs every step of this process (one file per rank in a job)."""
+    name = f"steps-rank-{launch.rank}.jsonl" if launch.distributed else "steps.jsonl"
+    return out / "watch" / name
 
 
 def context_path(out: Path, rank: int) -> Path:
@@ -316,6 +336,10 @@ def _analyse(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     contexts, missing = gather(plan, launch, ctx)
     try:
         report = analyze_run(contexts, missing, plan)
+        if plan.watch:
+            from stallscope.report.watch_view import watch_section
+
+            report.watch = watch_section(step_log_path(plan.out, launch), report)
     except NoStepsError as exc:
         seen = write_unrecorded(plan, contexts[0])
         if ctx.exit_status:

@@ -55,9 +55,15 @@ class Report:
     # predictions for it; every trace's own plan is in traces[].plan.
     plan: dict[str, Any] | None = None
     what_if: dict[str, Any] | None = None
+    # `stallscope watch` only: the whole run's steps, regimes, periodic stalls and captures
+    # (commands/watch.py); absent from other reports' JSON.
+    watch: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["watch"] is None:
+            del data["watch"]
+        return data
 
     @property
     def top_finding(self) -> Finding | None:

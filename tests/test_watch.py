@@ -1,0 +1,118 @@
+"""`stallscope watch` end to end: the script runs to its end, every step is logged (and shown in
+TensorBoard as the run goes), and report.json carries the whole run beside the diagnosis."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from stallscope.capture.steplog import StepLog, read_steps
+
+# Two epochs of 40 batches; prints how many optimizer steps it took, so the log can be checked
+# against the script's own count.
+TWO_EPOCHS = textwrap.dedent(
+    """
+    import sys, time, torch
+    from torch.utils.data import DataLoader, TensorDataset
+    loader = DataLoader(TensorDataset(torch.randn(320, 8), torch.randn(320, 1)), batch_size=8)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = 0
+    for epoch in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            steps += 1
+            time.sleep(float(sys.argv[1]))
+    print(f"SCRIPT STEPS {steps}", flush=True)
+    """
+)
+
+
+def watch(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    script = tmp_path / "two_epochs.py"
+    script.write_text(TWO_EPOCHS)
+    return subprocess.run(
+        [sys.executable, "-m", "stallscope", "watch", "-o", str(tmp_path / "out"), "--force",
+         *args, str(script), "0.002"],
+        capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_watch_logs_every_step_of_the_whole_run(tmp_path: Path) -> None:
+    done = watch(tmp_path, "-q")
+    assert done.returncode == 0, done.stderr
+    assert "SCRIPT STEPS 80" in done.stdout  # the script ran to its end, not stopped
+    steps = read_steps(tmp_path / "out" / "watch" / "steps.jsonl")
+    # A step ends at the batch after its optimizer.step(): of the 80, the first holds the
+    # start-up (before the first boundary) and no batch closes the last; the 78 between are
+    # each one line.
+    assert len(steps) == 78
+    assert [s["step"] for s in steps] == list(range(1, 79))
+    assert {s["epoch"] for s in steps} == {0, 1}
+    assert sum(s["profiled"] for s in steps) >= 5  # the recorded window is marked
+    assert all(s["step_ms"] > 0 and 0 <= s["loader_wait_ms"] <= s["step_ms"] for s in steps)
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["watch"]["summary"]["steps"] == 78
+    assert report["watch"]["captures"][0]["verdict"] == report["verdict"]["text"]
+    # The same figures as TensorBoard scalars, beside the trace.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = next((tmp_path / "out" / "tensorboard").iterdir())
+    scalars = EventAccumulator(str(run)).Reload()
+    assert len(scalars.Scalars("watch/step_ms")) == 78
+
+
+@pytest.mark.slow
+def test_a_killed_watch_keeps_the_steps_it_logged(tmp_path: Path) -> None:
+    script = tmp_path / "two_epochs.py"
+    script.write_text(TWO_EPOCHS)
+    log = tmp_path / "out" / "watch" / "steps.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "-o", str(tmp_path / "out"),
+         str(script), "0.1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(read_steps(log)) < 20:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # no handler runs: what a node failure leaves
+    proc.wait()
+    steps = read_steps(log)
+    assert len(steps) >= 20  # flushed as the run went, at most a second behind
+    assert [s["step"] for s in steps] == list(range(1, len(steps) + 1))
+
+
+def test_the_step_log_times_each_step_and_never_writes_from_a_forked_child(
+        tmp_path: Path) -> None:
+    log = StepLog(tmp_path / "steps.jsonl")
+    log.boundary(0.0, None, False)  # the first boundary: start-up before it is no step
+    time.sleep(0.02)
+    log.boundary(5000.0, 0, False)
+    pid = os.fork()
+    if pid == 0:  # a child the script forks inherits the log: it must not write to it
+        log.boundary(1.0, 0, False)
+        log.close()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    time.sleep(0.01)
+    log.boundary(0.0, 0, True)
+    log.close()
+    steps = read_steps(tmp_path / "steps.jsonl")
+    assert [s["step"] for s in steps] == [1, 2]
+    assert steps[0]["step_ms"] >= 20 and steps[0]["loader_wait_ms"] == 5.0
+    assert steps[1]["profiled"] is True
+
+
+def test_a_line_cut_by_a_kill_is_left_out(tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"step":1,"step_ms":3.0,"loader_wait_ms":0}\n{"step":2,"step_')
+    assert [s["step"] for s in read_steps(path)] == [1]
