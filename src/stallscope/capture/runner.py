@@ -34,6 +34,7 @@ from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.session import (
     COMPILE_WAIT_MAX,
     NO_STEP_S,
+    RECORD_SHAPES,
     CaptureSession,
     Schedule,
     StopScript,
@@ -77,6 +78,7 @@ class CaptureOptions:
     timeout: float | None = None  # `--timeout`: seconds from the script's start
     max_record_mb: float = budget.DEFAULT_MB  # `--max-record-mb`; 0: no limit
     no_step_s: float | None = NO_STEP_S  # `--no-step-warning`
+    record_shapes: bool = RECORD_SHAPES  # `--record-shapes`: ops' input shapes in the trace
 
 
 @dataclass
@@ -99,8 +101,10 @@ def capture(
 ) -> int:
     """Run `target` under the profiler, fill in `context`, return `conclude(context, why)`."""
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
-                             options.overrides, options.max_record_mb, options.no_step_s)
+                             options.overrides, options.max_record_mb, options.no_step_s,
+                             options.record_shapes)
     context.overrides = dict(options.overrides)
+    context.record_shapes = options.record_shapes
     context.steps_requested = options.sched.steps
     watchdog: Watchdog | None = None
     if options.timeout is not None:
