@@ -3,8 +3,9 @@
 What `stallscope run` measures at its start (capture/opcost.py) for its own settings, here for
 every setting: CPU ops under CPU activity, with and without `record_shapes`; and, where CUDA is
 available, CPU ops and kernel-launching ops under CPU+CUDA activity. Each line: the host's cost
-of one op plain and profiled, the difference (what the replay takes out per recorded op), and
-how long the measurement itself took. Then the size cost: the bytes of Chrome trace
+of one op plain and profiled, the difference (what the replay takes out per recorded op), the
+op events one loop op recorded and the difference per event, and how long the measurement
+itself took. Then the size cost: the bytes of Chrome trace
 (`export_chrome_trace`, uncompressed, and gzipped as `run` writes it) per recorded op, for the
 same loop exported with shapes off and on. `--json FILE` also writes the figures.
 
@@ -75,7 +76,8 @@ def main() -> int:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, GPU {gpu}, "
           f"load average {os.getloadavg()[0]:.2f}")
-    print(f"{'case':<40} {'plain us':>9} {'profiled us':>12} {'added us':>9} {'took s':>7}")
+    print(f"{'case':<40} {'plain us':>9} {'profiled us':>12} {'added us':>9} "
+          f"{'events/op':>9} {'us/event':>9} {'took s':>7}")
     rows = []
     for label, activities, shapes, device in cases():
         for _ in range(args.repeat):
@@ -83,8 +85,11 @@ def main() -> int:
             with usdt_filtered():
                 cost = measure(activities, shapes, device)
             took = time.perf_counter() - t0
+            per_event = cost.added_us_per_event
             print(f"{label:<40} {cost.plain_us:>9.2f} {cost.profiled_us:>12.2f} "
-                  f"{cost.added_us:>9.2f} {took:>7.2f}", flush=True)
+                  f"{cost.added_us:>9.2f} {cost.events_per_op or 0:>9.2f} "
+                  f"{per_event if per_event is not None else float('nan'):>9.3f} {took:>7.2f}",
+                  flush=True)
             rows.append({"case": label, "took_s": round(took, 3), **cost.to_dict()})
     print(f"\n{'case':<40} {'host ops':>9} {'Input Dims':>11} {'bytes/op':>9} "
           f"{'gzip bytes/op':>14}")

@@ -80,15 +80,15 @@ def test_the_cost_is_measured_with_the_setting_used_and_per_recorded_event() -> 
 
 def test_the_report_states_the_cost_as_an_estimate_with_the_measured_gap() -> None:
     rec = {"record_shapes": False, "op_us": 1.8, "op_us_per_event": 0.36, "launch_op_us": None,
-           "ops_per_step": 1200.0, "estimated_step_cost_us": 2160.0, "estimated_share_pct": 21.6,
-           "estimated_step_cost_low_us": 432.0, "estimated_share_low_pct": 4.3,
+           "ops_per_step": 1200.0, "estimated_step_cost_us": 432.0, "estimated_share_pct": 4.3,
+           "estimate_per": "event",
            "unprofiled_step_us": 8000.0, "recorded_above_unprofiled_pct": 25.0}
     text = recording_text(rec, 10_000.0)
     assert text is not None
     assert "without input shapes" in text and "1.80 us per tiny `torch.add` call" in text
     assert "0.36 us per op event" in text and "1,200 recorded host ops per step" in text
-    assert "0.43-2.2 ms per step, 4-22% of the median recorded step of 10.0 ms" in text
-    assert "(a prediction" in text
+    assert "an estimated 0.43 ms per step, 4% of the median recorded step of 10.0 ms" in text
+    assert "(a prediction: the cost per op event" in text
     assert "took 8.0 ms (median, measured): the recorded steps are 25% above them" in text
     # A trace that does not say what its recording cost is not given a figure.
     assert recording_text({**rec, "op_us": None}, 10_000.0) is None

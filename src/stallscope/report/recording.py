@@ -35,11 +35,8 @@ def recording_cost(model: TraceModel) -> dict[str, Any]:
     median = float(np.median(durations)) if durations else None
     plain = _unprofiled(capture.get("unprofiled_steps_us"))
 
-    def share(us: float | None) -> float | None:
-        return round(100.0 * us / median, 1) if us is not None and median else None
-
-    high = None if op is None else ops * op
-    low = None if per_event is None else ops * per_event
+    per_op = per_event if per_event is not None else op
+    estimate = None if per_op is None else ops * per_op
     return {
         "record_shapes": shapes if isinstance(shapes, bool) else None,
         "op_us": None if op is None else round(op, 3),
@@ -47,10 +44,11 @@ def recording_cost(model: TraceModel) -> dict[str, Any]:
         "launch_op_us": _us((cost.get("launch_op") or {}).get("added_us")
                             if isinstance(cost.get("launch_op"), dict) else None),
         "ops_per_step": round(ops, 1),
-        "estimated_step_cost_us": None if high is None else round(high, 1),
-        "estimated_share_pct": share(high),
-        "estimated_step_cost_low_us": None if low is None else round(low, 1),
-        "estimated_share_low_pct": share(low),
+        "estimated_step_cost_us": None if estimate is None else round(estimate, 1),
+        "estimated_share_pct": (round(100.0 * estimate / median, 1)
+                                if estimate is not None and median else None),
+        "estimate_per": None if per_op is None else ("event" if per_event is not None
+                                                      else "call"),
         "unprofiled_step_us": None if plain is None else round(plain, 1),
         "recorded_above_unprofiled_pct": (round(100.0 * (median / plain - 1.0), 1)
                                           if plain and median else None),
@@ -105,17 +103,15 @@ def recording_text(rec: dict[str, Any] | None, median_us: float | None) -> str |
     if rec.get("launch_op_us") is not None:
         text += f", and {rec['launch_op_us']:.2f} us per kernel-launching call"
     text += (f". With {plural(round(rec['ops_per_step']), 'recorded host op')} per step, that "
-             "is an estimated ")
-    low, high = rec.get("estimated_share_low_pct"), rec.get("estimated_share_pct")
-    if low is not None and high is not None:
-        text += (f"{_ms(rec['estimated_step_cost_low_us'])}-{_ms(rec['estimated_step_cost_us'])}"
-                 f" ms per step, {low:.0f}-{high:.0f}%")
-    else:
-        text += f"{_ms(rec['estimated_step_cost_us'])} ms per step, {high or 0:.0f}%"
-    text += f" of the median recorded step of {_ms(median_us)} ms" if median_us else ""
-    text += (" (a prediction from the cost measured on tiny ops, per op event to per call, "
-             "times the ops recorded)." if low is not None else
-             " (a prediction: the cost measured per tiny call, times the ops recorded).")
+             f"is an estimated {_ms(rec['estimated_step_cost_us'])} ms per step")
+    if rec.get("estimated_share_pct") is not None and median_us:
+        text += (f", {rec['estimated_share_pct']:.0f}% of the median recorded step of "
+                 f"{_ms(median_us)} ms")
+    text += (" (a prediction: the cost per op event, times the ops recorded; a real op can "
+             "cost more than a tiny one, and the per-call figure bounds it)."
+             if rec.get("estimate_per") == "event" else
+             " (a prediction: the cost per tiny call, times the ops recorded; this trace does "
+             "not say how many op events a call recorded).")
     if rec.get("unprofiled_step_us") and rec.get("recorded_above_unprofiled_pct") is not None:
         above = rec["recorded_above_unprofiled_pct"]
         text += (f" The steps timed without the profiler just before recording took "

@@ -230,10 +230,11 @@ class Recording(msgspec.Struct, forbid_unknown_fields=True):
     recorded op), `op_us_per_event` the same per op event that call recorded (it records
     several on the CPU), `launch_op_us` per kernel-launching call (with CUDA); `ops_per_step`,
     the host ops recorded per judged step; `estimated_step_cost_us` and `estimated_share_pct`
-    (of the median step): ops_per_step times op_us, an estimate, and `..._low_...` the same at
-    op_us_per_event; `unprofiled_step_us`, the median of the steps timed without the profiler
-    just before recording, and `recorded_above_unprofiled_pct`, the median recorded step
-    against it (measured). Null where the trace does not say."""
+    (of the median step): an estimate, ops_per_step times op_us_per_event (`estimate_per`:
+    `event`), or times op_us where events were not counted (`call`); `unprofiled_step_us`, the
+    median of the steps timed without the profiler just before recording, and
+    `recorded_above_unprofiled_pct`, the median recorded step against it (measured). Null
+    where the trace does not say."""
 
     record_shapes: bool | None
     op_us: float | None
@@ -242,8 +243,7 @@ class Recording(msgspec.Struct, forbid_unknown_fields=True):
     ops_per_step: float
     estimated_step_cost_us: float | None
     estimated_share_pct: float | None
-    estimated_step_cost_low_us: float | None
-    estimated_share_low_pct: float | None
+    estimate_per: Literal["event", "call"] | None
     unprofiled_step_us: float | None
     recorded_above_unprofiled_pct: float | None
 
