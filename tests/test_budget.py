@@ -15,7 +15,8 @@ from stallscope.capture import budget
 from stallscope.commands.run import DEFAULT_RECORD_MB
 
 # Every step runs OPS tiny adds: about 2.7 KB of profiler memory per op with shapes recorded
-# (measured: ~8 MB per step of 3000).
+# (measured: ~8 MB per step of 3000); about half that without them (60,000 ops: 94 MB over two
+# steps), run's default since issue 33.
 MANY_OPS = """
 import sys, torch
 ops = int(sys.argv[1])
@@ -51,14 +52,14 @@ for step in range(40):
 """
 
 
-def _run(tmp_path: Path, ops: float, limit_mb: int,
-         script_text: str = MANY_OPS) -> tuple[subprocess.CompletedProcess, dict]:
+def _run(tmp_path: Path, ops: float, limit_mb: int, script_text: str = MANY_OPS,
+         extra: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
     script = tmp_path / "many_ops.py"
     script.write_text(script_text)
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "stallscope", "run", "-o", str(out), "--no-steady-wait",
-         "--skip", "1", "--warmup", "0",
+         "--skip", "1", "--warmup", "0", *extra,
          "--max-record-mb",
          str(limit_mb), str(script), str(ops)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path,
@@ -72,8 +73,9 @@ def test_budget_ends_recording_at_the_boundary_the_next_step_would_cross(tmp_pat
     # 30,000 ops a step, about 87 MB of growth each (measured: 41.8, 128.6, 215.4 MB after
     # steps 1-3; the first step reuses memory the process freed before recording, so steps of
     # a few MB grew by chance, 0.7 MB a step at 6,000 ops): over the 150 MB a 600 MB budget
-    # leaves to recording within two or three steps, never inside the first.
-    proc, report = _run(tmp_path, 30000, 600)
+    # leaves to recording within two or three steps, never inside the first. Those figures are
+    # with input shapes recorded, as run recorded before issue 33: --record-shapes keeps them.
+    proc, report = _run(tmp_path, 30000, 600, extra=("--record-shapes",))
     cut = report["run"]["recording_cut"]
     assert cut and cut["reason"] == "memory budget" and cut["mid_step"] is False, cut
     assert 1 <= report["run"]["steps_recorded"] < 5

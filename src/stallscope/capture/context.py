@@ -101,6 +101,8 @@ class RunContext:
     notes: list[str] = field(default_factory=list)
     # `run --set KEY=VALUE`: DataLoader constructor overrides requested for every loader.
     overrides: dict[str, Any] = field(default_factory=dict)
+    # `run --record-shapes`: the profiler recorded each op's input shapes (off by default).
+    record_shapes: bool = False
     # The memory budget ended recording early (capture/budget.py Cut.to_dict()), or None.
     recording_cut: dict[str, Any] | None = None
     # What drove the steps, phase by phase: [{"driver", "from_boundary"}] (capture/steps.py).

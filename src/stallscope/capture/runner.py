@@ -34,6 +34,7 @@ from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.session import (
     COMPILE_WAIT_MAX,
     NO_STEP_S,
+    RECORD_SHAPES,
     CaptureSession,
     Schedule,
     StopScript,
@@ -82,6 +83,7 @@ class CaptureOptions:
     # TensorBoard scalars into `scalars_dir` as the run goes.
     step_log: Path | None = None
     scalars_dir: Path | None = None
+    record_shapes: bool = RECORD_SHAPES  # `--record-shapes`: ops' input shapes in the trace
 
 
 @dataclass
@@ -105,8 +107,9 @@ def capture(
     """Run `target` under the profiler, fill in `context`, return `conclude(context, why)`."""
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
                              options.overrides, options.max_record_mb, options.no_step_s,
-                             _step_log(options))
+                             _step_log(options), options.record_shapes)
     context.overrides = dict(options.overrides)
+    context.record_shapes = options.record_shapes
     context.steps_requested = options.sched.steps
     watchdog: Watchdog | None = None
     if options.timeout is not None:

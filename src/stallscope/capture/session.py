@@ -47,8 +47,11 @@ from stallscope.capture.steps import StepDriver
 COMPILE_WAIT_MAX = 3
 # `run --no-step-warning`: seconds without a step boundary before stallscope says so.
 NO_STEP_S = 60.0
-# Input shapes are recorded with every op (rules read them: GEMM shapes, copy sizes).
-RECORD_SHAPES = True
+# Input shapes ("Input Dims") are not recorded by default: no rule reads them (they feed only
+# TensorBoard's "group by input shape" view), and they cost every recorded op (on this 2-core VM
+# 1.7-2.0 us added per op without them, 2.7-3.7 us with; 3.6 vs 4.5 us on an H100 host:
+# benchmarks/bench_profiler_cost.py). `run --record-shapes` turns them on.
+RECORD_SHAPES = False
 
 
 class StopScript(BaseException):
@@ -90,10 +93,12 @@ class CaptureSession:
         max_record_mb: float = budget.DEFAULT_MB,
         no_step_s: float | None = NO_STEP_S,
         step_log: StepLog | None = None,
+        record_shapes: bool = RECORD_SHAPES,
     ) -> None:
         self.sched = sched
         # `watch`: every step of the run into a log; the hooks then stay after recording.
         self.step_log = step_log
+        self.record_shapes = record_shapes
         self.trace_dir = trace_dir
         self.worker = worker
         self.run_to_end = run_to_end
@@ -166,14 +171,14 @@ class CaptureSession:
             activities=activities,
             schedule=plan,
             on_trace_ready=self._on_trace_ready,
-            record_shapes=RECORD_SHAPES,
+            record_shapes=record_shapes,
         )
         self.foreign = ForeignProfilers(self, trace_dir, worker)
 
     def start(self) -> None:
         quiet_profiler_warnings()
         with usdt_filtered():  # before any hook: the calibration's ops are no script's
-            self.profiler_cost = opcost.session_costs(self._activities, RECORD_SHAPES)
+            self.profiler_cost = opcost.session_costs(self._activities, self.record_shapes)
         self.watcher.install()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
@@ -569,6 +574,8 @@ class CaptureSession:
             "step_source": self.driver.source,
             "incomplete_step": self.incomplete_step,
             "window": self.window,
+            # The profiler's settings, and what one op cost under them (measured at start).
+            "record_shapes": self.record_shapes,
             "profiler_cost": self.profiler_cost,
         }
         if self.probe is not None and self.probe.result is not None:

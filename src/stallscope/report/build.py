@@ -370,6 +370,9 @@ def attach_run(
         "world_size": first.world_size,
         # `run --set`: DataLoader arguments forced for this run; {} when the script's own.
         "overrides": dict(first.overrides),
+        # `run --record-shapes`: ops' input shapes recorded (off by default: no rule reads
+        # them); what the recording cost is each trace's `recording`.
+        "record_shapes": first.record_shapes,
         # The memory budget ended recording early on some rank (capture/budget.py), or None.
         "recording_cut": next((c.recording_cut for c in contexts if c.recording_cut), None),
         "trace_dir": str(trace_dir),

@@ -19,6 +19,7 @@ from stallscope.diagnose.plan import Plan
 from stallscope.diagnose.ranks import RankWork, rank_work
 from stallscope.report.hotspots import HotTotals, gpu_kernel_totals, host_op_totals
 from stallscope.report.kernel_mix import gpu_summary, host_comm, kernel_mix
+from stallscope.report.recording import recording_cost
 from stallscope.report.timeline import trace_timeline
 from stallscope.trace.model import Step, TraceModel
 
@@ -97,6 +98,8 @@ def digest(model: TraceModel, plan: Plan | None, draw: bool) -> TraceDigest:
             "kernel_mix": kernel_mix(model),
             "gpu_summary": gpu_summary(model),
             "host_comm": host_comm(model),  # CPU-only traces' collectives
+            # What recording cost: the profiler's settings and cost per op (report/recording.py).
+            "recording": recording_cost(model),
         },
         steps=steps,
         notes=notes,

@@ -43,6 +43,7 @@ from stallscope.report.labels import (
     with_before,
 )
 from stallscope.report.rank_table import ROWS_SHOWN, check_rows, rank_view
+from stallscope.report.recording import recording_lines
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
 
@@ -248,7 +249,20 @@ def render_html(report: Report) -> str:
         host_comm_rows=host_rows(report),
         checks=check_rows(report),
         trace_rows=report.traces[:ROWS_SHOWN],
+        recording=_recording(report),
     )
+
+
+def _recording(report: Report) -> dict[str, Any] | None:
+    """What recording cost (report/recording.py), its names in code spans."""
+    shown = recording_lines(report.traces)
+    if shown is None:
+        return None
+    text, others = shown
+    parts = display(text).split("`")
+    html = Markup("").join(escape(p) if i % 2 == 0 else Markup("<code>%s</code>") % p
+                           for i, p in enumerate(parts))
+    return {"text": html, "others": others}
 
 
 def pretty_json(value: Any) -> Markup:

@@ -31,6 +31,7 @@ from stallscope.report.labels import (
     with_before,
 )
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
+from stallscope.report.recording import recording_lines
 from stallscope.text import md_code, millis, plural
 
 # A line in a fenced block is cut here: a ticket's raw view must not scroll sideways (a
@@ -294,6 +295,18 @@ def _trace_lines(report: Report) -> list[str]:
     return ["## Per rank" if report.ranks else "## Per trace", "", *bullets(items), ""]
 
 
+def _recording_lines(report: Report) -> list[str]:
+    """What recording cost, where the trace says (report/recording.py)."""
+    shown = recording_lines(report.traces)
+    if shown is None:
+        return []
+    text, others = shown
+    if others:
+        text += (f" The other {plural(others, 'trace')}' figures are in report.json "
+                 "(`traces[].recording`).")
+    return ["## Recording", "", *paragraph(prose(text))]
+
+
 def _reproduce_lines(report: Report) -> list[str]:
     lines = ["## Reproduce", "", "```sh", md_code(command_lines(report.reproduce_command))]
     if report.run:
@@ -365,7 +378,8 @@ def render_markdown(report: Report) -> str:
         lines += paragraph(f"*{prose(report.workload_note)}*")
     lines += _run_lines(report) + _summary_lines(report)
     lines += _plan_lines(report) + _what_if_lines(report) + _finding_lines(report)
-    lines += _anatomy_lines(report) + _trace_lines(report) + _reproduce_lines(report)
+    lines += _anatomy_lines(report) + _trace_lines(report) + _recording_lines(report)
+    lines += _reproduce_lines(report)
     lines += _not_assessed_lines(report)
     lines += [f"*stallscope {report.stallscope_version}*", ""]
     return "\n".join(lines)

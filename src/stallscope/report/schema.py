@@ -223,6 +223,31 @@ class Rank(msgspec.Struct, forbid_unknown_fields=True):
     findings: list[str]
 
 
+class Recording(msgspec.Struct, forbid_unknown_fields=True):
+    """What recording the trace cost (report/recording.py), from `stallscope run`'s metadata:
+    `record_shapes`, whether input shapes were recorded; `op_us`, what the profiler added per
+    tiny `torch.add` call, measured at the run's start (the figure the replay takes out per
+    recorded op), `op_us_per_event` the same per op event that call recorded (it records
+    several on the CPU), `launch_op_us` per kernel-launching call (with CUDA); `ops_per_step`,
+    the host ops recorded per judged step; `estimated_step_cost_us` and `estimated_share_pct`
+    (of the median step): an estimate, ops_per_step times op_us_per_event (`estimate_per`:
+    `event`), or times op_us where events were not counted (`call`); `unprofiled_step_us`, the
+    median of the steps timed without the profiler just before recording, and
+    `recorded_above_unprofiled_pct`, the median recorded step against it (measured). Null
+    where the trace does not say."""
+
+    record_shapes: bool | None
+    op_us: float | None
+    op_us_per_event: float | None
+    launch_op_us: float | None
+    ops_per_step: float
+    estimated_step_cost_us: float | None
+    estimated_share_pct: float | None
+    estimate_per: Literal["event", "call"] | None
+    unprofiled_step_us: float | None
+    recorded_above_unprofiled_pct: float | None
+
+
 class Trace(msgspec.Struct):
     label: str
     path: str
@@ -246,6 +271,7 @@ class Trace(msgspec.Struct):
     kernel_mix: list[KernelMix] | None = None
     gpu_summary: list[GpuSummary] | None = None
     host_comm: HostComm | None = None
+    recording: Recording | None = None
 
 
 class HotOp(msgspec.Struct):
