@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.capture.steplog import StepLog, read_steps
+from stallscope.report.schema import check
 
 # Two epochs of 40 batches; prints how many optimizer steps it took, so the log can be checked
 # against the script's own count.
@@ -62,6 +63,7 @@ def test_watch_logs_every_step_of_the_whole_run(tmp_path: Path) -> None:
     assert sum(s["profiled"] for s in steps) >= 5  # the recorded window is marked
     assert all(s["step_ms"] > 0 and 0 <= s["loader_wait_ms"] <= s["step_ms"] for s in steps)
     report = json.loads((tmp_path / "out" / "report.json").read_text())
+    check(report)  # the shipped schema describes it
     assert report["watch"]["summary"]["steps"] == 78
     assert report["watch"]["captures"][0]["verdict"] == report["verdict"]["text"]
     # The same figures as TensorBoard scalars, beside the trace.

@@ -284,6 +284,35 @@ class HotOp(msgspec.Struct):
     share_pct: float
 
 
+class WatchStep(msgspec.Struct):
+    """One step of a watched run (capture/steplog.py): when it began (s after the first
+    boundary), its wall time, its DataLoader wait, its loader's epoch, whether it was recorded
+    under the profiler (then slower)."""
+
+    step: int
+    start_s: float
+    step_ms: float
+    loader_wait_ms: float
+    epoch: int | None
+    profiled: bool
+
+
+class WatchCapture(msgspec.Struct):
+    """A window recorded under the profiler and diagnosed: where it began, what it found."""
+
+    first_step: int | None
+    verdict: str
+
+
+class Watch(msgspec.Struct):
+    """`stallscope watch` only: the whole run, step by step, and its captures."""
+
+    step_log: str
+    steps: list[WatchStep]
+    summary: Json
+    captures: list[WatchCapture]
+
+
 class Report(msgspec.Struct, forbid_unknown_fields=True):
     """report.json, top level."""
 
@@ -310,6 +339,7 @@ class Report(msgspec.Struct, forbid_unknown_fields=True):
     top_gpu_kernels: list[HotOp]
     plan: Plan | None
     what_if: Json | None
+    watch: Watch | None = None
 
 
 def json_schema(root: type, schema_id: str, title: str, doc: str) -> dict[str, Any]:
