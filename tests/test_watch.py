@@ -118,3 +118,44 @@ def test_a_line_cut_by_a_kill_is_left_out(tmp_path: Path) -> None:
     path = tmp_path / "steps.jsonl"
     path.write_text('{"step":1,"step_ms":3.0,"loader_wait_ms":0}\n{"step":2,"step_')
     assert [s["step"] for s in read_steps(path)] == [1]
+
+
+def synthetic_watch(n: int, stall_every: int = 0) -> dict:
+    steps = []
+    for i in range(1, n + 1):
+        ms = 10.0 + (500.0 if stall_every and i % stall_every == 0 else 0.0)
+        steps.append({"step": i, "start_s": i * 0.01, "step_ms": ms, "loader_wait_ms": 2.0,
+                      "epoch": (i - 1) * 4 // n, "profiled": 50 <= i < 55})
+    return {"step_log": "steps.jsonl", "steps": steps,
+            "summary": {"steps": n, "wall_s": n * 0.01, "median_step_ms": 10.0,
+                        "loader_wait_share": 0.2},
+            "captures": [{"first_step": 50, "verdict": "x"}]}
+
+
+def test_a_long_run_is_drawn_in_bounded_size_and_keeps_its_stalls() -> None:
+    from stallscope.report.watch_chart import MAX_POINTS, watch_chart
+
+    chart = watch_chart(synthetic_watch(200_000, stall_every=1000))
+    assert chart is not None
+    assert len(chart["line"].split()) <= MAX_POINTS
+    # A stall every 1,000 steps shares its bucket with 333 plain steps: the median line hides
+    # it, the slowest-step line does not.
+    tops = [float(p.split(",")[1]) for p in chart["peaks"].split()]
+    mids = [float(p.split(",")[1]) for p in chart["line"].split()]
+    assert min(tops) < min(mids) - 50  # y grows downwards: the peaks reach far higher
+    assert len(chart["epochs"]) == 3 and len(chart["captures"]) == 1
+
+
+def test_report_html_leads_with_the_whole_run() -> None:
+    from stallscope.commands.pipeline import analyze_paths
+    from stallscope.report.html import render_html
+
+    root = Path(__file__).resolve().parents[1]
+    trace = root / "sample_traces" / "cpu-loader-bound.pt.trace.json.gz"
+    report = analyze_paths([trace])
+    plain = render_html(report)
+    assert 'id="watch-chart"' not in plain  # only watch reports have it
+    report.watch = synthetic_watch(300)
+    page = render_html(report)
+    assert page.index('id="whole-run"') < page.index('id="findings"')
+    assert 'id="watch-chart"' in page and "300 steps" in page

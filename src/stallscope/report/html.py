@@ -44,6 +44,7 @@ from stallscope.report.labels import (
 )
 from stallscope.report.rank_table import ROWS_SHOWN, check_rows, rank_view
 from stallscope.report.recording import recording_lines
+from stallscope.report.watch_chart import watch_chart
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
 
@@ -236,6 +237,7 @@ def render_html(report: Report) -> str:
         categories=HOST_CATEGORIES,
         headline=_headline(report),
         fix_plan=_fix_plan(report),
+        watch_chart=watch_chart(report.watch) if report.watch else None,
         what_if=_what_if(report.what_if, report.plan),
         savings=[_saving_view(report, f) for f in report.findings],
         cause=same_cause(report.findings),

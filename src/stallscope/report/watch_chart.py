@@ -1,0 +1,87 @@
+"""The whole run drawn for report.html (`stallscope watch`): step time over the run, the DataLoader
+wait under it, the regimes shaded, epochs, captures and periodic stalls marked.
+
+A run of days has millions of steps and the page must stay small: the steps are put in at most
+MAX_POINTS buckets, each drawn as its median (the line) and its slowest step (a faint line above:
+a stall every 500 steps still shows when 500 steps share a pixel).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+WIDTH, HEIGHT = 920.0, 240.0
+LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 34.0
+MAX_POINTS = 600
+
+
+def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
+    """Geometry for the template, or None when there are too few steps to draw."""
+    steps = watch.get("steps") or []
+    if len(steps) < 2:
+        return None
+    n = len(steps)
+    size = max(1, -(-n // MAX_POINTS))  # steps per bucket
+    buckets = [steps[i:i + size] for i in range(0, n, size)]
+    mid = [statistics.median(s["step_ms"] for s in b) for b in buckets]
+    top = [max(s["step_ms"] for s in b) for b in buckets]
+    wait = [statistics.median(s["loader_wait_ms"] for s in b) for b in buckets]
+    ordered = sorted(s["step_ms"] for s in steps)
+    # The y range holds the typical steps and rare stalls without a single outlier flattening
+    # the rest: up to 1.3x the 99th percentile, at least 3x the median; taller steps are clipped
+    # at the top and say so in their tooltip.
+    p99 = ordered[min(n - 1, int(0.99 * n))]
+    y_max = max(p99 * 1.3, statistics.median(ordered) * 3, 1e-3)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+
+    def x_of(step: float) -> float:
+        return LEFT + plot_w * (step - 1) / max(n - 1, 1)
+
+    def y_of(ms: float) -> float:
+        return TOP + plot_h * (1 - min(ms, y_max) / y_max)
+
+    xs = [x_of(b[0]["step"] + (len(b) - 1) / 2) for b in buckets]
+    line = " ".join(f"{x:.1f},{y_of(v):.1f}" for x, v in zip(xs, mid, strict=True))
+    peaks = " ".join(f"{x:.1f},{y_of(v):.1f}" for x, v in zip(xs, top, strict=True))
+    area = (f"{xs[0]:.1f},{y_of(0):.1f} "
+            + " ".join(f"{x:.1f},{y_of(v):.1f}" for x, v in zip(xs, wait, strict=True))
+            + f" {xs[-1]:.1f},{y_of(0):.1f}")
+    epochs = [x_of(s["step"]) for prev, s in zip(steps, steps[1:], strict=False)
+              if s.get("epoch") is not None and prev.get("epoch") is not None
+              and s["epoch"] != prev["epoch"]]
+    profiled = [s["step"] for s in steps if s.get("profiled")]
+    captures = []
+    if profiled:
+        captures.append({"x": x_of(profiled[0]), "w": _span(x_of, profiled[0], profiled[-1], 2.0),
+                         "first": profiled[0], "last": profiled[-1]})
+    regimes = [{"x": x_of(r["first_step"]), "w": _span(x_of, r["first_step"], r["last_step"]),
+                "label": f"regime {i + 1}", "odd": i % 2 == 1, "first": r["first_step"],
+                "last": r["last_step"], "median_ms": r.get("median_step_ms")}
+               for i, r in enumerate(watch.get("regimes") or [])
+               if r.get("first_step") is not None and r.get("last_step") is not None]
+    marks = [{"x": x_of(st), "every": p.get("every_steps"), "what": p.get("kind", "stall")}
+             for p in watch.get("periodic") or [] for st in (p.get("steps") or [])[:200]]
+    ticks = [{"y": y_of(v), "ms": _ms(v)} for v in (0, y_max / 2, y_max)]
+    step_ticks = [{"x": x_of(v), "step": v} for v in _step_ticks(n)]
+    return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
+            "bottom": TOP + plot_h, "line": line, "peaks": peaks, "area": area,
+            "epochs": epochs, "captures": captures, "regimes": regimes, "marks": marks,
+            "ticks": ticks, "step_ticks": step_ticks, "bucket": size, "steps": n,
+            "clipped": sum(1 for v in ordered if v > y_max)}
+
+
+def _span(x_of: Any, first: float, last: float, least: float = 1.0) -> float:
+    return max(least, x_of(last) - x_of(first))
+
+
+def _ms(v: float) -> str:
+    return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
+
+
+def _step_ticks(n: int) -> list[int]:
+    """About five round step numbers across 1..n."""
+    raw = max(1, n // 5)
+    mag = 10 ** (len(str(raw)) - 1)
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    return [1, *range(step, n + 1, step)]
