@@ -1,0 +1,143 @@
+"""Regimes: stretches of the run with one step-time mix, split where the mix changes.
+
+Method: penalised l2 change points (ruptures' KernelCPD with the linear kernel: the l2 cost,
+solved exactly in C; ruptures' Pelt solves the same problem in Python and took 37 s for 2,000
+steps on the 2-core VM, this 0.05 s) on two features per step, log step time and the loader-wait
+share of the step, after spikes are replaced by their rolling median (a checkpoint every 50
+steps is a periodic stall, not 2 regimes per checkpoint). Each feature is divided by its noise
+sd, estimated from the MAD of first differences (blind to the level shifts being looked for),
+so the penalty is in units of noise. Then adjacent regimes whose difference is too small to act
+on (steps within 15% and loader share within 10 points) are merged: a real run drifts, and a
+statistically sure 3% drift is not a regime a user needs to hear about. PEN_BETA was chosen with
+benchmarks/bench_watch_detector.py, which measures the false-alarm rate on steady runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import ruptures as rpt
+
+from stallscope.watch.spikes import robust_sd, rolling_median
+
+MIN_STEPS = 20  # fewer valid steps: one regime, no search (nothing to split reliably)
+MIN_REGIME = 10  # steps in the shortest regime reported; shorter changes are stalls
+PEN_BETA = 4.0  # penalty per change = PEN_BETA * log(n), in noise-sd units (2 features)
+MIN_STEP_RATIO = 1.15  # adjacent regimes closer than this in median step time ...
+MIN_SHARE_DELTA = 0.10  # ... and closer than this in loader share are one regime
+NOISE_FLOOR = (0.02, 0.02)  # sd floors: log step time (2%), loader share (2 points)
+MAX_POINTS = 5000  # longer runs are searched on block means (the search is quadratic)
+
+
+@dataclass(frozen=True)
+class Regime:
+    """Bounds are positions in the valid-step arrays (end exclusive)."""
+
+    start: int
+    end: int
+    median_step_ms: float
+    median_wait_ms: float
+    wait_share: float
+
+
+def _noise_sd(x: np.ndarray, floor: float) -> float:
+    if x.size < 3:
+        return floor
+    return max(robust_sd(np.diff(x)) / math.sqrt(2.0), floor)
+
+
+def _flatten(x: np.ndarray, spikes: np.ndarray) -> np.ndarray:
+    """Spike steps take the rolling median of the other steps around them."""
+    if not spikes.any():
+        return x
+    out = x.copy()
+    calm = np.flatnonzero(~spikes)
+    if calm.size == 0:
+        return out
+    med = rolling_median(x[calm])
+    # each spike takes the rolling value of the calm step before it (after it at the start),
+    # so a stall that ends a regime is not moved into the next one
+    pos = np.clip(np.searchsorted(calm, np.flatnonzero(spikes)) - 1, 0, calm.size - 1)
+    out[spikes] = med[pos]
+    return out
+
+
+def _describe(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
+              start: int, end: int) -> Regime:
+    keep = ~spikes[start:end]
+    if not keep.any():
+        keep = np.ones(end - start, dtype=bool)
+    s = step_ms[start:end][keep]
+    w = wait_ms[start:end][keep]
+    return Regime(start, end, float(np.median(s)), float(np.median(w)),
+                  float(np.median(w / s)))
+
+
+def _close(a: Regime, b: Regime) -> float | None:
+    """How alike two regimes are (lower: more alike), or None when they differ enough."""
+    ratio = max(a.median_step_ms, b.median_step_ms) / min(a.median_step_ms, b.median_step_ms)
+    delta = abs(a.wait_share - b.wait_share)
+    if ratio >= MIN_STEP_RATIO or delta >= MIN_SHARE_DELTA:
+        return None
+    return max(math.log(ratio) / math.log(MIN_STEP_RATIO), delta / MIN_SHARE_DELTA)
+
+
+def change_points(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
+                  beta: float = PEN_BETA) -> list[int]:
+    """The penalised change points (positions, exclusive ends, the last = n), before merging."""
+    n = step_ms.size
+    if n < MIN_STEPS:
+        return [n]
+    feats = np.column_stack([_flatten(np.log(step_ms), spikes),
+                             _flatten(wait_ms / step_ms, spikes)])
+    block = max(1, math.ceil(n / MAX_POINTS))
+    if block > 1:  # block means: a change is then placed to within one block
+        m = n // block
+        feats = feats[: m * block].reshape(m, block, 2).mean(axis=1)
+    signal = np.column_stack([feats[:, k] / _noise_sd(feats[:, k], NOISE_FLOOR[k] / math.sqrt(block))
+                              for k in range(2)])
+    algo = rpt.KernelCPD(kernel="linear", min_size=max(2, math.ceil(MIN_REGIME / block)))
+    bkps = algo.fit(signal).predict(pen=beta * math.log(len(signal)))
+    return [min(int(b) * block, n) for b in bkps[:-1]] + [n]
+
+
+def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
+                 beta: float = PEN_BETA) -> list[Regime]:
+    """Regimes over the valid steps, adjacent ones merged while too alike to act on."""
+    n = step_ms.size
+    if n == 0:
+        return []
+    bounds = [0] + change_points(step_ms, wait_ms, spikes, beta)
+    regimes = [_describe(step_ms, wait_ms, spikes, a, b) for a, b in zip(bounds, bounds[1:])]
+    while len(regimes) > 1:
+        scores = [_close(a, b) for a, b in zip(regimes, regimes[1:])]
+        candidates = [(s, i) for i, s in enumerate(scores) if s is not None]
+        if not candidates:
+            break
+        _, i = min(candidates)
+        merged = _describe(step_ms, wait_ms, spikes, regimes[i].start, regimes[i + 1].end)
+        regimes[i:i + 2] = [merged]
+    return regimes
+
+
+def what_changed(prev: Regime, cur: Regime) -> str:
+    """'steps 2.1x longer, loader wait from 3% to 61% of the step'."""
+    ratio = cur.median_step_ms / prev.median_step_ms
+    parts = []
+    if ratio >= 1.005:
+        parts.append(f"steps {ratio:.1f}x longer" if ratio >= 1.095 else
+                     f"steps {100 * (ratio - 1):.0f}% longer")
+    elif ratio <= 1 / 1.005:
+        inv = 1 / ratio
+        parts.append(f"steps {inv:.1f}x shorter" if inv >= 1.095 else
+                     f"steps {100 * (1 - ratio):.0f}% shorter")
+    else:
+        parts.append("step time unchanged")
+    a, b = round(100 * prev.wait_share), round(100 * cur.wait_share)
+    if a != b:
+        parts.append(f"loader wait from {a}% to {b}% of the step")
+    else:
+        parts.append(f"loader wait unchanged at {a}% of the step")
+    return ", ".join(parts)
