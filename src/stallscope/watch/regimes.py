@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import ruptures as rpt
+import ruptures as rpt  # type: ignore[import-untyped]
 
 from stallscope.watch.spikes import robust_sd, rolling_median
 
@@ -96,8 +96,8 @@ def change_points(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
     if block > 1:  # block means: a change is then placed to within one block
         m = n // block
         feats = feats[: m * block].reshape(m, block, 2).mean(axis=1)
-    signal = np.column_stack([feats[:, k] / _noise_sd(feats[:, k], NOISE_FLOOR[k] / math.sqrt(block))
-                              for k in range(2)])
+    floors = [f / math.sqrt(block) for f in NOISE_FLOOR]
+    signal = np.column_stack([feats[:, k] / _noise_sd(feats[:, k], floors[k]) for k in range(2)])
     algo = rpt.KernelCPD(kernel="linear", min_size=max(2, math.ceil(MIN_REGIME / block)))
     bkps = algo.fit(signal).predict(pen=beta * math.log(len(signal)))
     return [min(int(b) * block, n) for b in bkps[:-1]] + [n]
@@ -110,9 +110,10 @@ def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
     if n == 0:
         return []
     bounds = [0] + change_points(step_ms, wait_ms, spikes, beta)
-    regimes = [_describe(step_ms, wait_ms, spikes, a, b) for a, b in zip(bounds, bounds[1:])]
+    pairs = zip(bounds[:-1], bounds[1:], strict=True)
+    regimes = [_describe(step_ms, wait_ms, spikes, a, b) for a, b in pairs]
     while len(regimes) > 1:
-        scores = [_close(a, b) for a, b in zip(regimes, regimes[1:])]
+        scores = [_close(a, b) for a, b in zip(regimes[:-1], regimes[1:], strict=True)]
         candidates = [(s, i) for i, s in enumerate(scores) if s is not None]
         if not candidates:
             break

@@ -49,7 +49,8 @@ class StepSeries:
     skipped_lines: int = field(default=0)
 
     @classmethod
-    def from_records(cls, records: Iterable[Mapping[str, Any]], skipped_lines: int = 0) -> StepSeries:
+    def from_records(cls, records: Iterable[Mapping[str, Any]],
+                     skipped_lines: int = 0) -> StepSeries:
         """Build from dicts with the keys of FIELDS; missing keys take their 'unknown' value.
 
         `step` defaults to the record's position; a loader wait that is missing counts as 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.ndimage import median_filter
+from numpy.lib.stride_tricks import sliding_window_view
 
 WINDOW = 21  # steps in the centred rolling median: a stall every >= 3 steps stays a minority
 SPIKE_Z = 5.0  # robust z of the log step time above the rolling median
@@ -40,8 +40,12 @@ def rolling_median(x: np.ndarray, window: int = WINDOW) -> np.ndarray:
     """Centred rolling median; the window shrinks to the series on short runs."""
     if x.size == 0:
         return x.copy()
-    size = min(window, x.size if x.size % 2 else x.size - 1 or 1)
-    return median_filter(x, size=max(size, 1), mode="mirror")
+    size = min(window, x.size if x.size % 2 else x.size - 1)
+    if size <= 1:
+        return x.copy()
+    half = size // 2
+    padded = np.pad(x, half, mode="reflect")  # mirrored about the ends: an end spike stays one
+    return np.median(sliding_window_view(padded, size), axis=1)
 
 
 def find_spikes(step_ms: np.ndarray) -> Spikes:

@@ -69,7 +69,8 @@ def summarise(series: StepSeries) -> dict[str, Any]:
         "outliers": periodic.outliers(v, used),
         "captures": [],
         "method": {
-            "regimes": f"penalised l2 change points (ruptures KernelCPD, linear) on log step time and loader-wait share, spikes "
+            "regimes": "penalised l2 change points (ruptures KernelCPD, linear kernel) on "
+                       "log step time and loader-wait share, spikes "
                        f"flattened, penalty {regimes.PEN_BETA} x log(n) in noise sd; regimes "
                        f"closer than {regimes.MIN_STEP_RATIO}x in step time and "
                        f"{round(100 * regimes.MIN_SHARE_DELTA)} points in loader share merged",
