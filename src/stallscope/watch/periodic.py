@@ -22,6 +22,7 @@ EPOCH_MIN_EXCESS = 0.10  # and at least 10% over the rolling median
 MAX_EPOCH_STALL = 5  # steps at an epoch start that can belong to its stall (prefetch refill)
 MIN_OCCURRENCES = 3  # a period needs this many stalls in phase
 MIN_COVERAGE = 0.6  # and stalls at this share of its slots in the run
+ALPHA = 0.01  # and random spikes would line up as well with at most this chance (see _chance)
 MAX_PERIODS = 3  # distinct periods reported (logging, evaluation, checkpointing)
 NESTED_FACTOR = 3.0  # in-phase stalls this much costlier than their median may be a longer period
 MAX_LISTED = 50  # steps listed per stall in report.json
@@ -115,6 +116,20 @@ def epoch_starts(v: Valid) -> tuple[dict[str, Any] | None, np.ndarray]:
     return entry, used
 
 
+def _chance(hits: int, slots: int, spikes: int, span: int, tol: int) -> float:
+    """How likely `spikes` spikes at random over `span` steps put `hits` in a period's `slots`.
+
+    Any pair of spikes proposes a period and a phase, so the first 2 hits are free: the tail
+    is over the other slots, each hit by chance with q (a spike within the tolerance), and
+    multiplied by the number of pairs tried (Bonferroni). 3 stalls among 3 spikes in 300
+    steps come out near 0.09: too likely by chance, so such a period needs more occurrences.
+    """
+    q = 1.0 - (1.0 - min(spikes / max(span, 1), 1.0)) ** (2 * tol + 1)
+    rest, need = slots - 2, hits - 2
+    tail = sum(math.comb(rest, j) * q**j * (1 - q) ** (rest - j) for j in range(need, rest + 1))
+    return min(1.0, tail * spikes * (spikes - 1) / 2)
+
+
 def _best_period(pos: np.ndarray, lo: int, hi: int) -> tuple[int, np.ndarray] | None:
     """The period explaining most of `pos` (sorted step numbers), and which of them it explains."""
     if pos.size < MIN_OCCURRENCES:
@@ -131,6 +146,8 @@ def _best_period(pos: np.ndarray, lo: int, hi: int) -> tuple[int, np.ndarray] | 
             k = np.unique(np.round((pos[hit] - r) / n))
             slots = math.floor((hi - r) / n) - math.ceil((lo - r) / n) + 1
             if k.size < MIN_OCCURRENCES or slots <= 0 or k.size / slots < MIN_COVERAGE:
+                continue
+            if _chance(int(k.size), slots, int(pos.size), hi - lo + 1, tol) > ALPHA:
                 continue
             score = (int(k.size), k.size / slots, -n)
             if best is None or score > best[0]:
