@@ -130,8 +130,15 @@ def _chance(hits: int, slots: int, spikes: int, span: int, tol: int) -> float:
     return min(1.0, tail * spikes * (spikes - 1) / 2)
 
 
-def _best_period(pos: np.ndarray, lo: int, hi: int) -> tuple[int, np.ndarray] | None:
-    """The period explaining most of `pos` (sorted step numbers), and which of them it explains."""
+def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
+                 hi: int) -> tuple[int, np.ndarray] | None:
+    """The period explaining most of `pos` (sorted step numbers of spikes costing `excess`),
+    and which of them it explains.
+
+    The chance test counts only spikes at least half as costly as the period's median stall:
+    on a busy machine, dozens of small preemption spikes must not hide 6 checkpoints 3x their
+    size (they could not line up as those do).
+    """
     if pos.size < MIN_OCCURRENCES:
         return None
     gaps = np.concatenate([np.diff(pos), pos[2:] - pos[:-2]])
@@ -147,7 +154,9 @@ def _best_period(pos: np.ndarray, lo: int, hi: int) -> tuple[int, np.ndarray] | 
             slots = math.floor((hi - r) / n) - math.ceil((lo - r) / n) + 1
             if k.size < MIN_OCCURRENCES or slots <= 0 or k.size / slots < MIN_COVERAGE:
                 continue
-            if _chance(int(k.size), slots, int(pos.size), hi - lo + 1, tol) > ALPHA:
+            big = excess >= 0.5 * np.median(excess[hit])
+            k_big = np.unique(np.round((pos[hit & big] - r) / n)).size
+            if _chance(k_big, slots, int(big.sum()), hi - lo + 1, tol) > ALPHA:
                 continue
             score = (int(k.size), k.size / slots, -n)
             if best is None or score > best[0]:
@@ -166,14 +175,14 @@ def periodic_stalls(v: Valid, explained: np.ndarray) -> tuple[list[dict[str, Any
     lo, hi = int(v.steps[0]), int(v.steps[-1])
     for _ in range(MAX_PERIODS):
         cand = np.flatnonzero(v.spikes.mask & ~used)
-        got = _best_period(v.steps[cand], lo, hi)
+        got = _best_period(v.steps[cand], v.spikes.excess_ms[cand], lo, hi)
         if got is None:
             break
         n, hit = got
         idx = cand[hit]
         used[idx] = True
         big = idx[v.spikes.excess_ms[idx] > NESTED_FACTOR * np.median(v.spikes.excess_ms[idx])]
-        inner = _best_period(v.steps[big], lo, hi)
+        inner = _best_period(v.steps[big], v.spikes.excess_ms[big], lo, hi)
         if inner is not None and inner[0] % n == 0 and inner[0] > n:
             outer = big[inner[1]]
             found.append(_entry(v, outer, kind="periodic", every_steps=int(inner[0])))

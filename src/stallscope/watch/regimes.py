@@ -8,8 +8,10 @@ steps is a periodic stall, not 2 regimes per checkpoint). Each feature is divide
 sd, estimated from the MAD of first differences (blind to the level shifts being looked for),
 so the penalty is in units of noise. Then adjacent regimes whose difference is too small to act
 on (steps within 15% and loader share within 10 points) are merged: a real run drifts, and a
-statistically sure 3% drift is not a regime a user needs to hear about. PEN_BETA was chosen with
-benchmarks/bench_watch_detector.py, which measures the false-alarm rate on steady runs.
+statistically sure 3% drift is not a regime a user needs to hear about; so are regimes shorter
+than 1 s of wall time (a busy machine makes such blips; no capture could even follow one).
+PEN_BETA was chosen with benchmarks/bench_watch_detector.py, which measures the false-alarm
+rate on steady runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ MIN_REGIME = 10  # steps in the shortest regime reported; shorter changes are st
 PEN_BETA = 4.0  # penalty per change = PEN_BETA * log(n), in noise-sd units (2 features)
 MIN_STEP_RATIO = 1.15  # adjacent regimes closer than this in median step time ...
 MIN_SHARE_DELTA = 0.10  # ... and closer than this in loader share are one regime
+NOISE_LAGS = (1, 5, 20)
+MIN_REGIME_MS = 1000.0  # a regime shorter than 1 s of wall time is a blip, not a regime
 NOISE_FLOOR = (0.02, 0.02)  # sd floors: log step time (2%), loader share (2 points)
 MAX_POINTS = 5000  # longer runs are searched on block means (the search is quadratic)
 
@@ -43,9 +47,17 @@ class Regime:
 
 
 def _noise_sd(x: np.ndarray, floor: float) -> float:
-    if x.size < 3:
-        return floor
-    return max(robust_sd(np.diff(x)) / math.sqrt(2.0), floor)
+    """The sd of a feature's noise, from differences at lags 1, 5 and 20 (the largest).
+
+    Differences are blind to a level shift (it touches only `lag` of them), and lags past 1
+    also see slow wander (a busy machine, clock changes): a lag-1 estimate alone sees only
+    step-to-step noise and calls every wander a change.
+    """
+    best = floor
+    for lag in NOISE_LAGS:
+        if x.size > 4 * lag:
+            best = max(best, robust_sd(x[lag:] - x[:-lag]) / math.sqrt(2.0))
+    return best
 
 
 def _flatten(x: np.ndarray, spikes: np.ndarray) -> np.ndarray:
@@ -113,14 +125,36 @@ def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
     pairs = zip(bounds[:-1], bounds[1:], strict=True)
     regimes = [_describe(step_ms, wait_ms, spikes, a, b) for a, b in pairs]
     while len(regimes) > 1:
-        scores = [_close(a, b) for a, b in zip(regimes[:-1], regimes[1:], strict=True)]
-        candidates = [(s, i) for i, s in enumerate(scores) if s is not None]
-        if not candidates:
+        i = _next_merge(regimes, step_ms)
+        if i is None:
             break
-        _, i = min(candidates)
         merged = _describe(step_ms, wait_ms, spikes, regimes[i].start, regimes[i + 1].end)
         regimes[i:i + 2] = [merged]
     return regimes
+
+
+def _next_merge(regimes: list[Regime], step_ms: np.ndarray) -> int | None:
+    """The pair to merge next: the most alike pair too close to act on, else the shortest
+    regime under MIN_REGIME_MS with its more alike neighbour; None when all may stay."""
+    scores = [_close(a, b) for a, b in zip(regimes[:-1], regimes[1:], strict=True)]
+    candidates = [(s, i) for i, s in enumerate(scores) if s is not None]
+    if candidates:
+        return min(candidates)[1]
+    walls = [float(step_ms[r.start:r.end].sum()) for r in regimes]
+    k = int(np.argmin(walls))
+    if walls[k] >= MIN_REGIME_MS:
+        return None
+    if k == 0:
+        return 0
+    if k == len(regimes) - 1:
+        return k - 1
+    left, right = _distance(regimes[k - 1], regimes[k]), _distance(regimes[k], regimes[k + 1])
+    return k - 1 if left <= right else k
+
+
+def _distance(a: Regime, b: Regime) -> float:
+    ratio = abs(math.log(a.median_step_ms / b.median_step_ms)) / math.log(MIN_STEP_RATIO)
+    return max(ratio, abs(a.wait_share - b.wait_share) / MIN_SHARE_DELTA)
 
 
 def what_changed(prev: Regime, cur: Regime) -> str:
