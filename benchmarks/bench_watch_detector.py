@@ -116,7 +116,7 @@ def _real_run(case: str, steps: int = 300) -> list[dict[str, float]]:
     recs: list[dict[str, float]] = []
     it = batches()
     for i in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = next(it)
         t1 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -128,17 +128,24 @@ def _real_run(case: str, steps: int = 300) -> list[dict[str, float]]:
             torch.save(model.state_dict(), buf)  # a blocking checkpoint
             buf.getvalue()
             time.sleep(SAVE_S)  # the write to slow storage
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         recs.append({"step": i, "step_ms": (t2 - t0) * 1e3, "loader_wait_ms": (t1 - t0) * 1e3,
-                     "start_s": t0})
+                     "cpu_ms": (c2 - c0) * 1e3, "start_s": t0})
     return recs
+
+
+def _ratio(regime: dict) -> str:
+    step = regime["median_step_ms"] / regime["prev_step_ms"]
+    cpu = regime["cpu_ratio"]
+    return f"{step:.2f}x / {cpu:.2f}x" if cpu is not None else f"{step:.2f}x"
 
 
 def real(repeats: int) -> None:
     print("\n3. Real CPU step series (MLP 512-1024-10, batch 256, 1 thread, 300 steps)")
     print("   raw: change points of the search alone; >=15%: after merging regimes too alike to "
           "act on, before merging those under 1 s; starts: what the report says")
-    print(f"{'case':14} {'run':>3} {'median ms':>9} {'raw':>4} {'>=15%':>5} {'starts':>8} "
+    print("   starts: first step (step time ratio / process CPU time per step ratio)")
+    print(f"{'case':14} {'run':>3} {'median ms':>9} {'raw':>4} {'>=15%':>5} {'starts':>24} "
           f"{'periodic':>20} {'outliers':>8}")
     for case in ("steady", "loader-slows", "save-every-50"):
         for r in range(repeats):
@@ -150,11 +157,14 @@ def real(repeats: int) -> None:
             floor_only = _regime_count(step, wait, regimes.PEN_BETA)[1]
             regimes.MIN_REGIME_MS = keep
             out = summarise(series)
-            starts = ",".join(str(g["first_step"]) for g in out["regimes"][1:]) or "-"
+            for prev, g in zip(out["regimes"][:-1], out["regimes"][1:], strict=True):
+                g["prev_step_ms"] = prev["median_step_ms"]
+            starts = ",".join(f"{g['first_step']} ({_ratio(g)})" for g in out["regimes"][1:])
+            starts = starts or "-"
             per = ",".join(f"every {p['every_steps']} ({100 * p['share_of_wall']:.1f}%)"
                            for p in out["periodic"]) or "-"
             print(f"{case:14} {r:>3} {out['median_step_ms']:>9.2f} {raw:>4} {floor_only:>5} "
-                  f"{starts:>8} {per:>20} {out['outliers']['count']:>8}")
+                  f"{starts:>24} {per:>20} {out['outliers']['count']:>8}")
 
 
 def main() -> None:

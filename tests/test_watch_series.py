@@ -204,3 +204,31 @@ def test_loader_wait_is_clipped_to_its_step_and_missing_waits_count_as_none() ->
     assert list(series.loader_wait_ms) == [10.0, 0.0, 0.0]
     assert list(series.step) == [0, 1, 2]
     assert not math.isnan(series.wall_ms())
+
+
+def test_a_change_that_lasts_under_a_second_is_not_a_regime() -> None:
+    """A busy machine makes sub-second blips; the same shape over seconds is a regime."""
+    rng = np.random.default_rng(9)
+    step, wait = synth.loader_slows(400, 200, rng)
+    fast = _summary(step / 100, wait / 100)  # 1 ms steps: each half lasts 0.2-0.4 s
+    slow = _summary(step / 5, wait / 5)  # 20 ms steps: each half lasts 4-8 s
+    assert len(fast["regimes"]) == 1
+    assert [r["first_step"] for r in slow["regimes"]][1] in range(190, 211)
+
+
+@pytest.mark.parametrize("grows", [False, True])
+def test_a_slowdown_with_flat_cpu_time_is_said_to_wait_outside_the_process(grows: bool) -> None:
+    """Another process taking the core: the step takes longer, the process works no longer."""
+    rng = np.random.default_rng(4)
+    step, wait = synth.steady(400, rng)
+    cpu = step * 0.9
+    step[200:] *= 1.6
+    if grows:  # the model itself got more expensive: CPU time grows with the step
+        cpu[200:] *= 1.6
+    recs = synth.records(step, wait)
+    for rec, c in zip(recs, cpu, strict=True):
+        rec["cpu_ms"] = float(c)
+    regimes = summarise(StepSeries.from_records(recs))["regimes"]
+    assert [r["first_step"] for r in regimes] == [0, 200]
+    assert regimes[1]["cpu_ratio"] == pytest.approx(1.6 if grows else 1.0, rel=0.05)
+    assert ("waited outside the process" in regimes[1]["change"]) is not grows

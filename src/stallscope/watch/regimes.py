@@ -44,6 +44,7 @@ class Regime:
     median_step_ms: float
     median_wait_ms: float
     wait_share: float
+    median_cpu_ms: float = math.nan  # NaN when the process's CPU time was not measured
 
 
 def _noise_sd(x: np.ndarray, floor: float) -> float:
@@ -77,14 +78,19 @@ def _flatten(x: np.ndarray, spikes: np.ndarray) -> np.ndarray:
 
 
 def _describe(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
-              start: int, end: int) -> Regime:
+              start: int, end: int, cpu_ms: np.ndarray | None = None) -> Regime:
     keep = ~spikes[start:end]
     if not keep.any():
         keep = np.ones(end - start, dtype=bool)
     s = step_ms[start:end][keep]
     w = wait_ms[start:end][keep]
+    cpu = math.nan
+    if cpu_ms is not None:
+        c = cpu_ms[start:end][keep]
+        c = c[np.isfinite(c)]
+        cpu = float(np.median(c)) if c.size >= max(3, keep.sum() // 2) else math.nan
     return Regime(start, end, float(np.median(s)), float(np.median(w)),
-                  float(np.median(w / s)))
+                  float(np.median(w / s)), cpu)
 
 
 def _close(a: Regime, b: Regime) -> float | None:
@@ -116,19 +122,23 @@ def change_points(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
 
 
 def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
-                 beta: float = PEN_BETA) -> list[Regime]:
-    """Regimes over the valid steps, adjacent ones merged while too alike to act on."""
+                 beta: float = PEN_BETA, cpu_ms: np.ndarray | None = None) -> list[Regime]:
+    """Regimes over the valid steps, adjacent ones merged while too alike to act on.
+
+    `cpu_ms` (optional) only describes the regimes: it never moves a boundary.
+    """
     n = step_ms.size
     if n == 0:
         return []
     bounds = [0] + change_points(step_ms, wait_ms, spikes, beta)
     pairs = zip(bounds[:-1], bounds[1:], strict=True)
-    regimes = [_describe(step_ms, wait_ms, spikes, a, b) for a, b in pairs]
+    regimes = [_describe(step_ms, wait_ms, spikes, a, b, cpu_ms) for a, b in pairs]
     while len(regimes) > 1:
         i = _next_merge(regimes, step_ms)
         if i is None:
             break
-        merged = _describe(step_ms, wait_ms, spikes, regimes[i].start, regimes[i + 1].end)
+        merged = _describe(step_ms, wait_ms, spikes, regimes[i].start, regimes[i + 1].end,
+                           cpu_ms)
         regimes[i:i + 2] = [merged]
     return regimes
 
@@ -175,4 +185,20 @@ def what_changed(prev: Regime, cur: Regime) -> str:
         parts.append(f"loader wait from {a}% to {b}% of the step")
     else:
         parts.append(f"loader wait unchanged at {a}% of the step")
+    cpu = cpu_ratio(prev, cur)
+    if cpu is not None and abs(math.log(ratio)) >= math.log(MIN_STEP_RATIO):
+        if abs(math.log(cpu)) <= abs(math.log(ratio)) / 3:
+            parts.append(f"the process's CPU time per step {cpu:.2f}x: it waited outside the "
+                         "process (other load on the machine, or I/O)")
+        else:
+            parts.append(f"the process's CPU time per step {cpu:.1f}x")
     return ", ".join(parts)
+
+
+def cpu_ratio(prev: Regime, cur: Regime) -> float | None:
+    """Median CPU time per step, this regime over the previous; None when either lacks it."""
+    if not (math.isfinite(prev.median_cpu_ms) and math.isfinite(cur.median_cpu_ms)):
+        return None
+    if prev.median_cpu_ms <= 0 or cur.median_cpu_ms <= 0:
+        return None
+    return cur.median_cpu_ms / prev.median_cpu_ms

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-FIELDS = ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "epoch", "start_s")
+FIELDS = ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "cpu_ms", "epoch", "start_s")
 
 
 def _num(value: Any) -> float:
@@ -36,7 +36,9 @@ class StepSeries:
 
     `step_ms` NaN or <= 0 marks a step that was not measured (a torn record, a clock that did
     not move): it stays in the series, so step numbers keep their meaning, and `valid` leaves
-    it out of every statistic. `host_sync_ms` is NaN where not measured; `epoch` is -1 where
+    it out of every statistic. `host_sync_ms` and `cpu_ms` (the process's CPU time in the step,
+    all threads: it tells a step that waited outside the process, on other load or I/O, from
+    one that worked longer) are NaN where not measured; `epoch` is -1 where
     unknown; `start_s` (wall clock at the step's start) is NaN where unknown.
     """
 
@@ -44,6 +46,7 @@ class StepSeries:
     step_ms: np.ndarray
     loader_wait_ms: np.ndarray
     host_sync_ms: np.ndarray
+    cpu_ms: np.ndarray
     epoch: np.ndarray
     start_s: np.ndarray
     skipped_lines: int = field(default=0)
@@ -62,6 +65,7 @@ class StepSeries:
         step_ms = np.full(n, np.nan)
         wait = np.zeros(n)
         sync = np.full(n, np.nan)
+        cpu = np.full(n, np.nan)
         epoch = np.full(n, -1, dtype=np.int64)
         start = np.full(n, np.nan)
         for i, row in enumerate(rows):
@@ -72,6 +76,7 @@ class StepSeries:
             w = _num(row.get("loader_wait_ms"))
             wait[i] = 0.0 if math.isnan(w) else max(w, 0.0)
             sync[i] = _num(row.get("host_sync_ms"))
+            cpu[i] = _num(row.get("cpu_ms"))
             e = _num(row.get("epoch"))
             if not math.isnan(e) and e >= 0:
                 epoch[i] = int(e)
@@ -79,7 +84,7 @@ class StepSeries:
         ok = np.isfinite(step_ms) & (step_ms > 0)
         step_ms[~ok] = np.nan
         wait = np.where(ok, np.minimum(wait, np.where(ok, step_ms, 0.0)), 0.0)
-        return cls(step, step_ms, wait, sync, epoch, start, skipped_lines)
+        return cls(step, step_ms, wait, sync, cpu, epoch, start, skipped_lines)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> StepSeries:
@@ -110,6 +115,7 @@ class StepSeries:
                 "step_ms": _opt(self.step_ms[i]),
                 "loader_wait_ms": _opt(self.loader_wait_ms[i]) if self.valid[i] else None,
                 "host_sync_ms": _opt(self.host_sync_ms[i]),
+                "cpu_ms": _opt(self.cpu_ms[i]),
                 "epoch": int(self.epoch[i]) if self.epoch[i] >= 0 else None,
                 "start_s": _opt(self.start_s[i]),
             })

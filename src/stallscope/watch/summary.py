@@ -14,6 +14,10 @@ from stallscope.watch import periodic, regimes, spikes
 from stallscope.watch.series import StepSeries
 
 
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
 def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, r in enumerate(found):
@@ -27,6 +31,9 @@ def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[s
             "loader_wait_share": round(r.wait_share, 4),
             "wall_ms": round(float(seg.sum()), 3),
             "share_of_wall": round(float(seg.sum()) / v.wall_ms, 4) if v.wall_ms > 0 else 0.0,
+            "median_cpu_ms": round(r.median_cpu_ms, 3) if np.isfinite(r.median_cpu_ms)
+            else None,
+            "cpu_ratio": None if i == 0 else _round(regimes.cpu_ratio(found[i - 1], r)),
             "change": None if i == 0 else regimes.what_changed(found[i - 1], r),
         })
     return out
@@ -64,7 +71,7 @@ def summarise(series: StepSeries) -> dict[str, Any]:
         "median_step_ms": round(float(np.median(step_ms)), 3) if step_ms.size else None,
         "steps": steps,
         "regimes": _regime_dicts(v, regimes.find_regimes(
-            step_ms, v.wait_ms, found_spikes.mask)),
+            step_ms, v.wait_ms, found_spikes.mask, cpu_ms=series.cpu_ms[ok])),
         "periodic": stalls,
         "outliers": periodic.outliers(v, used),
         "captures": [],
