@@ -11,24 +11,25 @@ from typing import Any
 
 import numpy as np
 
-NOISES = ("gaussian", "lognormal", "spiky", "ar1")
+NOISES = ("gaussian", "lognormal", "spiky", "busy", "ar1")
 
 
 def noise(kind: str, n: int, rng: np.random.Generator, cv: float = 0.05) -> np.ndarray:
     """Multiplicative noise around 1: the shapes a steady step time takes.
 
     gaussian: symmetric, sd `cv`; lognormal: right-skewed, log sd 2 x cv; spiky: lognormal
-    with 1% of steps 1.5-4x longer at random (GC, a noisy neighbour); ar1: gaussian with
-    step-to-step memory (phi 0.7: thermal and frequency drift), the hardest for a detector
-    that assumes independent steps.
+    with 1% of steps 1.5-4x longer at random (GC, a noisy neighbour); busy: the same with 5%
+    (a time slice lost to another process every 20 steps, as on the shared 2-core VM); ar1:
+    gaussian with step-to-step memory (phi 0.7: thermal and frequency drift), the hardest for
+    a detector that assumes independent steps.
     """
     if kind == "gaussian":
         return np.clip(1 + rng.normal(0, cv, n), 0.2, None)
     if kind == "lognormal":
         return np.exp(rng.normal(0, 2 * cv, n))
-    if kind == "spiky":
+    if kind in ("spiky", "busy"):
         out = np.exp(rng.normal(0, cv, n))
-        hit = rng.random(n) < 0.01
+        hit = rng.random(n) < (0.01 if kind == "spiky" else 0.05)
         out[hit] *= rng.uniform(1.5, 4.0, hit.sum())
         return out
     if kind == "ar1":

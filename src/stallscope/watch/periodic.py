@@ -22,6 +22,8 @@ EPOCH_MIN_EXCESS = 0.10  # and at least 10% over the rolling median
 MAX_EPOCH_STALL = 5  # steps at an epoch start that can belong to its stall (prefetch refill)
 MIN_OCCURRENCES = 3  # a period needs this many stalls in phase
 MIN_COVERAGE = 0.6  # and stalls at this share of its slots in the run
+MAX_CANDIDATES = 100  # periods tried: the most frequent gaps between spikes (bounds the time)
+MAX_PHASES = 3  # phases tried per period: those holding the most spikes
 ALPHA = 0.01  # and random spikes would line up as well with at most this chance (see _chance)
 MAX_PERIODS = 3  # distinct periods reported (logging, evaluation, checkpointing)
 NESTED_FACTOR = 3.0  # in-phase stalls this much costlier than their median may be a longer period
@@ -142,23 +144,35 @@ def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
     if pos.size < MIN_OCCURRENCES:
         return None
     gaps = np.concatenate([np.diff(pos), pos[2:] - pos[:-2]])
-    cands = np.unique(gaps[(gaps >= 2) & (gaps <= (hi - lo) // (MIN_OCCURRENCES - 1))])
-    best: tuple[tuple[int, float, int], int, np.ndarray] | None = None
+    values, freq = np.unique(gaps[(gaps >= 2) & (gaps <= (hi - lo) // (MIN_OCCURRENCES - 1))],
+                             return_counts=True)
+    cands = values[np.lexsort((values, -freq))][:MAX_CANDIDATES]  # most frequent gaps first
+    best: tuple[tuple[float, int, float, int], int, np.ndarray] | None = None
     for n in cands.tolist():
         tol = 1 if n >= 10 else 0
         res = pos % n
-        for r in np.unique(res).tolist():
+        per_phase = np.bincount(res, minlength=n)
+        if tol:
+            per_phase = per_phase + np.roll(per_phase, 1) + np.roll(per_phase, -1)
+        phases = np.argsort(-per_phase, kind="stable")[:MAX_PHASES]
+        for r in phases[per_phase[phases] >= MIN_OCCURRENCES].tolist():
             d = (res - r) % n
-            hit = (d <= tol) | (d >= n - tol)
-            k = np.unique(np.round((pos[hit] - r) / n))
+            near = np.flatnonzero((d <= tol) | (d >= n - tol))
+            slot = np.round((pos[near] - r) / n)
+            order = np.argsort(-excess[near], kind="stable")
+            _, first = np.unique(slot[order], return_index=True)
+            hit = np.zeros(pos.size, dtype=bool)  # one spike per slot: the costliest
+            hit[near[order[first]]] = True
+            k = int(first.size)
             slots = math.floor((hi - r) / n) - math.ceil((lo - r) / n) + 1
-            if k.size < MIN_OCCURRENCES or slots <= 0 or k.size / slots < MIN_COVERAGE:
+            if k < MIN_OCCURRENCES or slots <= 0 or k / slots < MIN_COVERAGE:
                 continue
             big = excess >= 0.5 * np.median(excess[hit])
-            k_big = np.unique(np.round((pos[hit & big] - r) / n)).size
-            if _chance(k_big, slots, int(big.sum()), hi - lo + 1, tol) > ALPHA:
+            chance = _chance(int((hit & big).sum()), slots, int(big.sum()), hi - lo + 1, tol)
+            if chance > ALPHA:
                 continue
-            score = (int(k.size), k.size / slots, -n)
+            # the least likely by chance wins: every 50 over every 25 with 2 noise spikes in
+            score = (min(-math.log10(max(chance, 1e-300)), 300.0), k, k / slots, -n)
             if best is None or score > best[0]:
                 best = (score, n, hit)
     if best is None:
