@@ -232,3 +232,14 @@ def test_a_slowdown_with_flat_cpu_time_is_said_to_wait_outside_the_process(grows
     assert [r["first_step"] for r in regimes] == [0, 200]
     assert regimes[1]["cpu_ratio"] == pytest.approx(1.6 if grows else 1.0, rel=0.05)
     assert ("waited outside the process" in regimes[1]["change"]) is not grows
+
+
+def test_a_loader_slowdown_with_flat_cpu_time_is_told_as_the_loader_not_other_load() -> None:
+    rng = np.random.default_rng(6)
+    step, wait = synth.loader_slows(300, 150, rng)
+    recs = synth.records(step, wait)
+    for rec in recs:
+        rec["cpu_ms"] = 90.0  # the loader sleeps on I/O: no more CPU time per step
+    change = summarise(StepSeries.from_records(recs))["regimes"][1]["change"]
+    assert change.startswith("steps 2.0x longer, loader wait from 3% to ")
+    assert "outside the process" not in change

@@ -186,7 +186,9 @@ def what_changed(prev: Regime, cur: Regime) -> str:
     else:
         parts.append(f"loader wait unchanged at {a}% of the step")
     cpu = cpu_ratio(prev, cur)
-    if cpu is not None and abs(math.log(ratio)) >= math.log(MIN_STEP_RATIO):
+    loader_moved = abs(cur.wait_share - prev.wait_share) >= MIN_SHARE_DELTA  # then it says why
+    if (cpu is not None and abs(math.log(ratio)) >= math.log(MIN_STEP_RATIO)
+            and not loader_moved):
         if abs(math.log(cpu)) <= abs(math.log(ratio)) / 3:
             parts.append(f"the process's CPU time per step {cpu:.2f}x: it waited outside the "
                          "process (other load on the machine, or I/O)")
