@@ -243,3 +243,16 @@ def test_a_loader_slowdown_with_flat_cpu_time_is_told_as_the_loader_not_other_lo
     change = summarise(StepSeries.from_records(recs))["regimes"][1]["change"]
     assert change.startswith("steps 2.0x longer, loader wait from 3% to ")
     assert "outside the process" not in change
+
+
+def test_the_analysis_imports_no_torch() -> None:
+    """The command's parent process analyses the series; torch there would start CUDA."""
+    import os
+    import subprocess
+
+    import stallscope
+
+    src = str(Path(stallscope.__file__).resolve().parents[1])  # this tree's, not an install's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    code = "import sys, stallscope.watch; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
