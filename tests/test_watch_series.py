@@ -8,6 +8,7 @@ outlier, a torn last line in the step file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
@@ -17,11 +18,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import watch_synth as synth  # noqa: E402
+from stallscope.watch import StepSeries, summarise
+from stallscope.watch.series import append_jsonl
 
-from stallscope.watch import StepSeries, summarise  # noqa: E402
-from stallscope.watch.series import append_jsonl  # noqa: E402
+# The generators the benchmark measures with (benchmarks/watch_synth.py), read from their file
+# so that the tests and the benchmark's figures rest on the same series.
+_SPEC = importlib.util.spec_from_file_location(
+    "watch_synth", Path(__file__).resolve().parents[1] / "benchmarks" / "watch_synth.py")
+assert _SPEC is not None and _SPEC.loader is not None
+synth = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(synth)
 
 SEEDS = range(4)
 
