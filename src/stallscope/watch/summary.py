@@ -1,0 +1,89 @@
+"""report.json's `watch` section from one run's step series.
+
+`captures` is left empty: the command fills it with the profiler windows it recorded at each
+regime start and periodic stall, each with its own verdict from the usual pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stallscope.watch import periodic, regimes, spikes
+from stallscope.watch.series import StepSeries
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, r in enumerate(found):
+        seg = v.step_ms[r.start:r.end]
+        out.append({
+            "first_step": int(v.steps[r.start]),
+            "last_step": int(v.steps[r.end - 1]),
+            "steps": int(r.end - r.start),
+            "median_step_ms": round(r.median_step_ms, 3),
+            "median_loader_wait_ms": round(r.median_wait_ms, 3),
+            "loader_wait_share": round(r.wait_share, 4),
+            "wall_ms": round(float(seg.sum()), 3),
+            "share_of_wall": round(float(seg.sum()) / v.wall_ms, 4) if v.wall_ms > 0 else 0.0,
+            "median_cpu_ms": round(r.median_cpu_ms, 3) if np.isfinite(r.median_cpu_ms)
+            else None,
+            "cpu_ratio": None if i == 0 else _round(regimes.cpu_ratio(found[i - 1], r)),
+            "change": None if i == 0 else regimes.what_changed(found[i - 1], r),
+        })
+    return out
+
+
+def summarise(series: StepSeries) -> dict[str, Any]:
+    """The `watch` section: steps[], regimes[], periodic[], outliers, captures: []."""
+    ok = series.valid
+    wall = series.wall_ms()
+    step_ms = series.step_ms[ok]
+    found_spikes = spikes.find_spikes(step_ms) if step_ms.size else spikes.Spikes(
+        np.zeros(0, dtype=bool), step_ms, step_ms, 0.0)
+    v = periodic.Valid(series.step[ok], series.epoch[ok], step_ms, series.loader_wait_ms[ok],
+                       found_spikes, wall)
+    steps = series.to_records()
+    spike_steps = set(v.steps[found_spikes.mask].tolist())
+    for rec in steps:
+        rec["spike"] = rec["step"] in spike_steps
+    notes: list[str] = []
+    n_valid = int(ok.sum())
+    if n_valid < regimes.MIN_STEPS:
+        notes.append(f"{n_valid} measured steps: fewer than {regimes.MIN_STEPS}, so the run "
+                     "is one regime (too short to split)")
+    if n_valid < len(series):
+        notes.append(f"{len(series) - n_valid} steps without a usable duration were left out")
+    if series.skipped_lines:
+        notes.append(f"{series.skipped_lines} lines of the step file did not decode")
+    epoch_entry, used = periodic.epoch_starts(v)
+    found_periodic, used = periodic.periodic_stalls(v, used)
+    stalls = ([epoch_entry] if epoch_entry else []) + found_periodic
+    return {
+        "n_steps": len(series),
+        "measured_steps": n_valid,
+        "wall_ms": round(wall, 3),
+        "median_step_ms": round(float(np.median(step_ms)), 3) if step_ms.size else None,
+        "steps": steps,
+        "regimes": _regime_dicts(v, regimes.find_regimes(
+            step_ms, v.wait_ms, found_spikes.mask, cpu_ms=series.cpu_ms[ok])),
+        "periodic": stalls,
+        "outliers": periodic.outliers(v, used),
+        "captures": [],
+        "method": {
+            "regimes": "penalised l2 change points (ruptures KernelCPD, linear kernel) on "
+                       "log step time and loader-wait share, spikes "
+                       f"flattened, penalty {regimes.PEN_BETA} x log(n) in noise sd; regimes "
+                       f"closer than {regimes.MIN_STEP_RATIO}x in step time and "
+                       f"{round(100 * regimes.MIN_SHARE_DELTA)} points in loader share merged",
+            "spikes": f"log step time > {spikes.SPIKE_Z} robust sd and "
+                      f"{round(100 * spikes.MIN_EXCESS)}% over the {spikes.WINDOW}-step "
+                      "rolling median",
+        },
+        "notes": notes,
+    }
