@@ -27,7 +27,8 @@ PACKAGE = ROOT / "src" / "stallscope"
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.progress",
               "stallscope.outputs", "stallscope.fanout", "stallscope.marker")},
-    {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",)},
+    {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",),
+     "watch": ("stallscope.watch",)},
     {"replay": ("stallscope.replay",)},
     {"diagnose": ("stallscope.diagnose",)},
     {"report": ("stallscope.report",)},

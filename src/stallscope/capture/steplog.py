@@ -6,24 +6,26 @@ step it took. Lines are buffered and flushed at most every FLUSH_S seconds, so t
 is a perf_counter read, a few float operations and a string format (benchmarks/bench_hooks.py
 measures it beside the hooks it rides on).
 
-A line: `{"step": 12, "start_s": 3.914, "step_ms": 41.2, "loader_wait_ms": 30.1, "epoch": 0,
-"profiled": false}`: the step's number (1-based, from the first boundary), when it began
-(seconds after the first boundary), its wall time, the time the training process spent waiting
-in DataLoader `__next__` during it, the epoch of the loader whose batch opened it (None without
-a torch DataLoader), and whether the profiler recorded it (a profiled step is slower: watch's
-analysis sets those aside).
+A line: `{"step": 12, "start_s": 3.914, "step_ms": 41.2, "cpu_ms": 12.0, "loader_wait_ms":
+30.1, "epoch": 0, "profiled": false}`: the step's number (1-based, from the first boundary), when
+it began (seconds after the first boundary), its wall time, the process's CPU time in it (all
+threads: a step that got slower while its CPU time did not waited outside the process), the time
+the training process spent waiting in DataLoader `__next__` during it, the epoch of the loader
+whose batch opened it (None without a torch DataLoader), and whether the profiler recorded it (a
+profiled step is slower: watch's analysis sets those aside). stallscope/watch/series.py reads
+it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from pathlib import Path
 from typing import IO, Any
 
 FLUSH_S = 1.0  # a report read mid-run is at most this late
+SCALAR_S = 0.5  # TensorBoard gets a point (the mean of the steps since the last) this often
 
 
 class StepLog:
@@ -34,29 +36,35 @@ class StepLog:
         self.path = path
         self._fh: IO[str] | None = path.open("w", encoding="utf-8")
         self._pid = os.getpid()
-        self._first: float | None = None
-        self._last: float | None = None
+        self._started = False
+        self._first = self._last = self._cpu = 0.0
         self._flushed = time.perf_counter()
         self.steps = 0
         self._scalars = scalars  # a TensorBoard SummaryWriter, or None
+        self._scalar_at = 0.0
+        self._pending: list[tuple[float, float]] = []  # (step ms, wait ms) since the last point
 
     def boundary(self, loader_wait_us: float, epoch: int | None, profiled: bool) -> None:
         """A step ended now (and the next began): write its line."""
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if self._fh is None or os.getpid() != self._pid:
             return  # closed, or a process the script forked: never ours to write
-        if self._last is None:  # the first boundary: what came before was start-up
+        if not self._started:  # the first boundary: what came before it was start-up
+            self._started = True
             self._first = self._last = now
+            self._cpu = cpu
             return
-        assert self._first is not None
         self.steps += 1
-        step_ms = (now - self._last) * 1e3
-        line = {"step": self.steps, "start_s": round(self._last - self._first, 6),
-                "step_ms": round(step_ms, 4), "loader_wait_ms": round(loader_wait_us / 1e3, 4),
-                "epoch": epoch, "profiled": profiled}
-        self._last = now
+        step_ms, wait_ms = (now - self._last) * 1e3, loader_wait_us / 1e3
+        # Formatted by hand: json.dumps of a dict costs several times as much, every step.
+        line = (f'{{"step":{self.steps},"start_s":{self._last - self._first:.6f},'
+                f'"step_ms":{step_ms:.4f},"cpu_ms":{(cpu - self._cpu) * 1e3:.4f},'
+                f'"loader_wait_ms":{wait_ms:.4f},'
+                f'"epoch":{"null" if epoch is None else int(epoch)},'
+                f'"profiled":{"true" if profiled else "false"}}}\n')
+        self._last, self._cpu = now, cpu
         try:
-            self._fh.write(json.dumps(line, separators=(",", ":")) + "\n")
+            self._fh.write(line)
             if now - self._flushed >= FLUSH_S:
                 self._fh.flush()
                 self._flushed = now
@@ -64,12 +72,23 @@ class StepLog:
             self.close()
             return
         if self._scalars is not None:
-            try:
-                self._scalars.add_scalar("watch/step_ms", step_ms, self.steps)
-                self._scalars.add_scalar("watch/loader_wait_ms", loader_wait_us / 1e3,
-                                         self.steps)
-            except Exception:  # TensorBoard's writer failing never stops the run
-                self._scalars = None
+            self._pending.append((step_ms, wait_ms))
+            if now - self._scalar_at >= SCALAR_S:
+                self._scalar_point(now)
+
+    def _scalar_point(self, now: float) -> None:
+        """One TensorBoard point: the mean of the steps since the last one (a point per step
+        cost 30-40 us, most of a 5 ms step's 1% budget; the step log keeps every step)."""
+        pending, self._pending, self._scalar_at = self._pending, [], now
+        if not pending or self._scalars is None:
+            return
+        try:
+            self._scalars.add_scalar("watch/step_ms", sum(p[0] for p in pending) / len(pending),
+                                     self.steps)
+            self._scalars.add_scalar("watch/loader_wait_ms",
+                                     sum(p[1] for p in pending) / len(pending), self.steps)
+        except Exception:  # TensorBoard's writer failing never stops the run
+            self._scalars = None
 
     def close(self) -> None:
         if os.getpid() != self._pid:
@@ -79,23 +98,10 @@ class StepLog:
                 self._fh.close()
             self._fh = None
         if self._scalars is not None:
+            self._scalar_point(time.perf_counter())
             with contextlib.suppress(Exception):
-                self._scalars.close()
+                if self._scalars is not None:
+                    self._scalars.close()
             self._scalars = None
 
 
-def read_steps(path: Path) -> list[dict[str, Any]]:
-    """The lines of a step log; a last line cut by a kill is left out."""
-    steps = []
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict) and "step_ms" in item:
-            steps.append(item)
-    return steps

@@ -285,16 +285,20 @@ class HotOp(msgspec.Struct):
 
 
 class WatchStep(msgspec.Struct):
-    """One step of a watched run (capture/steplog.py): when it began (s after the first
-    boundary), its wall time, its DataLoader wait, its loader's epoch, whether it was recorded
-    under the profiler (then slower)."""
+    """One step of a watched run (capture/steplog.py): its wall time and the process's CPU time
+    in it, its DataLoader wait, its loader's epoch, when it began (s after the first boundary),
+    whether it was recorded under the profiler (then slower, set aside) and whether it stood
+    out as a stall (`spike`). Null where not measured."""
 
     step: int
-    start_s: float
-    step_ms: float
-    loader_wait_ms: float
+    step_ms: float | None
+    loader_wait_ms: float | None
+    host_sync_ms: float | None
+    cpu_ms: float | None
     epoch: int | None
+    start_s: float | None
     profiled: bool
+    spike: bool
 
 
 class WatchCapture(msgspec.Struct):
@@ -305,12 +309,24 @@ class WatchCapture(msgspec.Struct):
 
 
 class Watch(msgspec.Struct):
-    """`stallscope watch` only: the whole run, step by step, and its captures."""
+    """`stallscope watch` only: the whole run step by step, where its step-time mix changed
+    (`regimes`), its recurring stalls (`periodic`: at epoch starts, every N steps), the stalls
+    nothing explains (`outliers`), and the windows recorded under the profiler (`captures`).
+    Method and thresholds: docs/watch.md."""
 
-    step_log: str
+    n_steps: int
+    measured_steps: int
+    wall_ms: float
+    median_step_ms: float | None
+    loader_wait_share: float | None
     steps: list[WatchStep]
-    summary: Json
+    regimes: list[Json]
+    periodic: list[Json]
+    outliers: Json
     captures: list[WatchCapture]
+    method: Json
+    notes: list[str]
+    step_log: str
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):

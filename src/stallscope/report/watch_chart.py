@@ -18,7 +18,7 @@ MAX_POINTS = 600
 
 def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     """Geometry for the template, or None when there are too few steps to draw."""
-    steps = watch.get("steps") or []
+    steps = [s for s in watch.get("steps") or [] if s.get("step_ms")]
     if len(steps) < 2:
         return None
     n = len(steps)
@@ -26,7 +26,7 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     buckets = [steps[i:i + size] for i in range(0, n, size)]
     mid = [statistics.median(s["step_ms"] for s in b) for b in buckets]
     top = [max(s["step_ms"] for s in b) for b in buckets]
-    wait = [statistics.median(s["loader_wait_ms"] for s in b) for b in buckets]
+    wait = [statistics.median(s.get("loader_wait_ms") or 0.0 for s in b) for b in buckets]
     ordered = sorted(s["step_ms"] for s in steps)
     # The y range holds the typical steps and rare stalls without a single outlier flattening
     # the rest: up to 1.3x the 99th percentile, at least 3x the median; taller steps are clipped
@@ -60,7 +60,8 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
                 "last": r["last_step"], "median_ms": r.get("median_step_ms")}
                for i, r in enumerate(watch.get("regimes") or [])
                if r.get("first_step") is not None and r.get("last_step") is not None]
-    marks = [{"x": x_of(st), "every": p.get("every_steps"), "what": p.get("kind", "stall")}
+    marks = [{"x": x_of(st), "every": p.get("every_steps"),
+              "what": "epoch start" if p.get("kind") == "epoch_start" else "periodic stall"}
              for p in watch.get("periodic") or [] for st in (p.get("steps") or [])[:200]]
     ticks = [{"y": y_of(v), "ms": _ms(v)} for v in (0, y_max / 2, y_max)]
     step_ticks = [{"x": x_of(v), "step": v} for v in _step_ticks(n)]

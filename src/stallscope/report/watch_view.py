@@ -1,32 +1,28 @@
-"""report.json's `watch` section: the whole run's steps (capture/steplog.py) beside the
-diagnosis of the steps recorded under the profiler, which is the run's first capture."""
+"""report.json's `watch` section: the whole run's steps (capture/steplog.py), analysed for
+regimes and periodic stalls (stallscope/watch/), beside the diagnosis of the steps recorded
+under the profiler, which is the run's first capture."""
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
-from stallscope.capture.steplog import read_steps
+from stallscope.watch.series import StepSeries
+from stallscope.watch.summary import summarise
 
 
 def watch_section(log: Path, report: Any) -> dict[str, Any]:
-    """report.json's `watch`: every step of the run and its summary; the recorded window is
-    the first capture."""
-    steps = read_steps(log)
-    plain = [s["step_ms"] for s in steps if not s.get("profiled")]
-    first = (report.run or {}).get("window", {}) or {}
-    section: dict[str, Any] = {
-        "step_log": str(log),
-        "steps": steps,
-        "summary": {
-            "steps": len(steps),
-            "wall_s": round(sum(s["step_ms"] for s in steps) / 1e3, 3),
-            "median_step_ms": round(statistics.median(plain), 3) if plain else None,
-            "loader_wait_share": round(sum(s["loader_wait_ms"] for s in steps)
-                                       / max(sum(s["step_ms"] for s in steps), 1e-9), 4)
-            if steps else None,
-        },
-        "captures": [{"first_step": first.get("first_step"), "verdict": report.verdict}],
-    }
+    """The `watch` section of `report`, a `stallscope watch` run's, from its step log."""
+    try:
+        series = StepSeries.from_jsonl(log)
+    except OSError:  # no step was logged (the script ended before its second boundary)
+        series = StepSeries.from_records([])
+    section = summarise(series)
+    valid = series.valid
+    step_total = float(series.step_ms[valid].sum())
+    section["loader_wait_share"] = (round(float(series.loader_wait_ms[valid].sum())
+                                          / step_total, 4) if step_total > 0 else None)
+    section["step_log"] = str(log)
+    window = (report.run or {}).get("window") or {}
+    section["captures"] = [{"first_step": window.get("first_step"), "verdict": report.verdict}]
     return section

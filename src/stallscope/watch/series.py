@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-FIELDS = ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "cpu_ms", "epoch", "start_s")
+FIELDS = ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "cpu_ms", "epoch", "start_s",
+          "profiled")
 
 
 def _num(value: Any) -> float:
@@ -50,6 +51,13 @@ class StepSeries:
     epoch: np.ndarray
     start_s: np.ndarray
     skipped_lines: int = field(default=0)
+    # Steps recorded under the profiler (`watch` records a window once steady): slower by the
+    # profiler's own cost, so kept in the series and the wall time but out of every statistic.
+    profiled: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.profiled is None:
+            self.profiled = np.zeros(self.step.size, dtype=bool)
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]],
@@ -68,7 +76,9 @@ class StepSeries:
         cpu = np.full(n, np.nan)
         epoch = np.full(n, -1, dtype=np.int64)
         start = np.full(n, np.nan)
+        profiled = np.zeros(n, dtype=bool)
         for i, row in enumerate(rows):
+            profiled[i] = row.get("profiled") is True
             s = _num(row.get("step"))
             if not math.isnan(s):
                 step[i] = int(s)
@@ -84,7 +94,7 @@ class StepSeries:
         ok = np.isfinite(step_ms) & (step_ms > 0)
         step_ms[~ok] = np.nan
         wait = np.where(ok, np.minimum(wait, np.where(ok, step_ms, 0.0)), 0.0)
-        return cls(step, step_ms, wait, sync, cpu, epoch, start, skipped_lines)
+        return cls(step, step_ms, wait, sync, cpu, epoch, start, skipped_lines, profiled)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> StepSeries:
@@ -113,11 +123,13 @@ class StepSeries:
             out.append({
                 "step": int(self.step[i]),
                 "step_ms": _opt(self.step_ms[i]),
-                "loader_wait_ms": _opt(self.loader_wait_ms[i]) if self.valid[i] else None,
+                "loader_wait_ms": (_opt(self.loader_wait_ms[i]) if np.isfinite(self.step_ms[i])
+                                   else None),
                 "host_sync_ms": _opt(self.host_sync_ms[i]),
                 "cpu_ms": _opt(self.cpu_ms[i]),
                 "epoch": int(self.epoch[i]) if self.epoch[i] >= 0 else None,
                 "start_s": _opt(self.start_s[i]),
+                "profiled": bool(self.profiled[i]),  # type: ignore[index]
             })
         return out
 
@@ -132,8 +144,8 @@ class StepSeries:
 
     @property
     def valid(self) -> np.ndarray:
-        """Steps with a measured, positive duration."""
-        return np.isfinite(self.step_ms)
+        """Steps with a measured, positive duration, not recorded under the profiler."""
+        return np.isfinite(self.step_ms) & ~self.profiled  # type: ignore[operator]
 
     @property
     def has_epochs(self) -> bool:

@@ -57,8 +57,13 @@ def summarise(series: StepSeries) -> dict[str, Any]:
     if n_valid < regimes.MIN_STEPS:
         notes.append(f"{n_valid} measured steps: fewer than {regimes.MIN_STEPS}, so the run "
                      "is one regime (too short to split)")
-    if n_valid < len(series):
-        notes.append(f"{len(series) - n_valid} steps without a usable duration were left out")
+    recorded = int(series.profiled.sum())  # type: ignore[union-attr]
+    if recorded:
+        notes.append(f"{recorded} steps recorded under the profiler (slower by its own cost) "
+                     "were set aside")
+    if n_valid + recorded < len(series):
+        notes.append(f"{len(series) - n_valid - recorded} steps without a usable duration "
+                     "were left out")
     if series.skipped_lines:
         notes.append(f"{series.skipped_lines} lines of the step file did not decode")
     epoch_entry, used = periodic.epoch_starts(v)
