@@ -382,9 +382,9 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
                 text=True, env=env, check=False,
                 timeout=None if timeout is None else timeout + HANG_MARGIN_S,
             )
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             return RunResult(EXIT_TIMEOUT, time.monotonic() - t0,
-                             error=f"killed after {timeout + HANG_MARGIN_S:.0f} s: taken as hung")
+                             error=f"killed after {exc.timeout:.0f} s: taken as hung")
         wall = time.monotonic() - t0
         error = _last_error(proc.stderr) if proc.returncode else None
         report_path = out / "report.json"

@@ -59,11 +59,11 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         "see pageable-h2d-copy." if pageable_blocked > 0 else ""
     )
     if share < BLOCKED_THRESHOLD_PCT:
-        kinds = "pinned" if (src[~pageable] == "Pinned").all() else "non-pageable"
+        memory = "pinned" if (src[~pageable] == "Pinned").all() else "non-pageable"
         return Assessment(
             RULE_ID,
             "clear",
-            f"The host is blocked in {kinds} host-to-device transfers {share:.1f}% of step time "
+            f"The host is blocked in {memory} host-to-device transfers {share:.1f}% of step time "
             f"(threshold {BLOCKED_THRESHOLD_PCT:.0f}%)." + deferred,
         )
     is_hit = ~pageable & (blocked_us > 0)
@@ -173,10 +173,8 @@ def _next_call(model: TraceModel, correlation: np.ndarray) -> _NextCall:
         tid_code = tid.cat.codes.to_numpy()  # sort_values orders categories by code
     else:
         tid_code, _ = pd.factorize(tid, sort=True)
-    name = rt["name"]
-    if not isinstance(name.dtype, pd.CategoricalDtype):
-        name = name.astype("category")
-    name_code = name.cat.codes.to_numpy()
+    name = pd.Categorical(rt["name"])  # keeps a categorical column's categories and codes
+    name_code = name.codes
     ts, end = rt["ts"].to_numpy(dtype=float), rt["end"].to_numpy(dtype=float)
     # Missing threads sort last and have no next call (groupby drops them).
     key = missing_last(tid_code)

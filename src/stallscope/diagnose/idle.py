@@ -157,10 +157,10 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         evidence["host_wait_under"] = regions
         # Host time no launch-overhead fix removes: name it as the cause when it holds most
         # of the host-wait idle and the host-wait idle is the larger part.
-        top = regions[0]
+        region = regions[0]
         if cause in ("host-wait", "mixed", "host-cpu-work") and rest_host >= rest_other \
-                and top["pct_of_host_wait"] >= REGION_CAUSE_PCT:
-            cause = top["kind"]
+                and region["pct_of_host_wait"] >= REGION_CAUSE_PCT:
+            cause = region["kind"]
     evidence["dominant_cause"] = cause
     rec, snippet, precondition = _idle_advice(model, cause, evidence, rest_host, rest_other)
     title = f"The GPU is idle {idle_pct:.1f}% of each {step_word(model.workload)}" + {
