@@ -377,17 +377,11 @@ def _gap_pieces(model: TraceModel, dev: str, windows: np.ndarray,
     )
 
 
-def split_ops(model: TraceModel) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The stepping thread's ops split into those during which no thread of the process issued
-    a launch, copy or memset (CPU work) and those during which one did (autograd launches the
-    backward from its own thread, so `loss.backward()` on the stepping thread counts as
-    launching)."""
-    quiet, busy = _op_split(model)
-    return model.ops.iloc[quiet], model.ops.iloc[busy]
-
-
 def _op_split(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
-    """split_ops as positions in model.ops (no frames built)."""
+    """The stepping thread's ops, as positions in model.ops, split into those during which no
+    thread of the process issued a launch, copy or memset (CPU work) and those during which one
+    did (autograd launches the backward from its own thread, so `loss.backward()` on the
+    stepping thread counts as launching)."""
     ops = model.ops
     rows = np.arange(len(ops))
     if model.main_tid is not None and len(ops):
