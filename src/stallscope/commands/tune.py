@@ -47,6 +47,7 @@ from stallscope.commands.tune_plan import (
 from stallscope.errors import (
     EXIT_NO_STEPS,
     EXIT_OK,
+    EXIT_PARTIAL,
     EXIT_TIMEOUT,
     EXIT_USAGE,
     InputError,
@@ -78,7 +79,8 @@ DEFAULT_REPEATS = 3
 HANG_FACTOR = 5
 HANG_MARGIN_S = 60.0
 TIE_PCT = 5.0
-EXIT_BASELINE_ONLY = 5  # the budget fitted only the baseline: nothing was compared
+# tune's partial result: the budget fitted only the baseline, nothing was compared
+EXIT_BASELINE_ONLY = EXIT_PARTIAL
 OUTCOME_FASTER = "faster"  # a candidate's interval cleared the A/A noise
 OUTCOME_NONE = "none faster"  # candidates measured, none measurably faster
 OUTCOME_BASELINE_ONLY = "baseline only"  # no candidate ran
