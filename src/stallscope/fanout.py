@@ -129,7 +129,8 @@ def run_each(
     return [results[i] for i in range(len(calls))]
 
 
-def _context() -> multiprocessing.context.BaseContext:
+def _context() -> (multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext
+                   | multiprocessing.context.SpawnContext):
     """fork where it is safe and cheap (Linux, torch not loaded); else a clean interpreter."""
     if sys.platform.startswith("linux") and "torch" not in sys.modules:
         return multiprocessing.get_context("fork")

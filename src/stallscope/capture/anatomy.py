@@ -281,7 +281,7 @@ def _share(num: float, den: float) -> float | None:
     return round(min(max(num / den, 0.0), 1.0), 3) if den > 0 else None
 
 
-def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, float]
+def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, Any]
               ) -> dict[str, Any]:
     """The anatomy of one loader over the recording, with its class (`bound`).
 
@@ -314,14 +314,15 @@ def summarise(num_workers: int, workers: list[dict[str, Any]], main: dict[str, f
         fetch_w = max(sum(w["fetch_wall_us"] for w in made) - collate_w, 0.0)
         fetch_c = max(sum(w["fetch_cpu_us"] for w in made) - collate_c, 0.0)
         queued = [w.get("fetch_runq_us") for w in made]
-        runq = (sum(queued) if all(isinstance(q, int | float) for q in queued)  # type: ignore[misc]
-                else None)
+        counted = [q for q in queued if isinstance(q, int | float)]
+        runq = sum(counted) if len(counted) == len(queued) else None
         whole = sum(w["fetch_wall_us"] for w in made)
         out["workers_reporting"] = len(made)
         out["workers"] = [_worker_row(w) for w in made[:MAX_WORKERS_LISTED]]
         reads = [w.get("read_bytes") for w in made]
-        if all(isinstance(r, int | float) for r in reads):
-            out["read_bytes"] = int(sum(reads))  # type: ignore[arg-type]
+        counted_reads = [r for r in reads if isinstance(r, int | float)]
+        if len(counted_reads) == len(reads):
+            out["read_bytes"] = int(sum(counted_reads))
     out.update({
         "batches": int(n),
         "fetch_ms_per_batch": round(fetch_w / n / 1000, 3),

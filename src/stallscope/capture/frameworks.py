@@ -267,7 +267,8 @@ class ArgumentsWatch:
 
     def __init__(self) -> None:
         self._finder: _AfterImport | None = None
-        self._patched: tuple[type, Any] | None = None
+        # transformers' TrainingArguments (found at run time) and its own __post_init__
+        self._patched: tuple[Any, Any] | None = None
 
     def install(self) -> None:
         module = sys.modules.get(TRAINING_ARGS_MODULE)

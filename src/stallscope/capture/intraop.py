@@ -34,15 +34,15 @@ class IntraOpOverride:
         orig(self.threads)
         override = self
 
-        def set_num_threads(n: int) -> None:
+        def set_num_threads(nthreads: int) -> None:
             caller = sys._getframe(1)
             name = caller.f_globals.get("__name__", "")
             if os.getpid() != override._pid or name.split(".")[0] in ("torch", "stallscope"):
-                orig(n)
+                orig(nthreads)
                 return
             where = f"{display_path(caller.f_code.co_filename)}:{caller.f_lineno}"
             note = (f"--set torch_threads={override.threads}: the script's "
-                    f"torch.set_num_threads({n}) at {where} was not applied during the run")
+                    f"torch.set_num_threads({nthreads}) at {where} was not applied during the run")
             if note not in override.notes:
                 override.notes.append(note)
 

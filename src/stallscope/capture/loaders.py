@@ -107,7 +107,7 @@ class LoaderWatcher:
             return info.anatomy
         try:
             if info.num_workers > 0:
-                self._read(tap)
+                self._read(tap, self._folder)
             main = {"batches": info.batches_recorded, "wall_us": info.fetch_wall_us,
                     "cpu_us": info.fetch_cpu_us, "collate_wall_us": tap.collate_wall_us,
                     "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us,
@@ -120,19 +120,19 @@ class LoaderWatcher:
             info.bound = None
         return info.anatomy
 
-    def _read(self, tap: _Tap) -> None:
+    def _read(self, tap: _Tap, folder: Path) -> None:
         tap.read_at = time.monotonic()
-        files = anatomy.read_workers(self._folder, tap.key)
+        files = anatomy.read_workers(folder, tap.key)
         tap.workers = anatomy.window(files, tap.base)
         tap.transfer.update(files, self._record_start)
 
-    def _poll(self, tap: _Tap) -> None:
+    def _poll(self, tap: _Tap, folder: Path) -> None:
         """While recording, read the workers' files at most every READ_S (~0.15 ms for two
         workers): a worker's file keeps only its last RING batches' end stamps, which must be
         matched with their receipts before they roll out (capture/transfer.py)."""
         if time.monotonic() - tap.read_at >= anatomy.READ_S:
             with contextlib.suppress(Exception):  # anatomy_of says what was lost
-                self._read(tap)
+                self._read(tap, folder)
 
     def install(self) -> None:
         loader_cls = torch.utils.data.DataLoader
@@ -228,14 +228,14 @@ class LoaderWatcher:
                     if tap is not None:
                         tap.transfer.waited(wall, end)
                     info.fetch_bytes += tensor_bytes(batch)
-                    if runq is not None and tap.runq_us is not None:
+                    if tap is not None and runq is not None and tap.runq_us is not None:
                         after = anatomy.runq_us()
                         tap.runq_us = None if after is None else tap.runq_us + after - runq
-                    if collate is not None:  # collate in this process (num_workers=0)
+                    if tap is not None and collate is not None:  # collated here (num_workers=0)
                         tap.collate_wall_us += collate.main_wall_us - cw
                         tap.collate_cpu_us += collate.main_cpu_us - cc
                     if tap is not None and info.num_workers > 0 and watcher._folder:
-                        watcher._poll(tap)
+                        watcher._poll(tap, watcher._folder)
                     return batch
             return orig_next(it)
 

@@ -8,7 +8,7 @@ for all of them. Plain data, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stallscope.errors import StallscopeError
@@ -58,7 +58,7 @@ OVERRIDE_KEYS: dict[str, Callable[[str], Any]] = {
 }
 
 
-def loader_overrides(overrides: Overrides) -> Overrides:
+def loader_overrides(overrides: Mapping[str, Any]) -> Overrides:
     """The keys passed to DataLoader constructors (all but PROCESS_KEYS)."""
     return {k: v for k, v in overrides.items() if k not in PROCESS_KEYS}
 

@@ -663,7 +663,7 @@ def _dynamo_counter(group: str, key: str) -> int | None:
     """One of dynamo's counters, when the script uses torch.compile (never imports dynamo)."""
     utils = sys.modules.get("torch._dynamo.utils")
     try:
-        return int(utils.counters[group][key]) if utils is not None else None  # type: ignore
+        return int(utils.counters[group][key]) if utils is not None else None
     except Exception:
         return None
 
@@ -674,7 +674,7 @@ def _dynamo_counters() -> dict[str, Any] | None:
     if utils is None:
         return None
     try:
-        counters = utils.counters  # type: ignore[attr-defined]
+        counters = utils.counters
         breaks = {str(k).splitlines()[0][:200]: int(v)
                   for k, v in dict(counters["graph_break"]).items()}
         config = sys.modules.get("torch._dynamo.config")

@@ -285,8 +285,10 @@ def _release_semaphores() -> None:
     try:
         from multiprocessing import synchronize, util
 
-        cleanup = synchronize.SemLock._cleanup
-        pending = [f for f in list(util._finalizer_registry.values())
+        # private to multiprocessing, so typeshed leaves them out; a python without them is
+        # the AttributeError below
+        cleanup = synchronize.SemLock._cleanup  # type: ignore[attr-defined]
+        pending = [f for f in list(util._finalizer_registry.values())  # type: ignore[attr-defined]
                    if getattr(f, "_callback", None) is cleanup]
     except (ImportError, AttributeError):  # another python: the warning it is
         return

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from stallscope import progress
 from stallscope.errors import EXIT_FINDINGS, EXIT_OK, EXIT_USAGE, fail
@@ -30,7 +30,7 @@ class Parser(argparse.ArgumentParser):
     def run_parser(self) -> argparse.ArgumentParser | None:
         return self.script_parsers.get("run")
 
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         # One line, no usage block: the usage is one `--help` away, and a wrapper that reads
         # stderr sees the same single `stallscope:` line as for every other user error.
         raise SystemExit(fail(f"{message} (see {self.prog} --help)", EXIT_USAGE))

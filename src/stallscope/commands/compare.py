@@ -41,7 +41,14 @@ from stallscope.commands.compare_metrics import (
     judge,
     measure,
 )
-from stallscope.errors import EXIT_OK, InputError, OutputError
+from stallscope.errors import (
+    EXIT_NEW,
+    EXIT_OK,
+    EXIT_SLOWER,
+    EXIT_WORSE,
+    InputError,
+    OutputError,
+)
 from stallscope.text import speedup_range_text, speedup_text
 
 NAME = "compare"
@@ -52,9 +59,6 @@ SCHEMA_VERSION = 3
 COMPARE_FILES = ("compare.json", "compare.html", "compare.md")
 # The groups of compare.json's `findings`, in the order every view lists them.
 GROUPS = ("resolved", "new", "worse", "better", "unchanged", "not_assessed")
-EXIT_SLOWER = 6
-EXIT_NEW = 7
-EXIT_WORSE = 8
 FAIL_ON = {"slower": EXIT_SLOWER, "new": EXIT_NEW, "worse": EXIT_WORSE}
 # The least speedup (or slowdown) claimed between two recordings, in percent. One recording's
 # halves see the drift of a second or so, not the machine's between two runs: nine pairs of

@@ -33,9 +33,9 @@ Getter = Callable[[dict[str, Any]], float | None]
 def _key(name: str) -> Getter:
     def get(evidence: dict[str, Any]) -> float | None:
         value = evidence.get(name)
-        ok = (isinstance(value, int | float) and not isinstance(value, bool)
-              and math.isfinite(value))
-        return float(value) if ok else None
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+        return None
     get.key_names = (name,)  # type: ignore[attr-defined]
     return get
 

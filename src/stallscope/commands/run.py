@@ -406,7 +406,7 @@ def write_unrecorded(plan: RunPlan, ctx: RunContext) -> str:
     except OSError:
         return ""  # the error line says what went wrong; this is only what was seen
     where = f"what ran: {plan.out / 'report.md'}"
-    if command is None:
+    if window is None or command is None:
         return f" ({where})"
     return f"; this records {window.steps} of the steps it ran: {command} ({where})"
 

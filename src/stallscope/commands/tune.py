@@ -47,6 +47,7 @@ from stallscope.commands.tune_plan import (
 from stallscope.errors import (
     EXIT_NO_STEPS,
     EXIT_OK,
+    EXIT_PARTIAL,
     EXIT_TIMEOUT,
     EXIT_USAGE,
     InputError,
@@ -78,7 +79,8 @@ DEFAULT_REPEATS = 3
 HANG_FACTOR = 5
 HANG_MARGIN_S = 60.0
 TIE_PCT = 5.0
-EXIT_BASELINE_ONLY = 5  # the budget fitted only the baseline: nothing was compared
+# tune's partial result: the budget fitted only the baseline, nothing was compared
+EXIT_BASELINE_ONLY = EXIT_PARTIAL
 OUTCOME_FASTER = "faster"  # a candidate's interval cleared the A/A noise
 OUTCOME_NONE = "none faster"  # candidates measured, none measurably faster
 OUTCOME_BASELINE_ONLY = "baseline only"  # no candidate ran
@@ -382,9 +384,9 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
                 text=True, env=env, check=False,
                 timeout=None if timeout is None else timeout + HANG_MARGIN_S,
             )
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             return RunResult(EXIT_TIMEOUT, time.monotonic() - t0,
-                             error=f"killed after {timeout + HANG_MARGIN_S:.0f} s: taken as hung")
+                             error=f"killed after {exc.timeout:.0f} s: taken as hung")
         wall = time.monotonic() - t0
         error = _last_error(proc.stderr) if proc.returncode else None
         report_path = out / "report.json"

@@ -59,11 +59,11 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         "see pageable-h2d-copy." if pageable_blocked > 0 else ""
     )
     if share < BLOCKED_THRESHOLD_PCT:
-        kinds = "pinned" if (src[~pageable] == "Pinned").all() else "non-pageable"
+        memory = "pinned" if (src[~pageable] == "Pinned").all() else "non-pageable"
         return Assessment(
             RULE_ID,
             "clear",
-            f"The host is blocked in {kinds} host-to-device transfers {share:.1f}% of step time "
+            f"The host is blocked in {memory} host-to-device transfers {share:.1f}% of step time "
             f"(threshold {BLOCKED_THRESHOLD_PCT:.0f}%)." + deferred,
         )
     is_hit = ~pageable & (blocked_us > 0)
@@ -127,23 +127,6 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     return Assessment.found(finding)
 
 
-def blocked_h2d(model: TraceModel) -> pd.DataFrame:
-    """HtoD copies in steps with `blocked_us` (host blocked during the GPU copy) and `via`."""
-    copies = model.copies
-    rows, blocked_us, via = _blocked(model)
-    h2d = copies.iloc[rows].copy()
-    if h2d.empty:
-        return h2d.assign(blocked_us=pd.Series(dtype=float), via=pd.Series(dtype=object))
-    nxt = _next_call(model, h2d["correlation"].to_numpy(dtype=float))
-    next_name = pd.Categorical.from_codes(nxt.name_code, dtype=nxt.names)
-    h2d["next_name"] = (next_name if isinstance(model.runtime["name"].dtype, pd.CategoricalDtype)
-                        else np.asarray(next_name, dtype=object))
-    h2d["next_ts"], h2d["next_end"] = nxt.ts, nxt.end
-    h2d["blocked_us"] = blocked_us
-    h2d["via"] = via
-    return h2d
-
-
 @dataclass
 class _NextCall:
     """Per copy call, the next runtime call on its thread (NaN / code -1: none)."""
@@ -173,10 +156,8 @@ def _next_call(model: TraceModel, correlation: np.ndarray) -> _NextCall:
         tid_code = tid.cat.codes.to_numpy()  # sort_values orders categories by code
     else:
         tid_code, _ = pd.factorize(tid, sort=True)
-    name = rt["name"]
-    if not isinstance(name.dtype, pd.CategoricalDtype):
-        name = name.astype("category")
-    name_code = name.cat.codes.to_numpy()
+    name = pd.Categorical(rt["name"])  # keeps a categorical column's categories and codes
+    name_code = name.codes
     ts, end = rt["ts"].to_numpy(dtype=float), rt["end"].to_numpy(dtype=float)
     # Missing threads sort last and have no next call (groupby drops them).
     key = missing_last(tid_code)
@@ -196,7 +177,9 @@ def _next_call(model: TraceModel, correlation: np.ndarray) -> _NextCall:
 
 
 def _blocked(model: TraceModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """blocked_h2d as arrays: the copies' positions in model.copies, `blocked_us`, `via`."""
+    """The HtoD copies in steps: their positions in model.copies, `blocked_us` (the host
+    blocked during the GPU copy) and `via` ("copy call", or the name of the call after the copy
+    that held the host)."""
     copies = model.copies
     rows = np.flatnonzero((copies["direction"].to_numpy() == "HtoD")
                           & (copies["step"].to_numpy() >= 0))

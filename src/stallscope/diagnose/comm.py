@@ -537,6 +537,12 @@ HOST_KIND = {"all_reduce": "AllReduce", "allreduce": "AllReduce",
              "send": "SendRecv", "recv": "SendRecv"}
 
 
+def _range_kind(name: str) -> str:
+    """The collective a host range's name says (`nccl:all_reduce` -> AllReduce), "" for none."""
+    found = HOST_RANGE.match(name)
+    return HOST_KIND.get(found.group(1).lower(), "") if found else ""
+
+
 def host_kinds(model: TraceModel) -> np.ndarray:
     """Per row of `model.gpu`, the collective its launch call's enclosing `nccl:<op>` host
     range names (AllReduce, AllToAll, ...), "" where there is none."""
@@ -560,7 +566,7 @@ def host_kinds(model: TraceModel) -> np.ndarray:
     o_tid = ops["tid"].astype(str).to_numpy(dtype=object)[ranged]
     o_ts = ops["ts"].to_numpy(dtype=float)[ranged]
     o_end = ops["end"].to_numpy(dtype=float)[ranged]
-    o_kind = np.array([HOST_KIND.get(HOST_RANGE.match(n).group(1).lower(), "")
+    o_kind = np.array([_range_kind(n)
                        for n in ops["name"].astype(str).to_numpy(dtype=object)[ranged]],
                       dtype=object)
     for tid in set(r_tid.tolist()):

@@ -59,16 +59,16 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     if not ((in_steps | aside) & (is_region | is_compile)).any():
         total = dynamo.get("graphs_total")
         if isinstance(total, int | float) and total > 0:
-            return _fell_back(model, dynamo)
+            return _fell_back(model, dynamo, total)
         return Assessment(RULE_ID, "not_assessed",
                           "No torch.compile regions in the recorded steps (an eager model).")
-    rows = np.r_[np.flatnonzero(aside), np.flatnonzero(in_steps)]  # set-aside step first
+    rows = np.concatenate([np.flatnonzero(aside), np.flatnonzero(in_steps)])  # set-aside first
     inside = ops.iloc[rows]
     regions = inside[is_region[rows]]
     compiles = _outermost(inside[is_compile[rows]])
     n = len(model.steps)
     # Over the distinct names (a categorical column's values), not every event.
-    ids = sorted({m.groups() for name in map(str, inside["name"].unique())
+    ids = sorted({(m[1], m[2]) for name in map(str, inside["name"].unique())
                   if "compile_id=" in name and (m := _ID.search(name))}, key=_id_key)
     frames = sorted({m.group(1) for name in map(str, regions["name"].unique())
                      if (m := _REGION_ID.match(name))})
@@ -146,12 +146,11 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     ))
 
 
-def _fell_back(model: TraceModel, dynamo: dict) -> Assessment:
+def _fell_back(model: TraceModel, dynamo: dict, graphs: float) -> Assessment:
     """torch.compile compiled graphs before recording, yet no compiled code ran while recording:
     the frames fell back to eager (dynamo's recompile limit) or the compiled function is not
     what the step calls. Either way the recorded steps are not what torch.compile was meant to
     give; the saving is unknown (no compiled step to compare with)."""
-    graphs = dynamo.get("graphs_total")
     limit = dynamo.get("recompile_limit") or RECOMPILE_LIMIT
     return Assessment.found(Finding(
         id=RULE_ID,

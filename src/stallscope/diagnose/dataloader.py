@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
@@ -143,7 +144,8 @@ class LoaderClass:
         listed = model.trace.capture.get("loaders")
         loaders = [d for d in listed if isinstance(d, dict)] if isinstance(listed, list) else []
         busiest = max(loaders, key=lambda d: d.get("batches") or 0, default={})
-        anatomy = busiest.get("anatomy") if isinstance(busiest.get("anatomy"), dict) else {}
+        raw_anatomy = busiest.get("anatomy")
+        anatomy: dict[str, Any] = raw_anatomy if isinstance(raw_anatomy, dict) else {}
         bound = anatomy.get("bound")
         return cls(bound if isinstance(bound, str) else None, anatomy)
 
@@ -350,15 +352,17 @@ def _advice(
             f"the DataLoader has {plural(workers_now, 'worker')}" if workers_now
             else "the step's own compute already keeps them busy"
         )
+        # unknown cores reach here only with a worker count from the trace and no core count
+        held = plural(cores, "core") if cores is not None else "an unknown number of cores"
         return _Advice(
             f"{_where(info)}The step waits for batches, but this process may use "
-            f"{plural(cores, 'core')} and {busy}: more worker processes would compete for the "
+            f"{held} and {busy}: more worker processes would compete for the "
             "same cores "
             "rather than overlap. Make each sample cheaper (lighter or GPU-side transforms and "
             "decoding, caching decoded samples), read from faster storage, or give the process "
             f"more cores (fewer processes per host).{klass.sentence(cores)}",
             f"# {info.call_site if info else 'the DataLoader'}: loading competes with the step "
-            f"for {plural(cores, 'core')}\n"
+            f"for {held}\n"
             "# - cache decoded samples, or move augmentation to the GPU\n"
             "# - fewer processes per host, or a wider CPU affinity for this one",
             "Loading is CPU-bound on cores that are all in use.",
@@ -389,7 +393,7 @@ def _advice(
     if waiting and cores is not None and workers > cores:
         why += (f"; more than the {plural(cores, 'core')}, as each worker mostly waits "
                 f"({100 * share:.0f}% of its time on CPU)")
-    if cap is not None and workers < ideal:
+    if cap is not None and cores is not None and workers < ideal:
         why += (f"; capped at {WAITING_WORKERS_PER_CORE} per core" if waiting
                 else f"; capped at the {plural(cores, 'core')} this process may use")
     basis = upper_basis
@@ -406,7 +410,7 @@ def _advice(
         )
     where = "Loading runs in the main process" if workers_now == 0 else "The workers lag"
     threads_text, threads_code = "", ""
-    if fit is not None:
+    if fit is not None and cores is not None and threads is not None:  # fit needs both
         threads_text = (
             f" With {plural(workers, 'worker')} beside {plural(threads, 'intra-op thread')} on "
             f"{plural(cores, 'core')} "

@@ -157,10 +157,10 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         evidence["host_wait_under"] = regions
         # Host time no launch-overhead fix removes: name it as the cause when it holds most
         # of the host-wait idle and the host-wait idle is the larger part.
-        top = regions[0]
+        region = regions[0]
         if cause in ("host-wait", "mixed", "host-cpu-work") and rest_host >= rest_other \
-                and top["pct_of_host_wait"] >= REGION_CAUSE_PCT:
-            cause = top["kind"]
+                and region["pct_of_host_wait"] >= REGION_CAUSE_PCT:
+            cause = region["kind"]
     evidence["dominant_cause"] = cause
     rec, snippet, precondition = _idle_advice(model, cause, evidence, rest_host, rest_other)
     title = f"The GPU is idle {idle_pct:.1f}% of each {step_word(model.workload)}" + {
@@ -377,17 +377,11 @@ def _gap_pieces(model: TraceModel, dev: str, windows: np.ndarray,
     )
 
 
-def split_ops(model: TraceModel) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The stepping thread's ops split into those during which no thread of the process issued
-    a launch, copy or memset (CPU work) and those during which one did (autograd launches the
-    backward from its own thread, so `loss.backward()` on the stepping thread counts as
-    launching)."""
-    quiet, busy = _op_split(model)
-    return model.ops.iloc[quiet], model.ops.iloc[busy]
-
-
 def _op_split(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
-    """split_ops as positions in model.ops (no frames built)."""
+    """The stepping thread's ops, as positions in model.ops, split into those during which no
+    thread of the process issued a launch, copy or memset (CPU work) and those during which one
+    did (autograd launches the backward from its own thread, so `loss.backward()` on the
+    stepping thread counts as launching)."""
     ops = model.ops
     rows = np.arange(len(ops))
     if model.main_tid is not None and len(ops):

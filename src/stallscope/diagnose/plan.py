@@ -277,7 +277,8 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
     Returns the scenario with every entry's change made. The start's step is the baseline (the
     measured one less the profiler's cost), so the entries' savings add up to the baseline
     minus the end state."""
-    current, applied = start, []
+    current = start
+    applied: list[str] = []
     left = dict(options)
     while left:
         best: tuple[str, Scenario] | None = None

@@ -153,7 +153,7 @@ def _compute_major(model: TraceModel, gpu: pd.DataFrame,
         return min(majors.values()), "deviceProperties"
     hints = [_arch_hints(name) for name in _used_names(gpu["name"], rows)]
     for i in range(len(_ARCH_HINTS)):  # the first pattern found decides
-        found = [h[i] for h in hints if h[i] is not None]
+        found = [major for h in hints if (major := h[i]) is not None]
         if found:  # a kernel built for sm_90 runs on sm_90 and later only: the highest named
             return max(found), "kernel names"
     return None, ""

@@ -170,11 +170,11 @@ def _wait_cost(model: TraceModel, waits: dict, keep: np.ndarray) -> dict[str, fl
     bucket = tl.bucket(win[:, 0], win[:, 1])
     wait_m = tl.cover(w0, w1) & (bucket >= 0)
     idle_m = ~tl.cover(*g_iv)
-    waits = tl.sum_by(wait_m, bucket, n)
+    waited = tl.sum_by(wait_m, bucket, n)
     idle_during = tl.sum_by(wait_m & idle_m, bucket, n)
     idle_after = tl.sum_by(tl.cover(*a_iv) & ~wait_m & idle_m & (bucket >= 0), bucket, n)
-    costly = idle_during + np.minimum(waits - idle_during, idle_after)
-    return {"waits": float(waits.sum()), "idle_during": float(idle_during.sum()),
+    costly = idle_during + np.minimum(waited - idle_during, idle_after)
+    return {"waits": float(waited.sum()), "idle_during": float(idle_during.sum()),
             "idle_after": float(idle_after.sum()), "costly": float(costly.sum())}
 
 

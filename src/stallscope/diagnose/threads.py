@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import Any
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
@@ -58,7 +59,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
     n = len(model.steps)
     wait = sum(s.loader_wait_us for s in model.steps)
     compute = host_total(model, "host_compute")
-    evidence = {
+    evidence: dict[str, Any] = {
         "cores_per_process": cores,
         "torch_threads": threads,
         "num_workers": workers,

@@ -291,9 +291,9 @@ def _measured_starts(context: RunContext | None) -> int | None:
     persistent_workers=False (capture/transfer.py); None without such a measurement."""
     if context is None:
         return None
-    counts = [d.anatomy.get("worker_starts") for d in context.dataloaders
+    starts = [d.anatomy.get("worker_starts") for d in context.dataloaders
               if d.num_workers > 0 and not d.persistent_workers and d.anatomy]
-    counts = [c for c in counts if isinstance(c, int)]
+    counts = [c for c in starts if isinstance(c, int)]
     return sum(counts) if counts else None
 
 

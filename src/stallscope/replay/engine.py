@@ -42,10 +42,6 @@ class Replay:
     gpu_need: np.ndarray | None = None
 
     @property
-    def median_step_us(self) -> float:
-        return float(np.median(self.step_us)) if len(self.step_us) else 0.0
-
-    @property
     def paced_step_us(self) -> np.ndarray:
         """Each step as long as the slowest of: the host's step; the time the GPU took to
         finish this step's work after the previous step's (for the first step, after the step

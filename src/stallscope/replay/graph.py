@@ -169,12 +169,12 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     starts = np.array([s.start_us for s in chosen])
     ends = np.array([s.end_us for s in chosen])
     markers_ts = np.unique(np.concatenate([starts, ends]))
-    host = _host_nodes(ev, host_rows, ev_kind[host_rows], rt, rt_rows, threads, model.main_tid,
-                       markers_ts, w0, w1)
+    host, names = _host_nodes(ev, host_rows, ev_kind[host_rows], rt, rt_rows, threads,
+                              model.main_tid, markers_ts, w0, w1)
     g = _link_gpu(gpu, host)
     _find_releases(host)
     _find_waits(host, g)
-    _find_queue_waits(host, g)
+    _find_queue_waits(host, names, g)
     markers = np.flatnonzero(host["kind"] == MARK)  # one per boundary time, in order
     step_start = markers[np.searchsorted(markers_ts, starts)]
     step_end = markers[np.searchsorted(markers_ts, ends)]
@@ -183,7 +183,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
         h_thread=host["thread"], h_kind=host["kind"], h_ts=host["ts"], h_rec_end=host["end"],
         h_dur=host["dur"], h_lead=host["lead"], h_release=host["release"],
         h_delay=host["delay"], h_wait=host["wait"], h_after=np.full(len(host["ts"]), -1),
-        h_ret=host["ret"], h_name=host["name"], h_names=host["names"],
+        h_ret=host["ret"], h_name=host["name"], h_names=names,
         h_typical=host["typical"], thread_ids=threads,
         thread_origin=host["origin"], markers=markers, step_start=step_start,
         step_end=step_end,
@@ -290,11 +290,12 @@ def _event_kind(name: str) -> int:
 
 def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, ev_kind: np.ndarray,
                 runtime: pd.DataFrame, rt_rows: np.ndarray, threads: list[str], main_tid: str,
-                markers_ts: np.ndarray, w0: float, w1: float) -> dict[str, np.ndarray]:
+                markers_ts: np.ndarray, w0: float, w1: float
+                ) -> tuple[dict[str, np.ndarray], list[str]]:
     """Per thread, in time order: its POIs (runtime calls, loader fetches, step markers, the
-    start of each busy stretch), each after a fill node (see `_fill_and_pois`). The events
-    are `ev`'s rows where `ev_rows` (`ev_kind`: their `_event_kind`), the runtime calls
-    `runtime`'s where `rt_rows`."""
+    start of each busy stretch), each after a fill node (see `_fill_and_pois`), and the table
+    of names their `name` codes index. The events are `ev`'s rows where `ev_rows` (`ev_kind`:
+    their `_event_kind`), the runtime calls `runtime`'s where `rt_rows`."""
     busy_cat = name_array(ev["cat"], BUSY_CATS.__contains__, ev_rows).astype(bool)
     is_loader = ev_kind == LOADER_RANGE
     is_step = ev_kind == STEP_RANGE
@@ -373,8 +374,7 @@ def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, ev_kind: np.ndarray,
     out["origin"] = np.full(len(threads), float(w0))
     for p in parts:
         out["origin"][p["thread"][0]] = p["origin"][0]
-    out["names"] = table
-    return out
+    return out, table
 
 
 def _subset(rows: np.ndarray, within: np.ndarray) -> np.ndarray:
@@ -555,7 +555,7 @@ def _own_copies(host: dict[str, np.ndarray], g: dict, cand: np.ndarray, best: np
     best_gap[i[better]] = gap[better]
 
 
-def _find_queue_waits(host: dict[str, np.ndarray], g: dict) -> None:
+def _find_queue_waits(host: dict[str, np.ndarray], names: list[str], g: dict) -> None:
     """A launch call that lasted well beyond its name's typical length while the launch queue
     was full (QUEUE_FULL_DEPTH ops submitted before it still pending when it returned) waited
     for a slot: for the op that ended last before it returned. Faster GPU work then frees the
@@ -563,7 +563,7 @@ def _find_queue_waits(host: dict[str, np.ndarray], g: dict) -> None:
     calls = np.flatnonzero((host["kind"] == CALL) & (host["wait"] < 0))
     if not len(calls) or not len(g["ts"]):
         return
-    launch = np.array([bool(LAUNCH_CALL.match(n)) for n in host["names"]], dtype=bool)
+    launch = np.array([bool(LAUNCH_CALL.match(n)) for n in names], dtype=bool)
     calls = calls[launch[host["name"][calls]]]
     cand = calls[host["dur"][calls] > host["typical"][calls] + WAIT_MARGIN_US]
     if not len(cand):

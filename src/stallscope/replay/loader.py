@@ -64,7 +64,8 @@ class LoaderFacts:
 
     @classmethod
     def from_capture(cls, capture: dict[str, Any]) -> LoaderFacts:
-        host = capture.get("host") if isinstance(capture.get("host"), dict) else {}
+        raw_host = capture.get("host")
+        host: dict[str, Any] = raw_host if isinstance(raw_host, dict) else {}
         listed = capture.get("loaders")
         loaders = [d for d in listed if isinstance(d, dict)] if isinstance(listed, list) else []
         busiest = max(loaders, key=lambda d: _num(d.get("batches")) or 0, default={})
@@ -76,7 +77,8 @@ class LoaderFacts:
 
         workers = busiest.get("num_workers")
         cores = host.get("cores_per_process")
-        anatomy = busiest.get("anatomy") if isinstance(busiest.get("anatomy"), dict) else {}
+        raw_anatomy = busiest.get("anatomy")
+        anatomy: dict[str, Any] = raw_anatomy if isinstance(raw_anatomy, dict) else {}
         in_workers = anatomy.get("where") == "workers"
         fetch_ms = _num(anatomy.get("fetch_ms_per_batch"))
         bound = anatomy.get("bound")

@@ -62,8 +62,9 @@ class OneThread:
         steps, waits, threads = probe.get("steps_us"), probe.get("loader_wait_us"), \
             probe.get("threads")
         try:
-            steps = [float(v) for v in steps]
-            waits = [float(v) for v in waits]
+            # a missing list is empty: no steps, or not one wait per step, so None below
+            steps = [float(v) for v in steps or ()]
+            waits = [float(v) for v in waits or ()]
         except (TypeError, ValueError):
             return None
         if not steps or len(waits) != len(steps) or not isinstance(threads, int) or threads < 2:

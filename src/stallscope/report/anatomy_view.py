@@ -90,16 +90,15 @@ def loader_view(d: dict[str, Any]) -> dict[str, Any] | None:
     workers = [w for w in a.get("workers") or [] if isinstance(w, dict)]
     view["workers"] = None
     if workers:
-        busy = [_num(w.get("cpu_busy_share")) for w in workers]
-        busy = [b for b in busy if b is not None]
-        rates = [_num(w.get("read_mb_per_s")) for w in workers]
-        rates = [r for r in rates if r is not None]
+        busy = [b for w in workers if (b := _num(w.get("cpu_busy_share"))) is not None]
+        rates = [r for w in workers if (r := _num(w.get("read_mb_per_s"))) is not None]
         view["workers"] = {
             "count": len(workers),
             "busy_pct": round(100.0 * sum(busy) / len(busy), 0) if busy else None,
             "read_mb_per_s": round(sum(rates), 1) if rates else None,
         }
-    stack = a.get("stack") if isinstance(a.get("stack"), dict) else {}
+    raw_stack = a.get("stack")
+    stack: dict[str, Any] = raw_stack if isinstance(raw_stack, dict) else {}
     view["top"] = [t for t in stack.get("top") or [] if isinstance(t, dict)][:TOP_ROWS]
     view["samples"] = stack.get("samples")
     if not parts and not view["lost"]:

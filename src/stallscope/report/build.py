@@ -140,7 +140,7 @@ class Report:
             self.plan is not None) else 0.0
         rng = (entry or {}).get("predicted_range_us")
         about = (f"about {entry['predicted_step_us'] / 1000:.1f} ms per step, range "
-                 f"{rng[0] / 1000:.1f}-{rng[1] / 1000:.1f}" if rng else
+                 f"{rng[0] / 1000:.1f}-{rng[1] / 1000:.1f}" if rng and entry is not None else
                  f"{(entry or {}).get('predicted_step_us', 0.0) / 1000:.1f} ms per step")
         replayed = (f"the replay predicts {start / 1000:.1f} -> {about}"
                     if entry is not None and self.plan is not None else "")
@@ -149,20 +149,20 @@ class Report:
             # The GPU is the bound; the fix plan's first entry is still what to try first.
             first = (f" Fix first: {entry['change']} ({top.title[0].lower()}{top.title[1:]}); "
                      f"{replayed} ({share_text(top.estimated_saving_pct)} less)."
-                     if replayed and top is not bound else "")
+                     if replayed and entry is not None and top is not bound else "")
             return gpu_bound_verdict(bound) + first
         if top.severity == "info":
             said = ("is predicted to save" if entry else "can save at most"
                     if top.estimated_saving_pct >= 0.05 else "can save")
             how = f" ({entry['change']}: {replayed.removeprefix('the replay predicts ')})" if (
-                replayed) else ""
+                replayed and entry is not None) else ""
             why = profiler_bound_note(self.plan) if self.plan is not None else None
             return (
                 f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
                 f"{said} {share_text(top.estimated_saving_pct)} of step time{how}"
                 + (f"; {why}." if why and top.id == "gpu-idle" else ".")
             )
-        if replayed:
+        if replayed and entry is not None:  # replayed: there is an entry
             return (
                 f"{top.title}. Fix first: {entry['change']}; {replayed} "
                 f"({share_text(top.estimated_saving_pct)} less)."

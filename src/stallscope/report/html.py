@@ -372,7 +372,7 @@ def _headline(report: Report) -> dict[str, Any]:
         # The step without the profiler's cost (diagnose/plan.py), when it differs.
         "unprofiled_ms": _ms(baseline(report.plan)) if report.plan and profiler_phrase(
             report.plan) else None,
-        "unloaded": bool(report.plan) and baseline_name(report.plan) != "without the profiler",
+        "unloaded": bool(report.plan and baseline_name(report.plan) != "without the profiler"),
     }
 
 
@@ -429,7 +429,8 @@ def _fix_plan(report: Report) -> dict[str, Any] | None:
 def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
     """A waterfall in SVG units: the measured step, then each change's cumulative predicted
     step, the time it takes off drawn beside it, and the floor as a dashed line."""
-    rows = [("measured", plan["measured_step_us"], None, None)]
+    rows: list[tuple[str, float, float | None, float | None]] = [
+        ("measured", plan["measured_step_us"], None, None)]
     if profiler_phrase(plan):  # the profiler's cost taken out: the step the fixes start from
         rows.append((baseline_name(plan), baseline(plan), plan["measured_step_us"],
                      round(100 * (plan["measured_step_us"] - baseline(plan))

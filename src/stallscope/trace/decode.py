@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 import numpy as np
@@ -273,7 +273,13 @@ class Decoded:
     unclosed: bool = False  # an array form without its closing `]`; every event in it was read
 
 
-def stream_decode(fh: BinaryIO, on_progress: Any = None,
+class Read1(Protocol):
+    """What `stream_decode` reads: an open file (plain or gzip) or one part of one (split.py)."""
+
+    def read1(self, size: int, /) -> bytes: ...
+
+
+def stream_decode(fh: Read1, on_progress: Any = None,
                   limits: Limits = Limits()) -> Decoded | None:  # noqa: B008 (frozen)
     """Decode an open trace file chunk by chunk; None when it is not shaped like a Kineto trace.
 
@@ -355,7 +361,7 @@ def depth_allowed(max_depth: int) -> Iterator[None]:
 class _Reader:
     """The file's text in blocks. A damaged gzip stream ends the text where it breaks."""
 
-    def __init__(self, fh: BinaryIO, on_progress: Any, max_bytes: int) -> None:
+    def __init__(self, fh: Read1, on_progress: Any, max_bytes: int) -> None:
         self.fh = fh
         self.on_progress = on_progress
         self.max_bytes = max_bytes

@@ -262,7 +262,9 @@ def _build(path: Path, decoded: Decoded) -> Trace:
     cats = _categorical(cols.column("cat", np.int32)[keep], cols.cat.values)
     legacy = any(c in LEGACY_CATEGORIES for c in cats.categories)
     if legacy:
-        cats = cats.rename_categories(_merge_names(cats.categories, LEGACY_CATEGORIES))
+        # pandas takes a list of new names (documented list-like); pandas-stubs wants a mapping
+        cats = cats.rename_categories(
+            _merge_names(cats.categories, LEGACY_CATEGORIES))  # type: ignore[arg-type]
     rel = ts - t0
     frame = pd.DataFrame(
         {
@@ -352,7 +354,9 @@ def _categorical(codes: np.ndarray, values: list[Any]) -> pd.Categorical:
         position = {n: i for i, n in enumerate(unique)}
         codes = np.array([position[n] for n in names], dtype=np.int32)[codes]
         names = list(unique)
-    return pd.Categorical.from_codes(codes, categories=names, validate=False)
+    # pandas takes index-like categories (a list); pandas-stubs wants an Index
+    return pd.Categorical.from_codes(  # type: ignore[call-overload]
+        codes, categories=names, validate=False)
 
 
 def _merge_names(categories: pd.Index, mapping: dict[str, str]) -> list[str]:

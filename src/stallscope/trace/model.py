@@ -686,7 +686,7 @@ def _copies(cols: _EventColumns, rt: np.ndarray, gpu: _GpuRows) -> pd.DataFrame:
 def _memcpy_parts(name: str | float) -> tuple[str, str, str]:
     """Direction, source and destination memory of a GPU copy, from its name (NaN: none)."""
     found = MEMCPY_NAME.match(name) if isinstance(name, str) else None
-    return found.groups() if found else ("unknown", "unknown", "unknown")
+    return (found[1], found[2], found[3]) if found else ("unknown", "unknown", "unknown")
 
 
 def _syncs(cols: _EventColumns, rt: np.ndarray) -> pd.DataFrame:

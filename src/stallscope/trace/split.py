@@ -103,7 +103,7 @@ def plan_parts(path: Path, size: int, count: int) -> list[Part] | None:
             return None
         if start is None:
             return None
-        cuts = []
+        cuts: list[int] = []
         for k in range(1, count):
             at = max(start.events, size * k // count, cuts[-1] + 1 if cuts else 0)
             fh.seek(at)
@@ -161,7 +161,7 @@ def _worker(conn: Any, path: str, part: Part, limits: Limits, counter: Any) -> N
 def _read(path: Path, part: Part, on_progress: Any, limits: Limits) -> Decoded | None:
     fh = _PartFile(path, part)
     try:
-        return stream_decode(fh, on_progress, limits)  # type: ignore[arg-type]
+        return stream_decode(fh, on_progress, limits)
     finally:
         fh.close()
 

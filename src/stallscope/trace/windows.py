@@ -312,6 +312,7 @@ def describe_startup(calls: pd.DataFrame, first_call_ts: float, gap_us: float) -
     """The start-up calls as report rows, and one phrase saying what they were."""
     rows: list[dict[str, Any]] = []
     parts: list[str] = []
+    r: Any  # a row: its fields' types are the columns', known only when it runs
     for r in calls.itertuples():
         op = str(getattr(r, "top_op", "") or "")
         inner = str(getattr(r, "op", "") or "")
