@@ -1,11 +1,15 @@
-"""What stallscope's step hooks cost while the profiler is idle (issue 3 target: < 2% of a step).
+"""What stallscope's step hooks cost while the profiler is idle (issue 3 target: < 2% of a step),
+and `watch`'s per-step logging on top of them (issue 34 target: < 1% of a 5 ms step).
 
 `stallscope run` wraps DataLoader construction, iteration and `__next__` and registers a global
 optimizer step hook; during the skipped steps these only count step boundaries (the profiler is
 started after them, and the hooks are removed once recording ends). This times step loops
 plain, with those hooks (profiler idle), and plain again, in alternating order, using process
 CPU time. The empty loop gives the hooks' own cost in microseconds; on real training steps
-compare the difference with the plain-again control, the noise floor of the machine.
+compare the difference with the plain-again control, the noise floor of the machine. The
+`watch` condition is a watched run once its recorded window is over (the rest of the run, which
+is nearly all of it): the hooks, a JSON line into the step log (capture/steplog.py) and two
+TensorBoard scalars per step (the writer thread's CPU is in the process time measured).
 
     python benchmarks/bench_hooks.py [--steps 200] [--rounds 21] [--threads 1]
 """
@@ -21,16 +25,19 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
 
 from stallscope.capture.session import CaptureSession, Schedule
+from stallscope.capture.steplog import StepLog
 
 # (label, hidden width, batch size): an empty step (the loop is only the hooked calls, so the
 # difference is the hooks' cost in microseconds, with little else to add noise), a very small
 # training step (worst case for a fixed per-step cost) and a small but more typical one.
 # Each round times the loop plain, with the hooks, and plain again (an A/A control whose
 # difference from the first is the noise floor of this machine).
-CONDITIONS = ["plain", "hooks", "plain again"]
-LOOPS = [("empty step", 0, 0), ("tiny MLP step", 64, 32), ("small MLP step", 1024, 256)]
+CONDITIONS = ["plain", "hooks", "watch", "plain again"]
+LOOPS = [("empty step", 0, 0), ("tiny MLP step", 64, 32), ("small MLP step", 1024, 256),
+         ("~5 ms MLP step", 2048, 384)]
 
 
 def make_loop(width: int, batch: int, steps: int):
@@ -87,23 +94,33 @@ def main() -> None:
             for r in range(args.rounds):
                 # Alternate the order so that neither condition always runs first.
                 for cond in CONDITIONS if r % 2 == 0 else CONDITIONS[::-1]:
-                    if cond != "hooks":
+                    if cond not in ("hooks", "watch"):
                         times[cond].append(epoch())
                         continue
+                    log = None
+                    if cond == "watch":
+                        log = StepLog(Path(tmp) / f"steps-{r}.jsonl",
+                                      SummaryWriter(f"{tmp}/tb-{r}", flush_secs=5))
                     # Idle profiler: the schedule never leaves the skipped steps in this run.
                     session = CaptureSession(Schedule(skip=10**9, warmup=1, steps=1), "auto",
-                                             Path(tmp), "bench", run_to_end=True)
+                                             Path(tmp), "bench", run_to_end=True,
+                                             step_log=log)
                     session.start()
+                    if cond == "watch":  # the rest of a watched run, once recording is over
+                        session.done = True
                     try:
                         times[cond].append(epoch())
                     finally:
                         session.finish()
-                    assert session.boundaries >= args.steps - 1, "hooks did not see the steps"
+                    seen = log.steps if log is not None else session.boundaries
+                    assert seen >= args.steps - 2, "hooks did not see the steps"
         med = {c: statistics.median(v) for c, v in times.items()}
         base = med["plain"]
         print(f"{label:>15}: plain {base * 1e3:7.3f} ms/step; with hooks "
               f"{(med['hooks'] - base) * 1e6:+6.1f} us/step = "
-              f"{(med['hooks'] - base) / base * 100:+5.2f}%; noise floor (plain again) "
+              f"{(med['hooks'] - base) / base * 100:+5.2f}%; watch (hooks + step log + "
+              f"scalars) {(med['watch'] - base) * 1e6:+6.1f} us/step = "
+              f"{(med['watch'] - base) / base * 100:+5.2f}%; noise floor (plain again) "
               f"{(med['plain again'] - base) * 1e6:+6.1f} us = "
               f"{(med['plain again'] - base) / base * 100:+5.2f}%")
 
