@@ -20,11 +20,16 @@ from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    """`value` when the metadata holds a dict there, else an empty one (older traces)."""
+    return value if isinstance(value, dict) else {}
+
+
 def recording_cost(model: TraceModel) -> dict[str, Any]:
     """traces[].recording of report.json (schema.Recording): times in microseconds."""
     capture = model.trace.capture
-    cost = capture.get("profiler_cost") if isinstance(capture.get("profiler_cost"), dict) else {}
-    cpu = cost.get("cpu_op") if isinstance(cost.get("cpu_op"), dict) else {}
+    cost = _mapping(capture.get("profiler_cost"))
+    cpu = _mapping(cost.get("cpu_op"))
     shapes = capture.get("record_shapes")
     if not isinstance(shapes, bool):  # before it was metadata: opcost measured the setting used
         shapes = cpu.get("record_shapes")
@@ -41,8 +46,7 @@ def recording_cost(model: TraceModel) -> dict[str, Any]:
         "record_shapes": shapes if isinstance(shapes, bool) else None,
         "op_us": None if op is None else round(op, 3),
         "op_us_per_event": None if per_event is None else round(per_event, 3),
-        "launch_op_us": _us((cost.get("launch_op") or {}).get("added_us")
-                            if isinstance(cost.get("launch_op"), dict) else None),
+        "launch_op_us": _us(_mapping(cost.get("launch_op")).get("added_us")),
         "ops_per_step": round(ops, 1),
         "estimated_step_cost_us": None if estimate is None else round(estimate, 1),
         "estimated_share_pct": (round(100.0 * estimate / median, 1)
@@ -94,7 +98,8 @@ def recording_text(rec: dict[str, Any] | None, median_us: float | None) -> str |
         return None
     shapes = {True: "with input shapes (`--record-shapes`)",
               False: "without input shapes (`--record-shapes` adds them, for TensorBoard's "
-                     "group-by-input-shape view)"}.get(rec.get("record_shapes"))
+                     "group-by-input-shape view)"}.get(rec.get("record_shapes") is True) \
+        if isinstance(rec.get("record_shapes"), bool) else None
     text = f"Recorded {shapes}. " if shapes else ""
     text += (f"The profiler added {rec['op_us']:.2f} us per tiny `torch.add` call, measured at "
              "the start of this run")
