@@ -172,3 +172,15 @@ def test_a_launching_thread_without_replay_nodes_does_not_shift_the_others(tmp_p
     path.write_text(json.dumps(doc))
     data = render_all(path)
     assert data["plan"] is not None
+
+
+@pytest.mark.parametrize("cost", [3.5, "x", [1], {"cpu_op": 7}, {"cpu_op": {"added_us": "1"}}])
+def test_a_profiler_cost_of_any_shape_in_the_metadata_is_not_read(tmp_path: Path, cost):
+    """The 10,000-case run of stop 41: `"profiler_cost": 3.5` in the trace's stallscope
+    metadata raised AttributeError ('float' has no attribute 'get') in the replay."""
+    path = steps_trace(tmp_path / "synthetic-odd-cost.pt.trace.json")
+    doc = json.loads(path.read_text())
+    doc["stallscope"] = {"tool": "stallscope", "profiler_cost": cost}
+    path.write_text(json.dumps(doc))
+    data = render_all(path)
+    assert data["steps"]

@@ -46,8 +46,10 @@ class ProfilerCost:
     @classmethod
     def of(cls, model: TraceModel) -> ProfilerCost:
         """The cost `run` measured at its start (trace metadata), else the stated default."""
-        cpu = (model.trace.capture.get("profiler_cost") or {}).get("cpu_op") or {}
-        added = cpu.get("added_us")
+        # The trace's metadata is the file's, not ours: any field may hold anything.
+        cost = model.trace.capture.get("profiler_cost")
+        cpu = cost.get("cpu_op") if isinstance(cost, dict) else None
+        added = cpu.get("added_us") if isinstance(cpu, dict) else None
         if isinstance(added, int | float) and 0 <= added < 1000:
             return cls(float(added), True, f"measured: {added:.1f} us per recorded op at the "
                                              "start of this run (capture/opcost.py)")
