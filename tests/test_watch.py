@@ -164,3 +164,62 @@ def test_report_html_leads_with_the_whole_run() -> None:
     page = render_html(report)
     assert page.index('id="whole-run"') < page.index('id="findings"')
     assert 'id="watch-chart"' in page and "300 steps" in page
+
+
+def watch_case(tmp_path: Path, case: str) -> dict:
+    """`stallscope watch examples/watch_cases.py --case CASE`: its report.json's watch."""
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / case
+    done = subprocess.run(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "-o", str(out),
+         str(root / "examples" / "watch_cases.py"), "--case", case],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "trained 240 steps" in done.stdout
+    return json.loads((out / "report.json").read_text())["watch"]
+
+
+def script_changes(watch: dict) -> list[dict]:
+    """Regime changes the script made: not those its CPU time says came from outside (other
+    processes taking the cores of this shared machine)."""
+    return [r for r in watch["regimes"][1:] if "outside the process" not in (r["change"] or "")]
+
+
+@pytest.mark.slow
+def test_a_loader_that_slows_down_halfway_is_a_new_regime(tmp_path: Path) -> None:
+    w = watch_case(tmp_path, "slowdown")
+    changes = script_changes(w)
+    assert changes, w["regimes"]
+    # Steps 1-119 read at the first cost, from about step 120 on at four times it: the
+    # boundary within 5% of the run's 240 steps, the step at least twice as long, in the loader.
+    first = min(changes, key=lambda r: abs(r["first_step"] - 120))
+    assert abs(first["first_step"] - 120) <= 12, w["regimes"]
+    before = next(r for r in w["regimes"] if r["last_step"] < first["first_step"])
+    assert first["median_step_ms"] > 2 * before["median_step_ms"], w["regimes"]
+    assert first["loader_wait_share"] > 0.5
+
+
+@pytest.mark.slow
+def test_a_blocking_save_every_25_steps_is_found_with_its_cost(tmp_path: Path) -> None:
+    w = watch_case(tmp_path, "save")
+    periodic = [p for p in w["periodic"] if p["kind"] == "periodic"]
+    assert periodic, (w["periodic"], w["outliers"])
+    assert periodic[0]["every_steps"] == 25
+    assert periodic[0]["cost_ms"] > 0 and 0 < periodic[0]["share_of_wall"] < 1
+
+
+@pytest.mark.slow
+def test_workers_started_every_epoch_are_found_with_persistent_workers_as_the_fix(
+        tmp_path: Path) -> None:
+    w = watch_case(tmp_path, "epochs")
+    starts = [p for p in w["periodic"] if p["kind"] == "epoch_start"]
+    assert starts, (w["periodic"], w["outliers"])
+    assert starts[0]["fix"]["change"] == "DataLoader(..., persistent_workers=True)"
+    assert starts[0]["share_of_wall"] > 0.05
+
+
+@pytest.mark.slow
+def test_a_steady_run_reports_no_change_of_its_own(tmp_path: Path) -> None:
+    w = watch_case(tmp_path, "steady")
+    assert script_changes(w) == [], w["regimes"]
+    assert not [p for p in w["periodic"] if p["kind"] == "periodic"], w["periodic"]
