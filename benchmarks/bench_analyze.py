@@ -33,6 +33,12 @@ def largest_real_trace() -> Path:
     return max(files, key=lambda p: p.stat().st_size)
 
 
+def read_bytes(path: Path) -> bytes:
+    """The file's JSON text (gunzipped when it is gzip)."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
 def median_time(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -53,7 +59,7 @@ def main() -> None:
     from stallscope.diagnose import diagnose
     from stallscope.diagnose.plan import make_plan
     from stallscope.report.html import render_html
-    from stallscope.trace.load import load_trace, read_bytes
+    from stallscope.trace.load import load_trace
     from stallscope.trace.model import build_model
 
     # The CLI first, while this process is small: a child's peak RSS counts the pages it
