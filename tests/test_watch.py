@@ -223,3 +223,16 @@ def test_a_steady_run_reports_no_change_of_its_own(tmp_path: Path) -> None:
     w = watch_case(tmp_path, "steady")
     assert script_changes(w) == [], w["regimes"]
     assert not [p for p in w["periodic"] if p["kind"] == "periodic"], w["periodic"]
+
+
+@pytest.mark.slow
+def test_timeout_bounds_a_watch_and_keeps_every_step_watched(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "--timeout", "6", "-o",
+         str(tmp_path / "out"), str(root / "examples" / "watch_cases.py"), "--case", "steady",
+         "--steps", "1000000"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 124, done.stderr
+    watch = json.loads((tmp_path / "out" / "report.json").read_text())["watch"]
+    assert watch["n_steps"] > 50
+    assert f"the {watch['n_steps']:,} step(s) watched" in done.stderr

@@ -370,8 +370,11 @@ def _analyse(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     if status:
         if not (why and status == ctx.exit_status):  # another rank failed first
             why = f"ended with status {status}"
-        return fail(f"the script {why}; the report covers the {report.run['steps_recorded']} "
-                     f"step(s) recorded before that ({plan.out / 'report.html'})", status)
+        watched = (f"the {report.watch['n_steps']:,} step(s) watched and "
+                   if report.watch else "")
+        return fail(f"the script {why}; the report covers {watched}the "
+                    f"{report.run['steps_recorded']} step(s) recorded before that "
+                    f"({plan.out / 'report.html'})", status)
     return gate(report, fail_on)
 
 
