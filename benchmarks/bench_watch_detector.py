@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import watch_synth as synth  # noqa: E402
 
-from stallscope.watch import StepSeries, regimes, spikes, summarise  # noqa: E402
+from stallscope.wholerun import StepSeries, regimes, spikes, summarise  # noqa: E402
 
 
 def _regime_count(step: np.ndarray, wait: np.ndarray, beta: float) -> tuple[int, int]:

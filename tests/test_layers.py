@@ -28,7 +28,7 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.progress",
               "stallscope.outputs", "stallscope.fanout", "stallscope.marker")},
     {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",),
-     "watch": ("stallscope.watch",)},
+     "wholerun": ("stallscope.wholerun",)},
     {"replay": ("stallscope.replay",)},
     {"diagnose": ("stallscope.diagnose",)},
     {"report": ("stallscope.report",)},

@@ -16,7 +16,7 @@ import pytest
 
 from stallscope.capture.steplog import StepLog
 from stallscope.report.schema import check
-from stallscope.watch.series import StepSeries
+from stallscope.wholerun.series import StepSeries
 
 # Two epochs of 40 batches; prints how many optimizer steps it took, so the log can be checked
 # against the script's own count.

@@ -1,4 +1,4 @@
-"""`watch`'s whole-run analysis (stallscope.watch) on step series with known truths.
+"""`watch`'s whole-run analysis (stallscope.wholerun) on step series with known truths.
 
 The four acceptance cases of issue 34 (a loader that slows down halfway, a blocking save every
 N steps, non-persistent workers over several epochs, a steady run), each over several seeds and
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stallscope.watch import StepSeries, summarise
-from stallscope.watch.series import append_jsonl
+from stallscope.wholerun import StepSeries, summarise
+from stallscope.wholerun.series import append_jsonl
 
 # The generators the benchmark measures with (benchmarks/watch_synth.py), read from their file
 # so that the tests and the benchmark's figures rest on the same series.
@@ -260,5 +260,5 @@ def test_the_analysis_imports_no_torch() -> None:
 
     src = str(Path(stallscope.__file__).resolve().parents[1])  # this tree's, not an install's
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    code = "import sys, stallscope.watch; sys.exit('torch' in sys.modules)"
+    code = "import sys, stallscope.wholerun; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0

@@ -12,7 +12,7 @@ it began (seconds after the first boundary), its wall time, the process's CPU ti
 threads: a step that got slower while its CPU time did not waited outside the process), the time
 the training process spent waiting in DataLoader `__next__` during it, the epoch of the loader
 whose batch opened it (None without a torch DataLoader), and whether the profiler recorded it (a
-profiled step is slower: watch's analysis sets those aside). stallscope/watch/series.py reads
+profiled step is slower: watch's analysis sets those aside). stallscope/wholerun/series.py reads
 it.
 """
 

@@ -4,7 +4,7 @@ when the run stalls, with the diagnosis of the steps recorded under the profiler
 `run` profiles a few steps near the start; real runs stall later (a cold page cache after the
 first epoch, workers restarted each epoch, a checkpoint every N steps). `watch` is `run` with
 the script let finish and every step boundary logged (capture/steplog.py: wall time, DataLoader
-wait, epoch), live as TensorBoard scalars, then the whole series analysed (stallscope/watch/).
+wait, epoch), live as TensorBoard scalars, then the whole series analysed (stallscope/wholerun/).
 The launch contract, the recorded window and the report are `run`'s (commands/run.py).
 """
 

@@ -1,5 +1,5 @@
 """report.json's `watch` section: the whole run's steps (capture/steplog.py), analysed for
-regimes and periodic stalls (stallscope/watch/), beside the diagnosis of the steps recorded
+regimes and periodic stalls (stallscope/wholerun/), beside the diagnosis of the steps recorded
 under the profiler, which is the run's first capture."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stallscope.watch.series import StepSeries
-from stallscope.watch.summary import summarise
+from stallscope.wholerun.series import StepSeries
+from stallscope.wholerun.summary import summarise
 
 
 def watch_section(log: Path, report: Any) -> dict[str, Any]:

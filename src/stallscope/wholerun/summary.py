@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.watch import periodic, regimes, spikes
-from stallscope.watch.series import StepSeries
+from stallscope.wholerun import periodic, regimes, spikes
+from stallscope.wholerun.series import StepSeries
 
 
 def _round(x: float | None) -> float | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.watch.spikes import Spikes, rolling_median
+from stallscope.wholerun.spikes import Spikes, rolling_median
 
 EPOCH_Z = 3.0  # an epoch's first steps are tested against a hypothesis: a looser z than spikes
 EPOCH_MIN_EXCESS = 0.10  # and at least 10% over the rolling median

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import ruptures as rpt  # type: ignore[import-untyped]
 
-from stallscope.watch.spikes import robust_sd, rolling_median
+from stallscope.wholerun.spikes import robust_sd, rolling_median
 
 MIN_STEPS = 20  # fewer valid steps: one regime, no search (nothing to split reliably)
 MIN_REGIME = 10  # steps in the shortest regime reported; shorter changes are stalls

@@ -7,7 +7,7 @@ and epoch-start stalls (what they cost, where), and report.json's `watch` sectio
 
 from __future__ import annotations
 
-from stallscope.watch.series import StepSeries
-from stallscope.watch.summary import summarise
+from stallscope.wholerun.series import StepSeries
+from stallscope.wholerun.summary import summarise
 
 __all__ = ["StepSeries", "summarise"]
