@@ -340,3 +340,18 @@ def test_the_readme_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert printed.startswith("Training waits on the DataLoader for 84.7% of each step.")
     assert "dataloader-bound high" in printed and "num_workers=" in printed
     assert {p.name for p in (tmp_path / "stallscope-report").iterdir()} == REPORT_FILES
+
+
+def test_watch_times_every_step_of_the_block_and_analyses_them(tmp_path: Path) -> None:
+    with stallscope.watch(steps=3, skip=1, out_dir=tmp_path / "out", steady=False) as session:
+        ran = _train(60)
+    data = session.report.to_dict()
+    watch = data["watch"]
+    # Every step between the first and the last boundary is in the log and the report, the
+    # three recorded under the profiler marked and set aside.
+    assert watch["n_steps"] == ran - 2
+    assert sum(s["profiled"] for s in watch["steps"]) == 3
+    assert watch["regimes"] and watch["captures"][0]["verdict"] == data["verdict"]["text"]
+    assert (tmp_path / "out" / "watch" / "steps.jsonl").is_file()
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert 'id="watch-chart"' in page

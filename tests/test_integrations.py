@@ -69,6 +69,20 @@ def test_lightning_callback_writes_a_report_and_training_goes_on(tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_lightning_callback_in_watch_mode_times_every_batch(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    cb, trainer = _lightning_fit(tmp_path, batches=40, steps=3, skip=2, out_dir=out, watch=True)
+    assert trainer.global_step == 40
+    data = _report(out)
+    # Boundaries: as batch `skip` starts, then as each batch from it on ends: 39 of them, so
+    # the 38 batches from `skip` on are each one step, the recorded window among them.
+    assert data["watch"]["n_steps"] == 38
+    assert sum(s["profiled"] for s in data["watch"]["steps"]) >= 3
+    assert data["run"]["steps_recorded"] == 3
+    assert not stallscope.marker.active()  # the hooks are gone once training ended
+
+
+@pytest.mark.slow
 def test_lightning_callback_with_too_few_batches_warns_and_trains(tmp_path: Path) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

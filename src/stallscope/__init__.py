@@ -15,11 +15,12 @@ from stallscope.errors import StallscopeError
 from stallscope.marker import step
 
 if TYPE_CHECKING:
-    from stallscope.api import ProfileSession, Report, analyze, profile
+    from stallscope.api import ProfileSession, Report, analyze, profile, watch
 
 __version__ = "0.1.0"
-__all__ = ["ProfileSession", "Report", "StallscopeError", "analyze", "profile", "step"]
-_LAZY = {"ProfileSession", "Report", "analyze", "profile"}
+__all__ = ["ProfileSession", "Report", "StallscopeError", "analyze", "profile", "step",
+           "watch"]
+_LAZY = {"ProfileSession", "Report", "analyze", "profile", "watch"}
 
 
 def __getattr__(name: str) -> Any:

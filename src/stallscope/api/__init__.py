@@ -1,7 +1,8 @@
 """The Python API: what `import stallscope` offers besides the CLI (README "Python API").
 
 `analyze` (traces or a finished torch.profiler.profile -> Report), `profile` (a `with` block
-around a running loop -> ProfileSession, whose `.report` is the Report), `step` (the step
+around a running loop -> ProfileSession, whose `.report` is the Report), `watch` (the same,
+every step timed and the whole block analysed), `step` (the step
 marker), `Report`, and `StallscopeError`, the one exception class for errors a caller can
 cause. This layer composes the commands' pipeline; nothing below it imports it.
 """
@@ -9,9 +10,10 @@ cause. This layer composes the commands' pipeline; nothing below it imports it.
 from __future__ import annotations
 
 from stallscope.api.analysis import analyze
-from stallscope.api.live import ProfileSession, profile
+from stallscope.api.live import ProfileSession, profile, watch
 from stallscope.api.result import Report
 from stallscope.errors import StallscopeError
 from stallscope.marker import step
 
-__all__ = ["ProfileSession", "Report", "StallscopeError", "analyze", "profile", "step"]
+__all__ = ["ProfileSession", "Report", "StallscopeError", "analyze", "profile", "step",
+           "watch"]

@@ -1,4 +1,6 @@
-"""`with stallscope.profile(): <loop>`: profile a loop already running in this process.
+"""`with stallscope.profile(): <loop>`: profile a loop already running in this process (and
+`stallscope.watch()`: the same, with every step of the block timed and analysed, as the
+`watch` command does for a script).
 
 The machinery is `stallscope run`'s own (capture/session.py): the same schedule (skip, warm up,
 record), the same step boundaries (optimizer.step(), batches of DataLoaders built inside the
@@ -36,6 +38,16 @@ if TYPE_CHECKING:
 TARGET = "stallscope.profile()"  # report.json run.target: what ran, in place of a script
 
 
+def watch(steps: int = 5, skip: int = 2, out_dir: str | os.PathLike[str] | None = None, *,
+          warmup: int = 1, step_on: str = "auto", steady: bool = True) -> ProfileSession:
+    """`profile`, and every step of the block timed as `stallscope watch` times a script's:
+    wall time, CPU time, DataLoader wait and epoch into `out_dir/watch/steps.jsonl` (a
+    TensorBoard point each half second beside the trace), the whole block's series analysed
+    (regimes, periodic and epoch-start stalls) into `session.report`'s `watch` section."""
+    return ProfileSession(steps, skip, out_dir, warmup=warmup, step_on=step_on, steady=steady,
+                          watch=True)
+
+
 def profile(steps: int = 5, skip: int = 2, out_dir: str | os.PathLike[str] | None = None, *,
             warmup: int = 1, step_on: str = "auto", steady: bool = True) -> ProfileSession:
     """Profile the loop in the `with` block: `skip` steps pass (then, with `steady`, more
@@ -53,7 +65,7 @@ class ProfileSession:
 
     def __init__(self, steps: int = 5, skip: int = 2,
                  out_dir: str | os.PathLike[str] | None = None, *, warmup: int = 1,
-                 step_on: str = "auto", steady: bool = True) -> None:
+                 step_on: str = "auto", steady: bool = True, watch: bool = False) -> None:
         from stallscope.capture.steps import MODES
 
         for name, value, least in (("steps", steps, 1), ("skip", skip, 0), ("warmup", warmup, 0)):
@@ -64,6 +76,8 @@ class ProfileSession:
             raise StallscopeError(f"step_on must be one of {', '.join(MODES)}, got {step_on!r}")
         self.steps, self.skip, self.warmup, self.step_on = steps, skip, warmup, step_on
         self.steady = steady
+        self.watch = watch
+        self.step_log: Path | None = None  # `watch`: where every step is logged
         self.out_dir = Path(out_dir).expanduser().resolve() if out_dir is not None else None
         self.report: Report | None = None
         self.trace_dir: Path | None = None
@@ -96,8 +110,15 @@ class ProfileSession:
         if self.trace_dir.is_dir():  # an earlier session's traces from this host: replaced
             for old in self.trace_dir.glob(f"{worker}.*.pt.trace.json*"):
                 old.unlink(missing_ok=True)
+        log = None
+        if self.watch:
+            from stallscope.capture.runner import make_step_log
+
+            self.step_log = base / "watch" / "steps.jsonl"
+            log = make_step_log(self.step_log, self.trace_dir)
         self._capture = CaptureSession(Schedule(self.skip, self.warmup, self.steps, self.steady),
-                                       self.step_on, self.trace_dir, worker, run_to_end=True)
+                                       self.step_on, self.trace_dir, worker, run_to_end=True,
+                                       step_log=log)
         self._capture.start()
         return self
 
@@ -153,6 +174,10 @@ class ProfileSession:
                                contexts={str(p.resolve()): ctx for p in capture.traces})
         report.source["command"] = analyze_command(report.source["paths"], None, False)
         attach_run(report, [ctx], self.trace_dir, self.trace_dir.parent)
+        if self.step_log is not None:
+            from stallscope.report.watch_view import watch_section
+
+            report.watch = watch_section(self.step_log, report)
         self.report = Report(report)
         if self.out_dir is not None:
             self.report.save(self.out_dir)

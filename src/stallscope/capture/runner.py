@@ -107,7 +107,8 @@ def capture(
     """Run `target` under the profiler, fill in `context`, return `conclude(context, why)`."""
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
                              options.overrides, options.max_record_mb, options.no_step_s,
-                             _step_log(options), options.record_shapes)
+                             make_step_log(options.step_log, options.scalars_dir),
+                             options.record_shapes)
     context.overrides = dict(options.overrides)
     context.record_shapes = options.record_shapes
     context.steps_requested = options.sched.steps
@@ -187,20 +188,21 @@ def capture(
     return status
 
 
-def _step_log(options: CaptureOptions) -> StepLog | None:
-    """`watch`'s step log, with live TensorBoard scalars where the writer can be made (a
-    missing or broken tensorboard install costs the scalars only, said once)."""
-    if options.step_log is None:
+def make_step_log(path: Path | None, scalars_dir: Path | None) -> StepLog | None:
+    """`watch`'s step log into `path`, with live TensorBoard scalars in `scalars_dir` where the
+    writer can be made (a missing or broken tensorboard install costs the scalars only, said
+    once); None without a path."""
+    if path is None:
         return None
     scalars = None
-    if options.scalars_dir is not None:
+    if scalars_dir is not None:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            scalars = SummaryWriter(str(options.scalars_dir), flush_secs=5)
+            scalars = SummaryWriter(str(scalars_dir), flush_secs=5)
         except Exception as exc:  # noqa: BLE001 (any failure: the log goes on without them)
             progress.warn(f"no live TensorBoard scalars ({type(exc).__name__}: {exc})")
-    return StepLog(options.step_log, scalars)
+    return StepLog(path, scalars)
 
 
 def _export_failed(failed: str, status: int, error: BaseException | None) -> int:

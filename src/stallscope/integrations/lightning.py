@@ -26,9 +26,10 @@ class StallscopeCallback(Callback):
     """Profile `steps` training batches after `skip`, and write the stallscope report."""
 
     def __init__(self, steps: int = 5, skip: int = 2,
-                 out_dir: str | os.PathLike[str] | None = None) -> None:
+                 out_dir: str | os.PathLike[str] | None = None, watch: bool = False) -> None:
         super().__init__()
-        self._window = BatchWindow(steps, skip, out_dir)
+        # watch=True: every batch timed to the end of training (`stallscope watch`).
+        self._window = BatchWindow(steps, skip, out_dir, watch)
 
     @property
     def report(self) -> Report | None:

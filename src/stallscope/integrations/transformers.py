@@ -28,8 +28,9 @@ class StallscopeCallback(TrainerCallback):
     """Profile `steps` training steps after `skip`, and write the stallscope report."""
 
     def __init__(self, steps: int = 5, skip: int = 2,
-                 out_dir: str | os.PathLike[str] | None = None) -> None:
-        self._window = BatchWindow(steps, skip, out_dir)
+                 out_dir: str | os.PathLike[str] | None = None, watch: bool = False) -> None:
+        # watch=True: every batch timed to the end of training (`stallscope watch`).
+        self._window = BatchWindow(steps, skip, out_dir, watch)
 
     @property
     def report(self) -> Report | None:

@@ -8,7 +8,8 @@ then on a boundary is placed as each batch ends, so each recorded step spans fro
 one batch to the end of the next: the fetch of its batch (done between the framework's
 callbacks), the framework's per-batch hooks, forward, backward and the optimizer, which is
 where a hand-written `prof.step()` goes and what `stallscope run` records. The report is written
-as the last recorded batch ends, not at the end of training.
+as the last recorded batch ends, not at the end of training; in watch mode every batch is timed
+to the end of training (as `stallscope watch` does), and the report is written then.
 
 A callback must never end the user's training: a window that could not record or analyse
 warns (the framework's log shows it) and leaves `report` as None.
@@ -28,13 +29,17 @@ from stallscope.errors import EXIT_INTERRUPTED, NoStepsError, StallscopeError
 class BatchWindow:
     """One profiling window over a training loop's batches; `report` once it has closed."""
 
-    def __init__(self, steps: int, skip: int, out_dir: str | os.PathLike[str] | None) -> None:
+    def __init__(self, steps: int, skip: int, out_dir: str | os.PathLike[str] | None,
+                 watch: bool = False) -> None:
         for name, value, least in (("steps", steps, 1), ("skip", skip, 0)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise StallscopeError(f"{name} must be a whole number of at least {least}, "
                                       f"got {value!r}")
         self.steps, self.skip = steps, skip
         self.out_dir = out_dir
+        # Watch mode (stallscope.watch): every batch is timed to the end of training, when the
+        # report is written with the whole run's series; the recorded window is as before.
+        self.watch = watch
         self.report: Report | None = None
         self.session: ProfileSession | None = None
         self._batches = 0  # batches that have ended since `open`
@@ -46,7 +51,7 @@ class BatchWindow:
             return  # a second fit() with the same callback: the first window is the one
         out = self.out_dir if self.out_dir is not None else default_out
         self.session = ProfileSession(self.steps, skip=0, out_dir=out, warmup=1,
-                                      step_on="marker").start()
+                                      step_on="marker", watch=self.watch).start()
 
     @property
     def _live(self) -> bool:
@@ -62,7 +67,7 @@ class BatchWindow:
         if self._live and self._batches > self.skip:
             assert self.session is not None
             self.session.step()
-            if self.session.recording_done:
+            if self.session.recording_done and not self.watch:
                 self.close()
 
     def close(self, error: BaseException | None = None) -> None:
