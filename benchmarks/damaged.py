@@ -1,6 +1,7 @@
 """Damaged traces of a chosen size, made from a real one (issue 36): the decoder's worst case.
 
     python benchmarks/damaged.py [--sizes 0.5,1,2,4] [--every 20] [--escapes 1] [--source T]
+                                 [--cores 1]
 
 `damaged_text` tiles a real trace's events end to end in time (benchmarks/tiling.py's shift:
 step numbers and ids stay consistent) until the text reaches the size asked for, damages one
@@ -107,14 +108,16 @@ def damaged_text(size: int, every: int = 20, escapes: int = 1, seed: int = 0,
     return Damaged(head + SEPARATOR.join(texts) + b"\n]}", damaged, escaped)
 
 
-def time_load(text: bytes, folder: Path) -> tuple[float, int, int]:
-    """(seconds, events kept, events skipped) of `load_trace` on `text` written to a file."""
+def time_load(text: bytes, folder: Path, cores: int = 1) -> tuple[float, int, int]:
+    """(seconds, events kept, events skipped) of `load_trace` on `text` written to a file;
+    `cores` > 1 as `analyze` reads one large file (trace/split.py: a damaged part stops the
+    parts, and the file is read sequentially)."""
     from stallscope.trace.load import load_trace
 
     path = folder / "synthetic-damaged.pt.trace.json"
     path.write_bytes(text)
     t0 = time.perf_counter()
-    trace = load_trace(path)
+    trace = load_trace(path, cores=cores)
     return time.perf_counter() - t0, len(trace.events), trace.skipped_events
 
 
@@ -124,11 +127,13 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=20, help="one event in N damaged")
     parser.add_argument("--escapes", type=int, default=1, help="lone surrogate escapes")
     parser.add_argument("--source", type=Path, default=SOURCE)
+    parser.add_argument("--cores", type=int, default=1,
+                        help="processes a large file may be read with (as analyze does)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for mb in (float(s) for s in args.sizes.split(",")):
             case = damaged_text(int(mb * MB), args.every, args.escapes, source=args.source)
-            wall, kept, skipped = time_load(case.text, Path(tmp))
+            wall, kept, skipped = time_load(case.text, Path(tmp), args.cores)
             size = len(case.text) / MB
             print(f"{size:6.2f} MB  {len(case.damaged):6,} damaged  {wall:7.2f} s  "
                   f"{wall / size:6.3f} s/MB  kept {kept:,}  skipped {skipped:,}",

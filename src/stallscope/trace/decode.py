@@ -280,11 +280,13 @@ class Read1(Protocol):
 
 
 def stream_decode(fh: Read1, on_progress: Any = None,
-                  limits: Limits = Limits()) -> Decoded | None:  # noqa: B008 (frozen)
+                  limits: Limits = Limits(),  # noqa: B008 (frozen)
+                  columns: Columns | None = None) -> Decoded | None:
     """Decode an open trace file chunk by chunk; None when it is not shaped like a Kineto trace.
 
     `on_progress(n_bytes)` is called after each block read, for progress display. Raises
-    `LimitExceeded` when the file passes one of `limits`.
+    `LimitExceeded` when the file passes one of `limits`. `columns`: where the events go (a
+    fresh `Columns` by default; trace/split.py passes one whose damage stops the read).
     """
     reader = _Reader(fh, on_progress, limits.max_text_bytes)
     blocks = iter(reader)
@@ -306,11 +308,11 @@ def stream_decode(fh: Read1, on_progress: Any = None,
             return None
         if start is None:
             return None
-        return _decode_events_from(head, start, blocks, reader, limits)
+        return _decode_events_from(head, start, blocks, reader, limits, columns or Columns())
 
 
 def _decode_events_from(head: bytearray, start: _Start, blocks: Iterator[bytearray],
-                        reader: _Reader, limits: Limits) -> Decoded:
+                        reader: _Reader, limits: Limits, cols: Columns) -> Decoded:
     # The object form's text before `"traceEvents": [` is kept to read its metadata at the end;
     # the array form has none (prefix None).
     prefix = None if start.array else bytes(head[: start.prefix_end])
@@ -318,7 +320,6 @@ def _decode_events_from(head: bytearray, start: _Start, blocks: Iterator[bytearr
     buf += head[start.events:]
     at = start.events  # text offset of buf[1]
     del head
-    cols = Columns()
     retry_at = CHUNK_BYTES  # after a failed cut, try again once this much text is held
     while True:
         while len(buf) < retry_at and (block := next(blocks, None)) is not None:
