@@ -13,7 +13,9 @@ ratios are taken from runs interleaved with each other):
      of these fields must do), against `stallscope analyze` end to end (replay and the three
      reports included) on every core, and with `--jobs 1`. Peak memory is the whole process
      tree's, sampled every 20 ms: the sum of resident memory (pages a forked worker shares with
-     its parent counted in both) and the sum of proportional memory (PSS: shared pages split).
+     its parent counted in both) and, in one more run of each apart from the timed ones (reading
+     smaps slows the processes it reads), the sum of proportional memory (PSS: shared pages
+     split).
   4. the in-process stage timings of one analysis of the big trace (docs/performance.md).
 """
 
@@ -175,13 +177,21 @@ def main() -> None:
 
     size = big.stat().st_size
     typed, every, one = [], [], []
-    for i in range(args.repeat):  # interleaved, so drift falls on all three alike
-        typed.append(run([py, "-c", TYPED_DECODE, str(big)], pss=True))
-        every.append(run([*cli, "analyze", str(big), "-q", "--force", "-o",
-                          str(out / f"big{i}")], pss=True))
-        one.append(run([*cli, "analyze", str(big), "-q", "--force", "--jobs", "1", "-o",
-                        str(out / f"one{i}")], pss=True))
+    commands = {
+        "typed": [py, "-c", TYPED_DECODE, str(big)],
+        "every": [*cli, "analyze", str(big), "-q", "--force", "-o", str(out / "big")],
+        "one": [*cli, "analyze", str(big), "-q", "--force", "--jobs", "1", "-o",
+                str(out / "one")],
+    }
+    for _ in range(args.repeat):  # interleaved, so drift falls on all three alike
+        typed.append(run(commands["typed"]))
+        every.append(run(commands["every"]))
+        one.append(run(commands["one"]))
+    # Memory apart: reading every process's smaps for PSS each 20 ms slows what it samples.
+    pss = {name: run(cmd, pss=True) for name, cmd in commands.items()}
     typed_m, every_m, one_m = medians(typed), medians(every), medians(one)
+    for m, name in ((typed_m, "typed"), (every_m, "every"), (one_m, "one")):
+        m.pss = pss[name].pss
     print(f"\n{big.name}: {size / MB:,.0f} MB of JSON")
     print(line("typed msgspec decode (read + decode)", typed_m))
     print(line(f"stallscope analyze, {cores} cores (end to end)", every_m))

@@ -37,7 +37,7 @@ from stallscope.capture.steplog import StepLog
 # difference from the first is the noise floor of this machine).
 CONDITIONS = ["plain", "hooks", "watch", "plain again"]
 LOOPS = [("empty step", 0, 0), ("tiny MLP step", 64, 32), ("small MLP step", 1024, 256),
-         ("~5 ms MLP step", 2048, 384)]
+         ("~5 ms MLP step", 768, 160)]
 
 
 def make_loop(width: int, batch: int, steps: int):
