@@ -104,7 +104,7 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
                     max_buffer_bytes=args.max_buffer_mb << 20,
                     max_depth=args.max_depth)
     # One large file: its parts are read while the analysis below is imported (trace/split.py).
-    reading = (split.start(args.paths[0], args.jobs or fanout_cores(), limits)
+    reading = (split.start(args.paths[0], args.jobs or _cores(), limits)
                if len(args.paths) == 1 and not scheduler else None)
     try:
         from stallscope.commands.pipeline import analyze_paths
@@ -140,7 +140,7 @@ def _what_if(items: list[str] | None) -> list[Any]:
     return parse_what_if(items)
 
 
-def fanout_cores() -> int:
+def _cores() -> int:
     from stallscope.fanout import usable_cores
 
     return usable_cores()

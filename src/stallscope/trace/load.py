@@ -138,7 +138,7 @@ def load_trace(path: Path, on_progress: Any = None,
     if not path.is_file():  # never opened: a pipe would block the read
         raise InputError(f"{path}: {_not_a_file(path)}")
     try:
-        if reading is not None and reading.path == path:
+        if reading is not None and reading.path.resolve() == path.resolve():
             decoded = reading.result(on_progress)
         else:
             decoded = split.decode_parallel(path, cores, on_progress, limits) if cores > 1 \
