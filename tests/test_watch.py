@@ -236,3 +236,40 @@ def test_timeout_bounds_a_watch_and_keeps_every_step_watched(tmp_path: Path) -> 
     watch = json.loads((tmp_path / "out" / "report.json").read_text())["watch"]
     assert watch["n_steps"] > 50
     assert f"the {watch['n_steps']:,} step(s) watched" in done.stderr
+
+
+def test_the_live_page_is_the_run_so_far(tmp_path: Path) -> None:
+    from stallscope.report.watch_live import main as live_main
+
+    log = tmp_path / "run" / "watch" / "steps.jsonl"
+    log.parent.mkdir(parents=True)
+    with log.open("w") as fh:
+        for step in synthetic_watch(400, stall_every=50)["steps"]:
+            fh.write(json.dumps(step) + "\n")
+        fh.write('{"step": 401, "step_')  # the line being written when the page was made
+    assert live_main([str(log), "60"]) == 0
+    section = json.loads((log.parent / "live.json").read_text())
+    assert section["n_steps"] == 400 and section["notes"]
+    assert [p["every_steps"] for p in section["periodic"]] == [50]
+    page = (log.parent / "live.html").read_text()
+    assert 'id="watch-chart"' in page and "every 60 s" in page and "Every 50 steps" in page
+
+
+@pytest.mark.slow
+def test_the_live_page_is_written_while_the_run_goes(tmp_path: Path) -> None:
+    script = tmp_path / "two_epochs.py"
+    script.write_text(TWO_EPOCHS)
+    live = tmp_path / "out" / "watch" / "live.html"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "-o", str(tmp_path / "out"),
+         str(script), "0.05"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env={**os.environ, "STALLSCOPE_WATCH_LIVE_S": "1"})
+    seen_running = False
+    while proc.poll() is None:
+        if live.exists():
+            seen_running = True  # readable before the run ended
+            break
+        time.sleep(0.1)
+    assert proc.wait(timeout=300) == 0
+    assert seen_running
+    assert 'id="watch-chart"' in live.read_text()

@@ -202,7 +202,7 @@ def make_step_log(path: Path | None, scalars_dir: Path | None) -> StepLog | None
             scalars = SummaryWriter(str(scalars_dir), flush_secs=5)
         except Exception as exc:  # noqa: BLE001 (any failure: the log goes on without them)
             progress.warn(f"no live TensorBoard scalars ({type(exc).__name__}: {exc})")
-    return StepLog(path, scalars)
+    return StepLog(path, scalars, live=True)
 
 
 def _export_failed(failed: str, status: int, error: BaseException | None) -> int:

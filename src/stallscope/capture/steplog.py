@@ -20,18 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
 FLUSH_S = 1.0  # a report read mid-run is at most this late
 SCALAR_S = 0.5  # TensorBoard gets a point (the mean of the steps since the last) this often
+# OUT/watch/live.html is rewritten this often (STALLSCOPE_WATCH_LIVE_S overrides it), by a
+# process of its own (report/watch_live.py): the analysis never holds this process's GIL.
+LIVE_S = 60.0
 
 
 class StepLog:
     """Appends one line per step boundary to `path`; `close()` flushes (idempotent)."""
 
-    def __init__(self, path: Path, scalars: Any = None) -> None:
+    def __init__(self, path: Path, scalars: Any = None, live: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._fh: IO[str] | None = path.open("w", encoding="utf-8")
@@ -43,6 +48,9 @@ class StepLog:
         self._scalars = scalars  # a TensorBoard SummaryWriter, or None
         self._scalar_at = 0.0
         self._pending: list[tuple[float, float]] = []  # (step ms, wait ms) since the last point
+        self._live_every = _live_every() if live else None
+        self._live_at = time.perf_counter()
+        self._live: subprocess.Popen[bytes] | None = None
 
     def boundary(self, loader_wait_us: float, epoch: int | None, profiled: bool) -> None:
         """A step ended now (and the next began): write its line."""
@@ -75,6 +83,23 @@ class StepLog:
             self._pending.append((step_ms, wait_ms))
             if now - self._scalar_at >= SCALAR_S:
                 self._scalar_point(now)
+        if self._live_every is not None and now - self._live_at >= self._live_every:
+            self._refresh_live(now)
+
+    def _refresh_live(self, now: float) -> None:
+        """Start the live page's writer on the steps so far, unless the last one still runs."""
+        self._live_at = now
+        if self._live is not None and self._live.poll() is None:
+            return
+        try:
+            assert self._fh is not None
+            self._fh.flush()
+            self._live = subprocess.Popen(
+                [sys.executable, "-m", "stallscope.report.watch_live", str(self.path),
+                 f"{self._live_every:g}"], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except (OSError, ValueError):  # no process to spare: the live page waits
+            self._live = None
 
     def _scalar_point(self, now: float) -> None:
         """One TensorBoard point: the mean of the steps since the last one (a point per step
@@ -97,6 +122,10 @@ class StepLog:
             with contextlib.suppress(OSError):
                 self._fh.close()
             self._fh = None
+        if self._live is not None:  # let the last live page finish; the report follows
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._live.wait(timeout=10)
+            self._live = None
         if self._scalars is not None:
             self._scalar_point(time.perf_counter())
             with contextlib.suppress(Exception):
@@ -105,3 +134,10 @@ class StepLog:
             self._scalars = None
 
 
+def _live_every() -> float:
+    """LIVE_S, or STALLSCOPE_WATCH_LIVE_S when it is a positive number of seconds."""
+    try:
+        value = float(os.environ.get("STALLSCOPE_WATCH_LIVE_S", LIVE_S))
+    except ValueError:
+        return LIVE_S
+    return value if value > 0 else LIVE_S
