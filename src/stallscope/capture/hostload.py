@@ -99,10 +99,15 @@ def _schedstat(path: str) -> tuple[float, float] | None:
         return None  # ended meanwhile, or a kernel without schedstat
 
 
-def _tree_schedstat(pids: list[int]) -> tuple[float, float] | None:
-    """Run and run-queue wait summed over every thread of `pids`."""
+def _tree_schedstat(pids: list[int], main: tuple[int, int] | None = None
+                    ) -> tuple[tuple[float, float] | None, tuple[float, float] | None]:
+    """Run and run-queue wait summed over every thread of `pids`, and those of the thread
+    `main` ((pid, tid)) from the same read: its figures are then part of the sum read at the
+    same instant, so over a window the tree's run time is never below its own (read apart, the
+    thread ran between the two reads and could come out ahead)."""
     run = wait = 0.0
     seen = False
+    own = None
     for pid in pids:
         try:
             tasks = os.listdir(f"/proc/{pid}/task")
@@ -113,7 +118,9 @@ def _tree_schedstat(pids: list[int]) -> tuple[float, float] | None:
             if got is not None:
                 seen = True
                 run, wait = run + got[0], wait + got[1]
-    return (run, wait) if seen else None
+                if main is not None and (pid, tid) == (main[0], str(main[1])):
+                    own = got
+    return ((run, wait) if seen else None), own
 
 
 def thread_sched() -> tuple[float, float] | None:
@@ -133,8 +140,10 @@ def sample() -> CpuSample | None:
         tree = _process_cpu(root) + sum(_process_cpu(c) for c in children)
     except (psutil.Error, OSError):
         return None
-    sched = _tree_schedstat([root.pid, *(c.pid for c in children)])
-    main = _schedstat(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+    me = (os.getpid(), threading.get_native_id())
+    sched, main = _tree_schedstat([root.pid, *(c.pid for c in children)], me)
+    if main is None:  # this process is not in the tree read (its root is a parent of it)
+        main = _schedstat(f"/proc/self/task/{me[1]}/schedstat")
     busy = total = 0.0
     for i in cpus:
         if i >= len(per_cpu):
