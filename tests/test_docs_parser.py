@@ -14,7 +14,7 @@ import pytest
 from stallscope import cli, errors
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-COMMANDS = ("run", "analyze", "compare", "tune")
+COMMANDS = ("run", "watch", "analyze", "compare", "tune")
 
 
 def _command_parsers() -> dict[str, argparse.ArgumentParser]:

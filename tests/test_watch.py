@@ -273,3 +273,24 @@ def test_the_live_page_is_written_while_the_run_goes(tmp_path: Path) -> None:
     assert proc.wait(timeout=300) == 0
     assert seen_running
     assert 'id="watch-chart"' in live.read_text()
+
+
+@pytest.mark.slow
+def test_max_steps_stops_a_watch_with_its_report(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    script = [str(root / "examples" / "watch_cases.py"), "--case", "steady", "--steps", "100000"]
+    done = subprocess.run(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "--max-steps", "40", "-o",
+         str(tmp_path / "out"), *script], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["watch"]["n_steps"] == 40
+    assert report["run"]["ended"] == "max steps" and report["run"]["steps_recorded"] == 5
+    # Stopped before recording began: one line that says what to change, no report.
+    early = subprocess.run(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "--max-steps", "3", "-o",
+         str(tmp_path / "early"), *script], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path)
+    assert early.returncode == 4
+    assert "--max-steps stopped the script before recording began" in early.stderr

@@ -83,6 +83,7 @@ class CaptureOptions:
     # TensorBoard scalars into `scalars_dir` as the run goes.
     step_log: Path | None = None
     scalars_dir: Path | None = None
+    max_steps: int | None = None  # `watch --max-steps`
     record_shapes: bool = RECORD_SHAPES  # `--record-shapes`: ops' input shapes in the trace
 
 
@@ -108,7 +109,7 @@ def capture(
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
                              options.overrides, options.max_record_mb, options.no_step_s,
                              make_step_log(options.step_log, options.scalars_dir),
-                             options.record_shapes)
+                             options.record_shapes, options.max_steps)
     context.overrides = dict(options.overrides)
     context.record_shapes = options.record_shapes
     context.steps_requested = options.sched.steps
@@ -324,8 +325,8 @@ def _run(target: Target) -> tuple[str, int, BaseException | None]:
     """Run the script; how it ended, its exit status, and its own exception if it raised."""
     try:
         run_target(target)
-    except StopScript:
-        return "stopped", 0, None
+    except StopScript as stop:
+        return ("max steps" if stop.max_steps else "stopped"), 0, None
     except SystemExit as exc:
         return "exit", _exit_status(exc.code), None
     except KeyboardInterrupt:
@@ -397,7 +398,7 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
             "No DataLoader between optimizer steps: step boundaries were placed inside "
             "optimizer.step(), so each step's range ends just before that call returns."
         )
-    if session.stop_requested and ending.ended != "stopped":
+    if session.stop_requested and ending.ended not in ("stopped", "max steps"):
         context.notes.append(
             "The script caught stallscope's stop request (a bare except or except "
             "BaseException) and ran on."

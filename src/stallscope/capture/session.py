@@ -55,10 +55,14 @@ RECORD_SHAPES = False
 
 
 class StopScript(BaseException):
-    """Raised in the training loop once the requested steps are recorded (see --run-to-end)."""
+    """Raised in the training loop once the requested steps are recorded (see --run-to-end),
+    or, under `watch --max-steps`, once that many steps were watched (`max_steps`)."""
 
-    def __init__(self) -> None:
-        super().__init__("stallscope recorded the requested steps and stopped the script")
+    def __init__(self, max_steps: int | None = None) -> None:
+        super().__init__(f"stallscope watched {max_steps} steps and stopped the script"
+                         if max_steps else
+                         "stallscope recorded the requested steps and stopped the script")
+        self.max_steps = max_steps
 
 
 @dataclass(frozen=True)
@@ -94,10 +98,12 @@ class CaptureSession:
         no_step_s: float | None = NO_STEP_S,
         step_log: StepLog | None = None,
         record_shapes: bool = RECORD_SHAPES,
+        max_steps: int | None = None,
     ) -> None:
         self.sched = sched
         # `watch`: every step of the run into a log; the hooks then stay after recording.
         self.step_log = step_log
+        self.max_steps = max_steps  # `watch --max-steps`: stop the script after this many
         self.record_shapes = record_shapes
         self.trace_dir = trace_dir
         self.worker = worker
@@ -322,6 +328,10 @@ class CaptureSession:
         if self.step_log is not None:
             self.step_log.boundary(self.watcher.take_step_wait(), self.watcher.current_epoch(),
                                    self.watcher.recording)
+            if (self.max_steps and self.step_log.steps >= self.max_steps
+                    and not self.stop_requested
+                    and threading.current_thread() is threading.main_thread()):
+                self._stop_at_max_steps()
         if self.done:
             if self.aside:
                 self._after_aside()
@@ -487,6 +497,17 @@ class CaptureSession:
             self.compile_wait += 1
             if self.compile_wait == 1:
                 progress.say("torch.compile is still compiling: recording waits for it")
+
+    def _stop_at_max_steps(self) -> None:
+        """`watch --max-steps N`: N steps watched. The recording, if it is still going, keeps
+        its complete steps (as at the script's end), then the script is stopped."""
+        self.stop_requested = True
+        if self._started and not self.done:
+            self._stop_early()
+        self._remove_hooks()
+        progress.say(f"--max-steps {self.max_steps}: {self.max_steps} steps watched, stopping "
+                     "the script")
+        raise StopScript(self.max_steps)
 
     def _end_recording(self, recorded: int) -> None:
         """End recording at this boundary with `recorded` complete steps (the budget's cut):

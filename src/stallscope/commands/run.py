@@ -169,9 +169,10 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
                                       steady=not args.no_steady_wait), args.step_on,
                              args.run_to_end or watch, overrides, args.timeout,
                              args.max_record_mb, args.no_step_warning,
-                             step_log_path(out, launch) if watch else None,
-                             trace_dir(plan) if watch else None,
-                             args.record_shapes)
+                             step_log=step_log_path(out, launch) if watch else None,
+                             scalars_dir=trace_dir(plan) if watch else None,
+                             record_shapes=args.record_shapes,
+                             max_steps=getattr(args, "max_steps", None))
     if watch:
         progress.say(f"watching {target.name} to its end: every step timed into "
                      f"{step_log_path(out, launch)}, {args.steps} steps recorded under the "
@@ -424,6 +425,7 @@ def how_it_ended(ctx: RunContext) -> str:
         "interrupted": "was interrupted",
         "terminated": "was terminated",
         "timed out": "was stopped at --timeout",
+        "max steps": "was stopped at --max-steps",
     }.get(ctx.ended, str(ctx.ended))
 
 
@@ -477,6 +479,11 @@ def no_steps_reason(ctx: RunContext) -> str:
             "no step recorded: the script never called optimizer.step() on a torch.optim "
             "optimizer nor drew a batch from a torch DataLoader; call stallscope.step() at the "
             "end of each iteration (a no-op when stallscope is not running)"
+        )
+    if ctx.ended == "max steps":
+        return (
+            "no step recorded: --max-steps stopped the script before recording began "
+            "(after --skip, --warmup and the wait for steady steps); raise --max-steps"
         )
     return (
         "no step recorded: the script ended before recording began (during the --skip and "

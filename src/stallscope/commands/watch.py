@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from stallscope.commands import COMMANDS
+from stallscope.commands.common import whole_number
 
 NAME = "watch"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
@@ -33,6 +34,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "the diagnosis of the recorded steps. --timeout bounds the run's duration.",
     )
     add_capture_arguments(watch)
+    watch.add_argument("--max-steps", type=whole_number(1), metavar="N",
+                       help="stop the script once N steps have been watched, the report "
+                       "covering them (exit 0); --timeout bounds the run by time instead")
     watch.set_defaults(watch=True, run_to_end=True)
     return watch
 
