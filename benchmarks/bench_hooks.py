@@ -84,6 +84,15 @@ def main() -> None:
                         help="torch intra-op threads (1 keeps round-to-round noise down)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:  # why the step log averages its points
+        writer = SummaryWriter(tmp)
+        start = time.perf_counter()
+        for i in range(5000):
+            writer.add_scalar("x", 1.0, i)
+        writer.close()
+        print(f"TensorBoard add_scalar: {(time.perf_counter() - start) / 5000 * 1e6:.1f} us a "
+              "point (the step log writes the mean of the steps since its last point, each "
+              "half second)")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{args.steps} steps x {args.rounds} rounds per condition")
     for label, width, batch in LOOPS:

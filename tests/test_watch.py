@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,16 @@ def read_steps(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return StepSeries.from_jsonl(path).to_records()
+
+
+def start_watch(tmp_path: Path, sleep_s: str, **popen: Any) -> subprocess.Popen:
+    """`stallscope watch -q` on TWO_EPOCHS (each step sleeping `sleep_s`), left running."""
+    script = tmp_path / "two_epochs.py"
+    script.write_text(TWO_EPOCHS)
+    return subprocess.Popen(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "-o", str(tmp_path / "out"),
+         str(script), sleep_s], cwd=tmp_path, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, **popen)
 
 
 def watch(tmp_path: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -86,13 +97,8 @@ def test_watch_logs_every_step_of_the_whole_run(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_killed_watch_keeps_the_steps_it_logged(tmp_path: Path) -> None:
-    script = tmp_path / "two_epochs.py"
-    script.write_text(TWO_EPOCHS)
     log = tmp_path / "out" / "watch" / "steps.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stallscope", "watch", "-q", "-o", str(tmp_path / "out"),
-         str(script), "0.1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = start_watch(tmp_path, "0.1", start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(read_steps(log)) < 20:
         time.sleep(0.2)
@@ -257,13 +263,8 @@ def test_the_live_page_is_the_run_so_far(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_live_page_is_written_while_the_run_goes(tmp_path: Path) -> None:
-    script = tmp_path / "two_epochs.py"
-    script.write_text(TWO_EPOCHS)
     live = tmp_path / "out" / "watch" / "live.html"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "stallscope", "watch", "-q", "-o", str(tmp_path / "out"),
-         str(script), "0.05"], cwd=tmp_path, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, env={**os.environ, "STALLSCOPE_WATCH_LIVE_S": "1"})
+    proc = start_watch(tmp_path, "0.05", env={**os.environ, "STALLSCOPE_WATCH_LIVE_S": "1"})
     seen_running = False
     while proc.poll() is None:
         if live.exists():

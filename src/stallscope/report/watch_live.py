@@ -17,20 +17,7 @@ from pathlib import Path
 from stallscope.outputs import write_files
 from stallscope.report.html import jinja_env
 from stallscope.report.watch_chart import watch_chart
-from stallscope.wholerun.series import StepSeries
-from stallscope.wholerun.summary import summarise
-
-
-def live_section(step_log: Path) -> dict:
-    """The `watch` section of the steps logged so far (no capture: none is analysed yet)."""
-    series = StepSeries.from_jsonl(step_log)
-    section = summarise(series)
-    valid = series.valid
-    total = float(series.step_ms[valid].sum())
-    section["loader_wait_share"] = (round(float(series.loader_wait_ms[valid].sum()) / total, 4)
-                                    if total > 0 else None)
-    section["step_log"] = str(step_log)
-    return section
+from stallscope.report.watch_view import run_section
 
 
 def render_live(section: dict, target: str, every_s: float) -> str:
@@ -42,7 +29,7 @@ def render_live(section: dict, target: str, every_s: float) -> str:
 
 def write_live(step_log: Path, every_s: float) -> None:
     """OUT/watch/live.json and live.html from OUT/watch/steps.jsonl (both, or neither)."""
-    section = live_section(step_log)
+    section = run_section(step_log)  # no capture yet: none is analysed mid-run
     target = step_log.parent.parent.name
     files = {"live.json": json.dumps(section, allow_nan=False)}
     if section["steps"] and len([s for s in section["steps"] if s.get("step_ms")]) >= 2:

@@ -11,18 +11,21 @@ from stallscope.wholerun.series import StepSeries
 from stallscope.wholerun.summary import summarise
 
 
-def watch_section(log: Path, report: Any) -> dict[str, Any]:
-    """The `watch` section of `report`, a `stallscope watch` run's, from its step log."""
+def run_section(log: Path) -> dict[str, Any]:
+    """The whole run's analysis from its step log (also the live page's: report/watch_live.py);
+    the captures are left to the caller."""
     try:
         series = StepSeries.from_jsonl(log)
     except OSError:  # no step was logged (the script ended before its second boundary)
         series = StepSeries.from_records([])
     section = summarise(series)
-    valid = series.valid
-    step_total = float(series.step_ms[valid].sum())
-    section["loader_wait_share"] = (round(float(series.loader_wait_ms[valid].sum())
-                                          / step_total, 4) if step_total > 0 else None)
     section["step_log"] = str(log)
+    return section
+
+
+def watch_section(log: Path, report: Any) -> dict[str, Any]:
+    """The `watch` section of `report`, a `stallscope watch` run's, from its step log."""
+    section = run_section(log)
     window = (report.run or {}).get("window") or {}
     section["captures"] = [{"first_step": window.get("first_step"), "verdict": report.verdict}]
     return section

@@ -41,14 +41,16 @@ from stallscope.trace.decode import (
     stream_decode,
 )
 
-# Smallest file read in parts: below it a process's start (fork, about 10 ms; the join copies
-# each part's columns once) is not repaid. Each part is at least MIN_PART_BYTES.
+# Smallest file read in parts: below it the processes' start and the join of their columns are
+# not repaid (a whole attempt that stopped at damage cost 0.08-0.10 s on 64 MB, sequential read
+# 1.38 s: docs/performance.md). Each part is at least MIN_PART_BYTES.
 PARALLEL_MIN_BYTES = 64 << 20
 MIN_PART_BYTES = 32 << 20
 # Text searched after a nominal cut for the next `}, {`: an event is rarely over a few kB.
 SEARCH_BYTES = 1 << 20
-# A part's peak memory per byte of its text, plus a process's own (measured on the 302 MB
-# tiled trace: columns are 0.18x the text, a chunk and its structs about 20 MB).
+# A part's peak memory per byte of its text, plus a process's own: a margin over what the 302 MB
+# tiled trace measured (its events and args tables 31 MB, 0.10x the text; one process's peak
+# 0.86x the text with pandas and the analysis, which a part does not hold).
 PART_PEAK_PER_BYTE = 0.3
 PART_BASE_BYTES = 40 << 20
 _CODED = ("cat", "name", "pid", "tid")

@@ -73,6 +73,9 @@ def summarise(series: StepSeries) -> dict[str, Any]:
         "n_steps": len(series),
         "measured_steps": n_valid,
         "wall_ms": round(wall, 3),
+        # The DataLoader's share of the measured steps' time, over the whole run.
+        "loader_wait_share": (round(float(v.wait_ms.sum()) / float(step_ms.sum()), 4)
+                              if step_ms.size and step_ms.sum() > 0 else None),
         "median_step_ms": round(float(np.median(step_ms)), 3) if step_ms.size else None,
         "steps": steps,
         "regimes": _regime_dicts(v, regimes.find_regimes(
