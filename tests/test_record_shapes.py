@@ -13,7 +13,9 @@ from torch.profiler import ProfilerActivity
 
 from stallscope.capture import opcost
 from stallscope.cli import build_parser
-from stallscope.report.recording import recording_text
+from stallscope.report.recording import recording_cost, recording_text
+from stallscope.trace.load import load_trace
+from stallscope.trace.model import build_model
 
 from .test_run import FAILING, report_of, stallscope
 
@@ -93,3 +95,19 @@ def test_the_report_states_the_cost_as_an_estimate_with_the_measured_gap() -> No
     # A trace that does not say what its recording cost is not given a figure.
     assert recording_text({**rec, "op_us": None}, 10_000.0) is None
     assert recording_text(None, 10_000.0) is None
+
+
+@pytest.mark.parametrize("name, per", [("real-h100-r1-hostbound", "call"),
+                                       ("cpu-loader-bound", "event")])
+def test_the_estimate_is_per_call_with_cuda_and_per_event_on_the_cpu(name: str, per: str) -> None:
+    """A kernel-launching call records one op event: per-event costs taken from the CPU
+    calibration (five events a call) said 1.4 ms of a host-bound H100 step whose plain runs
+    were 6.1-6.8 ms shorter; the per-call cost said 7.2 ms."""
+    path = Path(__file__).resolve().parents[1] / "sample_traces" / f"{name}.pt.trace.json.gz"
+    model = build_model(load_trace(path))
+    cost = model.trace.capture.setdefault("profiler_cost", {})
+    cost["cpu_op"] = {**(cost.get("cpu_op") or {}), "added_us": 10.0, "added_us_per_event": 2.0}
+    rec = recording_cost(model)
+    assert rec["estimate_per"] == per
+    per_op = 10.0 if per == "call" else 2.0
+    assert rec["estimated_step_cost_us"] == pytest.approx(rec["ops_per_step"] * per_op, rel=1e-3)

@@ -231,7 +231,8 @@ class Recording(msgspec.Struct, forbid_unknown_fields=True):
     several on the CPU), `launch_op_us` per kernel-launching call (with CUDA); `ops_per_step`,
     the host ops recorded per judged step; `estimated_step_cost_us` and `estimated_share_pct`
     (of the median step): an estimate, ops_per_step times op_us_per_event (`estimate_per`:
-    `event`), or times op_us where events were not counted (`call`); `unprofiled_step_us`, the
+    `event`, CPU-only traces), or times op_us (`call`: traces with GPU activity, or where events
+    were not counted); `unprofiled_step_us`, the
     median of the steps timed without the profiler just before recording, and
     `recorded_above_unprofiled_pct`, the median recorded step against it (measured). Null
     where the trace does not say."""
