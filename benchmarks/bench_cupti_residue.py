@@ -12,12 +12,13 @@ process: a launch-bound training step (the host-bound CNN of sample_traces/gpu_w
 data already on the GPU) timed, then one profiler session with CPU and CUDA activity (as
 opcost's), then timed again.
 
-    python benchmarks/bench_cupti_residue.py [--steps 200] [--rounds 3]
+    python benchmarks/bench_cupti_residue.py [--steps 200] [--rounds 3] [--repeat 1]
 
 Modes: `default` (Kineto's own default), `teardown` (TEARDOWN_CUPTI=1 set before torch is
-imported), `cpu-only` (the session records CPU activity only: no CUPTI). A ratio after/before
-well above the before rounds' own spread in `default`, and near 1 in the other two, says the
-profiler's residue is what slows the process.
+imported), `cpu-only` (the session records CPU activity only: no CUPTI), and `none` (the
+control: the same steps with no profiler session, so a drift of the process or machine over
+time shows there too). A ratio after/before well above `none`'s in `default`, and near it in
+the other two, says the profiler's residue is what slows the process.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("default", "teardown", "cpu-only")
+MODES = ("none", "default", "teardown", "cpu-only")
 
 
 def child(mode: str, steps: int, rounds: int) -> dict:
@@ -77,10 +78,15 @@ def child(mode: str, steps: int, rounds: int) -> dict:
     acts = [ProfilerActivity.CPU]
     if mode != "cpu-only":
         acts.append(ProfilerActivity.CUDA)
-    with profile(activities=acts, record_shapes=True):  # what opcost does, once
+    if mode == "none":  # the control: the same steps, no profiler session
         for _ in range(5):
             step()
         torch.cuda.synchronize()
+    else:
+        with profile(activities=acts, record_shapes=True):  # what opcost does, once
+            for _ in range(5):
+                step()
+            torch.cuda.synchronize()
     after = timed()
     return {"mode": mode, "before_ms": [round(v, 3) for v in before],
             "after_ms": [round(v, 3) for v in after],
@@ -92,12 +98,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="sweeps over the modes, each in the reverse order of the last")
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
         print(json.dumps(child(a.child, a.steps, a.rounds)))
         return
-    for mode in MODES:
+    sweeps = [MODES if i % 2 == 0 else MODES[::-1] for i in range(a.repeat)]
+    for mode in (m for sweep in sweeps for m in sweep):
         proc = subprocess.run([sys.executable, __file__, "--child", mode, "--steps",
                                str(a.steps), "--rounds", str(a.rounds)],
                               capture_output=True, text=True, check=False)

@@ -99,6 +99,8 @@ def main() -> None:
     p.add_argument("--deadline", type=float, default=0.0,
                    help="start no configuration after this many seconds (0: no limit)")
     p.add_argument("--extra", default="", help="arguments added to every run (a CPU dry run)")
+    p.add_argument("--run-args", default="",
+                   help="arguments added to every `stallscope run` (e.g. --record-shapes)")
     p.add_argument("--record-steps", type=int, default=6, help="steps each run records")
     p.add_argument("--interleave", action="store_true",
                    help="time the plain runs round-robin over the configurations (a host that "
@@ -106,7 +108,7 @@ def main() -> None:
                         "then record each")
     a = p.parse_args()
     start = time.perf_counter()
-    run = [*RUN[:-1], str(a.record_steps)]
+    run = [*RUN[:-1], str(a.record_steps), *shlex.split(a.run_args)]
     a.out.mkdir(parents=True, exist_ok=True)
     work = a.out / "work"
     names = a.only.split(",") if a.only else list(CONFIGS)

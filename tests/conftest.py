@@ -58,7 +58,7 @@ def committed_traces() -> list[Path]:
     """Every trace file committed in sample_traces/ (its own recordings, the synthetic ones and
     the public real traces): what the snapshot and end-to-end tests walk through."""
     return sorted(p for p in SAMPLES.rglob("*") if p.is_file() and ".json" in p.name
-                  and not p.name.endswith("-measured.json"))
+                  and not p.name.endswith(("-measured.json", ".jsonl")))
 
 
 @pytest.fixture(scope="session")
