@@ -351,7 +351,7 @@ def test_watch_times_every_step_of_the_block_and_analyses_them(tmp_path: Path) -
     # three recorded under the profiler marked and set aside.
     assert watch["n_steps"] == ran - 2
     assert sum(s["profiled"] for s in watch["steps"]) == 3
-    assert watch["regimes"] and watch["captures"][0]["verdict"] == data["verdict"]["text"]
+    assert watch["regimes"] and watch["captures"][0]["verdict"] == data["verdict"]
     assert (tmp_path / "out" / "watch" / "steps.jsonl").is_file()
     page = (tmp_path / "out" / "report.html").read_text()
     assert 'id="watch-chart"' in page

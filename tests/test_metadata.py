@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from stallscope.capture.session import metadata_text
+from stallscope.capture.metadata import metadata_text
 
 NASTY = {"call_site": 'C:\\data\\train.py:12', "line": 'img.convert("RGB")\tx\n',
          "name": "données_✓", "nested": [{"q": '"'}], "n": 1.5}

@@ -85,7 +85,7 @@ def test_watch_logs_every_step_of_the_whole_run(tmp_path: Path) -> None:
     check(report)  # the shipped schema describes it
     assert report["watch"]["n_steps"] == 78
     assert len(report["watch"]["regimes"]) == 1  # a steady loop: one regime
-    assert report["watch"]["captures"][0]["verdict"] == report["verdict"]["text"]
+    assert report["watch"]["captures"][0]["verdict"] == report["verdict"]
     # The same figures as TensorBoard scalars, beside the trace.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

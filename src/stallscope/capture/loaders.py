@@ -94,6 +94,18 @@ class LoaderWatcher:
         self._pins.active = value
         self._recording = value
 
+    def new_window(self) -> None:
+        """Forget the last recorded window: `watch`'s later captures (capture/recapture.py)
+        describe their own steps' loaders, not the sum since the first capture. Called while
+        not recording; the workers' totals are re-based when recording starts again."""
+        for info in self.loaders:
+            info.batches_recorded = info.fetch_bytes = 0
+            info.fetch_wall_us = info.fetch_cpu_us = info.fetch_process_cpu_us = 0.0
+        for key, tap in list(self._taps.items()):
+            self._taps[key] = _Tap(tap.key, tap.collate,
+                                   runq_us=None if tap.runq_us is None else 0.0)
+        self._record_start = float("inf")
+
     def anatomy_of(self, info: LoaderInfo) -> dict[str, Any]:
         """The loader's anatomy over the recording so far (also kept in `info.anatomy` and
         `info.bound`); the last one computed once the hooks are removed. Never raises.

@@ -14,7 +14,6 @@ only one profiler can run in a process.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -35,9 +34,11 @@ from stallscope.capture.export import export_trace
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
+from stallscope.capture.metadata import metadata_text
 from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.quiet import quiet_profiler_warnings, usdt_filtered
-from stallscope.capture.steplog import StepLog
+from stallscope.capture.recapture import LaterCaptures
+from stallscope.capture.steplog import StepLog, captures_path
 from stallscope.capture.steps import StepDriver
 
 # torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
@@ -103,6 +104,7 @@ class CaptureSession:
         self.sched = sched
         # `watch`: every step of the run into a log; the hooks then stay after recording.
         self.step_log = step_log
+        self.later: LaterCaptures | None = None  # `watch`: the captures after the first
         self.max_steps = max_steps  # `watch --max-steps`: stop the script after this many
         self.record_shapes = record_shapes
         self.trace_dir = trace_dir
@@ -165,7 +167,7 @@ class CaptureSession:
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         self.activities = [a.name for a in activities]
-        self._activities = activities
+        self.profiler_activities = activities
         # What one recorded op costs the host under this profiler (capture/opcost.py),
         # measured by start(): the replay takes it out of the recorded steps.
         self.profiler_cost: dict[str, Any] = {}
@@ -184,7 +186,7 @@ class CaptureSession:
     def start(self) -> None:
         quiet_profiler_warnings()
         with usdt_filtered():  # before any hook: the calibration's ops are no script's
-            self.profiler_cost = opcost.session_costs(self._activities, self.record_shapes)
+            self.profiler_cost = opcost.session_costs(self.profiler_activities, self.record_shapes)
         self.watcher.install()
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
@@ -235,6 +237,8 @@ class CaptureSession:
         self._remove_hooks()
         self.foreign.uninstall()
         if self.step_log is not None:
+            if self.later is not None:
+                self.later.finish(self.step_log.steps)
             self.step_log.close()
         if self._started and not self.done:
             self._stop_early()
@@ -326,8 +330,13 @@ class CaptureSession:
 
     def _boundary(self) -> None:
         if self.step_log is not None:
+            later = self.later
+            profiled = self.watcher.recording or (later is not None and later.prof is not None)
             self.step_log.boundary(self.watcher.take_step_wait(), self.watcher.current_epoch(),
-                                   self.watcher.recording)
+                                   profiled)
+            if later is not None:
+                later.boundary(self.step_log.steps, self.step_log.last_step_ms,
+                               self.step_log.last_wait_ms, profiled)
             if (self.max_steps and self.step_log.steps >= self.max_steps
                     and not self.stop_requested
                     and threading.current_thread() is threading.main_thread()):
@@ -553,6 +562,8 @@ class CaptureSession:
             self.prof.stop()
         if self.step_log is None:
             self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
+        elif self.run_to_end and not self.aside and self.foreign.seen is None:
+            self.later = LaterCaptures(captures_path(self.step_log.path), self, self.step_log.steps)
         if not self.run_to_end and threading.current_thread() is threading.main_thread():
             self.stop_requested = True
             progress.say("recording done: stopping the script")
@@ -588,6 +599,11 @@ class CaptureSession:
         keeps the last value); not at the steps between: the loaders' anatomy reads every
         worker's file, ~1 ms a step saved (benchmarks/bench_anatomy.py)."""
         self._meta_added = True
+        self.prof.add_metadata_json("stallscope", metadata_text(self.metadata()))
+
+    def metadata(self) -> dict[str, Any]:
+        """The facts `_add_metadata` writes (also each later capture's: capture/recapture.py,
+        which adds its own window's unprofiled steps and why it was taken)."""
         meta: dict[str, Any] = {
             "tool": f"stallscope {__version__}",
             # Kineto does not record it; advice is spelled for this version (trace/version.py).
@@ -640,7 +656,7 @@ class CaptureSession:
                  "fetch_bytes": d.fetch_bytes, "anatomy": self.watcher.anatomy_of(d)}
                 for d in self.watcher.loaders if d.batches_recorded
             ]
-        self.prof.add_metadata_json("stallscope", metadata_text(meta))
+        return meta
 
     def _on_trace_ready(self, prof: Any) -> None:
         if self._discard:
@@ -657,27 +673,6 @@ class CaptureSession:
         self.traces.extend(written)
         for path in written:
             progress.say(f"trace written: {path.name} ({progress.size_text(path.stat().st_size)})")
-
-
-def _kineto_safe(value: Any) -> Any:
-    """Kineto writes metadata with every backslash turned into a slash: an escaped quote
-    (a call site or a source line holding `"`) would break the whole trace file. Strings lose
-    their quotes and backslashes instead (`"` -> `'`, `\\` -> `/`)."""
-    if isinstance(value, str):
-        text = value.replace("\\", "/").replace('"', "'")
-        return "".join(c if c >= " " and c != "\x7f" else " " for c in text)
-    if isinstance(value, dict):
-        return {_kineto_safe(k): _kineto_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_kineto_safe(v) for v in value]
-    return value
-
-
-def metadata_text(meta: dict[str, Any]) -> str:
-    """stallscope's metadata as Kineto can write it: JSON with no backslash anywhere (no
-    escaped quotes or control characters: those become spaces; non-ASCII text written as
-    itself rather than as \\u escapes)."""
-    return json.dumps(_kineto_safe(meta), ensure_ascii=False)
 
 
 def _dynamo_counter(group: str, key: str) -> int | None:

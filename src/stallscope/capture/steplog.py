@@ -33,6 +33,12 @@ SCALAR_S = 0.5  # TensorBoard gets a point (the mean of the steps since the last
 LIVE_S = 60.0
 
 
+def captures_path(log: Path) -> Path:
+    """Where `watch`'s later captures are listed, beside the step log `log`
+    (capture/recapture.py writes it, commands/run.py reads it)."""
+    return log.with_name(log.stem + ".captures.jsonl")
+
+
 class StepLog:
     """Appends one line per step boundary to `path`; `close()` flushes (idempotent)."""
 
@@ -40,11 +46,13 @@ class StepLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._fh: IO[str] | None = path.open("w", encoding="utf-8")
+        captures_path(path).unlink(missing_ok=True)  # an earlier run's, in the same folder
         self._pid = os.getpid()
         self._started = False
         self._first = self._last = self._cpu = 0.0
         self._flushed = time.perf_counter()
         self.steps = 0
+        self.last_step_ms = self.last_wait_ms = 0.0  # the step logged last (capture/later.py)
         self._scalars = scalars  # a TensorBoard SummaryWriter, or None
         self._scalar_at = 0.0
         self._pending: list[tuple[float, float]] = []  # (step ms, wait ms) since the last point
@@ -64,6 +72,7 @@ class StepLog:
             return
         self.steps += 1
         step_ms, wait_ms = (now - self._last) * 1e3, loader_wait_us / 1e3
+        self.last_step_ms, self.last_wait_ms = step_ms, wait_ms
         # Formatted by hand: json.dumps of a dict costs several times as much, every step.
         line = (f'{{"step":{self.steps},"start_s":{self._last - self._first:.6f},'
                 f'"step_ms":{step_ms:.4f},"cpu_ms":{(cpu - self._cpu) * 1e3:.4f},'

@@ -11,6 +11,7 @@ start-up with every command's, so torch, pandas and the writers load only when t
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import time
@@ -38,6 +39,7 @@ from stallscope.errors import (
     EXIT_USAGE,
     NoStepsError,
     OutputError,
+    StallscopeError,
     Terminated,
     fail,
 )
@@ -257,6 +259,31 @@ def step_log_path(out: Path, launch: Launch) -> Path:
     return out / "watch" / name
 
 
+def later_captures(log: Path) -> list[dict[str, Any]]:
+    """`watch`'s captures after the first (capture/recapture.py wrote one line each beside the
+    step log), each diagnosed from its own trace; the skipped and failed ones as they are."""
+    from stallscope.capture.steplog import captures_path
+    from stallscope.commands.pipeline import analyze_paths
+    from stallscope.report.json_writer import verdict_data
+
+    lines = captures_path(log)
+    try:
+        records = [json.loads(line) for line in lines.read_text(encoding="utf-8").splitlines()
+                   if line.strip()]
+    except (OSError, ValueError):
+        return []
+    out = []
+    for rec in records:
+        traces = [Path(t) for t in rec.get("traces") or [] if Path(t).is_file()]
+        if traces:
+            try:
+                rec["verdict"] = verdict_data(analyze_paths(traces))
+            except (StallscopeError, OSError) as exc:  # one capture's trace, not the report
+                rec["failed"] = f"not analysed: {exc}"
+        out.append(rec)
+    return out
+
+
 def context_path(out: Path, rank: int) -> Path:
     return out / "capture" / f"rank-{rank}.json"
 
@@ -349,7 +376,8 @@ def _analyse(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
         if plan.watch:
             from stallscope.report.watch_view import watch_section
 
-            report.watch = watch_section(step_log_path(plan.out, launch), report)
+            log = step_log_path(plan.out, launch)
+            report.watch = watch_section(log, report, later_captures(log))
     except NoStepsError as exc:
         seen = write_unrecorded(plan, contexts[0])
         if ctx.exit_status:

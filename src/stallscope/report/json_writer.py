@@ -28,13 +28,18 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def verdict_data(report: Report) -> dict[str, Any]:
+    """report.json's `verdict` (schema.Verdict): the line, what it speaks of, its lead."""
+    return {"text": report.verdict, "id": report.verdict_id,
+            "finding": report.lead.id if report.lead else None}
+
+
 def report_data(report: Report) -> dict[str, Any]:
     """The report as JSON-ready data (also what the HTML page embeds), with the verdict line,
     what it speaks of (`verdict.id`: a finding id or a no-finding kind) and the finding the
     page leads with (`verdict.finding`, Report.lead; null when nothing was found)."""
     data = report.to_dict()
-    data["verdict"] = {"text": report.verdict, "id": report.verdict_id,
-                       "finding": report.lead.id if report.lead else None}
+    data["verdict"] = verdict_data(report)
     # The words every view uses for each breakdown key (report/labels.py).
     data["category_names"] = dict(CATEGORY_NAMES)
     return _clean(data)

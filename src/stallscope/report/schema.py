@@ -302,11 +302,18 @@ class WatchStep(msgspec.Struct):
     spike: bool
 
 
-class WatchCapture(msgspec.Struct):
-    """A window recorded under the profiler and diagnosed: where it began, what it found."""
+class WatchCapture(msgspec.Struct, forbid_unknown_fields=True):
+    """A window recorded under the profiler and diagnosed: where it began (`first_step`, the
+    first recorded step), what it found (`verdict`, as the report's own), why it was taken
+    (`kind`: `first`, the report's own window; `regime`, a change in the step-time mix;
+    `periodic`, a recurring stall; `why` in words) and its trace (`trace`; null for the first,
+    whose trace is the report's). Defaults and bounds: docs/watch.md."""
 
     first_step: int | None
-    verdict: str
+    verdict: Verdict
+    kind: str | None = None
+    why: str | None = None
+    trace: str | None = None
 
 
 class Watch(msgspec.Struct):

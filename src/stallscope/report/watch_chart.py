@@ -51,10 +51,8 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
               if s.get("epoch") is not None and prev.get("epoch") is not None
               and s["epoch"] != prev["epoch"]]
     profiled = [s["step"] for s in steps if s.get("profiled")]
-    captures = []
-    if profiled:
-        captures.append({"x": x_of(profiled[0]), "w": _span(x_of, profiled[0], profiled[-1], 2.0),
-                         "first": profiled[0], "last": profiled[-1]})
+    captures = [{"x": x_of(a), "w": _span(x_of, a, b, 2.0), "first": a, "last": b}
+                for a, b in _runs(profiled)]
     regimes = [{"x": x_of(r["first_step"]), "w": _span(x_of, r["first_step"], r["last_step"]),
                 "label": f"regime {i + 1}", "odd": i % 2 == 1, "first": r["first_step"],
                 "last": r["last_step"], "median_ms": r.get("median_step_ms")}
@@ -70,6 +68,17 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
             "epochs": epochs, "captures": captures, "regimes": regimes, "marks": marks,
             "ticks": ticks, "step_ticks": step_ticks, "bucket": size, "steps": n,
             "clipped": sum(1 for v in ordered if v > y_max)}
+
+
+def _runs(steps: list[int]) -> list[tuple[int, int]]:
+    """Consecutive step numbers as (first, last) runs: one per capture."""
+    runs: list[tuple[int, int]] = []
+    for s in steps:
+        if runs and s == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], s)
+        else:
+            runs.append((s, s))
+    return runs
 
 
 def _span(x_of: Any, first: float, last: float, least: float = 1.0) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stallscope.report.json_writer import verdict_data
 from stallscope.wholerun.series import StepSeries
 from stallscope.wholerun.summary import summarise
 
@@ -23,9 +24,25 @@ def run_section(log: Path) -> dict[str, Any]:
     return section
 
 
-def watch_section(log: Path, report: Any) -> dict[str, Any]:
-    """The `watch` section of `report`, a `stallscope watch` run's, from its step log."""
+def watch_section(log: Path, report: Any,
+                  later: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The `watch` section of `report`, a `stallscope watch` run's, from its step log: the
+    first capture is the report's own diagnosis; `later` are the captures after it
+    (commands/run.py `later_captures`), those skipped or failed becoming notes."""
     section = run_section(log)
     window = (report.run or {}).get("window") or {}
-    section["captures"] = [{"first_step": window.get("first_step"), "verdict": report.verdict}]
+    first = {"first_step": window.get("first_step"), "verdict": verdict_data(report),
+             "kind": "first", "why": "the first steady steps", "trace": None}
+    section["captures"] = [first]
+    for rec in later or []:
+        if rec.get("verdict") is not None:
+            section["captures"].append({
+                "first_step": rec.get("first_step"), "verdict": rec["verdict"],
+                "kind": rec.get("kind"), "why": rec.get("why"),
+                "trace": (rec.get("traces") or [None])[0]})
+        elif rec.get("skipped"):
+            section["notes"].append(f"not captured at step {rec.get('at_step')} "
+                                    f"({rec['skipped']}): {rec.get('why')}")
+        elif rec.get("failed"):
+            section["notes"].append(f"a later capture failed: {rec['failed']}")
     return section

@@ -1,0 +1,169 @@
+"""`watch`'s later captures: after the first recorded window, a short profiler window wherever
+the run's stalls change (a new regime) and once around a periodic stall, so a stall that starts
+after hours is diagnosed from its own steps, not from the start's.
+
+Decided online, one step at a time, in the training process, on what the step log already
+measures (wall time, DataLoader wait): `Trigger` is pure Python and cheap (medians of at most
+`MAX_SPAN` numbers every `EVERY` steps). A change is what the whole-run analysis would keep as a
+regime (wholerun/regimes.py merges regimes closer than `STEP_RATIO` in median step time and
+`SHARE_DELTA` in loader-wait share, and shorter than `MIN_WINDOW_MS` of wall time: the same
+thresholds, so a capture is never spent on a change the report would not show) held over a
+whole window of steps and that long. A periodic stall is a spike (a
+step `SPIKE_FACTOR` times the last `WINDOW` steps' median; among the recent ones, those at least
+half as long as the longest) recurring at one gap three times running; its capture starts so
+that the recorded steps hold the next one.
+
+Bounds (stated defaults, docs/watch.md): at most `MAX_LATER` later captures, none within
+`MIN_GAP_STEPS` steps of the last one's end, and none while the steps recorded under the
+profiler so far would exceed `MAX_PROFILED_SHARE` of the steps watched.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+WINDOW = 20  # steps judged together at least: a change must hold this long (and a second)
+MAX_SPAN = 200  # ... and at most (a second of 1 ms steps)
+REF_STEPS = 50  # steps the reference is measured over at least, after each capture
+EVERY = 5  # steps between two judgements: a median of 20 values costs ~5 us
+STEP_RATIO = 1.15  # = wholerun.regimes.MIN_STEP_RATIO (tests/test_watch_later.py checks)
+SHARE_DELTA = 0.10  # = wholerun.regimes.MIN_SHARE_DELTA
+MIN_WINDOW_MS = 1000.0  # = wholerun.regimes.MIN_REGIME_MS: a shorter change is a blip
+SPIKE_FACTOR = 2.0  # a step this many times the window's median is a stall
+MIN_PERIOD = 3  # a shorter gap is a slow loader round, not a periodic stall
+MAX_LATER = 3
+MIN_GAP_STEPS = 50
+MAX_PROFILED_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Start:
+    """Begin a capture at step boundary `at` (the step numbered `at` + 1 is the first the
+    profiler sees, as its warm-up), because of `why`."""
+
+    at: int
+    kind: str  # "regime" or "periodic"
+    why: str
+
+
+class Trigger:
+    """Fed every step after the first capture; says when to begin the next one.
+
+    The reference is the first `REF_STEPS` or more steps after a capture (at least one second),
+    kept until a change: the current window is compared with it, so a window's own noise is
+    set against a steady figure, not against another noisy window. The window is as many steps
+    as a second takes (at least `WINDOW`, at most `MAX_SPAN`), and a change must be seen at two
+    judgements running."""
+
+    def __init__(self) -> None:
+        self._recent: deque[tuple[float, float]] = deque(maxlen=MAX_SPAN)
+        self._ref: tuple[float, float] | None = None  # median step ms, loader share
+        self._spikes: deque[tuple[int, float]] = deque(maxlen=8)  # step, its time
+        self._periods_done: set[int] = set()
+        self._seen = 0
+        self._held = 0  # judgements running that saw a change
+
+    def add(self, step: int, step_ms: float, wait_ms: float) -> Start | None:
+        """One unprofiled step (its number in the run, its wall time and loader wait)."""
+        if not step_ms > 0:
+            return None
+        if len(self._recent) >= WINDOW:
+            median = statistics.median(s for s, _ in list(self._recent)[-WINDOW:])
+            if step_ms >= SPIKE_FACTOR * median:
+                self._spikes.append((step, step_ms))
+        self._recent.append((step_ms, min(max(wait_ms, 0.0), step_ms) / step_ms))
+        self._seen += 1
+        if len(self._recent) < WINDOW or self._seen % EVERY:
+            return None
+        span = self._span()
+        if self._ref is None:
+            if len(self._recent) >= max(span, REF_STEPS):
+                self._ref = self._window(max(span, REF_STEPS))
+            return self._periodic(step)
+        return self._change(step, self._window(span)) or self._periodic(step)
+
+    def rebase(self) -> None:
+        """After a capture: its steps were the profiler's, judge afresh from the next ones."""
+        self._recent.clear()
+        self._ref = None
+        self._seen = self._held = 0
+
+    def _span(self) -> int:
+        """Steps in the judged window: a second's worth at the current pace."""
+        last = statistics.median(s for s, _ in list(self._recent)[-WINDOW:])
+        return min(MAX_SPAN, max(WINDOW, math.ceil(MIN_WINDOW_MS / last)))
+
+    def _window(self, n: int) -> tuple[float, float]:
+        """The last `n` steps' median step, and median loader share, without their spikes."""
+        rows = list(self._recent)[-n:]
+        cut = SPIKE_FACTOR * statistics.median(s for s, _ in rows)
+        calm = [(s, w) for s, w in rows if s < cut] or rows
+        return (statistics.median(s for s, _ in calm), statistics.median(w for _, w in calm))
+
+    def _change(self, step: int, now: tuple[float, float]) -> Start | None:
+        assert self._ref is not None
+        (ref_ms, ref_share), (ms, share) = self._ref, now
+        ratio = ms / ref_ms
+        moved = abs(share - ref_share) >= SHARE_DELTA
+        if not (moved or ratio >= STEP_RATIO or ratio <= 1 / STEP_RATIO):
+            self._held = 0
+            return None
+        self._held += 1
+        if self._held < 2:
+            return None
+        n = self._span()
+        self.rebase()
+        return Start(step, "regime", (
+            f"the median step went from {ref_ms:.1f} to {ms:.1f} ms and the DataLoader wait "
+            f"from {100 * ref_share:.0f}% to {100 * share:.0f}% of the step over the last "
+            f"{n} steps"))
+
+    def _periodic(self, step: int) -> Start | None:
+        # the stalls at least half as long as the longest lately: a busy machine's small
+        # spikes between checkpoints must not break their rhythm
+        longest = max((ms for _, ms in self._spikes), default=0.0)
+        s = [st for st, ms in self._spikes if ms >= 0.5 * longest]
+        if len(s) < 3:
+            return None
+        gaps = {b - a for a, b in zip(s[-3:], s[-2:], strict=False)}
+        if len(gaps) != 1:
+            return None
+        (gap,) = gaps
+        if gap < MIN_PERIOD or gap in self._periods_done:
+            return None
+        following = s[-1] + gap
+        while following - 2 <= step:  # the capture must start before the stall it holds
+            following += gap
+        self._periods_done.add(gap)
+        return Start(following - 2, "periodic", (
+            f"a stall every {gap} steps (steps {', '.join(map(str, s[-3:]))}): the capture "
+            f"holds step {following}"))
+
+
+class Bounds:
+    """How many later captures may still start, and where."""
+
+    def __init__(self, steps_per_capture: int) -> None:
+        self.per_capture = steps_per_capture
+        self.count = 0
+        self.profiled = 0
+        self.last_end = 0
+
+    def allows(self, start: Start, watched: int) -> str | None:
+        """None when a capture may begin at `start`, else why not."""
+        if self.count >= MAX_LATER:
+            return f"{MAX_LATER} later captures already taken"
+        if start.at - self.last_end < MIN_GAP_STEPS:
+            return f"within {MIN_GAP_STEPS} steps of the last capture"
+        if self.profiled + self.per_capture > MAX_PROFILED_SHARE * max(watched, start.at):
+            return (f"the profiled steps would pass {100 * MAX_PROFILED_SHARE:.0f}% of the "
+                    "steps watched")
+        return None
+
+    def taken(self, first: int, last: int) -> None:
+        self.count += 1
+        self.profiled += last - first + 1
+        self.last_end = last

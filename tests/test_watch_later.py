@@ -1,0 +1,128 @@
+"""`watch`'s later captures (issue 34): when a run's stalls change after the first capture, a new
+profiler window is recorded and diagnosed on its own. The online trigger (capture/later.py) is
+tested on step series with known truths, and on the step logs of the real H100 `watch` runs
+(sample_traces/real-h100-watch-*); the recording end to end on examples/watch_cases.py
+(slow, tests/test_watch.py's cases)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from stallscope.capture import later
+from stallscope.capture.later import Bounds, Start, Trigger
+from stallscope.wholerun import regimes
+
+from .test_run import report_of, stallscope
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "watch_cases.py"
+
+
+def feed(steps: list[tuple[float, float]], first: int = 1) -> list[tuple[int, Start]]:
+    """Run a trigger over (step_ms, wait_ms) pairs numbered from `first`; every start it asks
+    for, with the step it was asked at."""
+    t = Trigger()
+    return [(i, s) for i, (ms, wait) in enumerate(steps, first)
+            if (s := t.add(i, ms, wait)) is not None]
+
+
+def noisy(n: int, ms: float, wait: float = 0.0, seed: int = 0) -> list[tuple[float, float]]:
+    rng = random.Random(seed)
+    return [(ms * rng.uniform(0.9, 1.1), wait * rng.uniform(0.8, 1.2)) for _ in range(n)]
+
+
+def test_the_thresholds_are_the_whole_run_analysis_ones() -> None:
+    """A capture is never spent on a change the report would merge away, nor missed where it
+    shows one: the online trigger and wholerun/regimes.py share their thresholds."""
+    assert later.STEP_RATIO == regimes.MIN_STEP_RATIO
+    assert later.SHARE_DELTA == regimes.MIN_SHARE_DELTA
+    assert later.MIN_WINDOW_MS == regimes.MIN_REGIME_MS
+
+
+def test_a_loader_that_slows_down_starts_one_capture_soon_after() -> None:
+    steps = noisy(200, 20.0, 2.0) + noisy(300, 60.0, 40.0, seed=1)
+    starts = feed(steps)
+    assert len(starts) == 1
+    at, start = starts[0]
+    assert start.kind == "regime" and 200 < at <= 200 + later.WINDOW + 30
+    assert "20." in start.why and "DataLoader wait" in start.why
+
+
+@pytest.mark.parametrize("ms", [0.5, 5.0, 50.0, 2000.0])
+def test_a_steady_run_starts_no_capture(ms: float) -> None:
+    assert feed(noisy(3000, ms, ms / 10, seed=int(ms))) == []
+
+
+def test_a_change_shorter_than_a_second_is_a_blip() -> None:
+    """15 steps of 10 ms slowed to 30 ms: half a second of wall time, under wholerun's shortest
+    regime (a second: the trigger judges the median of a second's worth of steps)."""
+    steps = noisy(100, 10.0) + noisy(15, 30.0, seed=2) + noisy(100, 10.0, seed=3)
+    assert feed(steps) == []
+
+
+def test_a_periodic_stall_gets_one_capture_that_holds_the_next_stall() -> None:
+    steps = noisy(400, 10.0)
+    for i in range(24, 400, 25):  # step 25, 50, ...: a checkpoint of 300 ms
+        steps[i] = (300.0, 0.0)
+    starts = feed(steps)
+    assert len(starts) == 1
+    at, start = starts[0]
+    assert start.kind == "periodic" and "every 25 steps" in start.why
+    first_recorded = start.at + 2  # one warm-up step, then the recorded ones
+    assert first_recorded % 25 == 0 and start.at >= at  # holds a stall still to come
+
+
+def test_the_bounds_cap_the_number_and_share_of_captures() -> None:
+    b = Bounds(6)
+    b.last_end = 40
+    assert b.allows(Start(60, "regime", ""), 60) is not None  # within 50 steps of the last
+    assert b.allows(Start(100, "regime", ""), 100) is not None  # 6 steps > 5% of 100
+    assert b.allows(Start(200, "regime", ""), 200) is None
+    for k in range(later.MAX_LATER):
+        b.taken(1000 * (k + 1), 1000 * (k + 1) + 5)
+    assert "later captures already taken" in (b.allows(Start(9000, "regime", ""), 9000) or "")
+
+
+@pytest.mark.parametrize("case, truth, every", [("slowdown", "periodic", 8),
+                                                ("save", "periodic", 25),
+                                                ("hostbound", None, None)])
+def test_the_real_h100_watch_runs(case: str, truth: str | None, every: int | None) -> None:
+    """On the H100 step logs: the blocking save every 25 steps gets a periodic capture; the
+    host-bound run (steady) gets none; the loader that slows down 4x per sample at step 150 with
+    8 workers raises the median step 9% only (under the regime thresholds), but from step ~190
+    every 8th step waits 40-80 ms for a worker's batch: a periodic capture holds one."""
+    lines = (SAMPLES / f"real-h100-watch-{case}.steps.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    first_end = max(r["step"] for r in rows if r["profiled"])
+    plain = [(r["step_ms"], r["loader_wait_ms"]) for r in rows if r["step"] > first_end]
+    starts = feed(plain, first=first_end + 1)
+    assert [s.kind for _, s in starts] == ([truth] if truth else [])
+    if truth == "periodic":
+        assert f"every {every} steps" in starts[0][1].why
+
+
+@pytest.mark.slow
+def test_watch_captures_the_second_regime_and_diagnoses_it_dataloader_bound(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = stallscope("watch", "-q", "-o", str(out), str(EXAMPLE), "--case", "slowdown",
+                      cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = report_of(out)
+    captures = report["watch"]["captures"]
+    assert [c["kind"] for c in captures] == ["first", "regime"]
+    second = captures[1]
+    boundary = next(r["first_step"] for r in report["watch"]["regimes"][1:])
+    assert boundary <= second["first_step"] <= boundary + 60
+    assert second["verdict"]["id"] == "dataloader-bound"
+    assert Path(second["trace"]).is_file()
+    assert (out / "tensorboard" / "watch_cases-capture-2").is_dir()
+    steps = report["watch"]["steps"]
+    assert sum(1 for s in steps if s["profiled"] and s["step"] >= second["first_step"]) >= 5
+    page = (out / "report.html").read_text()
+    assert 'id="watch-captures"' in page and page.count('class="watch-capture"') == 2
+    assert second["verdict"]["text"].split(":")[0] in page
