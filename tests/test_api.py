@@ -348,9 +348,10 @@ def test_watch_times_every_step_of_the_block_and_analyses_them(tmp_path: Path) -
     data = session.report.to_dict()
     watch = data["watch"]
     # Every step between the first and the last boundary is in the log and the report, the
-    # three recorded under the profiler marked and set aside.
+    # three recorded under the profiler marked and set aside, and the one after them, which
+    # holds the writing of their trace.
     assert watch["n_steps"] == ran - 2
-    assert sum(s["profiled"] for s in watch["steps"]) == 3
+    assert sum(s["profiled"] for s in watch["steps"]) == 4
     assert watch["regimes"] and watch["captures"][0]["verdict"] == data["verdict"]
     assert (tmp_path / "out" / "watch" / "steps.jsonl").is_file()
     page = (tmp_path / "out" / "report.html").read_text()

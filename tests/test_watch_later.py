@@ -72,8 +72,10 @@ def test_a_periodic_stall_gets_one_capture_that_holds_the_next_stall() -> None:
     assert len(starts) == 1
     at, start = starts[0]
     assert start.kind == "periodic" and "every 25 steps" in start.why
-    first_recorded = start.at + 2  # one warm-up step, then the recorded ones
-    assert first_recorded % 25 == 0 and start.at >= at  # holds a stall still to come
+    # one warm-up step, then the stall as the second recorded step (the analysis sets the
+    # first recorded step aside), still to come when the capture was asked for
+    stall = start.at + later.LEAD
+    assert later.LEAD == 3 and stall % 25 == 0 and start.at >= at
 
 
 def test_the_bounds_cap_the_number_and_share_of_captures() -> None:

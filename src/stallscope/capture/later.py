@@ -10,8 +10,8 @@ regime (wholerun/regimes.py merges regimes closer than `STEP_RATIO` in median st
 thresholds, so a capture is never spent on a change the report would not show) held over a
 whole window of steps and that long. A periodic stall is a spike (a
 step `SPIKE_FACTOR` times the last `WINDOW` steps' median; among the recent ones, those at least
-half as long as the longest) recurring at one gap three times running; its capture starts so
-that the recorded steps hold the next one.
+half as long as the longest) recurring at one gap four times running; its capture starts so
+that the recorded steps hold the next one (as their second: the analysis sets the first aside).
 
 Bounds (stated defaults, docs/watch.md): at most `MAX_LATER` later captures, none within
 `MIN_GAP_STEPS` steps of the last one's end, and none while the steps recorded under the
@@ -34,6 +34,10 @@ SHARE_DELTA = 0.10  # = wholerun.regimes.MIN_SHARE_DELTA
 MIN_WINDOW_MS = 1000.0  # = wholerun.regimes.MIN_REGIME_MS: a shorter change is a blip
 SPIKE_FACTOR = 2.0  # a step this many times the window's median is a stall
 MIN_PERIOD = 3  # a shorter gap is a slow loader round, not a periodic stall
+REPEATS = 4  # stalls one gap apart before a period is believed (3 made noise periods of 3)
+# A periodic capture starts this many steps before the stall: one warm-up step, then the stall
+# as the second recorded step (the analysis sets the first recorded step aside).
+LEAD = 3
 MAX_LATER = 3
 MIN_GAP_STEPS = 50
 MAX_PROFILED_SHARE = 0.05
@@ -61,7 +65,7 @@ class Trigger:
     def __init__(self) -> None:
         self._recent: deque[tuple[float, float]] = deque(maxlen=MAX_SPAN)
         self._ref: tuple[float, float] | None = None  # median step ms, loader share
-        self._spikes: deque[tuple[int, float]] = deque(maxlen=8)  # step, its time
+        self._spikes: deque[tuple[int, float]] = deque(maxlen=32)  # step, its time
         self._periods_done: set[int] = set()
         self._seen = 0
         self._held = 0  # judgements running that saw a change
@@ -125,21 +129,20 @@ class Trigger:
         # the stalls at least half as long as the longest lately: a busy machine's small
         # spikes between checkpoints must not break their rhythm
         longest = max((ms for _, ms in self._spikes), default=0.0)
-        s = [st for st, ms in self._spikes if ms >= 0.5 * longest]
-        if len(s) < 3:
+        s = [st for st, ms in self._spikes if ms >= 0.5 * longest][-REPEATS:]
+        if len(s) < REPEATS:
             return None
-        gaps = {b - a for a, b in zip(s[-3:], s[-2:], strict=False)}
-        if len(gaps) != 1:
-            return None
-        (gap,) = gaps
-        if gap < MIN_PERIOD or gap in self._periods_done:
+        gaps = sorted(b - a for a, b in zip(s, s[1:], strict=False))
+        gap = gaps[len(gaps) // 2]
+        tolerance = 1 if gap >= 10 else 0  # as wholerun/periodic.py: long periods wander
+        if gap < MIN_PERIOD or gaps[-1] - gaps[0] > 2 * tolerance or gap in self._periods_done:
             return None
         following = s[-1] + gap
-        while following - 2 <= step:  # the capture must start before the stall it holds
+        while following - LEAD <= step:  # the capture must start before the stall it holds
             following += gap
         self._periods_done.add(gap)
-        return Start(following - 2, "periodic", (
-            f"a stall every {gap} steps (steps {', '.join(map(str, s[-3:]))}): the capture "
+        return Start(following - LEAD, "periodic", (
+            f"a stall every {gap} steps (steps {', '.join(map(str, s))}): the capture "
             f"holds step {following}"))
 
 

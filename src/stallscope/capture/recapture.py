@@ -36,6 +36,7 @@ class Session(Protocol):
     watcher: Any  # its LoaderWatcher
     trace_dir: Path
     worker: str
+    step_log: Any  # its StepLog
 
     def metadata(self) -> dict[str, Any]: ...
 
@@ -135,6 +136,7 @@ class LaterCaptures:
             with usdt_filtered():
                 self.prof.stop()
             self._finished(step)
+            self.session.step_log.trace_written()
 
     def _finished(self, last: int) -> None:
         first = self.started_at + self.warmup + 1

@@ -560,6 +560,8 @@ class CaptureSession:
         self.budget.end()
         with usdt_filtered():
             self.prof.stop()
+        if self.step_log is not None:
+            self.step_log.trace_written()
         if self.step_log is None:
             self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
         elif self.run_to_end and not self.aside and self.foreign.seen is None:

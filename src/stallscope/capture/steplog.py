@@ -53,6 +53,7 @@ class StepLog:
         self._flushed = time.perf_counter()
         self.steps = 0
         self.last_step_ms = self.last_wait_ms = 0.0  # the step logged last (capture/later.py)
+        self._next_profiled = False  # the next step carries a trace's writing
         self._scalars = scalars  # a TensorBoard SummaryWriter, or None
         self._scalar_at = 0.0
         self._pending: list[tuple[float, float]] = []  # (step ms, wait ms) since the last point
@@ -71,6 +72,7 @@ class StepLog:
             self._cpu = cpu
             return
         self.steps += 1
+        profiled, self._next_profiled = profiled or self._next_profiled, False
         step_ms, wait_ms = (now - self._last) * 1e3, loader_wait_us / 1e3
         self.last_step_ms, self.last_wait_ms = step_ms, wait_ms
         # Formatted by hand: json.dumps of a dict costs several times as much, every step.
@@ -94,6 +96,11 @@ class StepLog:
                 self._scalar_point(now)
         if self._live_every is not None and now - self._live_at >= self._live_every:
             self._refresh_live(now)
+
+    def trace_written(self) -> None:
+        """A trace was written in this boundary's hook: its time falls in the step that begins
+        here (hundreds of ms for a few steps' trace), which is the profiler's, not the run's."""
+        self._next_profiled = True
 
     def _refresh_live(self, now: float) -> None:
         """Start the live page's writer on the steps so far, unless the last one still runs."""

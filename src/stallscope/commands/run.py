@@ -277,11 +277,31 @@ def later_captures(log: Path) -> list[dict[str, Any]]:
         traces = [Path(t) for t in rec.get("traces") or [] if Path(t).is_file()]
         if traces:
             try:
-                rec["verdict"] = verdict_data(analyze_paths(traces))
+                report = analyze_paths(traces)
             except (StallscopeError, OSError) as exc:  # one capture's trace, not the report
                 rec["failed"] = f"not analysed: {exc}"
+            else:
+                rec["verdict"] = verdict_data(report)
+                if rec.get("kind") == "periodic":
+                    rec["stall"] = longest_step(report.steps)
         out.append(rec)
     return out
+
+
+def longest_step(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A periodic capture's stall: its longest recorded step against their median, and where
+    that step's time went (the step's breakdown, as report.json's steps[] has it)."""
+    timed = [s for s in steps if (s.get("duration_us") or 0) > 0]
+    if len(timed) < 2:
+        return None
+    worst = max(timed, key=lambda s: s["duration_us"])
+    durations = sorted(s["duration_us"] for s in timed)
+    median = durations[len(durations) // 2]
+    parts = worst.get("breakdown_us") or {}
+    return {"step": worst.get("name"), "step_ms": round(worst["duration_us"] / 1e3, 3),
+            "median_step_ms": round(median / 1e3, 3),
+            "breakdown_pct": {k: round(100 * v / worst["duration_us"], 1)
+                              for k, v in parts.items() if v}}
 
 
 def context_path(out: Path, rank: int) -> Path:

@@ -117,6 +117,7 @@ def jinja_env() -> jinja2.Environment:
     env.filters["path"] = path_text
     env.filters["prose"] = prose_text
     env.globals["clipped"] = clipped
+    env.globals["category_name"] = category_name
     return env
 
 

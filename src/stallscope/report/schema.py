@@ -306,14 +306,26 @@ class WatchCapture(msgspec.Struct, forbid_unknown_fields=True):
     """A window recorded under the profiler and diagnosed: where it began (`first_step`, the
     first recorded step), what it found (`verdict`, as the report's own), why it was taken
     (`kind`: `first`, the report's own window; `regime`, a change in the step-time mix;
-    `periodic`, a recurring stall; `why` in words) and its trace (`trace`; null for the first,
-    whose trace is the report's). Defaults and bounds: docs/watch.md."""
+    `periodic`, a recurring stall; `why` in words), its trace (`trace`; null for the first,
+    whose trace is the report's) and, for a periodic capture, the stall it holds (`stall`: its
+    longest recorded step, against their median, and that step's breakdown in percent).
+    Defaults and bounds: docs/watch.md."""
 
     first_step: int | None
     verdict: Verdict
     kind: str | None = None
     why: str | None = None
     trace: str | None = None
+    stall: WatchStall | None = None
+
+
+class WatchStall(msgspec.Struct, forbid_unknown_fields=True):
+    """The longest step a periodic capture recorded (report.json steps[] `name`)."""
+
+    step: str | None
+    step_ms: float
+    median_step_ms: float
+    breakdown_pct: dict[str, float]
 
 
 class Watch(msgspec.Struct):

@@ -32,14 +32,14 @@ def watch_section(log: Path, report: Any,
     section = run_section(log)
     window = (report.run or {}).get("window") or {}
     first = {"first_step": window.get("first_step"), "verdict": verdict_data(report),
-             "kind": "first", "why": "the first steady steps", "trace": None}
+             "kind": "first", "why": "the first steady steps", "trace": None, "stall": None}
     section["captures"] = [first]
     for rec in later or []:
         if rec.get("verdict") is not None:
             section["captures"].append({
                 "first_step": rec.get("first_step"), "verdict": rec["verdict"],
                 "kind": rec.get("kind"), "why": rec.get("why"),
-                "trace": (rec.get("traces") or [None])[0]})
+                "trace": (rec.get("traces") or [None])[0], "stall": rec.get("stall")})
         elif rec.get("skipped"):
             section["notes"].append(f"not captured at step {rec.get('at_step')} "
                                     f"({rec['skipped']}): {rec.get('why')}")
