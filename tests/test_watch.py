@@ -109,6 +109,30 @@ def test_a_killed_watch_keeps_the_steps_it_logged(tmp_path: Path) -> None:
     assert [s["step"] for s in steps] == list(range(1, len(steps) + 1))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, status, ended", [(signal.SIGINT, 130, "interrupted"),
+                                                (signal.SIGTERM, 143, None)])
+def test_an_interrupted_watch_reports_every_step_it_saw(tmp_path: Path, sig: int, status: int,
+                                                        ended: str | None) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) or a kill (SIGTERM) mid-run, after the
+    first capture: the report is written, covering every step logged, with the exit status the
+    shell expects."""
+    log = tmp_path / "out" / "watch" / "steps.jsonl"
+    proc = start_watch(tmp_path, "0.1", start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(read_steps(log)) < 25:
+        time.sleep(0.2)
+    os.killpg(proc.pid, sig)
+    assert proc.wait(timeout=120) == status
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    check(report)
+    assert report["watch"]["n_steps"] == len(read_steps(log)) >= 25
+    assert report["run"]["exit_status"] == status
+    if ended:
+        assert report["run"]["ended"] == ended
+    assert report["watch"]["captures"][0]["first_step"] is not None
+
+
 def test_the_step_log_times_each_step_and_never_writes_from_a_forked_child(
         tmp_path: Path) -> None:
     log = StepLog(tmp_path / "steps.jsonl")
