@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -164,7 +165,7 @@ def synthetic_watch(n: int, stall_every: int = 0) -> dict:
                       "epoch": (i - 1) * 4 // n, "profiled": 50 <= i < 55})
     return {"step_log": "steps.jsonl", "steps": steps, "n_steps": n, "wall_ms": n * 10.0,
             "median_step_ms": 10.0, "loader_wait_share": 0.2, "regimes": [], "periodic": [],
-            "captures": [{"first_step": 50, "verdict": "x"}]}
+            "captures": [{"first_step": 50, "verdict": {"text": "x", "id": "no-finding"}}]}
 
 
 def test_a_long_run_is_drawn_in_bounded_size_and_keeps_its_stalls() -> None:
@@ -194,6 +195,12 @@ def test_report_html_leads_with_the_whole_run() -> None:
     page = render_html(report)
     assert page.index('id="whole-run"') < page.index('id="findings"')
     assert 'id="watch-chart"' in page and "300 steps" in page
+    # The line is printed whole: every step a point (cut at 2,000 characters, as any printed
+    # string is, it drew nothing in a browser past ~100 steps).
+    points = re.search(r'<polyline id="watch-line" points="([^"]*)"', page)
+    assert points is not None and "\u2026" not in points.group(1)
+    pairs = [tuple(map(float, p.split(","))) for p in points.group(1).split()]
+    assert len(pairs) == 300
 
 
 def watch_case(tmp_path: Path, case: str) -> dict:

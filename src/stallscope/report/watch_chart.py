@@ -11,6 +11,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from markupsafe import Markup
+
 WIDTH, HEIGHT = 920.0, 240.0
 LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 34.0
 MAX_POINTS = 600
@@ -27,11 +29,13 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     mid = [statistics.median(s["step_ms"] for s in b) for b in buckets]
     top = [max(s["step_ms"] for s in b) for b in buckets]
     wait = [statistics.median(s.get("loader_wait_ms") or 0.0 for s in b) for b in buckets]
-    ordered = sorted(s["step_ms"] for s in steps)
     # The y range holds the typical steps and rare stalls without a single outlier flattening
-    # the rest: up to 1.3x the 99th percentile, at least 3x the median; taller steps are clipped
-    # at the top and say so in their tooltip.
-    p99 = ordered[min(n - 1, int(0.99 * n))]
+    # the rest: up to 1.3x the 99th percentile, at least 3x the median, of the steps outside the
+    # captures (a capture's steps, and the one writing its trace, are the profiler's); taller
+    # steps are clipped at the top and say so in their tooltip.
+    ordered = sorted(s["step_ms"] for s in steps if not s.get("profiled")) or sorted(
+        s["step_ms"] for s in steps)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
     y_max = max(p99 * 1.3, statistics.median(ordered) * 3, 1e-3)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
@@ -64,7 +68,10 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     ticks = [{"y": y_of(v), "ms": _ms(v)} for v in (0, y_max / 2, y_max)]
     step_ticks = [{"x": x_of(v), "step": v} for v in _step_ticks(n)]
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
-            "bottom": TOP + plot_h, "line": line, "peaks": peaks, "area": area,
+            # Markup: numbers this module formats, so the page prints them whole (a printed
+            # string is cut at html.MAX_TEXT, which broke the line of any run past ~100 steps)
+            "bottom": TOP + plot_h, "line": Markup(line), "peaks": Markup(peaks),
+            "area": Markup(area),
             "epochs": epochs, "captures": captures, "regimes": regimes, "marks": marks,
             "ticks": ticks, "step_ticks": step_ticks, "bucket": size, "steps": n,
             "clipped": sum(1 for v in ordered if v > y_max)}
