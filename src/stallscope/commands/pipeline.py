@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import fanout, progress
-from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
 from stallscope.diagnose.fixes import Change
 from stallscope.diagnose.plan import make_plan
@@ -28,6 +27,7 @@ from stallscope.report.build import report_from
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals
 from stallscope.report.timeline import trace_timeline
+from stallscope.runfacts import RunContext
 from stallscope.text import plain
 from stallscope.trace.decode import Limits
 from stallscope.trace.load import discover, infer_rank, load_trace

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from stallscope import progress
 from stallscope.capture import steady
-from stallscope.capture.context import RunContext
 from stallscope.capture.overrides import OVERRIDE_KEYS, parse_overrides
 from stallscope.capture.target import Target
 from stallscope.commands import COMMANDS
@@ -41,6 +40,7 @@ from stallscope.errors import (
     Terminated,
     fail,
 )
+from stallscope.runfacts import RunContext
 
 if TYPE_CHECKING:
     from stallscope.report import Report

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
-from stallscope.capture.hostload import OTHER_LOAD_PCT
 from stallscope.capture.overrides import Overrides, label, set_arguments
 from stallscope.commands import COMMANDS, stats
 from stallscope.commands.common import add_target_arguments, positive_float, whole_number
@@ -60,6 +59,7 @@ from stallscope.report.tune_writers import (
     render_markdown,
     render_terminal,
 )
+from stallscope.trace.otherload import OTHER_LOAD_PCT
 
 NAME = "tune"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.plan import judged_steps
+from stallscope.runfacts import RunContext
 from stallscope.text import millis
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.capture.hostload import OtherLoad, load_from
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import LOADER, Graph
 from stallscope.text import plural
+from stallscope.trace.otherload import OtherLoad, load_from
 
 # Receiving one batch from a worker (queue get, unpickling, fetching each tensor's shared-memory
 # handle from the worker, mapping it). Measured on this project's 2-core VM with batches of 32
@@ -52,7 +52,7 @@ class LoaderFacts:
     cores: int | None  # cores this process may use
     window_wall_us: float | None  # the recorded steps
     window_cpu_us: float | None  # CPU time of the whole process over them
-    other_load: OtherLoad | None = None  # other processes held the cores (capture/hostload.py)
+    other_load: OtherLoad | None = None  # other processes held the cores (trace/otherload.py)
     # Inside the loader (capture/anatomy.py): its class, and, measured in the workers, the CPU
     # share of a batch's loading and its fetch + collate wall time.
     bound: str | None = None

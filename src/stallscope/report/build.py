@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from stallscope import __version__
-from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.knobs import as_written
@@ -24,6 +23,7 @@ from stallscope.report.hotspots import HotTotals, summed, top_rows
 from stallscope.report.kernel_mix import busiest
 from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
+from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 

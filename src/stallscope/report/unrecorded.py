@@ -16,9 +16,9 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from stallscope.capture.context import RunContext
 from stallscope.outputs import write_files
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose
+from stallscope.runfacts import RunContext
 from stallscope.text import md_code, plural
 
 # Run-level options of `stallscope run` that choose the window; replaced in the command given.
