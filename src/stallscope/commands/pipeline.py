@@ -33,6 +33,7 @@ from stallscope.trace.decode import Limits
 from stallscope.trace.load import discover, infer_rank, load_trace
 from stallscope.trace.model import build_model
 from stallscope.trace.split import Reading
+from stallscope.units import size_text
 
 
 def analyze_paths(
@@ -55,7 +56,7 @@ def analyze_paths(
     contexts = contexts or {}
     progress.consider_inputs(files)  # several files or a large one: say what is happening
     workers = fanout.worker_count(files, jobs)
-    size = progress.size_text(progress.total_size(files))
+    size = size_text(progress.total_size(files))
     hot: tuple[HotTotals, HotTotals] | None = None  # summed as files finish, for several
     left_out: dict[int, LeftOut] = {}  # files of a job that could not be read, by index
     if len(files) == 1:

@@ -8,10 +8,10 @@ import pandas as pd
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.runfacts import RunContext
-from stallscope.text import millis
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
+from stallscope.units import millis
 
 RULE_ID = "host-device-sync"
 # Share of step wall time the host is blocked waiting on the GPU.
