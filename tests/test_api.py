@@ -266,8 +266,8 @@ def test_step_places_the_boundaries_under_run(tmp_path: Path) -> None:
 
 
 def test_run_without_steps_points_to_the_marker() -> None:
-    from stallscope.capture.context import RunContext
     from stallscope.commands.run import no_steps_reason
+    from stallscope.runfacts import RunContext
 
     reason = no_steps_reason(RunContext(command=["stallscope", "run", "x.py"], target="x.py"))
     assert "call stallscope.step() at the end of each iteration" in reason

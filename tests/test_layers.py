@@ -1,8 +1,12 @@
 """The package layout is the pipeline (GUIDE §2), and imports flow one way through it.
 
     commands -> report -> diagnose -> replay -> trace      capture beside trace
-    (cli and the Python API above all, side by side; errors, progress, outputs, fanout, text
-    and the step marker below all)
+    (cli and the Python API above all, side by side; errors, progress, outputs, fanout, text,
+    units, the run facts and the step marker below all)
+
+`replay` and `diagnose` may not import `capture` even though it sits lower: they read what a
+recording knows about its run from the run facts and the trace stage, never from the code that
+runs inside the training process (GUIDE §2).
 
 Every import of a stallscope module is read with `ast`, function-level (lazy) imports included,
 since a lazy import is how an upward dependency usually hides. A lower layer importing a higher
@@ -25,8 +29,9 @@ PACKAGE = ROOT / "src" / "stallscope"
 # may import its own room and any lower layer; rooms that share a layer (trace and capture) are
 # independent of each other.
 LAYERS: list[dict[str, tuple[str, ...]]] = [
-    {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.progress",
-              "stallscope.outputs", "stallscope.fanout", "stallscope.marker")},
+    {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.units",
+              "stallscope.progress", "stallscope.outputs", "stallscope.fanout",
+              "stallscope.marker", "stallscope.runfacts")},
     {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",),
      "wholerun": ("stallscope.wholerun",)},
     {"replay": ("stallscope.replay",)},
@@ -36,6 +41,13 @@ LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"front door": ("stallscope.cli", "stallscope.__main__"),
      "api": ("stallscope.api", "stallscope.integrations")},
 ]
+# Rooms that may not import another room although it sits lower: (importer, imported) -> why.
+APART = {
+    ("replay", "capture"): "replay reads run facts from stallscope.runfacts and the trace stage "
+                           "(trace/otherload.py), never from capture",
+    ("diagnose", "capture"): "the rules read run facts from stallscope.runfacts and the trace "
+                             "stage (trace/otherload.py), never from capture",
+}
 # The package root offers the Python API (`stallscope.analyze`, `.profile`, `.Report`) through
 # a lazy module `__getattr__` (PEP 562): `import stallscope` loads none of it, and every stage
 # may still import the root for `__version__`. That one edge, from the root to the API and
@@ -119,7 +131,9 @@ def violations(modules: dict[str, str]) -> list[str]:
             theirs = room(name)
             if mine is None or theirs is None or theirs[1] == mine[1]:
                 continue
-            if theirs[0] > mine[0]:
+            if (mine[1], theirs[1]) in APART:
+                problems.append(f"{where}: {APART[mine[1], theirs[1]]}")
+            elif theirs[0] > mine[0]:
                 problems.append(f"{where}: upward, from {mine[1]} to {theirs[1]}")
             elif theirs[0] == mine[0]:
                 problems.append(f"{where}: {mine[1]} and {theirs[1]} stand side by side and "
@@ -169,6 +183,13 @@ def test_the_package_keeps_its_layers() -> None:
     assert violations(sources()) == []
 
 
+def test_replay_and_diagnose_never_import_capture() -> None:
+    """What a recording knows about its run reaches them as data (GUIDE §2), so an analysis
+    never depends on the code that runs inside the training process."""
+    found = [p for p in violations(sources()) if p.endswith("never from capture")]
+    assert found == [], "\n".join(found)
+
+
 def test_every_module_says_what_it_is_for() -> None:
     missing = [m for m, s in sources().items() if not (ast.get_docstring(ast.parse(s)) or "")]
     assert missing == []
@@ -190,6 +211,15 @@ def test_every_module_says_what_it_is_for() -> None:
         ("stallscope.diagnose.idle", "import torch\n", "only stallscope.capture may import"),
         ("stallscope.trace.load", "import jinja2\n", "only stallscope.report may import"),
         ("stallscope.trace.model", "from stallscope.trace import load\n", None),  # allowed
+        # capture sits lower, yet replay and diagnose read run facts, never the capture
+        ("stallscope.replay.loader", "from stallscope.capture.hostload import sample\n",
+         "replay reads run facts from stallscope.runfacts"),
+        ("stallscope.diagnose.plan", "def f():\n    from stallscope.capture import steady\n",
+         "the rules read run facts from stallscope.runfacts"),
+        ("stallscope.diagnose", "import stallscope.capture.runner\n",
+         "never from capture"),
+        # the report may still read capture's definitions (tune's --set arguments)
+        ("stallscope.report.build", "from stallscope.capture.overrides import label\n", None),
         # the root's facade must stay lazy: at module level it would load the whole pipeline
         ("stallscope", "from stallscope.api import analyze\n", "upward, from base to api"),
         ("stallscope.capture.session", "from stallscope.api import Report\n",

@@ -22,9 +22,9 @@ from torch._utils import ExceptionWrapper
 from torch.utils.data._utils import pin_memory as pin_mod
 from torch.utils.data._utils.worker import _ResumeIteration
 
-from stallscope.capture.context import LoaderInfo
 from stallscope.capture.transfer import PinLedger, TransferTap, bursts, match
 from stallscope.diagnose.dataloader import LoaderClass, _advice
+from stallscope.runfacts import LoaderInfo
 
 
 def _run(tmp_path: Path, script: str, steps: int, *args: str) -> dict:

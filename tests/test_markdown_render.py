@@ -246,8 +246,8 @@ def test_prose_with_markup_characters_renders_the_same_and_literally(text: str):
 
 def test_the_no_step_report_renders_alike_and_plainly(tmp_path: Path):
     """`run`'s report.md for a script that ended before the window: the same Markdown rules."""
-    from stallscope.capture.context import RunContext
     from stallscope.report import unrecorded
+    from stallscope.runfacts import RunContext
 
     ctx = RunContext(command=[], target="my_train.py", boundaries_seen=3,
                      unprofiled_steps_us=[91_000.0, 12_500.0],

@@ -1,4 +1,5 @@
-"""Other load on the machine while the steps were recorded (capture/hostload.py): the report
+"""Other load on the machine while the steps were recorded (measured by capture/hostload.py,
+read back by trace/otherload.py): the report
 says so in one note and in the findings that size CPU work to the cores, without changing their
 numbers or calling oversubscription "clear".
 
@@ -20,16 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.capture.hostload import (
-    MIN_OTHER_CPU_US,
-    OTHER_LOAD_PCT,
-    CpuSample,
-    load_from,
-    other_load,
-)
+from stallscope.capture.hostload import CpuSample, other_load
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.threads import cpu_oversubscription
 from stallscope.replay.loader import LoaderFacts
+from stallscope.trace.otherload import MIN_OTHER_CPU_US, OTHER_LOAD_PCT, load_from
 from tests.conftest import ROOT
 from tests.test_rules_cpu import context, sample
 

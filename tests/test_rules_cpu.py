@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.threads import cpu_oversubscription
 from stallscope.diagnose.workers import worker_startup
+from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import SAMPLES, real_trace

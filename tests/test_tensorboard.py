@@ -451,8 +451,8 @@ def test_the_plugins_http_overview_matches_the_report_on_modern_and_legacy_trace
 def test_the_verdict_scalar_is_the_figure_the_verdict_states(name: str):
     """pageable-h2d-copy (its saving), gpu-idle (its idle share), dataloader-bound (its loader
     wait), and "no bottleneck worth fixing" (the largest finding's saving)."""
-    from stallscope.report.build import share_text
     from stallscope.report.tensorboard import verdict_metric
+    from stallscope.units import share_text
     from tests.conftest import report_of
 
     report = report_of(SAMPLES / f"{name}.pt.trace.json.gz")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.capture.context import RunContext
 from stallscope.report import unrecorded
 from stallscope.report.unrecorded import Window, rerun_command
+from stallscope.runfacts import RunContext
 from tests.conftest import run_process
 
 

@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from stallscope.units import size_text
+
 PREFIX = "[stallscope] "
 ENV = "STALLSCOPE_PROGRESS"
 # Above this size on disk one trace takes seconds to analyse (a gzip trace holds about ten times
@@ -120,15 +122,6 @@ class Meter:
             share = min(100.0, 100.0 * self.done / self.total)
             say(f"{self.label}: {share:.0f}% ({size_text(self.done)} of about "
                 f"{size_text(self.total)})")
-
-
-def size_text(nbytes: float) -> str:
-    """`12.3 MB`: how big a file is, for a progress line."""
-    for unit in ("B", "kB", "MB", "GB"):
-        if nbytes < 1000 or unit == "GB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1000
-    return f"{nbytes:.1f} GB"
 
 
 def total_size(files: Iterable[Path]) -> int:

@@ -130,8 +130,3 @@ def plural(count: float, word: str, many: str | None = None) -> str:
     shown = f"{count:,.0f}" if isinstance(count, float) and count.is_integer() else f"{count:,}"
     return f"{shown} {word if count == 1 else many or word + 's'}"
 
-
-def millis(value_ms: float) -> str:
-    """Milliseconds in a sentence, at the report's precision (report/labels.py `ms`): 0.1 ms
-    from 1 ms up, 0.01 below ("4.0", "0.58"), not the evidence's 3 decimals."""
-    return f"{value_ms:.1f}" if abs(value_ms) >= 1 else f"{value_ms:.2f}"

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from stallscope.api.result import Report
-from stallscope.capture.context import RunContext
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.errors import InputError, StallscopeError
 from stallscope.report.build import analyze_command
+from stallscope.runfacts import RunContext
 
 # Each profile's exported trace (gzip bytes), by profile: torch exports a profile once, and a
 # caller may analyse the same profile again (another cell, or with out_dir the second time).

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 from stallscope import marker
 from stallscope.api.result import Report
-from stallscope.capture.context import RunContext
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.commands.run import Launch
 from stallscope.errors import EXIT_INTERRUPTED, NoStepsError, StallscopeError
 from stallscope.outputs import prepare_out_dir
 from stallscope.report.build import analyze_command, attach_run
+from stallscope.runfacts import RunContext
 
 if TYPE_CHECKING:
     from stallscope.capture.session import CaptureSession

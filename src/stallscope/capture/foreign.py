@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from stallscope import progress
-from stallscope.capture.context import RunContext
+from stallscope.runfacts import RunContext
 
 _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
 _STALLSCOPE_DIR = str(Path(__file__).resolve().parent.parent)

@@ -60,7 +60,7 @@ _STALLSCOPE_DIR = str(Path(__file__).resolve().parent.parent)
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a DataLoader came from, as `LoaderInfo` records it (capture/context.py)."""
+    """Where a DataLoader came from, as `LoaderInfo` records it (stallscope/runfacts.py)."""
 
     call_site: str  # the user's own frame, "train.py:42"; "unknown" when the stack has none
     user_site: str | None = None  # the same frame with its function: "train.py:42 in main"

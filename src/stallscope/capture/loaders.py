@@ -30,7 +30,7 @@ import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from stallscope.capture import anatomy, frameworks, sampler, transfer
-from stallscope.capture.context import LoaderInfo
+from stallscope.runfacts import LoaderInfo
 
 _ATTR = "_stallscope_loader"
 _EPOCH = "_stallscope_epoch"  # on an iterator: which `__iter__` call of its loader made it

@@ -26,7 +26,6 @@ from typing import Any, NoReturn
 
 from stallscope import progress
 from stallscope.capture import budget, steady
-from stallscope.capture.context import RunContext
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import describe as describe_source
 from stallscope.capture.intraop import IntraOpOverride
@@ -52,6 +51,7 @@ from stallscope.errors import (
     exit_line,
     fail,
 )
+from stallscope.runfacts import RunContext
 from stallscope.text import clean
 
 # Seconds `run` waits, once the script has ended or been stopped, for the threads it started

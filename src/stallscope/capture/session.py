@@ -40,6 +40,7 @@ from stallscope.capture.quiet import quiet_profiler_warnings, usdt_filtered
 from stallscope.capture.recapture import LaterCaptures
 from stallscope.capture.steplog import StepLog, captures_path
 from stallscope.capture.steps import StepDriver
+from stallscope.units import size_text
 
 # torch.compile: at most this many steps skipped beyond --skip while dynamo still compiles. The
 # first compilation settles within a step or two; a script that compiles step after step is
@@ -674,7 +675,7 @@ class CaptureSession:
         written = sorted(set(self.trace_dir.glob(pattern)) - before)
         self.traces.extend(written)
         for path in written:
-            progress.say(f"trace written: {path.name} ({progress.size_text(path.stat().st_size)})")
+            progress.say(f"trace written: {path.name} ({size_text(path.stat().st_size)})")
 
 
 def _dynamo_counter(group: str, key: str) -> int | None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from stallscope.units import ms
+
 SPREAD = 0.25
 # The loader's wait per step rising by less than this (us) between groups is noise.
 WAIT_RISE_US = 500.0
@@ -66,15 +68,15 @@ def judge(steps_us: list[float], waits_us: list[float], prefetched_left: int,
     last, before = steps_us[-group:], steps_us[-2 * group:-group]
     a, b = statistics.fmean(last), statistics.fmean(before)
     if abs(a - b) > SPREAD * max(a, b):
-        return Judgement(False, f"the step time was still moving ({ms(b)} -> {ms(a)} ms "
-                                f"over the last {2 * group} steps)")
+        return Judgement(False, f"the step time was still moving ({ms(b, 'tenths')} -> "
+                                f"{ms(a, 'tenths')} ms over the last {2 * group} steps)")
     wa = statistics.fmean(waits_us[-group:])
     wb = statistics.fmean(waits_us[-2 * group:-group])
     if wa - wb > max(SPREAD * wb, WAIT_RISE_US):
-        return Judgement(False, f"the wait for the DataLoader was still rising ({ms(wb)} -> "
-                                f"{ms(wa)} ms per step)")
-    return Judgement(True, f"the last {group} unprofiled steps (mean {ms(a)} ms) within "
-                           f"{SPREAD:.0%} of the {group} before ({ms(b)} ms)")
+        return Judgement(False, "the wait for the DataLoader was still rising "
+                                f"({ms(wb, 'tenths')} -> {ms(wa, 'tenths')} ms per step)")
+    return Judgement(True, f"the last {group} unprofiled steps (mean {ms(a, 'tenths')} ms) within "
+                           f"{SPREAD:.0%} of the {group} before ({ms(b, 'tenths')} ms)")
 
 
 def epoch_too_short(batches_left: int | None, window_steps: int) -> str:
@@ -88,5 +90,3 @@ def epoch_too_short(batches_left: int | None, window_steps: int) -> str:
             f"{window_steps} step(s)")
 
 
-def ms(us: float) -> str:
-    return f"{us / 1000:.1f}"

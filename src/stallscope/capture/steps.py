@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from stallscope.capture.context import LoaderInfo
+from stallscope.runfacts import LoaderInfo
 
 MODES = ("auto", "optimizer", "dataloader", "marker")
 # In auto mode, batches drawn with no optimizer.step() before batches become the steps:

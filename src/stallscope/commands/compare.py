@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import __version__
-from stallscope.capture.hostload import OTHER_LOAD_PCT
 from stallscope.commands import COMMANDS, stats
 from stallscope.commands.compare_metrics import (
     BETTER,
@@ -50,6 +49,7 @@ from stallscope.errors import (
     OutputError,
 )
 from stallscope.text import speedup_range_text, speedup_text
+from stallscope.trace.otherload import OTHER_LOAD_PCT
 
 NAME = "compare"
 TAKES_SCRIPT = False

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import fanout, progress
-from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
 from stallscope.diagnose.fixes import Change
 from stallscope.diagnose.plan import make_plan
@@ -28,11 +27,13 @@ from stallscope.report.build import report_from
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals
 from stallscope.report.timeline import trace_timeline
+from stallscope.runfacts import RunContext
 from stallscope.text import plain
 from stallscope.trace.decode import Limits
 from stallscope.trace.load import discover, infer_rank, load_trace
 from stallscope.trace.model import build_model
 from stallscope.trace.split import Reading
+from stallscope.units import size_text
 
 
 def analyze_paths(
@@ -55,7 +56,7 @@ def analyze_paths(
     contexts = contexts or {}
     progress.consider_inputs(files)  # several files or a large one: say what is happening
     workers = fanout.worker_count(files, jobs)
-    size = progress.size_text(progress.total_size(files))
+    size = size_text(progress.total_size(files))
     hot: tuple[HotTotals, HotTotals] | None = None  # summed as files finish, for several
     left_out: dict[int, LeftOut] = {}  # files of a job that could not be read, by index
     if len(files) == 1:

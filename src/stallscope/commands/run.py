@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from stallscope import progress
 from stallscope.capture import steady
-from stallscope.capture.context import RunContext
 from stallscope.capture.overrides import OVERRIDE_KEYS, parse_overrides
 from stallscope.capture.target import Target
 from stallscope.commands import COMMANDS
@@ -43,6 +42,7 @@ from stallscope.errors import (
     Terminated,
     fail,
 )
+from stallscope.runfacts import RunContext
 
 if TYPE_CHECKING:
     from stallscope.report import Report

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stallscope.units import ms
+
 SEED = 20_231_118  # fixed: the same samples always give the same interval
 RESAMPLES = 2000
 CONFIDENCE = 0.95
@@ -152,7 +154,7 @@ def busy_reasons(runs: Sequence[Sequence[float]], block: int = 1,
     reasons = []
     means = run_means(runs)
     if len(means) >= 2 and min(means) > 0 and max(means) / min(means) > BUSY_SPREAD:
-        reasons.append(f"run means {min(means) / 1000:.1f}-{max(means) / 1000:.1f} ms "
+        reasons.append(f"run means {ms(min(means), 'tenths')}-{ms(max(means), 'tenths')} ms "
                        f"(over {BUSY_SPREAD:g}x apart)")
     block = max(block, 1)
     for r in runs:
@@ -162,8 +164,8 @@ def busy_reasons(runs: Sequence[Sequence[float]], block: int = 1,
         per_round = np.asarray(r[:rounds * block], dtype=float).reshape(rounds, block).mean(1)
         p10, p90 = np.percentile(per_round, [10, 90])
         if p10 > 0 and p90 / p10 > BUSY_SPREAD:
-            reasons.append(f"steps inside one run {p10 / 1000:.1f}-{p90 / 1000:.1f} ms p10-p90 "
-                           f"(over {BUSY_SPREAD:g}x apart)")
+            reasons.append(f"steps inside one run {ms(p10, 'tenths')}-{ms(p90, 'tenths')} ms "
+                           f"p10-p90 (over {BUSY_SPREAD:g}x apart)")
             break
     if threshold_pct is not None:
         over = [p for p in other_cpu_pct if p >= threshold_pct]

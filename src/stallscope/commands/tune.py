@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import progress
-from stallscope.capture.hostload import OTHER_LOAD_PCT
 from stallscope.capture.overrides import Overrides, label, set_arguments
 from stallscope.commands import COMMANDS, stats
 from stallscope.commands.common import add_target_arguments, positive_float, whole_number
@@ -60,6 +59,8 @@ from stallscope.report.tune_writers import (
     render_markdown,
     render_terminal,
 )
+from stallscope.trace.otherload import OTHER_LOAD_PCT
+from stallscope.units import ms
 
 NAME = "tune"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
@@ -546,7 +547,7 @@ def sweep(launch: Launcher, repeats: int, budget_s: float,
 
 def _say_run(cand: Candidate, run: RunResult) -> None:
     if run.ok and run.step_us is not None:
-        progress.say(f"  mean step {run.step_us / 1000:.1f} ms ({run.wall_s:.0f} s)")
+        progress.say(f"  mean step {ms(run.step_us, 'tenths')} ms ({run.wall_s:.0f} s)")
     else:
         progress.say(f"  failed with status {run.exit_status}: {run.error}")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.allocator import allocator_churn
 from stallscope.diagnose.blocking import blocking_h2d_copy
 from stallscope.diagnose.comm import comm_bound
@@ -23,6 +22,7 @@ from stallscope.diagnose.sync import host_device_sync
 from stallscope.diagnose.threads import cpu_oversubscription
 from stallscope.diagnose.workers import worker_startup
 from stallscope.diagnose.zero_grad import zero_grad_kernels
+from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 
 # A rule sees the trace's model and, under `stallscope run`, what was captured in-process.

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.allocator import enclosing_ops
 from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import first_match, missing_last, pick
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
 from stallscope.trace.workload import step_word

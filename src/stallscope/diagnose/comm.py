@@ -16,15 +16,16 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.text import millis, plural
+from stallscope.runfacts import RunContext
+from stallscope.text import plural
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline, enclosing
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_mask
+from stallscope.units import millis
 
 RULE_ID = "comm-bound"
 

@@ -17,9 +17,9 @@ import re
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags

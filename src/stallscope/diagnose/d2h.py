@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, pct
 from stallscope.diagnose.copies import nansum
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
 

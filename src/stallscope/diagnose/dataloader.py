@@ -6,12 +6,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import Knobs
 from stallscope.replay.loader import LoaderFacts
+from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 

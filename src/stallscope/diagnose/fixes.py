@@ -49,9 +49,10 @@ from stallscope.replay.engine import replay
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
 from stallscope.replay.threads import OneThread, one_thread
-from stallscope.text import millis, plural
+from stallscope.text import plural
 from stallscope.trace.model import SYNC_CALLS, TraceModel
 from stallscope.trace.names import name_matches, per_name
+from stallscope.units import millis
 
 # Host time left of an optimizer step with multi-tensor kernels (one launch per few hundred
 # tensors instead of one per tensor), and the GPU time each per-tensor kernel loses: its fixed

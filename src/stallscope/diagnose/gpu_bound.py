@@ -29,7 +29,6 @@ import re
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.comm import COMM_NAME
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
@@ -39,6 +38,7 @@ from stallscope.diagnose.precision import (
     MIN_FP32_SHARE_PCT,
     classify_kernels,
 )
+from stallscope.runfacts import RunContext
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import per_name

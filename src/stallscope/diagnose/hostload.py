@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from stallscope.capture.context import RunContext
-from stallscope.capture.hostload import OtherLoad, load_from
+from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
+from stallscope.trace.otherload import OtherLoad, load_from
 
 
 def host_facts(model: TraceModel, context: RunContext | None = None) -> dict[str, Any]:

@@ -18,17 +18,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.plan import judged_steps
-from stallscope.text import millis
+from stallscope.runfacts import RunContext
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import LOADER_NAME, TraceModel
 from stallscope.trace.names import column_equals_text, name_flags, name_mask, regex_hit
 from stallscope.trace.workload import step_word
+from stallscope.units import millis
 
 RULE_ID = "gpu-idle"
 
@@ -453,20 +453,16 @@ def _region_words(ev: dict, model: TraceModel, lead: str = ", while the host is 
     if not regions:
         return ""
     word = step_word(model.workload)
-    named = ", ".join(f"{r['region']} {_ms_text(r['ms_per_step'])} ms per {word}"
+    named = ", ".join(f"{r['region']} {millis(r['ms_per_step'])} ms per {word}"
                       for r in regions[:2])
     return f"{lead}{named}" + (")" if lead.endswith("(the host in ") else "")
-
-
-def _ms_text(value: float) -> str:
-    return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 def _region_advice(cause: str, ev: dict) -> tuple[str, str]:
     """What helps when the host-wait idle sits under the optimizer step or allocator calls."""
     top = ev["host_wait_under"][0]
     share = (f"{top['pct_of_host_wait']:.0f}% of the GPU's host-wait idle "
-             f"({_ms_text(top['ms_per_step'])} ms per step) falls inside {top['region']}")
+             f"({millis(top['ms_per_step'])} ms per step) falls inside {top['region']}")
     if cause == "allocator":
         rec = (f"{share}: the host is in device allocator calls while the GPU has nothing to "
                "run. Each cudaMalloc/cudaFree synchronises or stalls the host; the caching "
@@ -766,7 +762,7 @@ def _idle_advice(
     regions = ev.get("host_wait_under") or []
     if regions and cause not in ("host-optimizer", "allocator"):
         rec += " Of the host-wait idle, " + "; ".join(
-            f"{r['pct_of_host_wait']:.0f}% ({_ms_text(r['ms_per_step'])} ms per step) falls "
+            f"{r['pct_of_host_wait']:.0f}% ({millis(r['ms_per_step'])} ms per step) falls "
             f"inside {r['region']}" for r in regions) + (
             ": host work that CUDA graphs and torch.compile do not remove (an optimizer's own "
             "host computation, device allocations).")

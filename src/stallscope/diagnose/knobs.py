@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stallscope.capture.context import LoaderInfo
+from stallscope.runfacts import LoaderInfo
 
 TRAINING_ARGUMENTS = "TrainingArguments"
 # DataLoader argument -> the TrainingArguments field Trainer passes it from.

@@ -22,10 +22,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import inner_join, missing_last
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_flags, regex_hit

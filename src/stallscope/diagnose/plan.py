@@ -43,6 +43,7 @@ from stallscope.replay.unload import OtherWait, barrier_note, unload
 from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
+from stallscope.units import ms
 
 # The replay's error against the plain, unprofiled after-timing of the same change, measured on
 # the lent GPUs' before/after pairs (docs/replay.md: median |error| 13.8% on an H200, 15.9% on
@@ -350,9 +351,9 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
             f.estimated_saving_pct = entry.saving_pct
             alone = f.predicted_step_us
             f.saving_basis = (
-                f"replayed: {ms(measured)} -> {ms(alone)} ms per step with {entry.change} "
-                f"alone; {entry.saving_pct:.1f}% as step {rank + 1} of the fix plan. "
-                f"Assumes: {'; '.join(entry.assumptions)}."
+                f"replayed: {ms(measured, 'tenths')} -> {ms(alone, 'tenths')} ms per step with "
+                f"{entry.change} alone; {entry.saving_pct:.1f}% as step {rank + 1} of the fix "
+                f"plan. Assumes: {'; '.join(entry.assumptions)}."
             )
         elif f.id in options:  # replayed, but it adds under MIN_GAIN_PCT to the plan
             shared = next((e for e in plan.entries
@@ -371,7 +372,8 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
                 note = profiler_bound_note(vars(plan))
                 why += f"; {note}" if note else ""
             f.saving_basis = (
-                f"replayed: {ms(measured)} -> {ms(f.predicted_step_us)} ms per step alone; {why}")
+                f"replayed: {ms(measured, 'tenths')} -> {ms(f.predicted_step_us, 'tenths')} ms "
+                f"per step alone; {why}")
         elif f.caused_by and f.caused_by in by_id:  # its time is its cause's to win back
             f.estimated_saving_pct = 0.0
             f.saving_kind = "counted"
@@ -402,8 +404,8 @@ def profiler_bound_note(plan: dict[str, Any]) -> str | None:
         return None
     measured = (plan.get("profiler") or {}).get("measured")
     how = "" if measured else " (its cost per op assumed)"
-    return (f"without the profiler{how} the step is predicted at {ms(base)} ms on "
-            f"{ms(floor)} ms of GPU work: that idle is the profiler's own")
+    return (f"without the profiler{how} the step is predicted at {ms(base, 'tenths')} ms on "
+            f"{ms(floor, 'tenths')} ms of GPU work: that idle is the profiler's own")
 
 
 def _cap_bound(plan: Plan, f: Finding) -> None:
@@ -418,8 +420,8 @@ def _cap_bound(plan: Plan, f: Finding) -> None:
     if f.estimated_saving_pct > room:
         f.saving_basis += (
             f"; at most {room:.1f}% here (the rule's figure was {f.estimated_saving_pct:.1f}%): "
-            f"the step ({ms(step)} ms) can lose no more than its time above the floor "
-            f"({ms(plan.floor_us)} ms, {_FLOOR_WORDS[plan.floor_kind]})")
+            f"the step ({ms(step, 'tenths')} ms) can lose no more than its time above the floor "
+            f"({ms(plan.floor_us, 'tenths')} ms, {_FLOOR_WORDS[plan.floor_kind]})")
         f.estimated_saving_pct = room
 
 
@@ -456,7 +458,3 @@ def _floor(g: Graph, r: Replay, used: slice) -> float:
     s, e = r.host_start[main], r.host_end[main]
     tl = Timeline.from_intervals((s, e), (lo, hi))
     return float(np.median(tl.sum_by(tl.cover(s, e), tl.bucket(lo, hi), len(lo))))
-
-
-def ms(us: float | None) -> str:
-    return "?" if us is None else f"{us / 1000:.1f}"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.text import millis
+from stallscope.runfacts import RunContext
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
+from stallscope.units import millis
 
 RULE_ID = "host-device-sync"
 # Share of step wall time the host is blocked waiting on the GPU.

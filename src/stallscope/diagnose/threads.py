@@ -9,12 +9,12 @@ import math
 import statistics
 from typing import Any
 
-from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.replay.threads import OneThread
+from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 

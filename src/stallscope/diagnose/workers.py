@@ -18,10 +18,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
+from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
 from stallscope.trace.model import LOADER_NAME, TraceModel
 from stallscope.trace.names import name_matches, per_name

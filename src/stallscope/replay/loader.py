@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.capture.hostload import OtherLoad, load_from
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import LOADER, Graph
 from stallscope.text import plural
+from stallscope.trace.otherload import OtherLoad, load_from
+from stallscope.units import ms
 
 # Receiving one batch from a worker (queue get, unpickling, fetching each tensor's shared-memory
 # handle from the worker, mapping it). Measured on this project's 2-core VM with batches of 32
@@ -52,7 +53,7 @@ class LoaderFacts:
     cores: int | None  # cores this process may use
     window_wall_us: float | None  # the recorded steps
     window_cpu_us: float | None  # CPU time of the whole process over them
-    other_load: OtherLoad | None = None  # other processes held the cores (capture/hostload.py)
+    other_load: OtherLoad | None = None  # other processes held the cores (trace/otherload.py)
     # Inside the loader (capture/anatomy.py): its class, and, measured in the workers, the CPU
     # share of a batch's loading and its fetch + collate wall time.
     bound: str | None = None
@@ -172,7 +173,7 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     notes: list[str] = []
     if workers_now == 0 and batch_load_us:
         load = np.full(len(loads), batch_load_us)
-        notes.append(f"each batch takes a worker {batch_load_us / 1000:.1f} ms, the in-process "
+        notes.append(f"each batch takes a worker {ms(batch_load_us, 'tenths')} ms, the in-process "
                      "loading per batch in the steps run timed at one intra-op thread (a "
                      "worker runs one)")
     elif workers_now == 0:
@@ -181,8 +182,8 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
                      "(measured per batch)")
     elif facts.worker_load_us:
         load = np.full(len(loads), facts.worker_load_us)
-        notes.append(f"each batch takes a worker {facts.worker_load_us / 1000:.1f} ms (fetch and "
-                     "collate, measured inside the workers)")
+        notes.append(f"each batch takes a worker {ms(facts.worker_load_us, 'tenths')} ms (fetch "
+                     "and collate, measured inside the workers)")
     else:
         load = np.full(len(loads), workers_now * float(np.median(before)))
         notes.append(f"the {workers_now} workers now deliver one batch per step, so each "

@@ -29,8 +29,8 @@ import numpy as np
 
 from stallscope.replay.graph import LOADER, Graph
 from stallscope.replay.unload import OtherWait
-from stallscope.replay.unprofile import ms
 from stallscope.trace.model import TraceModel
+from stallscope.units import ms
 
 # A factor outside these bounds says the probe and the recording saw different runs (a phase
 # change, an epoch's end): the replay then does not model the change. Down to 1/100: steps that
@@ -109,14 +109,15 @@ def scales(one: OneThread, g: Graph, base_step_us: float) -> ThreadScales | None
         if not MIN_SCALE <= scale <= top and part >= MINOR_PART * base_step_us:
             return None
     load, rest = (float(np.clip(v, MIN_SCALE, top)) for v in (load, rest))
-    load_part = (f"; its loading {ms(one.load_us)} ms against {ms(loader_us)} ms"
-                 if loader_us > 0 else "")
+    load_part = (f"; its loading {ms(one.load_us, 'tenths')} ms against "
+                 f"{ms(loader_us, 'tenths')} ms" if loader_us > 0 else "")
     others = (f", less the {100 * one.others_share:.0f}% its thread waited for cores other "
               "processes held" if one.others_share > 0 else "")
     note = (f"one intra-op thread: the {one.steps} steps run timed that way before recording "
-            f"took {ms(one.measured_us)} ms (mean{others}: {ms(one.step_us)} ms) against the "
-            f"{ms(base_step_us)} ms baseline with {one.threads}{load_part}; the host's other "
-            f"work is scaled by {rest:.2f}, assumed even across its segments")
+            f"took {ms(one.measured_us, 'tenths')} ms (mean{others}: "
+            f"{ms(one.step_us, 'tenths')} ms) against the {ms(base_step_us, 'tenths')} ms "
+            f"baseline with {one.threads}{load_part}; the host's other work is scaled by "
+            f"{rest:.2f}, assumed even across its segments")
     batches = int(np.count_nonzero(loads))
     per_batch = one.load_us * g.steps / batches if batches and one.load_us > 0 else None
     return ThreadScales(load, rest, note, per_batch)

@@ -22,6 +22,7 @@ import numpy as np
 
 from stallscope.replay.graph import FILL, Graph
 from stallscope.trace.model import TraceModel
+from stallscope.units import ms
 
 # Per recorded op (us), when the trace does not carry run's own measurement: the median of
 # benchmarks/bench_profiler_cost.py on a lent 16-core H100 host (torch 2.11.0+cu130, CPU and
@@ -89,12 +90,9 @@ def from_run(model: TraceModel, cost: ProfilerCost, recorded_us: float, ops_per_
              f"low; never above {DEFAULT_OP_US:g} us")
     return ProfilerCost(per_op, True, (
         f"measured: {per_op:.2f} us per recorded op, the recorded steps against the "
-        f"{len(plain)} steps timed without the profiler just before them ({ms(quiet_plain)} "
-        f"ms), over {ops_per_step:.0f} recorded ops per step ({start})"))
-
-
-def ms(us: float) -> str:
-    return f"{us / 1000:.1f}"
+        f"{len(plain)} steps timed without the profiler just before them "
+        f"({ms(quiet_plain, 'tenths')} ms), over {ops_per_step:.0f} recorded ops per step "
+        f"({start})"))
 
 
 def op_counts(g: Graph, model: TraceModel) -> np.ndarray:

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from stallscope import __version__
-from stallscope.capture.context import RunContext
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.knobs import as_written
@@ -24,8 +23,10 @@ from stallscope.report.hotspots import HotTotals, summed, top_rows
 from stallscope.report.kernel_mix import busiest
 from stallscope.report.rank_groups import group_findings
 from stallscope.report.timeline import step_timeline
+from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
+from stallscope.units import ms, share_text
 
 # 2: findings are ranked by the replayed fix plan (`plan`, `findings[].predicted_step_us`,
 # `findings[].plan_rank`, `what_if`); estimated_saving_pct is a finding's share of that plan.
@@ -139,10 +140,10 @@ class Report:
         start = self.plan.get("baseline_step_us") or self.plan["measured_step_us"] if (
             self.plan is not None) else 0.0
         rng = (entry or {}).get("predicted_range_us")
-        about = (f"about {entry['predicted_step_us'] / 1000:.1f} ms per step, range "
-                 f"{rng[0] / 1000:.1f}-{rng[1] / 1000:.1f}" if rng and entry is not None else
-                 f"{(entry or {}).get('predicted_step_us', 0.0) / 1000:.1f} ms per step")
-        replayed = (f"the replay predicts {start / 1000:.1f} -> {about}"
+        about = (f"about {ms(entry['predicted_step_us'], 'tenths')} ms per step, range "
+                 f"{ms(rng[0], 'tenths')}-{ms(rng[1], 'tenths')}" if rng and entry is not None else
+                 f"{ms((entry or {}).get('predicted_step_us', 0.0), 'tenths')} ms per step")
+        replayed = (f"the replay predicts {ms(start, 'tenths')} -> {about}"
                     if entry is not None and self.plan is not None else "")
         bound = self._gpu_bound(top)
         if bound is not None:
@@ -178,12 +179,6 @@ class Report:
         if not plan:
             return None
         return next((e for e in plan["entries"] if e["id"] == finding.id), None)
-
-
-def share_text(pct: float) -> str:
-    """A share of the step as every writer prints it: "under 0.1%" where one decimal would
-    print "0.0%", which reads as a measured size of nothing."""
-    return "under 0.1%" if pct < 0.05 else f"{pct:.1f}%"
 
 
 def build_report(
@@ -435,11 +430,12 @@ def profiler_cost_note(unprofiled_us: list[float], recorded_median_us: float) ->
     extra = 100.0 * (recorded_median_us / plain - 1.0) if plain > 0 else 0.0
     if extra < PROFILER_COST_PCT:
         return None
-    return (f"The profiler's own cost: the recorded steps' median ({recorded_median_us / 1000:.1f} "
-            f"ms, measured) is {extra:.0f}% above that of the last {len(later)} steps before "
-            f"recording, timed without it ({plain / 1000:.1f} ms, measured). Predictions are for "
-            "the recorded steps: a fix that shortens GPU work can save more than predicted once "
-            "the profiler is off (docs/replay.md, \"The profiler's cost on the host\").")
+    return (f"The profiler's own cost: the recorded steps' median "
+            f"({ms(recorded_median_us, 'tenths')} ms, measured) is {extra:.0f}% above that of the "
+            f"last {len(later)} steps before recording, timed without it "
+            f"({ms(plain, 'tenths')} ms, measured). Predictions are for the recorded steps: a "
+            "fix that shortens GPU work can save more than predicted once the profiler is off "
+            "(docs/replay.md, \"The profiler's cost on the host\").")
 
 
 def _ended_phrase(run: dict[str, Any]) -> str:

@@ -7,11 +7,13 @@ terminal on `plain`.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from stallscope.report.compare_charts import breakdown_chart, findings_chart, step_chart
 from stallscope.report.html import COLORS, LEGEND, jinja_env
 from stallscope.text import md, plain, speedup_range_text, speedup_text
+from stallscope.units import ms, percent, points
 
 # How each group is judged; the rule in full is in README ("compare") and compare_metrics.py.
 JUDGED_BY = ("Judged by what each finding measures (its time per step), not by its severity or "
@@ -34,30 +36,6 @@ def noise_text(noise: float | None) -> str:
     return "not measured" if noise is None else f"{100 * noise:.1f}%"
 
 
-def ms(us: float | None) -> str:
-    if us is None:
-        return "n/a"
-    value = us / 1000.0
-    return f"{value:.1f}" if abs(value) >= 1 else f"{value:.2f}"
-
-
-def signed_ms(us: float | None) -> str:
-    if us is None:
-        return "n/a"
-    return ("+" if us > 0 else "") + ms(us)
-
-
-def pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}%"
-
-
-def signed_pct(value: float | None) -> str:
-    """Percentage points, with a sign so a drop reads as one."""
-    if value is None:
-        return "n/a"
-    return f"{'+' if value > 0 else ''}{value:.1f} pt"
-
-
 def spread(stats: dict[str, float]) -> str:
     return f"p10-p90 {ms(stats['p10'])}-{ms(stats['p90'])} ms, min-max {ms(stats['min'])}-" \
         f"{ms(stats['max'])} ms"
@@ -69,9 +47,11 @@ def category_name(category: str) -> str:
 
 def render_compare_html(data: dict[str, Any]) -> str:
     env = jinja_env()
-    env.filters.update(ms=ms, signed_ms=signed_ms, pct=pct, signed_pct=signed_pct,
-                       spread=spread, category=category_name, noise=noise_text,
-                       speedup=speedup_text)
+    # A figure the data lacks reads "n/a" on compare's page; its step figures never lack one.
+    env.filters.update(ms=partial(ms, missing="n/a"),
+                       signed_ms=partial(ms, missing="n/a", signed=True),
+                       pct=percent, signed_pct=points, spread=spread, category=category_name,
+                       noise=noise_text, speedup=speedup_text)
     env.globals.update(saving_cell=saving_cell, speedup_range=speedup_range_text,
                        severity_cell=severity_cell)
     return env.get_template("compare.html.j2").render(
@@ -91,8 +71,8 @@ def severity_cell(row: dict[str, Any]) -> str:
 def saving_cell(value: float | None, kind: str | None) -> str:
     """A finding's saving with what it is: replayed, counted in its cause, or an upper bound."""
     if value is None:
-        return pct(value)
-    return f"{pct(value)} ({(kind or 'upper_bound').replace('_', ' ')})"
+        return percent(value)
+    return f"{percent(value)} ({(kind or 'upper_bound').replace('_', ' ')})"
 
 
 def _saves(row: dict[str, Any]) -> str:
@@ -153,15 +133,15 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
     ]
     for r in data["breakdown"]:
         lines.append(
-            f"| {md(category_name(r['category']))} | {pct(r['before_pct'])} | "
-            f"{pct(r['after_pct'])} | {signed_pct(r['delta_pct'])} | {ms(r['before_us'])} | "
-            f"{ms(r['after_us'])} | {signed_ms(r['delta_us'])} |"
+            f"| {md(category_name(r['category']))} | {percent(r['before_pct'])} | "
+            f"{percent(r['after_pct'])} | {points(r['delta_pct'])} | {ms(r['before_us'])} | "
+            f"{ms(r['after_us'])} | {ms(r['delta_us'], signed=True)} |"
         )
     if data["gpu"]:
         lines += ["", "| GPU | busy before | busy after | change |", "|---|---:|---:|---:|"]
         for g in data["gpu"]:
-            lines.append(f"| {md(g['device'])} | {pct(g['before_busy_pct'])} | "
-                         f"{pct(g['after_busy_pct'])} | {signed_pct(g['delta_busy_pct'])} |")
+            lines.append(f"| {md(g['device'])} | {percent(g['before_busy_pct'])} | "
+                         f"{percent(g['after_busy_pct'])} | {points(g['delta_busy_pct'])} |")
     lines += ["", "## Findings", "", JUDGED_BY, ""]
     for key, title, meaning in GROUPS:
         rows = data["findings"][key]

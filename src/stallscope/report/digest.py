@@ -22,6 +22,7 @@ from stallscope.report.kernel_mix import gpu_summary, host_comm, kernel_mix
 from stallscope.report.recording import recording_cost
 from stallscope.report.timeline import trace_timeline
 from stallscope.trace.model import Step, TraceModel
+from stallscope.units import ms
 
 SPREAD_RATIO = 2.0  # p90 / p10 of the step times past which their spread is said
 MIN_SPREAD_STEPS = 5
@@ -157,6 +158,6 @@ def spread_note(durations: list[float]) -> str | None:
     p10, p90 = (float(v) for v in np.percentile(durations, [10, 90]))
     if p10 <= 0 or p90 / p10 <= SPREAD_RATIO:
         return None
-    return (f"Step times spread {p90 / p10:.1f}x (p10 {p10 / 1000:.1f} ms, p90 {p90 / 1000:.1f} "
-            "ms): a busy machine, or steps that do different work (a loader delivering batches "
-            "in rounds); medians and savings are less certain.")
+    return (f"Step times spread {p90 / p10:.1f}x (p10 {ms(p10, 'tenths')} ms, p90 "
+            f"{ms(p90, 'tenths')} ms): a busy machine, or steps that do different work (a loader "
+            "delivering batches in rounds); medians and savings are less certain.")

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from markupsafe import Markup, escape
 
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
-from stallscope.report.build import Report, share_text
+from stallscope.report.build import Report
 from stallscope.report.evidence_view import NAME_RUN, evidence_value, key_text, text_cell
 from stallscope.report.json_writer import report_data
 from stallscope.report.kernel_view import gpu_summary_rows, host_rows, kernel_chart
@@ -32,7 +33,6 @@ from stallscope.report.labels import (
     category_name,
     floor_phrase,
     loader_story,
-    ms,
     pct_of,
     plan_of,
     profiler_phrase,
@@ -47,6 +47,7 @@ from stallscope.report.recording import recording_lines
 from stallscope.report.watch_chart import watch_chart
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
+from stallscope.units import ms, share_text
 
 COLORS = {
     "dataloader": "#d62728",
@@ -216,7 +217,7 @@ def _slash_breaks(escaped: Markup) -> Markup:
 def render_html(report: Report) -> str:
     env = jinja_env()
     env.filters["short_name"] = short_name
-    env.filters["ms"] = _ms
+    env.filters["ms"] = partial(ms, missing="")
     env.filters["diff_lines"] = diff_lines
     env.filters["pretty_json"] = pretty_json
     env.globals["evidence_value"] = evidence_value
@@ -334,10 +335,6 @@ def saved(pct: float) -> str:
     return delta(-pct)
 
 
-def _ms(us: float | None) -> str:
-    return ms(us, missing="")
-
-
 def same_cause(findings: list[Finding]) -> dict[str, list[Any]]:
     """Each cause once on the page: `first[i]` is the index of the first finding with finding
     i's id (its card), `others[i]` the later ones (other recordings' figures, shown inside that
@@ -360,18 +357,19 @@ def _headline(report: Report) -> dict[str, Any]:
     gpu = report.summary.get("gpu_pct") or {}
     busy = [100.0 - parts.get("idle", 0.0) for parts in gpu.values()]
     return {
-        "step_ms": _ms(report.summary["step_time_us"]["median"])
+        "step_ms": ms(report.summary["step_time_us"]["median"], missing="")
         if report.summary.get("step_time_us") else None,
         "top": top,
         "top_saving": _saving_view(report, top) if top else None,
         "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
         # Several recordings (not ranks of one job) may differ in speed: the median card pools
         # their steps and says so, with each recording's own median (report.md says the same).
-        "pooled": [(trace_label(t["label"]), _ms(t["summary"]["step_time_us"]["median"]))
+        "pooled": [(trace_label(t["label"]),
+                    ms(t["summary"]["step_time_us"]["median"], missing=""))
                    for t in report.traces if t["summary"].get("step_time_us")]
         if len(report.traces) > 1 and not report.ranks else [],
         # The step without the profiler's cost (diagnose/plan.py), when it differs.
-        "unprofiled_ms": _ms(baseline(report.plan)) if report.plan and profiler_phrase(
+        "unprofiled_ms": ms(baseline(report.plan), missing="") if report.plan and profiler_phrase(
             report.plan) else None,
         "unloaded": bool(report.plan and baseline_name(report.plan) != "without the profiler"),
     }
@@ -473,7 +471,7 @@ def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
         "floor_x": floor_x,
         # The floor's label reads away from the nearer edge so it stays inside the chart.
         "floor_anchor": "start" if floor_x < label_w + plot_w / 2 else "end",
-        "floor_text": f"floor: {floor}, {_ms(plan['floor_us'])} ms",
+        "floor_text": f"floor: {floor}, {ms(plan['floor_us'], missing='')} ms",
     }
 
 
@@ -587,7 +585,7 @@ def _timeline_chart(timeline: dict[str, Any]) -> dict[str, Any] | None:
                 "kind": r["kind"],
                 "name": r.get("name"),
                 "count": r.get("count", 1),
-                "ms": _ms(r["dur_us"]),
+                "ms": ms(r["dur_us"], missing=""),
             }
             for r in lane["rects"]
         ]

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from stallscope.diagnose.finding import Finding
-from stallscope.report.build import Report, share_text
+from stallscope.report.build import Report
 from stallscope.text import plural
+from stallscope.units import ms, share_text
 
 # A plan's steps are named one by one up to this many, else as "first ... last".
 MAX_STEP_NAMES = 4
@@ -138,14 +139,6 @@ def baseline_name(plan: dict[str, Any]) -> str:
     """What the step the fixes start from leaves out."""
     return ("without the profiler or other processes' load" if _others(plan)
             else "without the profiler")
-
-
-def ms(us: float | None, missing: str = "?") -> str:
-    """Milliseconds as every writer prints them: 0.1 ms steps, 0.01 below 1 ms."""
-    if us is None:
-        return missing
-    value = us / 1000.0
-    return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 # One name per category in every view (HTML, Markdown, terminal, TensorBoard text; report.json

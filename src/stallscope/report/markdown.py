@@ -18,7 +18,6 @@ from stallscope.report.labels import (
     category_name,
     floor_phrase,
     loader_story,
-    ms,
     not_estimated,
     pct_of,
     plan_of,
@@ -26,13 +25,13 @@ from stallscope.report.labels import (
     profiler_phrase,
     range_phrase,
     saving_label,
-    share_text,
     steps_phrase,
     with_before,
 )
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
 from stallscope.report.recording import recording_lines
-from stallscope.text import md_code, millis, plural
+from stallscope.text import md_code, plural
+from stallscope.units import millis, ms, share_text
 
 # A line in a fenced block is cut here: a ticket's raw view must not scroll sideways (a
 # command is split at its arguments before that; only a hostile name runs so long).

@@ -48,7 +48,7 @@ from typing import Any
 
 from stallscope.errors import OutputError
 from stallscope.report.build import Report
-from stallscope.report.labels import baseline, ms, saving_label
+from stallscope.report.labels import baseline, saving_label
 from stallscope.report.tensorboard_trace import (
     PLUGIN_NAME,
     PluginCopy,
@@ -57,6 +57,7 @@ from stallscope.report.tensorboard_trace import (
 )
 from stallscope.text import md
 from stallscope.trace.model import HOST_CATEGORIES
+from stallscope.units import ms
 
 # Marks stallscope's event files in a run folder, so a new report replaces the old views rather
 # than adding a second set of points at the same steps. TensorBoard reads any file whose name
@@ -260,7 +261,7 @@ def findings_markdown(report: Report, copies: list[PluginCopy] | None = None) ->
     t = report.summary.get("step_time_us")
     if t:
         lines += [
-            f"Median step time {t['median'] / 1000:.1f} ms over {report.summary['steps']} "
+            f"Median step time {ms(t['median'], 'tenths')} ms over {report.summary['steps']} "
             f"step{'s' if report.summary['steps'] != 1 else ''}"
             f"{f' in {len(report.traces)} traces' if len(report.traces) > 1 else ''}.",
             "",

@@ -11,16 +11,15 @@ from stallscope.report.labels import (
     category_name,
     floor_phrase,
     loader_story,
-    ms,
     not_estimated,
     pct_of,
     predicted,
     profiler_phrase,
     saving_label,
-    share_text,
     with_before,
 )
 from stallscope.text import MAX_TERMINAL, plain
+from stallscope.units import ms, share_text
 
 MAX_FINDINGS = 6
 MAX_PLAN_ENTRIES = 5
@@ -47,8 +46,8 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
         shares = ", ".join(f"{category_name(k)} {v:.1f}%" for k, v in s["breakdown_pct"].items()
                            if v >= 0.5)
         out.append(
-            f"  steps: {s['steps']}{across}, median {t['median'] / 1000:.1f} ms "
-            f"(p90 {t['p90'] / 1000:.1f} ms); host time: {shares}"
+            f"  steps: {s['steps']}{across}, median {ms(t['median'], 'tenths')} ms "
+            f"(p90 {ms(t['p90'], 'tenths')} ms); host time: {shares}"
         )
         if report.plan and profiler_phrase(report.plan):
             out.append(f"  recorded under the profiler; {profiler_phrase(report.plan)}")
@@ -65,7 +64,7 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
             ts = t["summary"]
             if ts["step_time_us"]:
                 out.append(
-                    f"  {_p(t['label'])}: median {ts['step_time_us']['median'] / 1000:.1f} ms, "
+                    f"  {_p(t['label'])}: median {ms(ts['step_time_us']['median'], 'tenths')} ms, "
                     f"{LOADER_TIME} {ts['breakdown_pct']['dataloader']:.1f}%, "
                     f"sync {ts['breakdown_pct']['sync']:.1f}%" + _comm_text(t)
                 )
@@ -142,5 +141,5 @@ def _comm_text(trace: dict) -> str:
     mix = busiest(trace.get("kernel_mix")) or trace.get("host_comm")
     if mix is None or mix["comm_hidden_pct"] is None:
         return ""
-    return (f", communication {mix['per_step_us']['communication'] / 1000:.1f} ms per step "
+    return (f", communication {ms(mix['per_step_us']['communication'], 'tenths')} ms per step "
             f"({mix['comm_hidden_pct']:.1f}% hidden under compute)")

@@ -4,23 +4,25 @@ self-contained page, same CSP as report.html). Pure functions of the result dict
 from __future__ import annotations
 
 import shlex
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from stallscope.capture.overrides import set_arguments
 from stallscope.report.compare_writers import noise_text
 from stallscope.text import md, md_code, plain
+from stallscope.units import ms
 
 TUNE_FILES = ("tune.json", "tune.md", "tune.html")
 
 
-def _ms(us: float | None) -> str:
-    return "" if us is None else f"{us / 1000:.1f} ms"
+# A candidate's step as tune's pages print it: "12.3 ms" at 0.1 ms, nothing where it has none.
+_ms = partial(ms, precision="tenths", missing="", unit=True)
 
 
 def _spread(c: dict[str, Any]) -> str:
     s = c.get("spread_us")
-    return f"{s[0] / 1000:.1f}-{s[1] / 1000:.1f} ms" if s else ""
+    return f"{ms(s[0], 'tenths')}-{_ms(s[1])}" if s else ""
 
 
 def _x(value: float | None) -> str:

@@ -16,10 +16,11 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from stallscope.capture.context import RunContext
 from stallscope.outputs import write_files
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose
+from stallscope.runfacts import RunContext
 from stallscope.text import md_code, plural
+from stallscope.units import ms
 
 # Run-level options of `stallscope run` that choose the window; replaced in the command given.
 WINDOW_FLAGS = ("--skip", "--warmup", "--steps")
@@ -96,10 +97,11 @@ def write(out: Path, ctx: RunContext, how: str, command: str | None) -> None:
     times = ctx.unprofiled_steps_us
     if times:
         lines += ["## The steps timed without the profiler", ""]
-        lines += paragraph(f"Median {_ms(statistics.median(times))} ms over "
+        lines += paragraph(f"Median {ms(statistics.median(times), 'tenths')} ms over "
                            f"{plural(len(times), 'step')} (from the second step boundary on; the "
                            "first holds the script's start-up). Measured, not predicted.")
-        lines += [*bullets([f"step {i + 2}: {_ms(t)} ms" for i, t in enumerate(times)]), ""]
+        lines += [*bullets([f"step {i + 2}: {ms(t, 'tenths')} ms"
+                            for i, t in enumerate(times)]), ""]
     if ctx.dataloaders:
         lines += ["## DataLoaders the script built", ""]
         lines += bullets([
@@ -113,7 +115,3 @@ def write(out: Path, ctx: RunContext, how: str, command: str | None) -> None:
         "report.md": "\n".join(lines).rstrip() + "\n",
         "run.json": json.dumps(ctx.to_dict(), indent=1, sort_keys=True) + "\n",
     })
-
-
-def _ms(us: float) -> str:
-    return f"{us / 1000:.1f}"

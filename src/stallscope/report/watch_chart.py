@@ -13,6 +13,8 @@ from typing import Any
 
 from markupsafe import Markup
 
+from stallscope.units import millis
+
 WIDTH, HEIGHT = 920.0, 240.0
 LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 34.0
 MAX_POINTS = 600
@@ -65,7 +67,7 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     marks = [{"x": x_of(st), "every": p.get("every_steps"),
               "what": "epoch start" if p.get("kind") == "epoch_start" else "periodic stall"}
              for p in watch.get("periodic") or [] for st in (p.get("steps") or [])[:200]]
-    ticks = [{"y": y_of(v), "ms": _ms(v)} for v in (0, y_max / 2, y_max)]
+    ticks = [{"y": y_of(v), "ms": millis(v, "axis")} for v in (0, y_max / 2, y_max)]
     step_ticks = [{"x": x_of(v), "step": v} for v in _step_ticks(n)]
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
             # Markup: numbers this module formats, so the page prints them whole (a printed
@@ -90,10 +92,6 @@ def _runs(steps: list[int]) -> list[tuple[int, int]]:
 
 def _span(x_of: Any, first: float, last: float, least: float = 1.0) -> float:
     return max(least, x_of(last) - x_of(first))
-
-
-def _ms(v: float) -> str:
-    return f"{v:.0f}" if v >= 10 else f"{v:.1f}"
 
 
 def _step_ticks(n: int) -> list[int]:

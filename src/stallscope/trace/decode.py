@@ -53,6 +53,8 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 import numpy as np
 
+from stallscope.units import binary_size
+
 CHUNK_BYTES = 8 << 20  # text per decoded chunk: large enough to amortise, small enough to cache
 BLOCK_BYTES = 8 << 20  # text read per file read
 _MAX_TRIES = 8  # failed cuts before more text is read in (a cut inside a huge event)
@@ -302,8 +304,9 @@ def stream_decode(fh: Read1, on_progress: Any = None,
                     break
                 if len(head) > limits.max_buffer_bytes:
                     raise LimitExceeded(
-                        f"no event list in its first {_mb(limits.max_buffer_bytes)} of text "
-                        f"(the limit on text held at once; --max-buffer-mb raises it)")
+                        "no event list in its first "
+                        f"{binary_size(limits.max_buffer_bytes)} of text (the limit on text held "
+                        "at once; --max-buffer-mb raises it)")
         except _NotStreamable:
             return None
         if start is None:
@@ -330,8 +333,8 @@ def _decode_events_from(head: bytearray, start: _Start, blocks: Iterator[bytearr
         if cut < 0:  # no clean cut in this much text: read more before trying again
             if len(buf) > limits.max_buffer_bytes:
                 raise LimitExceeded(
-                    f"{_mb(limits.max_buffer_bytes)} of text at byte {at:,} without an event "
-                    "boundary (the limit on text held at once; --max-buffer-mb raises it)")
+                    f"{binary_size(limits.max_buffer_bytes)} of text at byte {at:,} without an "
+                    "event boundary (the limit on text held at once; --max-buffer-mb raises it)")
             retry_at = 2 * len(buf)  # geometric: every byte is decoded a bounded number of times
             continue
         buf = bytearray(b"[") + buf[cut + 1:]
@@ -341,10 +344,6 @@ def _decode_events_from(head: bytearray, start: _Start, blocks: Iterator[bytearr
     if reader.damaged:
         decoded.truncated = True
     return decoded
-
-
-def _mb(n: int) -> str:
-    return f"{n / (1 << 30):g} GB" if n >= 1 << 30 else f"{n / (1 << 20):g} MB"
 
 
 @contextlib.contextmanager
@@ -386,8 +385,8 @@ class _Reader:
             self.read += len(block)
             if self.read > self.max_bytes:
                 raise LimitExceeded(
-                    f"more than {_mb(self.max_bytes)} of text (the limit on a file's size after "
-                    "decompression; --max-text-gb raises it)")
+                    f"more than {binary_size(self.max_bytes)} of text (the limit on a file's size "
+                    "after decompression; --max-text-gb raises it)")
             if self.on_progress is not None:
                 self.on_progress(len(block))
             yield block

@@ -38,6 +38,7 @@ from stallscope.trace.windows import (
     startup_copies,
 )
 from stallscope.trace.workload import workload_of
+from stallscope.units import duration, ms
 
 HOST_CATEGORIES = ("dataloader", "sync", "h2d_copy", "other_copy", "host_compute")
 GPU_CATEGORIES = ("kernel", "memcpy", "memset", "idle")
@@ -273,7 +274,8 @@ def _inferred_note(inferred: Iterations, windows: np.ndarray) -> str:
     median = inferred.period_us
     spread = ""
     if len(lengths) and (lengths.max() > 1.3 * median or lengths.min() < 0.7 * median):
-        spread = f"; they range from {lengths.min() / 1000:.1f} to {lengths.max() / 1000:.1f} ms"
+        spread = (f"; they range from {ms(lengths.min(), 'tenths')} to "
+                  f"{ms(lengths.max(), 'tenths')} ms")
     stand_in = {
         "annotation": " (no Optimizer.step, DataLoader __next__ or zero_grad ranges repeat: a "
                       "repeating user annotation stands in)",
@@ -283,7 +285,7 @@ def _inferred_note(inferred: Iterations, windows: np.ndarray) -> str:
     return (
         f"No ProfilerStep#N markers: {len(windows)} iterations were inferred from "
         f"'{inferred.marker}'{inferred.detail}{stand_in}, which repeats every "
-        f"{median / 1000:.1f} ms (median) on the busiest thread{spread}; call prof.step() each "
+        f"{ms(median, 'tenths')} ms (median) on the busiest thread{spread}; call prof.step() each "
         "iteration to mark them exactly."
     )
 
@@ -407,7 +409,7 @@ def _too_little(gpu: pd.DataFrame, windows: np.ndarray, workload: str) -> str | 
     span = float(windows[-1, 1] - windows[0, 0])
     return (
         f"{plural(kernels, 'kernel')} and {plural(len(inside) - kernels, 'other GPU operation')}, "
-        f"{busy:.1f} us of GPU work in a {_duration(span)} window (fewer than {MIN_GPU_OPS} "
+        f"{busy:.1f} us of GPU work in a {duration(span)} window (fewer than {MIN_GPU_OPS} "
         + ("GPU operations cannot be one batch of a model's inference); record several "
            "batches of the inference loop, calling prof.step() after each"
            if workload == "inference" else
@@ -427,7 +429,7 @@ def _too_little_host(ops: pd.DataFrame, windows: np.ndarray) -> str | None:
         return None
     # So few operations say nothing of the workload (no backward pass may just be unrecorded).
     return (
-        f"{plural(n, 'CPU operation')} in one {_duration(span)} step (fewer than {MIN_HOST_OPS} "
+        f"{plural(n, 'CPU operation')} in one {duration(span)} step (fewer than {MIN_HOST_OPS} "
         "operations cannot be a training step or a batch of a model's inference); record "
         "several steps of the loop, calling prof.step() after each"
     )
@@ -536,11 +538,6 @@ def _steps(
             )
         )
     return steps
-
-
-def _duration(us: float) -> str:
-    """A span as a person reads it: seconds from 1 s, else milliseconds."""
-    return f"{us / 1e6:.1f} s" if us >= 1e6 else f"{us / 1000:.2f} ms"
 
 
 def _step_windows(

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.trace.names import name_matches
+from stallscope.units import ms
 
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 LOADER_NEXT = re.compile(r"^enumerate\((?:DataLoader|DataPipe)\)#.*__next__$")
@@ -249,14 +250,14 @@ def _piece_of_iteration(it: Iterations, markers: list[tuple[str, str, pd.DataFra
     edges = np.unique((marks["ts"] if kind == "opens" else marks["end"]).to_numpy(dtype=float))
     if len(edges) >= 2:
         iteration = float(np.median(np.diff(edges)))
-        how = f"its {len(marks)} '{name}' ranges are {iteration / 1000:.1f} ms apart"
+        how = f"its {len(marks)} '{name}' ranges are {ms(iteration, 'tenths')} ms apart"
     else:
         # One marker, once per iteration: the thread's span holds its iteration and less than
         # one more on either side, so an iteration is longer than a third of the span.
         span = float(ranges["end"].max() - ranges["ts"].min())
         iteration = span / 3
-        how = (f"its one '{name}' range marks iterations longer than {iteration / 1000:.1f} ms "
-               f"(a third of the thread's {span / 1000:.1f} ms)")
+        how = (f"its one '{name}' range marks iterations longer than {ms(iteration, 'tenths')} ms "
+               f"(a third of the thread's {ms(span, 'tenths')} ms)")
     if iteration < SUB_ITERATION_FACTOR * it.period_us:
         return None
     return (f"what repeats most regularly, '{it.marker}', does so every "
@@ -394,7 +395,7 @@ def startup_copies(copies: pd.DataFrame, start_us: float) -> tuple[str, dict[str
         }
         rate = f" at {moved / took / 1e3:.1f} GB/s" if took > 0 else ""
         phrase = (f"; {len(once)} host-to-device copies{' from pageable memory' * pageable} "
-                  f"({moved / 1e6:.0f} MB{rate}, {took / 1000:.1f} ms on the GPU), one-off "
+                  f"({moved / 1e6:.0f} MB{rate}, {ms(took, 'tenths')} ms on the GPU), one-off "
                   "uploads: no size recurs")
     if again.any():
         phrase += (f"; {int(again.sum())} earlier copies of sizes the trace copies again (the "
@@ -407,10 +408,10 @@ def judged_window_note(start_us: float, end_us: float, origin_us: float, after_s
     """Which part of a one-window trace was judged, and the annotations it holds."""
     lo, hi = start_us - origin_us, end_us - origin_us
     where = (f"{lo / 1e6:.2f}-{hi / 1e6:.2f} s" if hi >= 1e6
-             else f"{lo / 1000:.1f}-{hi / 1000:.1f} ms")
+             else f"{ms(lo, 'tenths')}-{ms(hi, 'tenths')} ms")
     what = "from the end of start-up to the end of the trace" if after_startup else "all of it"
     holds = f", holding {', '.join(held)}" if held else ""
-    return (f"Judged window: {where} of the trace ({(end_us - start_us) / 1000:.1f} ms, "
+    return (f"Judged window: {where} of the trace ({ms((end_us - start_us), 'tenths')} ms, "
             f"{what}){holds}.")
 
 
@@ -422,11 +423,11 @@ def first_step_outlier(durations: np.ndarray, pre_busy_us: float) -> str | None:
     rest = float(np.median(durations[1:]))
     first = float(durations[0])
     if rest > 0 and first > OUTLIER_FACTOR * rest:
-        return (f"it took {first / 1000:.1f} ms, {first / rest:.1f}x the median of the other "
-                f"steps ({rest / 1000:.1f} ms): one-off first-iteration work (autotuning, "
+        return (f"it took {ms(first, 'tenths')} ms, {first / rest:.1f}x the median of the other "
+                f"steps ({ms(rest, 'tenths')} ms): one-off first-iteration work (autotuning, "
                 "compilation, caches and allocator filling) that later steps do not repeat")
     if first > 0 and pre_busy_us >= PRE_WINDOW_SHARE * first:
-        return (f"its GPU spent {pre_busy_us / 1000:.1f} ms ({100 * pre_busy_us / first:.0f}% "
+        return (f"its GPU spent {ms(pre_busy_us, 'tenths')} ms ({100 * pre_busy_us / first:.0f}% "
                 "of the step) on work launched before the recording began: its GPU timeline "
                 "straddles the window's start")
     return None

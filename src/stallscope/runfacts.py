@@ -1,8 +1,15 @@
-"""What a trace cannot show, captured in the training process by `stallscope run`.
+"""Run facts: what a recording knows about its run that the trace cannot show (how it was
+invoked and ended, its DataLoaders, cores, unprofiled steps), one file per rank beside the trace.
 
-Plain data (no torch): the capture fills it in, writes it beside the trace (one file per rank),
-and the rules and writers read it back. A trace analysed on its own has no context, and every
-consumer must work without one.
+Plain data (no torch): `stallscope run` fills it in inside the training process and writes it;
+the replay, the rules and the writers read it back. A trace analysed on its own has no run
+facts, and every consumer must work without them.
+
+It is data about the trace, read by the stages above it, so `replay` and `diagnose` never import
+`capture` (tests/test_layers.py). It sits in the base layer rather than in `trace/` because the
+capture builds these records while the script runs, and `capture` and `trace` are sibling
+rooms that must not import each other: a shape both need lives below both. What reads the
+trace's own `host` metadata back is in the trace stage (trace/otherload.py).
 """
 
 from __future__ import annotations
