@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 from stallscope.diagnose import diagnose
-from stallscope.diagnose.d2h import pageable_d2h_copy
-from stallscope.diagnose.sync import host_device_sync
+from stallscope.diagnose.rules.host_device_sync import host_device_sync
+from stallscope.diagnose.rules.pageable_d2h_copy import pageable_d2h_copy
 from stallscope.report.markdown import render_markdown
 from stallscope.report.terminal import render_terminal
 from stallscope.trace.load import load_trace

@@ -27,8 +27,8 @@ from stallscope.capture.hostload import (
     load_from,
     other_load,
 )
-from stallscope.diagnose.dataloader import dataloader_bound
-from stallscope.diagnose.threads import cpu_oversubscription
+from stallscope.diagnose.rules.cpu_oversubscription import cpu_oversubscription
+from stallscope.diagnose.rules.dataloader_bound import dataloader_bound
 from stallscope.replay.loader import LoaderFacts
 from tests.conftest import ROOT
 from tests.test_rules_cpu import context, sample

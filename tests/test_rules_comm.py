@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from stallscope.commands.pipeline import analyze_paths
-from stallscope.diagnose.comm import comm_bound
 from stallscope.diagnose.fixes import Change
-from stallscope.diagnose.sync import host_device_sync
+from stallscope.diagnose.rules.comm_bound import comm_bound
+from stallscope.diagnose.rules.host_device_sync import host_device_sync
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import SAMPLES, real_trace, report_of

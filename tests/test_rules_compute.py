@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stallscope.diagnose.optimizer import single_tensor_optimizer
-from stallscope.diagnose.precision import classify_kernels, no_mixed_precision
+from stallscope.diagnose.common import classify_kernels
+from stallscope.diagnose.rules.no_mixed_precision import no_mixed_precision
+from stallscope.diagnose.rules.single_tensor_optimizer import single_tensor_optimizer
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import real_trace, write_trace

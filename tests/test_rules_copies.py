@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from stallscope.diagnose import RULES
-from stallscope.diagnose.d2h import pageable_d2h_copy
-from stallscope.diagnose.sync import host_device_sync
+from stallscope.diagnose.rules.host_device_sync import host_device_sync
+from stallscope.diagnose.rules.pageable_d2h_copy import pageable_d2h_copy
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import real_trace, write_trace

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from stallscope.capture.context import LoaderInfo, RunContext
-from stallscope.diagnose.threads import cpu_oversubscription
-from stallscope.diagnose.workers import worker_startup
+from stallscope.diagnose.rules.cpu_oversubscription import cpu_oversubscription
+from stallscope.diagnose.rules.worker_startup import worker_startup
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import SAMPLES, real_trace
@@ -163,7 +163,8 @@ def test_workers_and_threads_come_as_one_change():
     """A CPU run whose loader needs workers on cores the step's threads already use: the loader
     advice sets both (a spawn script was once told "2 workers" in one finding and
     "set_num_threads(1) instead" in another, where only both together were best)."""
-    from stallscope.diagnose.dataloader import dataloader_bound
+    from stallscope.diagnose import diagnose
+    from stallscope.diagnose.rules.dataloader_bound import dataloader_bound
 
     model = sample("cpu-loader-bound.pt.trace.json.gz")
     ctx = context(cores=2, threads=2, workers=0)
@@ -179,10 +180,14 @@ def test_workers_and_threads_come_as_one_change():
     over = context(cores=2, threads=2, workers=1)
     g = dataloader_bound(model, over).finding
     assert g.evidence["suggested_num_workers"] == 2 and g.evidence["suggested_torch_threads"] == 1
-    a = cpu_oversubscription(model, over)
+    # The diagnosis hands the loader's finding to this rule (no rule runs another).
+    a = next(x for x in diagnose(model, over) if x.rule == "cpu-oversubscription")
     assert a.status == "finding" and a.finding.evidence["suggested_torch_threads"] == 1
     assert "torch.set_num_threads(1)" in a.finding.snippet
     assert "dataloader-bound's change sets the same thread count" in a.finding.saving_basis
+    alone = cpu_oversubscription(model, over)  # without it, the same finding, no such note
+    assert alone.finding.evidence == a.finding.evidence
+    assert "dataloader-bound's change" not in alone.finding.saving_basis
     assert "--set torch_threads=1" in a.finding.recommendation
     # Enough cores for both: no thread change.
     roomy = dataloader_bound(model, context(cores=16, threads=2, workers=0)).finding

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stallscope.diagnose.comm import comm_bound
-from stallscope.diagnose.gpu_bound import gpu_bound
-from stallscope.diagnose.idle import gpu_idle, idle_gaps
+from stallscope.diagnose.rules.comm_bound import comm_bound
+from stallscope.diagnose.rules.gpu_bound import gpu_bound
+from stallscope.diagnose.rules.gpu_idle import gpu_idle, idle_gaps
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import REAL, real_trace, run_cli, write_trace

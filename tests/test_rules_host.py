@@ -15,9 +15,9 @@ from types import ModuleType
 
 import pytest
 
-from stallscope.diagnose.allocator import allocator_churn
-from stallscope.diagnose.blocking import blocking_h2d_copy
-from stallscope.diagnose.parallel import dataparallel
+from stallscope.diagnose.rules.allocator_churn import allocator_churn
+from stallscope.diagnose.rules.blocking_h2d_copy import blocking_h2d_copy
+from stallscope.diagnose.rules.dataparallel import dataparallel
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import TraceModel, build_model
 from tests.conftest import SAMPLES, real_trace

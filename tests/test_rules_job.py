@@ -8,7 +8,7 @@ from pathlib import Path
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.diagnose import _attribute_causes
 from stallscope.diagnose.finding import Finding
-from stallscope.diagnose.ranks import rank_imbalance, rank_work
+from stallscope.diagnose.rules.rank_imbalance import rank_imbalance, rank_work
 from stallscope.trace.load import load_paths
 from stallscope.trace.model import build_model
 from tests.conftest import real_trace, write_trace

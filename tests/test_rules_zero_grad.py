@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stallscope.diagnose.finding import Assessment
-from stallscope.diagnose.zero_grad import zero_grad_kernels
+from stallscope.diagnose.rules.zero_grad_kernels import zero_grad_kernels
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import SAMPLES, real_trace

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.diagnose import diagnose
-from stallscope.diagnose.precision import no_mixed_precision
+from stallscope.diagnose.rules.no_mixed_precision import no_mixed_precision
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from stallscope.trace.version import parse_version

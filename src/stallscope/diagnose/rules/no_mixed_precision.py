@@ -39,35 +39,26 @@ import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import autocast, for_torch, grad_scaler, has
-from stallscope.diagnose.common import busiest_gpu_us, ms, pct
+from stallscope.diagnose.common import (
+    FLOAT_TYPE,
+    GEMM_OR_CONV,
+    MIN_COMPUTE_MAJOR,
+    MIN_FP32_SHARE_PCT,
+    TENSOR_CORE,
+    busiest_gpu_us,
+    kernel_kind,
+    ms,
+    pct,
+)
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import Change, RuleSpec
 from stallscope.trace.model import TraceModel
-from stallscope.trace.names import name_array, name_flags, per_name, regex_hit
+from stallscope.trace.names import name_array, name_flags, regex_hit
 
 RULE_ID = "no-mixed-precision"
-# Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.
-MIN_COMPUTE_MAJOR = 7
-# fp32 GEMM/conv share of compute kernel time from which the rule reports. With a 2x speedup on
-# those kernels, 20% of kernel time is 10% of GPU work saved: below that, the numerics risk of
-# reduced precision is not worth taking on this evidence.
-MIN_FP32_SHARE_PCT = 20.0
 MAX_TOP_KERNELS = 5
 DOCS = "https://pytorch.org/docs/stable/amp.html"
 
-_TENSOR_CORE = re.compile(
-    r"tensorop|wmma|hmma|imma|xmma|wgmma|nvjet|fmha|flash_(?:fwd|bwd)"
-    r"|(?<![a-z0-9])[hsi]?(?:884|1688|16816|8816|16832)(?:gemm|cudnn|fprop|dgrad|wgrad|conv|_)",
-    re.IGNORECASE,
-)
-# cuBLAS fp32 SIMT kernels built on xmma: `sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...`.
-_XMMA_FP32 = re.compile(r"ffma|_f32f32_f32f32_", re.IGNORECASE)
-_GEMM_OR_CONV = re.compile(
-    r"(?<!fb)gemm|gemv|conv(?!ert)|dgrad|wgrad|fprop|winograd|fft2d|scudnn",
-    re.IGNORECASE,
-)
-_HALF = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|tf32|__nv_bfloat", re.IGNORECASE)
-_FP32_NAMED = re.compile(r"sgemm|scudnn|gcgemm|(?<![a-z])cgemm", re.IGNORECASE)
-_FLOAT = re.compile(r"\bfloat\b")
 _COMM = re.compile(r"^nccl|^rccl|^msccl|ncclDevKernel|ncclKernel", re.IGNORECASE)
 # ROCm: the device name, or Tensile (`Cijk_`) GEMM kernels, give it away.
 _AMD_DEVICE = re.compile(r"AMD|Radeon|Instinct|\bMI\d{2,3}", re.IGNORECASE)
@@ -79,26 +70,6 @@ _ARCH_HINTS = (
     (re.compile(r"ampere|cutlass_8\d_", re.IGNORECASE), 8),
     (re.compile(r"volta|turing|cutlass_7\d_", re.IGNORECASE), 7),
 )
-
-
-def classify_kernels(names: pd.Series) -> pd.Series:
-    """'tensor_core', 'fp32' or 'other' per kernel name (evaluated once per distinct name)."""
-    return per_name(names, kernel_kind)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def kernel_kind(name: str) -> str:
-    """'tensor_core', 'fp32' or 'other' for one kernel name. Cached: the ranks of a job run the
-    same kernels, so a worker analysing many of their files classifies each name once."""
-    tensor_core = bool(_TENSOR_CORE.search(name))
-    xmma_fp32 = bool(_XMMA_FP32.search(name))
-    gemm_conv = bool(_GEMM_OR_CONV.search(name))
-    if (tensor_core and not xmma_fp32) or (gemm_conv and _HALF.search(name)):
-        return "tensor_core"
-    if (_FP32_NAMED.search(name) or (tensor_core and xmma_fp32)
-            or (gemm_conv and _FLOAT.search(name))):
-        return "fp32"
-    return "other"
 
 
 def _is_rocm(model: TraceModel, kernel_names: pd.Series, rows: np.ndarray) -> bool:
@@ -406,7 +377,7 @@ def _kernel_class(name: str) -> str:
     kind = kernel_kind(name)
     if kind == "fp32":
         return GEMM_FP32
-    if kind == "tensor_core" and (_GEMM_OR_CONV.search(name) or _TENSOR_CORE.search(name)):
+    if kind == "tensor_core" and (GEMM_OR_CONV.search(name) or TENSOR_CORE.search(name)):
         if _TF32.search(name) and not _REDUCED.search(name.replace("tf32", "")):
             return GEMM_TF32
         return GEMM_HALF
@@ -415,8 +386,8 @@ def _kernel_class(name: str) -> str:
                          (_ELEMENTWISE, ELEMENTWISE)):
         if pattern.search(name):
             return cls
-    if _GEMM_OR_CONV.search(name):  # a GEMM/conv in a precision the names do not say
-        return GEMM_FP32 if _FLOAT.search(name) else OTHER
+    if GEMM_OR_CONV.search(name):  # a GEMM/conv in a precision the names do not say
+        return GEMM_FP32 if FLOAT_TYPE.search(name) else OTHER
     return OTHER
 
 
@@ -526,3 +497,23 @@ def amp_scale(names: list[str], major: int, value: str) -> np.ndarray:
 def amp_target(major: int) -> str:
     """The reduced precision the device takes: bf16 from Ampere (sm80) on, fp16 before."""
     return "bf16" if major >= 8 else "fp16"
+
+
+def changes(finding: Finding, model: TraceModel) -> list[Change]:
+    """The precision the finding names, else the best one for the trace's GPU."""
+    target = (finding.evidence or {}).get("amp_target")
+    if target not in AMP_VALUES:
+        major, _ = device_major(model)
+        target = amp_target(major if major is not None else 8)
+    return [Change("amp", str(target))]
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="fp32 GEMM/convolution kernels on a GPU with tensor cores",
+    summary="fp32 GEMM/conv kernels dominate on a GPU with tensor cores, none on tensor cores",
+    check=no_mixed_precision,
+    thresholds={"MIN_COMPUTE_MAJOR": MIN_COMPUTE_MAJOR, "MIN_FP32_SHARE_PCT": MIN_FP32_SHARE_PCT},
+    what_if=("amp",),
+    changes=changes,
+)

@@ -8,6 +8,7 @@ import pandas as pd
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import Change, RuleSpec, fixed
 from stallscope.text import millis
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
@@ -312,4 +313,17 @@ _INFERENCE_SNIPPET = (
     "    if len(pending) == 8:  # one sync per 8 batches, not per request\n"
     "        results = torch.cat(pending).cpu()\n"
     "        pending.clear()"
+)
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="the host waits for the GPU inside the step",
+    summary="the host blocks on the GPU inside the step (`.item()`, `.cpu()`, syncs), told "
+            "apart from slow copies",
+    check=host_device_sync,
+    thresholds={"SYNC_THRESHOLD_PCT": SYNC_THRESHOLD_PCT,
+                "NAMED_SOURCE_SHARE": NAMED_SOURCE_SHARE},
+    what_if=("sync",),
+    changes=fixed(Change("sync", "off")),
 )

@@ -16,6 +16,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import Change, RuleSpec, fixed
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags
@@ -131,3 +132,14 @@ def _default_said(model: TraceModel) -> str:
                 "passes set_to_none=False (or zeroes the gradients itself).")
     return (f"Its torch ({info.text}) still defaults to set_to_none=False (the default changed "
             "in 2.0), so pass it explicitly.")
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="`optimizer.zero_grad()` fills every gradient with a kernel",
+    summary="`zero_grad()` fills every gradient with a kernel (`set_to_none=False`, torch < 2.0)",
+    check=zero_grad_kernels,
+    thresholds={"MIN_LAUNCHES": MIN_LAUNCHES, "MIN_SHARE_PCT": MIN_SHARE_PCT},
+    what_if=("zero_grad",),
+    changes=fixed(Change("zero_grad", "none")),
+)

@@ -20,6 +20,7 @@ import pandas as pd
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags
@@ -214,3 +215,13 @@ def _breaks_text(breaks: dict[str, int]) -> str:
             f"{top}. Each "
             "break splits the model into separately compiled graphs with Python between them; "
             "torch._dynamo.explain(model)(inputs) lists them, fullgraph=True makes one an error.")
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="torch.compile compiles inside the recorded steps",
+    summary="torch.compile compiles (or recompiles) inside the recorded steps, or gave up and "
+            "runs the frame eagerly",
+    check=compile_in_steps,
+    thresholds={"RECOMPILE_LIMIT": RECOMPILE_LIMIT},
+)

@@ -23,9 +23,16 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
-from stallscope.diagnose.allocator import enclosing_ops
-from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
+from stallscope.diagnose.common import (
+    PINNED_COPY_SNIPPET,
+    PINNED_MEMORY_DOCS,
+    enclosing_ops,
+    ms,
+    pct,
+    pinned_copy_changes,
+)
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.trace.keyed import first_match, missing_last, pick
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
 from stallscope.trace.workload import step_word
@@ -202,3 +209,15 @@ def _busiest_kernel_us(model: TraceModel) -> float:
         (sum(s.gpu_us[d]["kernel"] for s in model.steps) for d in model.gpu_devices),
         default=0.0,
     )
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="the host blocks for host-to-device copies that could overlap",
+    summary="the host blocks for pinned host-to-device copies that could overlap "
+            "(`non_blocking=False`)",
+    check=blocking_h2d_copy,
+    thresholds={"BLOCKED_THRESHOLD_PCT": BLOCKED_THRESHOLD_PCT, "FOLLOW_GAP_US": FOLLOW_GAP_US},
+    what_if=("pin_memory", "non_blocking"),
+    changes=pinned_copy_changes,
+)

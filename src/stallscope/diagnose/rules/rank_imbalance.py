@@ -20,6 +20,7 @@ import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.trace.grouped import exact_sums
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_matches
@@ -194,7 +195,7 @@ def _how_far(behind: list[dict]) -> str:
     return "; ".join(parts) + (" per step" if len(behind) == 1 else ", per step")
 
 
-_COLLECTIVE = re.compile(r"(?i).*(?:nccl|rccl|msccl)")  # comm.COMM_NAME, matched anywhere
+_COLLECTIVE = re.compile(r"(?i).*(?:nccl|rccl|msccl)")  # common.COMM_NAME, matched anywhere
 HOST_COLLECTIVE = re.compile(r"(?i)(?:gloo|mpi|ucc):")  # comm.HOST_COLLECTIVE
 
 
@@ -242,3 +243,13 @@ def _work(model: TraceModel) -> dict:
         # the wait for slower ranks: the rank that spends least there is the one waited for
         "collective_ms": round(collective_ms, 3),
     }
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="one rank does more work per step and the others wait for it",
+    summary="one rank does more work per step and the others wait (several ranks of one job)",
+    check=rank_imbalance,
+    thresholds={"SPREAD_THRESHOLD_PCT": SPREAD_THRESHOLD_PCT},
+    job=True,
+)

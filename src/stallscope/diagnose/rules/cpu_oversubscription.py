@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.common import host_total, ms, pct
-from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
+from stallscope.diagnose.spec import Change, RuleSpec
 from stallscope.replay.threads import OneThread
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -26,7 +27,10 @@ OVERSUB_WAIT_SYMPTOM_PCT = 5.0
 OVERSUB_DOCS = "https://pytorch.org/docs/stable/notes/cpu_threading_torchscript_inference.html"
 
 
-def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -> Assessment:
+def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
+                         found: Mapping[str, Finding] | None = None) -> Assessment:
+    """`found`: the findings made before on this trace (diagnose() passes them), by id;
+    `dataloader-bound`'s is read, never made again here."""
     if model.has_gpu:
         return Assessment(
             RULE_ID, "not_assessed",
@@ -116,7 +120,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None) -
             "the thread count below"
         )
     evidence["suggested_torch_threads"] = fit
-    joint = dataloader_bound(model, context).finding if symptom else None
+    joint = (found or {}).get("dataloader-bound") if symptom else None
     if joint is not None and joint.evidence.get("suggested_torch_threads") == fit:
         basis += (f"; dataloader-bound's change sets the same thread count with its "
                   f"{joint.evidence.get('suggested_num_workers')} workers")
@@ -168,3 +172,20 @@ def _median_unprofiled(model: TraceModel) -> float | None:
         return statistics.median(float(v) for v in steps) if steps else None
     except (TypeError, ValueError):
         return None
+
+
+def changes(finding: Finding, model: TraceModel) -> list[Change]:
+    n = finding.evidence.get("suggested_torch_threads")
+    return [Change("torch_threads", str(int(n)))] if isinstance(n, int) and n > 0 else []
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="intra-op threads plus loader workers want more cores than the process has",
+    summary="CPU training: intra-op threads plus loader workers exceed the cores (needs `run`)",
+    check=cpu_oversubscription,
+    thresholds={"OVERSUB_WAIT_SYMPTOM_PCT": OVERSUB_WAIT_SYMPTOM_PCT},
+    what_if=("torch_threads",),
+    changes=changes,
+    reads=("dataloader-bound",),
+)

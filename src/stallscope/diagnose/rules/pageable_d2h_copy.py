@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from stallscope.capture.context import RunContext
-from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, pct
-from stallscope.diagnose.copies import nansum
+from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, nansum, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
 
@@ -158,4 +158,14 @@ SERVING_SNIPPET = (
     "if prev is not None:\n"
     "    prev[1].synchronize()\n"
     "    reply(prev[0].tolist())"
+)
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="device-to-host copies into pageable memory cost step time",
+    summary="device-to-host copies into pageable memory take step time by their transfer, not "
+            "by the queue they waited on (that is `host-device-sync`)",
+    check=pageable_d2h_copy,
+    thresholds={"COPY_SHARE_THRESHOLD_PCT": COPY_SHARE_THRESHOLD_PCT},
 )

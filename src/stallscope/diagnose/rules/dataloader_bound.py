@@ -11,7 +11,9 @@ from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import Knobs
+from stallscope.diagnose.spec import Change, RuleSpec
 from stallscope.replay.loader import LoaderFacts
+from stallscope.replay.threads import OneThread
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 
@@ -613,3 +615,40 @@ def _background_advice(info: LoaderInfo | None, klass: LoaderClass, wait: float)
          **({"loader_ready_to_received_ms": ready} if isinstance(ready, dict) else {}),
          **klass.evidence()},
     )
+
+
+def changes(finding: Finding, model: TraceModel) -> list[Change]:
+    """The workers and the step's threads as one change, where `run` timed one-thread steps;
+    else the workers alone (their prediction then keeps the step's threads)."""
+    ev = finding.evidence or {}
+    n = ev.get("suggested_num_workers")
+    if not isinstance(n, int) or n <= 0:
+        return []
+    probed = OneThread.of(model) is not None  # `run` timed the steps at one thread
+    one_thread = ev.get("suggested_torch_threads") == 1 and probed
+    one = [Change("torch_threads", "1")] if one_thread else []
+    return [*one, Change("num_workers", str(int(n)))]
+
+
+def no_change(finding: Finding) -> str:
+    ev = finding.evidence or {}
+    if "suggested_prefetch_factor" in ev:
+        return "the replay does not model prefetch_factor (how many batches are in flight)"
+    if ev.get("background_thread"):
+        return "the replay does not model a thread that receives batches during the step"
+    return ("the rule could not size a worker count (the loader already has workers and "
+            "the trace does not say how many, or the cores are already busy)")
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="the training step waits for the next batch",
+    summary="the step waits in `DataLoader.__next__` with no GPU work running",
+    check=dataloader_bound,
+    thresholds={"WAIT_THRESHOLD_PCT": WAIT_THRESHOLD_PCT, "MIN_GAIN": MIN_GAIN,
+                "WAITING_WORKERS_PER_CORE": WAITING_WORKERS_PER_CORE,
+                "MAX_PREFETCH_FACTOR": MAX_PREFETCH_FACTOR},
+    what_if=("num_workers", "torch_threads"),
+    changes=changes,
+    no_change=no_change,
+)

@@ -18,8 +18,9 @@ import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
-from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.common import COMM_NAME, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import Change, RuleSpec
 from stallscope.text import millis, plural
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline, enclosing
@@ -33,9 +34,6 @@ RULE_ID = "comm-bound"
 # 5% is where the anchors (HTA's communication/computation overlap analysis) call it material.
 EXPOSED_THRESHOLD_PCT = 5.0
 TOP_COLLECTIVES = 5
-# Collective kernels: NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL on ROCm (the same names, or
-# `rccl*`), and MSCCL, which RCCL runs for some collectives (`mscclKernel_Sum_float_LL...`).
-COMM_NAME = re.compile(r"nccl|rccl|msccl", re.IGNORECASE)
 COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
 # An instance of a collective that takes at least this many times the median instance of the
 # same collective (same stream, same place in the step, so the same tensors and bytes) spent
@@ -577,3 +575,33 @@ def host_kinds(model: TraceModel) -> np.ndarray:
         found = inner >= 0
         out[rows[mine][found]] = o_kind[theirs][inner[found]]
     return out
+
+
+def changes(finding: Finding, model: TraceModel) -> list[Change]:
+    """Overlapped collectives, unless they are CPU ones or their output is needed at once."""
+    ev = finding.evidence or {}
+    if ev.get("where") == "host" or ev.get("pattern") in ("all-to-all", "send-recv"):
+        return []  # see no_change
+    return [Change("comm", "overlap")]
+
+
+def no_change(finding: Finding) -> str:
+    ev = finding.evidence or {}
+    if ev.get("where") == "host":
+        return "the replay models GPU collectives only, not CPU (gloo/MPI) ones"
+    return (f"its advice for {ev.get('pattern')} communication (pipelining it across "
+            "batches or stages) is not a change the replay models: overlap within the step "
+            "cannot hide a collective whose output the next op needs")
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="collective communication is not overlapped with compute",
+    summary="collective kernels run exposed, not overlapped with compute",
+    check=comm_bound,
+    thresholds={"EXPOSED_THRESHOLD_PCT": EXPOSED_THRESHOLD_PCT, "PEER_FACTOR": PEER_FACTOR,
+                "PEER_MIN_STEPS": PEER_MIN_STEPS, "PEER_MIN_US": PEER_MIN_US},
+    what_if=("comm",),
+    changes=changes,
+    no_change=no_change,
+)

@@ -5,7 +5,7 @@ When the busiest GPU runs work for at least GPU_BOUND_BUSY_PCT of the step, no h
 step is as long as that GPU's work. The useful answer is then what the GPU spends its time on
 (the top kernels and their share) and what makes those kernels faster: tensor cores through
 mixed precision when fp32 GEMM/convolution dominates on hardware that has them
-(diagnose/precision.py's classification), fusing many small elementwise kernels
+(diagnose/common.py's classification), fusing many small elementwise kernels
 (torch.compile), or the model itself.
 
 A full launch queue is part of the same picture. The CUDA driver queues about a thousand
@@ -30,15 +30,18 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
-from stallscope.diagnose.comm import COMM_NAME
-from stallscope.diagnose.common import ms, pct
-from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.idle import IDLE_THRESHOLD_PCT, idle_windows
-from stallscope.diagnose.precision import (
+from stallscope.diagnose.common import (
+    COMM_NAME,
+    IDLE_THRESHOLD_PCT,
     MIN_COMPUTE_MAJOR,
     MIN_FP32_SHARE_PCT,
     classify_kernels,
+    idle_windows,
+    ms,
+    pct,
 )
+from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import per_name
@@ -70,7 +73,7 @@ ELEMENTWISE = re.compile(
     r"batch_?norm|index_|copy_kernel|fill_kernel|triton_(?:poi|red|per)",
     re.IGNORECASE,
 )
-COMM = COMM_NAME  # NCCL, RCCL and MSCCL collective kernels (comm.py)
+COMM = COMM_NAME  # NCCL, RCCL and MSCCL collective kernels (common.py)
 
 
 def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
@@ -303,3 +306,17 @@ def short_kernel(name: str, width: int = 70) -> str:
     """A kernel name a sentence can hold: no `void`, no argument list, at most `width` chars."""
     name = name.removeprefix("void ").split("(", 1)[0].strip()
     return name if len(name) <= width else name[: width - 3] + "..."
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="the GPU is busy nearly all of the step",
+    summary="the busiest GPU works nearly all of the step: what its time goes to, and what "
+            "makes those kernels faster",
+    check=gpu_bound,
+    thresholds={"GPU_BOUND_BUSY_PCT": GPU_BOUND_BUSY_PCT, "LONG_LAUNCH_US": LONG_LAUNCH_US,
+                "QUEUE_BUSY_PCT": QUEUE_BUSY_PCT, "QUEUE_FULL_SHARE_PCT": QUEUE_FULL_SHARE_PCT,
+                "FUSION_SHARE_PCT": FUSION_SHARE_PCT, "MIN_FP32_SHARE_PCT": MIN_FP32_SHARE_PCT},
+    # Offered to --what-if (its fusion advice); the plan does not replay it on its own.
+    what_if=("compile",),
+)

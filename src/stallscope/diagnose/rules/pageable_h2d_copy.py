@@ -6,21 +6,23 @@ import numpy as np
 import pandas as pd
 
 from stallscope.capture.context import RunContext
-from stallscope.diagnose.common import PINNED_COPY_SNIPPET, PINNED_MEMORY_DOCS, ms, pct
+from stallscope.diagnose.common import (
+    PINNED_COPY_SNIPPET,
+    PINNED_MEMORY_DOCS,
+    ms,
+    nansum,
+    pct,
+    pinned_copy_changes,
+)
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.trace.model import TraceModel
 
 RULE_ID = "pageable-h2d-copy"
 # Below this many pageable bytes per step the copies are scalars and indices: not worth pinning.
 MIN_BYTES_PER_STEP = 1 << 20
 DOCS = PINNED_MEMORY_DOCS
-
-
-def nansum(values: np.ndarray) -> float:
-    """Series.sum() of a float column: NaN counted as 0, then numpy's (pairwise) sum, so the
-    bits are pandas' own."""
-    return float(np.where(np.isnan(values), 0.0, values).sum())
 
 
 def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> Assessment:
@@ -103,3 +105,14 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         docs=DOCS,
     )
     return Assessment.found(finding)
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="host-to-device copies from pageable memory",
+    summary="host-to-device copies come from pageable memory (slow, host-blocking)",
+    check=pageable_h2d_copy,
+    thresholds={"MIN_BYTES_PER_STEP": MIN_BYTES_PER_STEP},
+    what_if=("pin_memory", "non_blocking"),
+    changes=pinned_copy_changes,
+)

@@ -23,6 +23,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array
 
@@ -164,3 +165,11 @@ def _peer_bytes(model: TraceModel) -> float:
 def _launcher(model: TraceModel) -> str:
     """torchrun from torch 1.10; before, torch.distributed.launch setting LOCAL_RANK."""
     return "torchrun" if has(model, (1, 10)) else "python -m torch.distributed.launch --use_env"
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="torch.nn.DataParallel re-copies the model and batch every step",
+    summary="`torch.nn.DataParallel` replicate/scatter/gather in the step",
+    check=dataparallel,
+)

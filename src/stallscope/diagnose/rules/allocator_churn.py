@@ -14,12 +14,12 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
-from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.common import enclosing_ops, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import Change, RuleSpec, fixed
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags, regex_hit
@@ -31,7 +31,6 @@ FREE_CALL = re.compile(r"^(?:(?:cuda|hip)Free|cuMemFree(?:_v2)?)$")
 # fix (the `low` severity floor); a steady-state cudaFree is reported anyway (at info when cheap)
 # because it means the cache is being emptied inside the loop.
 CHURN_THRESHOLD_PCT = 1.0
-MAX_OPS = 5
 DOCS = "https://pytorch.org/docs/stable/notes/cuda.html#memory-management"
 
 
@@ -169,31 +168,12 @@ def _busiest_gpu_us(steps: list) -> float:
     )
 
 
-def enclosing_ops(model: TraceModel, calls: pd.DataFrame) -> list[str]:
-    """`outermost > innermost` op (same thread) around each of a few runtime calls, most
-    frequent first.
-
-    Looks at every call whatever its length (the model names only calls of 20 us or more);
-    meant for the handful of calls a rule reports, not for whole tables."""
-    ops = model.ops
-    if calls.empty or ops.empty:
-        return []
-    names = ops["name"].astype(str).to_numpy()
-    tids = ops["tid"].astype(str).to_numpy()
-    found: list[str] = []
-    for tid, group in calls.groupby(calls["tid"].astype(str), observed=True):
-        mine = tids == tid
-        if not mine.any():  # no op recorded on the calls' thread (a damaged or edited tid)
-            continue
-        o_ts, o_end, o_names = ops["ts"].to_numpy()[mine], ops["end"].to_numpy()[mine], names[mine]
-        around = (o_ts[None, :] <= group["ts"].to_numpy()[:, None]) & (
-            o_end[None, :] >= group["end"].to_numpy()[:, None])
-        has = around.any(axis=1)
-        inner = np.argmax(np.where(around, o_ts[None, :], -np.inf), axis=1)[has]
-        outer = np.argmin(np.where(around, o_ts[None, :], np.inf), axis=1)[has]
-        found.extend(
-            o if o == i else f"{o} > {i}" for o, i in zip(o_names[outer], o_names[inner],
-                                                          strict=True)
-        )
-    counts = pd.Series(found, dtype=object).value_counts()
-    return counts.index[:MAX_OPS].tolist()
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="device memory is freed and allocated again inside steady-state steps",
+    summary="`cudaMalloc`/`cudaFree` (e.g. `empty_cache()`) inside steady-state steps",
+    check=allocator_churn,
+    thresholds={"CHURN_THRESHOLD_PCT": CHURN_THRESHOLD_PCT},
+    what_if=("allocator",),
+    changes=fixed(Change("allocator", "steady")),
+)

@@ -20,9 +20,9 @@ import pandas as pd
 
 from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has
-from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.common import IDLE_THRESHOLD_PCT, idle_windows, judged_steps, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.plan import judged_steps
+from stallscope.diagnose.spec import Change, RuleSpec
 from stallscope.text import millis
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.intervals import Timeline
@@ -32,10 +32,6 @@ from stallscope.trace.workload import step_word
 
 RULE_ID = "gpu-idle"
 
-# Share of step time the busiest GPU is idle before the rule flags it. Back-to-back kernels
-# always leave a few percent of launch latency between them that no user change removes (HTA
-# calls it "kernel wait"); at 10% the GPU loses one step in ten, enough to be worth acting on.
-IDLE_THRESHOLD_PCT = 10.0
 # Among the idle time not explained by the DataLoader, the share one cause needs to be named
 # as the dominant one; below this the advice covers both.
 DOMINANT_SHARE = 0.6
@@ -204,19 +200,6 @@ def _bound_pct(p: _GapPieces, windows: np.ndarray, judged: slice) -> float:
     mine = (p.step >= first) & (p.step < stop)
     total = float((windows[first:stop, 1] - windows[first:stop, 0]).sum())
     return pct(float((p.us[mine] - p.loader_us[mine]).sum()), total) if total > 0 else 0.0
-
-
-def idle_windows(model: TraceModel) -> np.ndarray:
-    """The step windows; without ProfilerStep markers, the span of GPU activity instead of the
-    whole trace (whose setup and teardown would otherwise count as idle GPU time). Inferred
-    iterations are steps like ProfilerStep ones."""
-    windows = model.windows
-    if model.steps_source != "whole-trace" or model.gpu.empty:
-        return windows
-    lo, hi = float(model.gpu["ts"].min()), float(model.gpu["end"].max())
-    clipped = np.column_stack([np.maximum(windows[:, 0], lo), np.minimum(windows[:, 1], hi)])
-    clipped[:, 1] = np.maximum(clipped[:, 1], clipped[:, 0])
-    return clipped
 
 
 def idle_gaps(model: TraceModel, dev: str, windows: np.ndarray | None = None) -> pd.DataFrame:
@@ -788,3 +771,52 @@ def _idle_advice(
 
 # --------------------------------------------------------------------------- comm-bound
 
+
+def changes(finding: Finding, model: TraceModel) -> list[Change]:
+    """The change by the idle's cause: launch overhead (host-wait gaps) is what CUDA graphs
+    remove, from torch 1.10 (make_graphed_callables; torch.compile's reduce-overhead from 2.0);
+    allocator calls are what a steady caching allocator removes. Host work that launches
+    nothing, the optimizer's own host time, dependency gaps: none of these."""
+    cause = (finding.evidence or {}).get("dominant_cause")
+    if cause == "allocator":
+        return [Change("allocator", "steady")]
+    if cause == "host-wait" and has(model, (1, 10)):
+        return [Change("cuda_graphs", "true")]
+    return []
+
+
+def no_change(finding: Finding) -> str:
+    ev = finding.evidence or {}
+    cause = ev.get("dominant_cause")
+    under = (ev.get("host_wait_under") or [{}])[0]
+    if cause == "host-optimizer":
+        return (f"its host-wait idle sits under {under.get('region')} "
+                f"({under.get('ms_per_step')} ms per step): the optimizer's own host work, "
+                "whose change (fewer preconditioner updates, a fused or foreach "
+                "implementation) the replay models only for torch's built-in for-loop "
+                "optimizers (single-tensor-optimizer)")
+    if cause == "host-wait":
+        return "CUDA graphs need torch 1.10 or later; this trace's torch is older"
+    if cause == "host-cpu-work":
+        return ("moving the host's preprocessing into DataLoader workers is not a change "
+                "the replay models (it does not know which host work is per-sample)")
+    if cause == "dataloader":
+        return "its cause is the DataLoader wait: dataloader-bound's change"
+    return ("its gaps wait on dependencies (other streams, events, peers) or mix causes: "
+            "no single change the replay models removes them")
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="the GPU sits idle inside the training step",
+    summary="the GPU idles inside steps: host-wait (launch came late) vs other, per device; "
+            "names what the host was in meanwhile (the optimizer step, cudaMalloc/cudaFree) "
+            "and replays CUDA graphs for launch overhead or a steady allocator",
+    check=gpu_idle,
+    thresholds={"IDLE_THRESHOLD_PCT": IDLE_THRESHOLD_PCT, "DOMINANT_SHARE": DOMINANT_SHARE,
+                "CPU_WORK_MIN_GAP_US": CPU_WORK_MIN_GAP_US, "REGION_MIN_PCT": REGION_MIN_PCT,
+                "REGION_CAUSE_PCT": REGION_CAUSE_PCT},
+    what_if=("cuda_graphs", "allocator"),
+    changes=changes,
+    no_change=no_change,
+)

@@ -26,6 +26,7 @@ from stallscope.capture.context import RunContext
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
+from stallscope.diagnose.spec import Change, RuleSpec, fixed
 from stallscope.trace.keyed import inner_join, missing_last
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_flags, regex_hit
@@ -335,3 +336,14 @@ def _foreach_advice(model: TraceModel, name: str) -> tuple[str, str]:
         "parameter."
     )
     return snippet, how
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="the optimizer launches per-parameter kernels",
+    summary="the optimizer launches per-parameter kernels (no `foreach`/`fused`)",
+    check=single_tensor_optimizer,
+    thresholds={"MIN_KERNELS_PER_STEP": MIN_KERNELS_PER_STEP},
+    what_if=("optimizer",),
+    changes=fixed(Change("optimizer", "foreach")),
+)

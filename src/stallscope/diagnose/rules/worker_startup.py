@@ -22,6 +22,7 @@ from stallscope.capture.context import LoaderInfo, RunContext
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.text import plural
 from stallscope.trace.model import LOADER_NAME, TraceModel
 from stallscope.trace.names import name_matches, per_name
@@ -313,3 +314,13 @@ def _non_persistent(
 
 
 # --------------------------------------------------------------------- cpu-oversubscription
+
+
+SPEC = RuleSpec(
+    id=RULE_ID,
+    title="DataLoader workers are shut down and re-spawned at every epoch",
+    summary="DataLoader workers are shut down and re-spawned every epoch",
+    check=worker_startup,
+    thresholds={"STARTUP_MATERIAL_PCT": STARTUP_MATERIAL_PCT,
+                "BOUNDARY_BUSY_FRACTION": BOUNDARY_BUSY_FRACTION},
+)
