@@ -31,7 +31,7 @@ from stallscope.diagnose.rules.cpu_oversubscription import cpu_oversubscription
 from stallscope.diagnose.rules.dataloader_bound import dataloader_bound
 from stallscope.replay.loader import LoaderFacts
 from tests.conftest import ROOT
-from tests.test_rules_cpu import context, sample
+from tests.rules.builders import context, sample
 
 # ------------------------------------------------------------------ the arithmetic, synthetic
 
