@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from stallscope.diagnose.comm import COMM_NAME
+from stallscope.diagnose.common import COMM_NAME
 from stallscope.report.kernel_mix import _device_mix
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model

@@ -2,7 +2,7 @@
 gloo, world size 2, torch.multiprocessing), a small MLP whose gradients DDP all-reduces in
 small buckets during backward, with ProfilerStep markers. Each rank writes its own trace. The
 model is wide enough that the gloo all-reduce of its gradients is a large share of the step,
-which comm-bound must assess on a CPU-only trace (tests/test_rules_comm.py). Run from the
+which comm-bound must assess on a CPU-only trace (tests/rules/test_comm_bound.py). Run from the
 repository root:
 
     python sample_traces/record_cpu_gloo_ddp.py

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gzip
+import importlib.util
 import io
 import json
 import os
@@ -14,6 +15,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,6 +23,8 @@ from hypothesis import settings
 
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.report.build import Report
+from stallscope.trace.load import load_trace
+from stallscope.trace.model import TraceModel, build_model
 
 # Property tests draw the same examples on every run (hypothesis' derandomize): a new random
 # draw must never fail CI by chance. One did on a fresh clone (a cudaFree whose own kernel ends
@@ -79,6 +83,25 @@ def analysed(tmp_path_factory: pytest.TempPathFactory
         return done[relative]
 
     return analyse
+
+
+def make_synthetic() -> ModuleType:
+    """sample_traces/make_synthetic.py, the generator of the synthetic traces."""
+    spec = importlib.util.spec_from_file_location("make_synthetic", SAMPLES / "make_synthetic.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TraceModel]:
+    """The synthetic traces generated afresh (the committed `synthetic-*` files' bytes, which
+    tests/test_synthetic_traces.py checks), modelled, by name without the `synthetic-`."""
+    out = tmp_path_factory.mktemp("synthetic")
+    paths = make_synthetic().main(out)
+    return {p.name.split(".")[0].removeprefix("synthetic-"): build_model(load_trace(p))
+            for p in paths}
 
 
 def recorded_gpu_samples() -> list[Path]:

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from stallscope.capture import frameworks
-from stallscope.diagnose.copies import pageable_h2d_copy
 from stallscope.diagnose.knobs import Knobs
-from stallscope.diagnose.workers import worker_startup
+from stallscope.diagnose.rules.pageable_h2d_copy import pageable_h2d_copy
+from stallscope.diagnose.rules.worker_startup import worker_startup
 from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model

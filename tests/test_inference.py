@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 from stallscope.diagnose import diagnose
-from stallscope.diagnose.d2h import pageable_d2h_copy
-from stallscope.diagnose.sync import host_device_sync
+from stallscope.diagnose.rules.host_device_sync import host_device_sync
+from stallscope.diagnose.rules.pageable_d2h_copy import pageable_d2h_copy
 from stallscope.report.markdown import render_markdown
 from stallscope.report.terminal import render_terminal
 from stallscope.trace.load import load_trace
@@ -137,7 +137,7 @@ def test_cpu_inference_loop_and_legacy_inference_rank_still_behave():
 
 def test_serving_d2h_advice_overlaps_the_read_instead_of_skipping_it(tmp_path: Path):
     # 1 ms per batch blocked in a 64 MB pageable transfer of the outputs, in inference.
-    from tests.test_rules_copies import _d2h_steps
+    from tests.rules.test_pageable_d2h_copy import _d2h_steps
 
     events = [e for e in _d2h_steps(copy_us=1000.0, wait_us=0.0, nbytes=64 << 20)
               if not e["name"].startswith("Optimizer.")]

@@ -14,7 +14,7 @@ from stallscope.report import job_scale
 from stallscope.report.html import render_html
 from stallscope.report.json_writer import render_json
 from stallscope.report.schema import check
-from tests.test_rules_job import rank_trace
+from tests.rules.test_rank_imbalance import rank_trace
 
 
 @pytest.fixture

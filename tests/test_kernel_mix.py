@@ -180,7 +180,7 @@ def test_the_split_on_a_planted_step(tmp_path: Path) -> None:
     all-reduce 40-70 (10 us under compute, 20 exposed), a copy 80-90, idle the rest. Kineto's
     estimates: one kernel says 2 blocks per SM (SM efficiency capped at 1 while it runs), one
     writes text and one an occupancy of 900%: not percents, left out."""
-    from tests.test_rules_gpu import kernel, step, synthetic
+    from tests.rules.builders import kernel, step, synthetic
 
     events = [step(1, 0, 100)]
     events += kernel("volta_sgemm_128x64_nn", 10, 20, 1, launch=1)

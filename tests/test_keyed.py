@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from stallscope.diagnose.optimizer import _outermost
+from stallscope.diagnose.rules.single_tensor_optimizer import _outermost
 from stallscope.trace.keyed import first_match, inner_join, missing_last, pick
 
 

@@ -190,6 +190,38 @@ def test_replay_and_diagnose_never_import_capture() -> None:
     assert found == [], "\n".join(found)
 
 
+RULES_PACKAGE = "stallscope.diagnose.rules"
+
+
+def rule_borrowings(modules: dict[str, str]) -> list[str]:
+    """Every import of one rule module by another (diagnose/rules/): what rules share lives in
+    diagnose/common.py, and a rule reads another's finding from the diagnosis, never runs it."""
+    known = set(modules)
+    found = []
+    for module, source in sorted(modules.items()):
+        if not module.startswith(RULES_PACKAGE + "."):
+            continue
+        for name, line, _ in imports(module, source, known):
+            if name.startswith(RULES_PACKAGE + ".") and name != module:
+                found.append(f"{module}:{line} imports {name}: a rule never imports another")
+    return found
+
+
+def test_no_rule_imports_another_rule() -> None:
+    modules = sources()
+    assert sum(m.startswith(RULES_PACKAGE + ".") for m in modules) == 17
+    assert rule_borrowings(modules) == []
+
+
+def test_a_planted_rule_borrowing_is_caught() -> None:
+    modules = sources()
+    planted = "from stallscope.diagnose.rules.dataloader_bound import dataloader_bound\n"
+    name = RULES_PACKAGE + ".cpu_oversubscription"
+    modules[name] = planted + modules[name]
+    assert rule_borrowings(modules) == [
+        f"{name}:1 imports {RULES_PACKAGE}.dataloader_bound: a rule never imports another"]
+
+
 def test_every_module_says_what_it_is_for() -> None:
     missing = [m for m, s in sources().items() if not (ast.get_docstring(ast.parse(s)) or "")]
     assert missing == []
@@ -202,13 +234,15 @@ def test_every_module_says_what_it_is_for() -> None:
         ("stallscope.trace.model", "from stallscope.commands.run import Launch\n",
          "upward, from trace to commands"),
         # a lazy import inside a function counts too
-        ("stallscope.diagnose.sync", "def f():\n    from stallscope.report import Report\n",
+        ("stallscope.diagnose.rules.host_device_sync",
+         "def f():\n    from stallscope.report import Report\n",
          "upward, from diagnose to report"),
         ("stallscope.capture.steps", "from stallscope.trace.load import Trace\n",
          "stand side by side"),
         ("stallscope.commands.tune", "from stallscope.cli import main\n",
          "nothing imports the CLI"),
-        ("stallscope.diagnose.idle", "import torch\n", "only stallscope.capture may import"),
+        ("stallscope.diagnose.rules.gpu_idle", "import torch\n",
+         "only stallscope.capture may import"),
         ("stallscope.trace.load", "import jinja2\n", "only stallscope.report may import"),
         ("stallscope.trace.model", "from stallscope.trace import load\n", None),  # allowed
         # capture sits lower, yet replay and diagnose read run facts, never the capture

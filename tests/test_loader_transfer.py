@@ -23,7 +23,7 @@ from torch.utils.data._utils import pin_memory as pin_mod
 from torch.utils.data._utils.worker import _ResumeIteration
 
 from stallscope.capture.transfer import PinLedger, TransferTap, bursts, match
-from stallscope.diagnose.dataloader import LoaderClass, _advice
+from stallscope.diagnose.rules.dataloader_bound import LoaderClass, _advice
 from stallscope.runfacts import LoaderInfo
 
 
@@ -373,7 +373,7 @@ BURSTY_ANATOMY = {"where": "workers", "bound": "cpu-bound", "fetch_ms_per_batch"
 def test_prefetch_advice_names_the_knob_the_user_sets() -> None:
     """A bursty loader's deeper queue, in the user's own call: `DataLoader(...)` at its line,
     and under Trainer `TrainingArguments(..., dataloader_prefetch_factor=N)` at theirs."""
-    from stallscope.diagnose.dataloader import _prefetch_advice
+    from stallscope.diagnose.rules.dataloader_bound import _prefetch_advice
 
     plain = _prefetch_advice(_info(), LoaderClass("cpu-bound", BURSTY_ANATOMY), 2, 5_000.0)
     assert plain is not None

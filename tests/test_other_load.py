@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from stallscope.capture.hostload import CpuSample, other_load
-from stallscope.diagnose.dataloader import dataloader_bound
-from stallscope.diagnose.threads import cpu_oversubscription
+from stallscope.diagnose.rules.cpu_oversubscription import cpu_oversubscription
+from stallscope.diagnose.rules.dataloader_bound import dataloader_bound
 from stallscope.replay.loader import LoaderFacts
 from stallscope.trace.otherload import MIN_OTHER_CPU_US, OTHER_LOAD_PCT, load_from
 from tests.conftest import ROOT
-from tests.test_rules_cpu import context, sample
+from tests.rules.builders import context, sample
 
 # ------------------------------------------------------------------ the arithmetic, synthetic
 

@@ -1,5 +1,6 @@
-"""The mixed-precision and torch.compile replays (diagnose/precision.py, diagnose/fixes.py)
-against the recorded GPU pairs of a small CNN and of a small transformer (sample_traces/README.md).
+"""The mixed-precision and torch.compile replays (diagnose/rules/no_mixed_precision.py,
+diagnose/fixes.py) against the recorded GPU pairs of a small CNN and of a small transformer
+(sample_traces/README.md).
 
 Transformer (real-h200-xfmr-*): kernel time only. Its fp32 and compiled recordings are not in a
 steady state (the host ran ahead of 31 ms of GPU work per step until the launch queue filled:
@@ -39,7 +40,7 @@ import pytest
 
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.diagnose.fixes import Change, Context, apply, compile_estimate
-from stallscope.diagnose.precision import amp_factor, device_major, kernel_class
+from stallscope.diagnose.rules.no_mixed_precision import amp_factor, device_major, kernel_class
 from stallscope.replay.graph import build_graph
 from stallscope.replay.loader import LoaderFacts
 from stallscope.trace.load import load_trace

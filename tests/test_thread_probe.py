@@ -15,8 +15,9 @@ import torch
 
 from stallscope.capture import threadprobe
 from stallscope.diagnose import diagnose
-from stallscope.diagnose.fixes import Change, changes_for
 from stallscope.diagnose.plan import make_plan
+from stallscope.diagnose.registry import changes_for
+from stallscope.diagnose.spec import Change
 from stallscope.replay.loader import LoaderFacts
 from stallscope.replay.threads import OneThread
 from stallscope.trace.load import load_trace

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from stallscope.diagnose import diagnose
-from stallscope.diagnose.precision import no_mixed_precision
+from stallscope.diagnose.rules.no_mixed_precision import no_mixed_precision
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from stallscope.trace.version import parse_version
 from tests.conftest import real_trace, write_trace
-from tests.test_rules_copies import SYNTH
+from tests.rules.test_pageable_d2h_copy import SYNTH
 
 NW0 = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 MODERN = "hta/a100_rank3of8_trace_diff_control.pt.trace.json.gz"

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope.capture.overrides import PROCESS_KEYS, Overrides, key_rank
-from stallscope.diagnose.dataloader import WAITING_WORKERS_PER_CORE
 from stallscope.diagnose.knobs import Knobs
+from stallscope.diagnose.rules.dataloader_bound import WAITING_WORKERS_PER_CORE
 
 # Beyond a handful of cores, every count would cost a run each; powers of two cover the curve.
 DENSE_UP_TO = 4

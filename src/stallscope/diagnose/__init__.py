@@ -4,52 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from stallscope.diagnose.allocator import allocator_churn
-from stallscope.diagnose.blocking import blocking_h2d_copy
-from stallscope.diagnose.comm import comm_bound
-from stallscope.diagnose.compile import compile_in_steps
-from stallscope.diagnose.copies import pageable_h2d_copy
-from stallscope.diagnose.d2h import pageable_d2h_copy
-from stallscope.diagnose.dataloader import dataloader_bound
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.gpu_bound import gpu_bound
-from stallscope.diagnose.idle import gpu_idle
-from stallscope.diagnose.optimizer import single_tensor_optimizer
-from stallscope.diagnose.parallel import dataparallel
-from stallscope.diagnose.precision import no_mixed_precision
-from stallscope.diagnose.ranks import RankWork, rank_imbalance, rank_work
-from stallscope.diagnose.sync import host_device_sync
-from stallscope.diagnose.threads import cpu_oversubscription
-from stallscope.diagnose.workers import worker_startup
-from stallscope.diagnose.zero_grad import zero_grad_kernels
+from stallscope.diagnose.registry import JOB_RULES as JOB_SPECS
+from stallscope.diagnose.registry import TRACE_RULES
+from stallscope.diagnose.rules.rank_imbalance import RankWork, rank_work
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 
-# A rule sees the trace's model and, under `stallscope run`, what was captured in-process.
+# A rule sees the trace's model and, under `stallscope run`, what was captured in-process
+# (diagnose/registry.py lists them, each declared in its own module).
 Rule = Callable[[TraceModel, RunContext | None], Assessment]
-RULES: list[Rule] = [
-    dataloader_bound,
-    pageable_h2d_copy,
-    pageable_d2h_copy,
-    host_device_sync,
-    blocking_h2d_copy,
-    gpu_idle,
-    comm_bound,
-    dataparallel,
-    allocator_churn,
-    no_mixed_precision,
-    single_tensor_optimizer,
-    zero_grad_kernels,
-    worker_startup,
-    cpu_oversubscription,
-    gpu_bound,
-    compile_in_steps,
-]
+RULES: list[Rule] = [spec.check for spec in TRACE_RULES]
 
 
 # Rules over all the traces of one job (several ranks) at once. They see each rank's RankWork
-# (diagnose/ranks.py), not its model: a job's models do not fit in one process.
-JOB_RULES: list[Callable[[list[RankWork | None]], Assessment]] = [rank_imbalance]
+# (diagnose/rules/rank_imbalance.py), not its model: a job's models do not fit in one process.
+JOB_RULES: list[Callable[[list[RankWork | None]], Assessment]] = [s.check for s in JOB_SPECS]
 
 # (effect, evidence key, cause): when the effect's evidence says that at least CAUSE_SHARE_PCT
 # of its lost time coincides with the cause's, and the cause was found on the same trace, the
@@ -67,8 +37,11 @@ CAUSE_SHARE_PCT = 50.0
 def diagnose(model: TraceModel, context: RunContext | None = None) -> list[Assessment]:
     """Every rule's verdict on one trace, each tagged with the trace's label."""
     out = []
-    for rule in RULES:
-        a = rule(model, context)
+    found: dict[str, Finding] = {}  # made so far on this trace, for rules that read them
+    for spec in TRACE_RULES:
+        a = spec.check(model, context, found) if spec.reads else spec.check(model, context)
+        if a.finding is not None:
+            found[a.rule] = a.finding
         if model.too_little and a.finding is not None:
             # Nothing in the window is a training step: no finding about it can be acted on.
             a = Assessment(a.rule, "not_assessed", f"Too little to judge: {model.too_little}.")

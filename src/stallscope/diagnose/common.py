@@ -1,9 +1,18 @@
-"""Shared pieces for rules: per-trace totals that several rules bound their savings by, and
-advice that more than one rule gives."""
+"""The one module of what several rules share (a rule never imports another rule): per-trace
+totals they bound their savings by, advice more than one gives, the kernel classes and step
+windows they measure with, and the thresholds two rules read alike."""
 
 from __future__ import annotations
 
+import functools
+import re
+
+import numpy as np
+import pandas as pd
+
+from stallscope.diagnose.spec import Change
 from stallscope.trace.model import TraceModel
+from stallscope.trace.names import per_name
 
 # Pinned memory plus non_blocking copies: the fix for both pageable-h2d-copy and
 # blocking-h2d-copy, which differ in what they measured, not in what to do.
@@ -14,6 +23,14 @@ PINNED_COPY_SNIPPET = (
     "    inputs = inputs.to(device, non_blocking=True)\n"
     "    targets = targets.to(device, non_blocking=True)"
 )
+
+def pinned_copy_changes(finding: object, model: TraceModel) -> list[Change]:
+    """The change both pageable-h2d-copy and blocking-h2d-copy recommend: pinned memory where a
+    copy is pageable, then non_blocking copies."""
+    c = model.copies
+    pageable = ((c["direction"] == "HtoD") & (c["src"] == "Pageable")).any()
+    return ([Change("pin_memory", "true")] if pageable else []) + [Change("non_blocking", "true")]
+
 
 def busiest_gpu_us(model: TraceModel) -> float:
     """Busy time (kernel + memcpy + memset) of the busiest GPU, summed over steps."""
@@ -35,3 +52,134 @@ def pct(part: float, whole: float) -> float:
 
 def ms(us: float) -> float:
     return round(us / 1000.0, 3)
+
+
+def nansum(values: np.ndarray) -> float:
+    """Series.sum() of a float column: NaN counted as 0, then numpy's (pairwise) sum, so the
+    bits are pandas' own."""
+    return float(np.where(np.isnan(values), 0.0, values).sum())
+
+
+# The most frequent enclosing ops a finding names (allocator-churn, blocking-h2d-copy).
+MAX_ENCLOSING_OPS = 5
+
+
+def enclosing_ops(model: TraceModel, calls: pd.DataFrame) -> list[str]:
+    """`outermost > innermost` op (same thread) around each of a few runtime calls, most
+    frequent first.
+
+    Looks at every call whatever its length (the model names only calls of 20 us or more);
+    meant for the handful of calls a rule reports, not for whole tables."""
+    ops = model.ops
+    if calls.empty or ops.empty:
+        return []
+    names = ops["name"].astype(str).to_numpy()
+    tids = ops["tid"].astype(str).to_numpy()
+    found: list[str] = []
+    for tid, group in calls.groupby(calls["tid"].astype(str), observed=True):
+        mine = tids == tid
+        if not mine.any():  # no op recorded on the calls' thread (a damaged or edited tid)
+            continue
+        o_ts, o_end, o_names = ops["ts"].to_numpy()[mine], ops["end"].to_numpy()[mine], names[mine]
+        around = (o_ts[None, :] <= group["ts"].to_numpy()[:, None]) & (
+            o_end[None, :] >= group["end"].to_numpy()[:, None])
+        has = around.any(axis=1)
+        inner = np.argmax(np.where(around, o_ts[None, :], -np.inf), axis=1)[has]
+        outer = np.argmin(np.where(around, o_ts[None, :], np.inf), axis=1)[has]
+        found.extend(
+            o if o == i else f"{o} > {i}" for o, i in zip(o_names[outer], o_names[inner],
+                                                          strict=True)
+        )
+    counts = pd.Series(found, dtype=object).value_counts()
+    return counts.index[:MAX_ENCLOSING_OPS].tolist()
+
+
+# gpu-idle's threshold; gpu-bound calls a GPU bound when it is busy for the rest of the step.
+# Share of step time the busiest GPU is idle before the rule flags it. Back-to-back kernels
+# always leave a few percent of launch latency between them that no user change removes (HTA
+# calls it "kernel wait"); at 10% the GPU loses one step in ten, enough to be worth acting on.
+IDLE_THRESHOLD_PCT = 10.0
+
+
+def idle_windows(model: TraceModel) -> np.ndarray:
+    """The step windows; without ProfilerStep markers, the span of GPU activity instead of the
+    whole trace (whose setup and teardown would otherwise count as idle GPU time). Inferred
+    iterations are steps like ProfilerStep ones."""
+    windows = model.windows
+    if model.steps_source != "whole-trace" or model.gpu.empty:
+        return windows
+    lo, hi = float(model.gpu["ts"].min()), float(model.gpu["end"].max())
+    clipped = np.column_stack([np.maximum(windows[:, 0], lo), np.minimum(windows[:, 1], hi)])
+    clipped[:, 1] = np.maximum(clipped[:, 1], clipped[:, 0])
+    return clipped
+
+
+# Collective kernels: NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL on ROCm (the same names, or
+# `rccl*`), and MSCCL, which RCCL runs for some collectives (`mscclKernel_Sum_float_LL...`).
+COMM_NAME = re.compile(r"nccl|rccl|msccl", re.IGNORECASE)
+
+
+# Kernel precision (no-mixed-precision's signal, gpu-bound's tensor-core advice).
+# Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.
+MIN_COMPUTE_MAJOR = 7
+# fp32 GEMM/conv share of compute kernel time from which the rule reports. With a 2x speedup on
+# those kernels, 20% of kernel time is 10% of GPU work saved: below that, the numerics risk of
+# reduced precision is not worth taking on this evidence.
+MIN_FP32_SHARE_PCT = 20.0
+TENSOR_CORE = re.compile(
+    r"tensorop|wmma|hmma|imma|xmma|wgmma|nvjet|fmha|flash_(?:fwd|bwd)"
+    r"|(?<![a-z0-9])[hsi]?(?:884|1688|16816|8816|16832)(?:gemm|cudnn|fprop|dgrad|wgrad|conv|_)",
+    re.IGNORECASE,
+)
+# cuBLAS fp32 SIMT kernels built on xmma: `sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...`.
+_XMMA_FP32 = re.compile(r"ffma|_f32f32_f32f32_", re.IGNORECASE)
+GEMM_OR_CONV = re.compile(
+    r"(?<!fb)gemm|gemv|conv(?!ert)|dgrad|wgrad|fprop|winograd|fft2d|scudnn",
+    re.IGNORECASE,
+)
+_HALF = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|tf32|__nv_bfloat", re.IGNORECASE)
+_FP32_NAMED = re.compile(r"sgemm|scudnn|gcgemm|(?<![a-z])cgemm", re.IGNORECASE)
+FLOAT_TYPE = re.compile(r"\bfloat\b")
+
+
+def classify_kernels(names: pd.Series) -> pd.Series:
+    """'tensor_core', 'fp32' or 'other' per kernel name (evaluated once per distinct name)."""
+    return per_name(names, kernel_kind)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def kernel_kind(name: str) -> str:
+    """'tensor_core', 'fp32' or 'other' for one kernel name. Cached: the ranks of a job run the
+    same kernels, so a worker analysing many of their files classifies each name once."""
+    tensor_core = bool(TENSOR_CORE.search(name))
+    xmma_fp32 = bool(_XMMA_FP32.search(name))
+    gemm_conv = bool(GEMM_OR_CONV.search(name))
+    if (tensor_core and not xmma_fp32) or (gemm_conv and _HALF.search(name)):
+        return "tensor_core"
+    if (_FP32_NAMED.search(name) or (tensor_core and xmma_fp32)
+            or (gemm_conv and FLOAT_TYPE.search(name))):
+        return "fp32"
+    return "other"
+
+
+# The plan's window (plan.py), which gpu-idle bounds its saving over too.
+# A long recording is replayed over this many consecutive steps from its middle: a median needs
+# no more, and every replay of the plan costs time in proportion to the steps.
+MAX_REPLAY_STEPS = 24
+
+
+def judged_steps(n: int) -> slice:
+    """The recorded steps the plan's medians are over (of `n`): the replayed window less its
+    first step when three or more are replayed. A rule's bound compared with the plan's step
+    and floor is computed over these steps too."""
+    window = replay_window(n)
+    first = window.start + 1 if window.stop - window.start >= 3 else window.start
+    return slice(first, window.stop)
+
+
+def replay_window(n: int) -> slice:
+    """The steps to replay: all of them, or MAX_REPLAY_STEPS from the middle of a long run."""
+    if n <= MAX_REPLAY_STEPS:
+        return slice(0, n)
+    first = (n - MAX_REPLAY_STEPS) // 2
+    return slice(first, first + MAX_REPLAY_STEPS)

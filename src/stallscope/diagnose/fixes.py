@@ -18,12 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.diagnose.advice import has
-from stallscope.diagnose.allocator import ALLOC_CALL, FREE_CALL
-from stallscope.diagnose.comm import COLLECTIVE, COMM_NAME, host_kinds, peer_excess
-from stallscope.diagnose.common import ms
-from stallscope.diagnose.optimizer import STEP_NAME as OPTIMIZER_STEP
-from stallscope.diagnose.precision import (
+from stallscope.diagnose.common import COMM_NAME, ms
+from stallscope.diagnose.registry import what_if_keys
+from stallscope.diagnose.rules.allocator_churn import ALLOC_CALL, FREE_CALL
+from stallscope.diagnose.rules.comm_bound import COLLECTIVE, host_kinds, peer_excess
+from stallscope.diagnose.rules.no_mixed_precision import (
     AMP_MEMORY,
     AMP_VALUES,
     AUTOCAST_CASTS,
@@ -38,17 +37,18 @@ from stallscope.diagnose.precision import (
     SOFTMAX,
     TF32_ATTAINED,
     amp_scale,
-    amp_target,
     device_major,
     kernel_class,
 )
-from stallscope.diagnose.zero_grad import ZERO_GRAD
+from stallscope.diagnose.rules.single_tensor_optimizer import STEP_NAME as OPTIMIZER_STEP
+from stallscope.diagnose.rules.zero_grad_kernels import ZERO_GRAD
+from stallscope.diagnose.spec import Change
 from stallscope.errors import StallscopeError
 from stallscope.replay import transforms as tf
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import CALL, FILL, LOADER, Graph
 from stallscope.replay.loader import LoaderFacts, NotModelled, with_workers
-from stallscope.replay.threads import OneThread, one_thread
+from stallscope.replay.threads import one_thread
 from stallscope.text import plural
 from stallscope.trace.model import SYNC_CALLS, TraceModel
 from stallscope.trace.names import name_matches, per_name
@@ -87,18 +87,6 @@ _MIN_RATE_BYTES = 256 * 1024
 FOLLOW_US = 30.0
 
 
-@dataclass(frozen=True)
-class Change:
-    """One change, as a user would make it: `num_workers=4`, `amp=bf16`."""
-
-    key: str
-    value: str
-
-    @property
-    def text(self) -> str:
-        return f"{self.key}={self.value}"
-
-
 @dataclass
 class Context:
     """What the fixes read besides the graph: the model, and what `run` measured."""
@@ -129,10 +117,11 @@ def parse_what_if(items: list[str]) -> list[Change]:
         if not sep or not key or not value:
             raise StallscopeError(f"--what-if {item!r}: expected KEY=VALUE, e.g. "
                                   "--what-if num_workers=4")
-        spec = WHAT_IF.get(key)
+        keys = what_if_keys()
+        spec = WHAT_IF.get(key) if key in keys else None
         if spec is None:
             raise StallscopeError(f"--what-if {item!r}: unknown change {key!r}; one of "
-                                  f"{', '.join(WHAT_IF)}")
+                                  f"{', '.join(keys)}")
         if not spec[1](value):
             raise StallscopeError(f"--what-if {item!r}: {key} takes {spec[2]}")
         out[key] = Change(key, value)
@@ -680,7 +669,8 @@ def _is_whole(text: str, lo: int = 1) -> bool:
     return text.isdigit() and int(text) >= lo
 
 
-# key -> (fix, value check, what values it takes)
+# key -> (fix, value check, what values it takes): the replay model of each --what-if key the
+# rules declare (diagnose/registry.py's what_if_keys; tests/test_registry.py keeps them equal).
 WHAT_IF: dict[str, tuple[Fix, Callable[[str], bool], str]] = {
     "num_workers": (_num_workers, _is_whole, "a whole number >= 1"),
     "torch_threads": (_torch_threads, _is_whole, "a whole number >= 1"),
@@ -695,101 +685,3 @@ WHAT_IF: dict[str, tuple[Fix, Callable[[str], bool], str]] = {
     "allocator": (_allocator, lambda v: v == "steady", "steady"),
     "comm": (_comm, lambda v: v == "overlap", "overlap"),
 }
-
-
-def _idle_change(ev: dict, model: TraceModel) -> list[Change]:
-    """gpu-idle's change by its cause: launch overhead (host-wait gaps) is what CUDA graphs
-    remove, from torch 1.10 (make_graphed_callables; torch.compile's reduce-overhead from 2.0);
-    allocator calls are what a steady caching allocator removes. Host work that launches
-    nothing, the optimizer's own host time, dependency gaps: none of these."""
-    cause = ev.get("dominant_cause")
-    if cause == "allocator":
-        return [Change("allocator", "steady")]
-    if cause == "host-wait" and has(model, (1, 10)):
-        return [Change("cuda_graphs", "true")]
-    return []
-
-
-def no_change_reason(finding: Any, model: TraceModel) -> str:
-    """Why `changes_for` gave nothing for this finding, in the report's words."""
-    if finding.id == "gpu-idle":
-        ev = finding.evidence or {}
-        cause = ev.get("dominant_cause")
-        under = (ev.get("host_wait_under") or [{}])[0]
-        if cause == "host-optimizer":
-            return (f"its host-wait idle sits under {under.get('region')} "
-                    f"({under.get('ms_per_step')} ms per step): the optimizer's own host work, "
-                    "whose change (fewer preconditioner updates, a fused or foreach "
-                    "implementation) the replay models only for torch's built-in for-loop "
-                    "optimizers (single-tensor-optimizer)")
-        if cause == "host-wait":
-            return "CUDA graphs need torch 1.10 or later; this trace's torch is older"
-        if cause == "host-cpu-work":
-            return ("moving the host's preprocessing into DataLoader workers is not a change "
-                    "the replay models (it does not know which host work is per-sample)")
-        if cause == "dataloader":
-            return "its cause is the DataLoader wait: dataloader-bound's change"
-        return ("its gaps wait on dependencies (other streams, events, peers) or mix causes: "
-                "no single change the replay models removes them")
-    if finding.id == "comm-bound":
-        ev = finding.evidence or {}
-        if ev.get("where") == "host":
-            return "the replay models GPU collectives only, not CPU (gloo/MPI) ones"
-        return (f"its advice for {ev.get('pattern')} communication (pipelining it across "
-                "batches or stages) is not a change the replay models: overlap within the step "
-                "cannot hide a collective whose output the next op needs")
-    if finding.id == "dataloader-bound":
-        ev = finding.evidence or {}
-        if "suggested_prefetch_factor" in ev:
-            return "the replay does not model prefetch_factor (how many batches are in flight)"
-        if ev.get("background_thread"):
-            return "the replay does not model a thread that receives batches during the step"
-        return ("the rule could not size a worker count (the loader already has workers and "
-                "the trace does not say how many, or the cores are already busy)")
-    return "its change is not one the replay can model"
-
-
-def has_probe(model: TraceModel) -> bool:
-    """Whether `run` timed steps at one intra-op thread before recording this trace."""
-    return OneThread.of(model) is not None
-
-
-def changes_for(finding: Any, model: TraceModel) -> list[Change]:
-    """The change a finding recommends, in what-if terms; [] when it has none to replay."""
-    ev = finding.evidence or {}
-    fid = finding.id
-    if fid == "no-mixed-precision":
-        target = ev.get("amp_target")
-        if target not in AMP_VALUES:
-            major, _ = device_major(model)
-            target = amp_target(major if major is not None else 8)
-        return [Change("amp", str(target))]
-    if fid == "dataloader-bound":
-        n = ev.get("suggested_num_workers")
-        if not isinstance(n, int) or n <= 0:
-            return []
-        # The workers and the step's threads as one change, where the one-thread steps were
-        # timed; else the workers alone (their prediction then keeps the step's threads).
-        threads = ev.get("suggested_torch_threads")
-        one = [Change("torch_threads", "1")] if threads == 1 and has_probe(model) else []
-        return [*one, Change("num_workers", str(int(n)))]
-    if fid == "cpu-oversubscription":
-        n = ev.get("suggested_torch_threads")
-        return [Change("torch_threads", str(int(n)))] if isinstance(n, int) and n > 0 else []
-    if fid == "comm-bound" and (ev.get("where") == "host"
-                                or ev.get("pattern") in ("all-to-all", "send-recv")):
-        return []  # see no_change_reason
-    if fid in ("pageable-h2d-copy", "blocking-h2d-copy"):
-        c = model.copies
-        pageable = ((c["direction"] == "HtoD") & (c["src"] == "Pageable")).any()
-        return ([Change("pin_memory", "true")] if pageable else []) + [
-            Change("non_blocking", "true")]
-    if fid == "gpu-idle":
-        return _idle_change(ev, model)
-    return {
-        "host-device-sync": [Change("sync", "off")],
-        "single-tensor-optimizer": [Change("optimizer", "foreach")],
-        "zero-grad-kernels": [Change("zero_grad", "none")],
-        "allocator-churn": [Change("allocator", "steady")],
-        "comm-bound": [Change("comm", "overlap")],
-    }.get(fid, [])

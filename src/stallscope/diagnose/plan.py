@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from stallscope.diagnose.common import MAX_REPLAY_STEPS, judged_steps, replay_window
 from stallscope.diagnose.finding import Assessment, Finding, severity_for
 from stallscope.diagnose.fixes import (
     ONE_THREAD,
@@ -32,9 +33,8 @@ from stallscope.diagnose.fixes import (
     Change,
     Context,
     apply,
-    changes_for,
-    no_change_reason,
 )
+from stallscope.diagnose.registry import changes_for, no_change_reason
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
@@ -61,9 +61,6 @@ NOT_CAPPED = {
 }
 _FLOOR_WORDS = {"gpu": "the busiest GPU's work once the plan's changes are made",
                 "host": "the stepping thread's own work once the plan's changes are made"}
-# A long recording is replayed over this many consecutive steps from its middle: a median needs
-# no more, and every replay of the plan costs time in proportion to the steps.
-MAX_REPLAY_STEPS = 24
 
 
 @dataclass
@@ -135,7 +132,7 @@ def make_plan(model: TraceModel, assessments: list[Assessment],
 
 def _make_plan(model: TraceModel, assessments: list[Assessment],
                what_if: list[Change] | None) -> Plan | None:
-    window = _window(len(model.steps))
+    window = replay_window(len(model.steps))
     graph = build_graph(model, window)
     if graph is None or graph.steps == 0:
         return None
@@ -240,23 +237,6 @@ def _alone(predict: Any, graph: Graph, changes: list[Change]
             except NotModelled:
                 pass
         return None, changes, str(exc)
-
-
-def judged_steps(n: int) -> slice:
-    """The recorded steps the plan's medians are over (of `n`): the replayed window less its
-    first step when three or more are replayed. A rule's bound compared with the plan's step
-    and floor is computed over these steps too."""
-    window = _window(n)
-    first = window.start + 1 if window.stop - window.start >= 3 else window.start
-    return slice(first, window.stop)
-
-
-def _window(n: int) -> slice:
-    """The steps to replay: all of them, or MAX_REPLAY_STEPS from the middle of a long run."""
-    if n <= MAX_REPLAY_STEPS:
-        return slice(0, n)
-    first = (n - MAX_REPLAY_STEPS) // 2
-    return slice(first, first + MAX_REPLAY_STEPS)
 
 
 def _steps_note(n: int, window: slice, used: slice) -> str | None:

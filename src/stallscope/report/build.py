@@ -14,9 +14,9 @@ import numpy as np
 
 from stallscope import __version__
 from stallscope.diagnose import Assessment, Finding, ranked_findings
-from stallscope.diagnose.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.diagnose.knobs import as_written
 from stallscope.diagnose.plan import Plan, profiler_bound_note
+from stallscope.diagnose.rules.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.report import job_scale
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals, summed, top_rows

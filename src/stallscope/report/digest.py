@@ -16,7 +16,7 @@ import numpy as np
 
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.plan import Plan
-from stallscope.diagnose.ranks import RankWork, rank_work
+from stallscope.diagnose.rules.rank_imbalance import RankWork, rank_work
 from stallscope.report.hotspots import HotTotals, gpu_kernel_totals, host_op_totals
 from stallscope.report.kernel_mix import gpu_summary, host_comm, kernel_mix
 from stallscope.report.recording import recording_cost
