@@ -262,3 +262,29 @@ def test_the_analysis_imports_no_torch() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     code = "import sys, stallscope.wholerun; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
+
+
+def test_a_long_run_keeps_a_bounded_sample_with_every_spike_and_a_true_chart() -> None:
+    """100,000 steps of 10 ms with a 300 ms checkpoint every 25: report.json keeps about 20,000
+    (every 5th, every spike, every profiled step), the step file has them all; the chart drawn
+    from the sample keeps the 10 ms median line and the 300 ms peaks."""
+    from stallscope.report.watch_chart import watch_chart
+    from stallscope.wholerun.summary import MAX_KEPT_STEPS, summarise
+
+    n = 100_000
+    recs = [{"step": i, "start_s": i * 0.01, "step_ms": 300.0 if i % 25 == 0 else 10.0,
+             "loader_wait_ms": 1.0, "epoch": 0, "profiled": 500 <= i < 505}
+            for i in range(1, n + 1)]
+    section = summarise(StepSeries.from_records(recs))
+    kept = section["steps"]
+    assert section["n_steps"] == n and len(kept) <= MAX_KEPT_STEPS + n // 25 + 5
+    assert sum(1 for s in kept if s["step_ms"] == 300.0) == n // 25  # every stall kept
+    assert {500, 501, 502, 503, 504} <= {s["step"] for s in kept if s["profiled"]}
+    assert any("keeps" in note and "100,000" in note for note in section["notes"])
+    assert section["periodic"] and section["periodic"][0]["every_steps"] == 25
+    chart = watch_chart(section)
+    assert chart is not None and chart["steps"] == n
+    ys = [float(p.split(",")[1]) for p in chart["line"].split()]
+    peaks = [float(p.split(",")[1]) for p in chart["peaks"].split()]
+    assert max(ys) - min(ys) < 1.0  # one flat median line at 10 ms
+    assert min(peaks) < min(ys) - 50  # the stalls still reach far above it

@@ -25,10 +25,14 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     steps = [s for s in watch.get("steps") or [] if s.get("step_ms")]
     if len(steps) < 2:
         return None
-    n = len(steps)
-    size = max(1, -(-n // MAX_POINTS))  # steps per bucket
-    buckets = [steps[i:i + size] for i in range(0, n, size)]
-    mid = [statistics.median(s["step_ms"] for s in b) for b in buckets]
+    # The steps may be a sample of a long run (wholerun/summary.py keeps every k-th step and
+    # every spike past 20,000): positions come from step numbers, and a bucket's median from
+    # its steps that are not spikes (kept whole, spikes would outnumber the sampled steps).
+    n = int(steps[-1]["step"])
+    size = max(1, -(-len(steps) // MAX_POINTS))  # kept steps per bucket
+    buckets = [steps[i:i + size] for i in range(0, len(steps), size)]
+    mid = [statistics.median(s["step_ms"] for s in ([s for s in b if not s.get("spike")] or b))
+           for b in buckets]
     top = [max(s["step_ms"] for s in b) for b in buckets]
     wait = [statistics.median(s.get("loader_wait_ms") or 0.0 for s in b) for b in buckets]
     # The y range holds the typical steps and rare stalls without a single outlier flattening
@@ -47,7 +51,7 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     def y_of(ms: float) -> float:
         return TOP + plot_h * (1 - min(ms, y_max) / y_max)
 
-    xs = [x_of(b[0]["step"] + (len(b) - 1) / 2) for b in buckets]
+    xs = [x_of((b[0]["step"] + b[-1]["step"]) / 2) for b in buckets]
     line = " ".join(f"{x:.1f},{y_of(v):.1f}" for x, v in zip(xs, mid, strict=True))
     peaks = " ".join(f"{x:.1f},{y_of(v):.1f}" for x, v in zip(xs, top, strict=True))
     area = (f"{xs[0]:.1f},{y_of(0):.1f} "

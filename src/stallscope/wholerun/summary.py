@@ -13,6 +13,8 @@ import numpy as np
 from stallscope.wholerun import periodic, regimes, spikes
 from stallscope.wholerun.series import StepSeries
 
+MAX_KEPT_STEPS = 20_000
+
 
 def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
@@ -39,6 +41,20 @@ def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[s
     return out
 
 
+def _bounded(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """At most about MAX_KEPT_STEPS of the steps for report.json (and the page, which embeds
+    it): every step up to it; past it, every k-th step plus every spike and every step under
+    the profiler, so the chart's medians and peaks stay right. A day of 10 ms steps is 8.6
+    million steps (200k of them made 33 MB of JSON); the step file keeps every one."""
+    n = len(steps)
+    if n <= MAX_KEPT_STEPS:
+        return steps, None
+    every = -(-n // MAX_KEPT_STEPS)
+    kept = [r for i, r in enumerate(steps) if i % every == 0 or r["spike"] or r["profiled"]]
+    return kept, (f"report.json keeps {len(kept):,} of the {n:,} steps (every {every}th, every "
+                  "spike and every step under the profiler); the step file holds them all")
+
+
 def summarise(series: StepSeries) -> dict[str, Any]:
     """The `watch` section: steps[], regimes[], periodic[], outliers, captures: []."""
     ok = series.valid
@@ -53,6 +69,9 @@ def summarise(series: StepSeries) -> dict[str, Any]:
     for rec in steps:
         rec["spike"] = rec["step"] in spike_steps
     notes: list[str] = []
+    steps, kept_note = _bounded(steps)
+    if kept_note:
+        notes.append(kept_note)
     n_valid = int(ok.sum())
     if n_valid < regimes.MIN_STEPS:
         notes.append(f"{n_valid} measured steps: fewer than {regimes.MIN_STEPS}, so the run "
