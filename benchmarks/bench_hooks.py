@@ -27,8 +27,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.tensorboard import SummaryWriter
 
+from stallscope.capture.recapture import LaterCaptures
 from stallscope.capture.session import CaptureSession, Schedule
-from stallscope.capture.steplog import StepLog
+from stallscope.capture.steplog import StepLog, captures_path
 
 # (label, hidden width, batch size): an empty step (the loop is only the hooked calls, so the
 # difference is the hooks' cost in microseconds, with little else to add noise), a very small
@@ -116,7 +117,8 @@ def main() -> None:
                                              step_log=log)
                     session.start()
                     if cond == "watch":  # the rest of a watched run, once recording is over
-                        session.done = True
+                        session.done = True  # ... with the trigger of later captures judging
+                        session.later = LaterCaptures(captures_path(log.path), session, 0)
                     try:
                         times[cond].append(epoch())
                     finally:

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import watch_synth as synth  # noqa: E402
 
+from stallscope.capture.later import Trigger  # noqa: E402
 from stallscope.wholerun import StepSeries, regimes, spikes, summarise  # noqa: E402
 
 
@@ -90,6 +91,44 @@ def detection(runs: int) -> None:
             med = statistics.median(errs) if errs else math.nan
             print(f"{kind:10} {f'{extra:g}%':>9} {found / runs:>6.2f} {med:>12.1f} "
                   f"{extra_changes / runs:>6.2f}")
+
+
+def online(runs: int) -> None:
+    """`watch`'s online trigger of later captures (capture/later.py), fed the same series step
+    by step as the training process feeds it: how often it asks for a capture on steady runs,
+    and how soon after a loader slows down."""
+    print("\n3. The online trigger of later captures: steady runs (share of runs asking for one)"
+          " and the 400-step slowdown at step 200 (asked within 60 steps after it)")
+    print(f"{'noise':10} {'steady 1000':>11} {'steady 5000':>11} {'slow +25%':>9} "
+          f"{'slow +100%':>10} {'median delay':>12} {'us/step':>8}")
+    for kind in synth.NOISES:
+        cells, delays, spent, fed = [], [], 0.0, 0
+        for n in (1000, 5000):
+            hits = 0
+            for seed in range(runs if n < 5000 else max(1, runs // 5)):
+                step, wait = synth.steady(n, np.random.default_rng(seed * 7919 + n), kind)
+                t0 = time.perf_counter()
+                hits += bool(_starts(step, wait))
+                spent, fed = spent + time.perf_counter() - t0, fed + n
+            cells.append(hits / (runs if n < 5000 else max(1, runs // 5)))
+        for extra in (25.0, 100.0):
+            found = 0
+            for seed in range(runs):
+                step, wait = synth.loader_slows(400, 200, np.random.default_rng(seed + 17), kind,
+                                                extra_ms=extra)
+                at = [s for s in _starts(step, wait) if s >= 200]
+                found += bool(at) and at[0] - 200 <= 60
+                delays.extend(at[:1])
+            cells.append(found / runs)
+        delay = statistics.median(d - 200 for d in delays) if delays else math.nan
+        print(f"{kind:10} {cells[0]:>11.3f} {cells[1]:>11.3f} {cells[2]:>9.2f} {cells[3]:>10.2f}"
+              f" {delay:>12.0f} {1e6 * spent / fed:>8.2f}")
+
+
+def _starts(step: np.ndarray, wait: np.ndarray) -> list[int]:
+    trigger = Trigger()
+    return [i for i, (ms, w) in enumerate(zip(step, wait, strict=True), 1)
+            if trigger.add(i, float(ms), float(w)) is not None]
 
 
 SLOW_S = 0.010  # the loader's extra wait per batch after the slowdown
@@ -178,6 +217,7 @@ def main() -> None:
           f"MIN_SHARE_DELTA={regimes.MIN_SHARE_DELTA}, spike z={spikes.SPIKE_Z}")
     false_alarms(args.runs, betas)
     detection(max(1, args.runs // 2))
+    online(args.runs)
     if args.real:
         real(args.real)
 

@@ -265,9 +265,9 @@ def test_the_analysis_imports_no_torch() -> None:
 
 
 def test_a_long_run_keeps_a_bounded_sample_with_every_spike_and_a_true_chart() -> None:
-    """100,000 steps of 10 ms with a 300 ms checkpoint every 25: report.json keeps about 20,000
-    (every 5th, every spike, every profiled step), the step file has them all; the chart drawn
-    from the sample keeps the 10 ms median line and the 300 ms peaks."""
+    """100,000 steps of 10 ms with a 300 ms checkpoint every 25: report.json keeps at most about
+    40,000 (every 5th, the slowest of each 5, every profiled step), the step file has them all;
+    the chart drawn from the sample keeps the 10 ms median line and the 300 ms peaks."""
     from stallscope.report.watch_chart import watch_chart
     from stallscope.wholerun.summary import MAX_KEPT_STEPS, summarise
 
@@ -277,7 +277,7 @@ def test_a_long_run_keeps_a_bounded_sample_with_every_spike_and_a_true_chart() -
             for i in range(1, n + 1)]
     section = summarise(StepSeries.from_records(recs))
     kept = section["steps"]
-    assert section["n_steps"] == n and len(kept) <= MAX_KEPT_STEPS + n // 25 + 5
+    assert section["n_steps"] == n and len(kept) <= 2 * MAX_KEPT_STEPS + 5
     assert sum(1 for s in kept if s["step_ms"] == 300.0) == n // 25  # every stall kept
     assert {500, 501, 502, 503, 504} <= {s["step"] for s in kept if s["profiled"]}
     assert any("keeps" in note and "100,000" in note for note in section["notes"])

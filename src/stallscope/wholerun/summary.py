@@ -43,16 +43,23 @@ def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[s
 
 def _bounded(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
     """At most about MAX_KEPT_STEPS of the steps for report.json (and the page, which embeds
-    it): every step up to it; past it, every k-th step plus every spike and every step under
-    the profiler, so the chart's medians and peaks stay right. A day of 10 ms steps is 8.6
-    million steps (200k of them made 33 MB of JSON); the step file keeps every one."""
+    it), 2x that at worst: every step up to it; past it, every k-th step, the slowest step of
+    each k (so the chart's peaks and the stalls stay), and every step under the profiler. A day
+    of 10 ms steps is 8.6 million steps (200k of them made 33 MB of JSON); the step file keeps
+    every one."""
     n = len(steps)
     if n <= MAX_KEPT_STEPS:
         return steps, None
     every = -(-n // MAX_KEPT_STEPS)
-    kept = [r for i, r in enumerate(steps) if i % every == 0 or r["spike"] or r["profiled"]]
-    return kept, (f"report.json keeps {len(kept):,} of the {n:,} steps (every {every}th, every "
-                  "spike and every step under the profiler); the step file holds them all")
+    keep = {i for i in range(0, n, every)}
+    for start in range(0, n, every):
+        block = range(start, min(start + every, n))
+        keep.add(max(block, key=lambda i: steps[i]["step_ms"] or 0.0))
+    keep.update(i for i, r in enumerate(steps) if r["profiled"])
+    kept = [steps[i] for i in sorted(keep)]
+    return kept, (f"report.json keeps {len(kept):,} of the {n:,} steps (every {every}th, the "
+                  f"slowest of each {every} and every step under the profiler); the step file "
+                  "holds them all")
 
 
 def summarise(series: StepSeries) -> dict[str, Any]:
