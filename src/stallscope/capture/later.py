@@ -3,15 +3,16 @@ the run's stalls change (a new regime) and once around a periodic stall, so a st
 after hours is diagnosed from its own steps, not from the start's.
 
 Decided online, one step at a time, in the training process, on what the step log already
-measures (wall time, DataLoader wait): `Trigger` is pure Python and cheap (medians of at most
-`MAX_SPAN` numbers every `EVERY` steps). A change is what the whole-run analysis would keep as a
-regime (wholerun/regimes.py merges regimes closer than `STEP_RATIO` in median step time and
-`SHARE_DELTA` in loader-wait share, and shorter than `MIN_WINDOW_MS` of wall time: the same
-thresholds, so a capture is never spent on a change the report would not show) held over a
-whole window of steps and that long. A periodic stall is a spike (a
-step `SPIKE_FACTOR` times the last `WINDOW` steps' median; among the recent ones, those at least
-half as long as the longest) recurring at one gap four times running; its capture starts so
-that the recorded steps hold the next one (as their second: the analysis sets the first aside).
+measures (wall time, DataLoader wait): `Trigger` is pure Python and cheap (medians of a
+second's steps, at most `MAX_SPAN`, every quarter of that or `EVERY` steps). A change is what
+the whole-run analysis would keep as a regime (wholerun/regimes.py merges regimes closer than
+`STEP_RATIO` in median step time and `SHARE_DELTA` in loader-wait share, and shorter than
+`MIN_WINDOW_MS` of wall time: the same thresholds, so a capture is never spent on a change the
+report would not show) held over a whole window of steps and that long. A periodic stall is a
+spike (a step `SPIKE_FACTOR` times the median of `WINDOW` steps at the last judgement; among
+the recent ones, those at least half as long as the longest, and `STANDOUT` times the others'
+median) recurring at one gap four times running; its capture starts so that the recorded steps
+hold the next one (as their second: the analysis sets the first aside).
 
 Bounds (stated defaults, docs/watch.md): at most `MAX_LATER` later captures, none within
 `MIN_GAP_STEPS` steps of the last one's end, and none while the steps recorded under the
@@ -20,6 +21,7 @@ profiler so far would exceed `MAX_PROFILED_SHARE` of the steps watched.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -28,13 +30,15 @@ from dataclasses import dataclass
 WINDOW = 20  # steps judged together at least: a change must hold this long (and a second)
 MAX_SPAN = 200  # ... and at most (a second of 1 ms steps)
 REF_STEPS = 50  # steps the reference is measured over at least, after each capture
-EVERY = 5  # steps between two judgements: a median of 20 values costs ~5 us
+EVERY = 5  # steps between two judgements at least
 STEP_RATIO = 1.15  # = wholerun.regimes.MIN_STEP_RATIO (tests/test_watch_later.py checks)
 SHARE_DELTA = 0.10  # = wholerun.regimes.MIN_SHARE_DELTA
 MIN_WINDOW_MS = 1000.0  # = wholerun.regimes.MIN_REGIME_MS: a shorter change is a blip
 SPIKE_FACTOR = 2.0  # a step this many times the window's median is a stall
 MIN_PERIOD = 3  # a shorter gap is a slow loader round, not a periodic stall
 REPEATS = 4  # stalls one gap apart before a period is believed (3 made noise periods of 3)
+STANDOUT = 1.5  # ... each this many times the median of the other recent stalls
+HOLD = 4  # judgements running (a quarter window apart) that must see a change: a window more
 # A periodic capture starts this many steps before the stall: one warm-up step, then the stall
 # as the second recorded step (the analysis sets the first recorded step aside).
 LEAD = 3
@@ -65,24 +69,28 @@ class Trigger:
     def __init__(self) -> None:
         self._recent: deque[tuple[float, float]] = deque(maxlen=MAX_SPAN)
         self._ref: tuple[float, float] | None = None  # median step ms, loader share
-        self._spikes: deque[tuple[int, float]] = deque(maxlen=32)  # step, its time
+        self._spikes: deque[tuple[int, float]] = deque(maxlen=128)  # step, its time
         self._periods_done: set[int] = set()
         self._seen = 0
         self._held = 0  # judgements running that saw a change
+        self._median = 0.0  # the last WINDOW steps' median at the last judgement: spikes' yardstick
+        self._every = EVERY  # steps between judgements
 
     def add(self, step: int, step_ms: float, wait_ms: float) -> Start | None:
         """One unprofiled step (its number in the run, its wall time and loader wait)."""
         if not step_ms > 0:
             return None
-        if len(self._recent) >= WINDOW:
-            median = statistics.median(s for s, _ in list(self._recent)[-WINDOW:])
-            if step_ms >= SPIKE_FACTOR * median:
-                self._spikes.append((step, step_ms))
+        if self._median and step_ms >= SPIKE_FACTOR * self._median:
+            self._spikes.append((step, step_ms))
         self._recent.append((step_ms, min(max(wait_ms, 0.0), step_ms) / step_ms))
         self._seen += 1
-        if len(self._recent) < WINDOW or self._seen % EVERY:
+        if len(self._recent) < WINDOW or self._seen % self._every:
             return None
+        self._median = statistics.median(s for s, _ in self._last(WINDOW))
         span = self._span()
+        # a quarter of the window between judgements: a second of 5 ms steps is 200 steps,
+        # whose medians cost ~0.2 ms; judged every 5 steps that was 39 us a step
+        self._every = max(EVERY, span // 4)
         if self._ref is None:
             if len(self._recent) >= max(span, REF_STEPS):
                 self._ref = self._window(max(span, REF_STEPS))
@@ -94,15 +102,20 @@ class Trigger:
         self._recent.clear()
         self._ref = None
         self._seen = self._held = 0
+        self._median = 0.0  # no spike is judged against the old pace
+        self._every = EVERY
+
+    def _last(self, n: int) -> list[tuple[float, float]]:
+        """The last `n` steps (fewer while the window fills), without copying the rest."""
+        return list(itertools.islice(reversed(self._recent), n))
 
     def _span(self) -> int:
         """Steps in the judged window: a second's worth at the current pace."""
-        last = statistics.median(s for s, _ in list(self._recent)[-WINDOW:])
-        return min(MAX_SPAN, max(WINDOW, math.ceil(MIN_WINDOW_MS / last)))
+        return min(MAX_SPAN, max(WINDOW, math.ceil(MIN_WINDOW_MS / self._median)))
 
     def _window(self, n: int) -> tuple[float, float]:
         """The last `n` steps' median step, and median loader share, without their spikes."""
-        rows = list(self._recent)[-n:]
+        rows = self._last(n)
         cut = SPIKE_FACTOR * statistics.median(s for s, _ in rows)
         calm = [(s, w) for s, w in rows if s < cut] or rows
         return (statistics.median(s for s, _ in calm), statistics.median(w for _, w in calm))
@@ -116,7 +129,7 @@ class Trigger:
             self._held = 0
             return None
         self._held += 1
-        if self._held < 2:
+        if self._held < HOLD:
             return None
         n = self._span()
         self.rebase()
@@ -129,9 +142,15 @@ class Trigger:
         # the stalls at least half as long as the longest lately: a busy machine's small
         # spikes between checkpoints must not break their rhythm
         longest = max((ms for _, ms in self._spikes), default=0.0)
-        s = [st for st, ms in self._spikes if ms >= 0.5 * longest][-REPEATS:]
-        if len(s) < REPEATS:
+        big = [(st, ms) for st, ms in self._spikes if ms >= 0.5 * longest][-REPEATS:]
+        if len(big) < REPEATS:
             return None
+        # ... and stand out from the other stalls lately: on a busy machine, random stalls of
+        # one size fall at equal gaps by chance (a third of steady runs with 5% spikes did)
+        others = [ms for st, ms in self._spikes if (st, ms) not in big]
+        if others and min(ms for _, ms in big) < STANDOUT * statistics.median(others):
+            return None
+        s = [st for st, _ in big]
         gaps = sorted(b - a for a, b in zip(s, s[1:], strict=False))
         gap = gaps[len(gaps) // 2]
         tolerance = 1 if gap >= 10 else 0  # as wholerun/periodic.py: long periods wander
