@@ -118,8 +118,8 @@ def test_watch_captures_the_second_regime_and_diagnoses_it_dataloader_bound(
     captures = report["watch"]["captures"]
     assert [c["kind"] for c in captures] == ["first", "regime"]
     second = captures[1]
-    boundary = next(r["first_step"] for r in report["watch"]["regimes"][1:])
-    assert boundary <= second["first_step"] <= boundary + 60
+    regime = report["watch"]["regimes"][1]  # the second regime, from step ~120 of 240
+    assert regime["first_step"] <= second["first_step"] <= regime["last_step"] - 5
     assert second["verdict"]["id"] == "dataloader-bound"
     assert Path(second["trace"]).is_file()
     assert (out / "tensorboard" / "watch_cases-capture-2").is_dir()
