@@ -326,3 +326,23 @@ def test_max_steps_stops_a_watch_with_its_report(tmp_path: Path) -> None:
         cwd=tmp_path)
     assert early.returncode == 4
     assert "--max-steps stopped the script before recording began" in early.stderr
+
+
+@pytest.mark.slow
+def test_duration_stops_a_watch_at_a_step_boundary_with_its_report(tmp_path: Path) -> None:
+    """`--duration 6`: a script of 100,000 steps is stopped once it has run 6 s, at a step
+    boundary (the recording and the steps so far kept), exit 0."""
+    root = Path(__file__).resolve().parents[1]
+    script = [str(root / "examples" / "watch_cases.py"), "--case", "steady", "--steps", "100000"]
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "stallscope", "watch", "-q", "--duration", "6", "-o",
+         str(tmp_path / "out"), *script], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - start < 120
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    check(report)
+    assert report["run"]["ended"] == "duration" and report["run"]["steps_recorded"] == 5
+    w = report["watch"]
+    assert 20 <= w["n_steps"] < 100_000 and 4_000 <= w["wall_ms"] <= 7_000

@@ -84,6 +84,7 @@ class CaptureOptions:
     step_log: Path | None = None
     scalars_dir: Path | None = None
     max_steps: int | None = None  # `watch --max-steps`
+    max_seconds: float | None = None  # `watch --duration`
     record_shapes: bool = RECORD_SHAPES  # `--record-shapes`: ops' input shapes in the trace
 
 
@@ -109,7 +110,7 @@ def capture(
     session = CaptureSession(options.sched, options.step_on, trace_dir, worker, options.run_to_end,
                              options.overrides, options.max_record_mb, options.no_step_s,
                              make_step_log(options.step_log, options.scalars_dir),
-                             options.record_shapes, options.max_steps)
+                             options.record_shapes, options.max_steps, options.max_seconds)
     context.overrides = dict(options.overrides)
     context.record_shapes = options.record_shapes
     context.steps_requested = options.sched.steps
@@ -326,7 +327,7 @@ def _run(target: Target) -> tuple[str, int, BaseException | None]:
     try:
         run_target(target)
     except StopScript as stop:
-        return ("max steps" if stop.max_steps else "stopped"), 0, None
+        return (stop.limit or "stopped"), 0, None
     except SystemExit as exc:
         return "exit", _exit_status(exc.code), None
     except KeyboardInterrupt:
@@ -398,7 +399,7 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
             "No DataLoader between optimizer steps: step boundaries were placed inside "
             "optimizer.step(), so each step's range ends just before that call returns."
         )
-    if session.stop_requested and ending.ended not in ("stopped", "max steps"):
+    if session.stop_requested and ending.ended not in ("stopped", "max steps", "duration"):
         context.notes.append(
             "The script caught stallscope's stop request (a bare except or except "
             "BaseException) and ran on."

@@ -58,13 +58,15 @@ RECORD_SHAPES = False
 
 class StopScript(BaseException):
     """Raised in the training loop once the requested steps are recorded (see --run-to-end),
-    or, under `watch --max-steps`, once that many steps were watched (`max_steps`)."""
+    or, under `watch --max-steps` / `--duration`, once that many steps were watched or that
+    long has passed (`limit`: "max steps" or "duration")."""
 
-    def __init__(self, max_steps: int | None = None) -> None:
+    def __init__(self, max_steps: int | None = None, limit: str | None = None) -> None:
         super().__init__(f"stallscope watched {max_steps} steps and stopped the script"
                          if max_steps else
                          "stallscope recorded the requested steps and stopped the script")
         self.max_steps = max_steps
+        self.limit = limit or ("max steps" if max_steps else None)
 
 
 @dataclass(frozen=True)
@@ -101,12 +103,15 @@ class CaptureSession:
         step_log: StepLog | None = None,
         record_shapes: bool = RECORD_SHAPES,
         max_steps: int | None = None,
+        max_seconds: float | None = None,
     ) -> None:
         self.sched = sched
         # `watch`: every step of the run into a log; the hooks then stay after recording.
         self.step_log = step_log
         self.later: LaterCaptures | None = None  # `watch`: the captures after the first
         self.max_steps = max_steps  # `watch --max-steps`: stop the script after this many
+        self.max_seconds = max_seconds  # `watch --duration`: ... after this long
+        self._started_at = time.monotonic()
         self.record_shapes = record_shapes
         self.trace_dir = trace_dir
         self.worker = worker
@@ -189,6 +194,7 @@ class CaptureSession:
         with usdt_filtered():  # before any hook: the calibration's ops are no script's
             self.profiler_cost = opcost.session_costs(self.profiler_activities, self.record_shapes)
         self.watcher.install()
+        self._started_at = time.monotonic()  # `--duration` counts from here: the script's start
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
         self.foreign.install()
@@ -338,6 +344,11 @@ class CaptureSession:
             if later is not None:
                 later.boundary(self.step_log.steps, self.step_log.last_step_ms,
                                self.step_log.last_wait_ms, profiled)
+            if (self.max_seconds and not self.stop_requested
+                    and time.monotonic() - self._started_at >= self.max_seconds
+                    and threading.current_thread() is threading.main_thread()):
+                self._stop_at_limit(f"--duration {self.max_seconds:g}: {self.step_log.steps} "
+                                    f"steps watched in {self.max_seconds:g} s", "duration")
             if (self.max_steps and self.step_log.steps >= self.max_steps
                     and not self.stop_requested
                     and threading.current_thread() is threading.main_thread()):
@@ -509,15 +520,19 @@ class CaptureSession:
                 progress.say("torch.compile is still compiling: recording waits for it")
 
     def _stop_at_max_steps(self) -> None:
-        """`watch --max-steps N`: N steps watched. The recording, if it is still going, keeps
-        its complete steps (as at the script's end), then the script is stopped."""
+        """`watch --max-steps N`: N steps watched."""
+        self._stop_at_limit(f"--max-steps {self.max_steps}: {self.max_steps} steps watched",
+                            "max steps")
+
+    def _stop_at_limit(self, said: str, limit: str) -> None:
+        """`watch --max-steps` or `--duration` reached. The recording, if it is still going,
+        keeps its complete steps (as at the script's end), then the script is stopped."""
         self.stop_requested = True
         if self._started and not self.done:
             self._stop_early()
         self._remove_hooks()
-        progress.say(f"--max-steps {self.max_steps}: {self.max_steps} steps watched, stopping "
-                     "the script")
-        raise StopScript(self.max_steps)
+        progress.say(f"{said}, stopping the script")
+        raise StopScript(self.max_steps, limit)
 
     def _end_recording(self, recorded: int) -> None:
         """End recording at this boundary with `recorded` complete steps (the budget's cut):

@@ -174,7 +174,8 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
                              step_log=step_log_path(out, launch) if watch else None,
                              scalars_dir=trace_dir(plan) if watch else None,
                              record_shapes=args.record_shapes,
-                             max_steps=getattr(args, "max_steps", None))
+                             max_steps=getattr(args, "max_steps", None),
+                             max_seconds=getattr(args, "duration", None))
     if watch:
         progress.say(f"watching {target.name} to its end: every step timed into "
                      f"{step_log_path(out, launch)}, {args.steps} steps recorded under the "
@@ -474,6 +475,7 @@ def how_it_ended(ctx: RunContext) -> str:
         "terminated": "was terminated",
         "timed out": "was stopped at --timeout",
         "max steps": "was stopped at --max-steps",
+        "duration": "was stopped at --duration",
     }.get(ctx.ended, str(ctx.ended))
 
 
@@ -528,10 +530,11 @@ def no_steps_reason(ctx: RunContext) -> str:
             "optimizer nor drew a batch from a torch DataLoader; call stallscope.step() at the "
             "end of each iteration (a no-op when stallscope is not running)"
         )
-    if ctx.ended == "max steps":
+    if ctx.ended in ("max steps", "duration"):
+        flag = "--max-steps" if ctx.ended == "max steps" else "--duration"
         return (
-            "no step recorded: --max-steps stopped the script before recording began "
-            "(after --skip, --warmup and the wait for steady steps); raise --max-steps"
+            f"no step recorded: {flag} stopped the script before recording began "
+            f"(after --skip, --warmup and the wait for steady steps); raise {flag}"
         )
     return (
         "no step recorded: the script ended before recording began (during the --skip and "

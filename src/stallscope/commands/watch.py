@@ -14,7 +14,7 @@ import argparse
 from typing import Any
 
 from stallscope.commands import COMMANDS
-from stallscope.commands.common import whole_number
+from stallscope.commands.common import seconds, whole_number
 
 NAME = "watch"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
@@ -36,7 +36,11 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     add_capture_arguments(watch)
     watch.add_argument("--max-steps", type=whole_number(1), metavar="N",
                        help="stop the script once N steps have been watched, the report "
-                       "covering them (exit 0); --timeout bounds the run by time instead")
+                       "covering them (exit 0)")
+    watch.add_argument("--duration", type=seconds, metavar="SECONDS",
+                       help="stop the script at the first step boundary after it has run "
+                       "SECONDS, the report covering the steps watched (exit 0); --timeout "
+                       "stops a script at that time wherever it is, and exits 124")
     watch.set_defaults(watch=True, run_to_end=True)
     return watch
 
