@@ -381,3 +381,31 @@ def test_tune_timeout_stops_a_hung_baseline(tmp_path: Path) -> None:
     assert proc.returncode == 124, proc.stderr
     line = stallscope_line(proc)
     assert "the baseline run failed" in line and "--timeout 3 s" in line
+
+
+def test_a_worker_death_signalled_after_the_script_ended_never_raises_in_stallscope(
+        tmp_path: Path) -> None:
+    """Torch's SIGCHLD handler raises `DataLoader worker (pid(s) N) exited unexpectedly` in the
+    main thread; once the script has ended (here: failed on a first death), a second signal
+    must land nowhere. `_run` mutes the handler before it returns: a SIGCHLD after it is
+    ignored, and the script's own failure is what it reports (CI once saw the late one escape
+    as an internal error)."""
+    from stallscope.capture.runner import _handler, _run
+    from stallscope.capture.target import Target
+
+    script = tmp_path / "dies.py"
+    script.write_text(textwrap.dedent("""
+        import signal
+        def _worker_died(signum, frame):
+            raise RuntimeError("DataLoader worker (pid(s) 1) exited unexpectedly")
+        signal.signal(signal.SIGCHLD, _worker_died)
+        raise RuntimeError("DataLoader worker (pid 1) exited unexpectedly with exit code 1")
+    """))
+    before = _handler(signal.SIGCHLD)
+    try:
+        ended, status, error = _run(Target(str(script), (), False), before)
+        assert (ended, status) == ("exception", 1) and "exited unexpectedly" in str(error)
+        os.kill(os.getpid(), signal.SIGCHLD)  # a second worker's death, after the script
+        time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGCHLD, before or signal.SIG_DFL)

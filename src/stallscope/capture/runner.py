@@ -135,7 +135,7 @@ def capture(
     try:
         if watchdog is not None:
             watchdog.start()
-        ended, status, error = _run(target)
+        ended, status, error = _run(target, sigchld)
         if os.getpid() != pid:  # a child the script forked ran to the script's end
             _end_forked_child(status, error)
     finally:
@@ -322,8 +322,24 @@ def _wait_for_threads(grace_s: float) -> list[str]:
         alive[0].join(min(left, 0.2))
 
 
-def _run(target: Target) -> tuple[str, int, BaseException | None]:
-    """Run the script; how it ended, its exit status, and its own exception if it raised."""
+def _run(target: Target, sigchld: Any) -> tuple[str, int, BaseException | None]:
+    """Run the script; how it ended, its exit status, and its own exception if it raised.
+
+    Torch's SIGCHLD handler (a DataLoader's) raises when a worker dies; once the script has
+    ended, a second death (or the same one's signal, late) would raise in stallscope's own
+    frames: while the script's exception is handled here it is the script's failure too, and
+    the handler is muted before this returns (`_mute_worker_deaths`)."""
+    try:
+        return _ending(target)
+    except RuntimeError as exc:
+        if "DataLoader worker" not in str(exc):
+            raise
+        return "exception", 1, exc
+    finally:
+        _mute_worker_deaths(sigchld)
+
+
+def _ending(target: Target) -> tuple[str, int, BaseException | None]:
     try:
         run_target(target)
     except StopScript as stop:
