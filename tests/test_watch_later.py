@@ -116,9 +116,10 @@ def test_watch_captures_the_second_regime_and_diagnoses_it_dataloader_bound(
     assert proc.returncode == 0, proc.stderr
     report = report_of(out)
     captures = report["watch"]["captures"]
-    assert [c["kind"] for c in captures] == ["first", "regime"]
-    second = captures[1]
+    assert captures[0]["kind"] == "first"
     regime = report["watch"]["regimes"][1]  # the second regime, from step ~120 of 240
+    # (a busy machine can add a periodic capture of its own stalls: the regime's is the one)
+    second = next(c for c in captures if c["kind"] == "regime")
     assert regime["first_step"] <= second["first_step"] <= regime["last_step"] - 5
     assert second["verdict"]["id"] == "dataloader-bound"
     assert Path(second["trace"]).is_file()
@@ -126,5 +127,28 @@ def test_watch_captures_the_second_regime_and_diagnoses_it_dataloader_bound(
     steps = report["watch"]["steps"]
     assert sum(1 for s in steps if s["profiled"] and s["step"] >= second["first_step"]) >= 5
     page = (out / "report.html").read_text()
-    assert 'id="watch-captures"' in page and page.count('class="watch-capture"') == 2
+    assert 'id="watch-captures"' in page
+    assert page.count('class="watch-capture"') == len(captures) >= 2
     assert second["verdict"]["text"].split(":")[0] in page
+
+
+@pytest.mark.parametrize("kind", ["regime", "periodic"])
+def test_a_start_the_bounds_refuse_is_asked_for_again_while_it_holds(kind: str) -> None:
+    """Refused (say, too soon after the last capture), a new regime or a periodic stall is
+    asked for again later, not forgotten."""
+    if kind == "regime":
+        steps = noisy(200, 20.0, 2.0) + noisy(600, 60.0, 40.0, seed=1)
+    else:
+        steps = noisy(600, 10.0)
+        for i in range(24, 600, 25):
+            steps[i] = (300.0, 0.0)
+    t = Trigger()
+    asked = []
+    for i, (ms, wait) in enumerate(steps, 1):
+        start = t.add(i, ms, wait)
+        if start is not None:
+            asked.append(start)
+            if len(asked) == 1:
+                t.refused(start)
+    assert len(asked) >= 2 and {s.kind for s in asked} == {kind}
+    assert asked[1].at > asked[0].at

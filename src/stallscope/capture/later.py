@@ -10,9 +10,9 @@ the whole-run analysis would keep as a regime (wholerun/regimes.py merges regime
 `MIN_WINDOW_MS` of wall time: the same thresholds, so a capture is never spent on a change the
 report would not show) held over a whole window of steps and that long. A periodic stall is a
 spike (a step `SPIKE_FACTOR` times the median of `WINDOW` steps at the last judgement; among
-the recent ones, those at least half as long as the longest, and `STANDOUT` times the others'
-median) recurring at one gap four times running; its capture starts so that the recorded steps
-hold the next one (as their second: the analysis sets the first aside).
+the recent ones, those at least half as long as the longest, and `STANDOUT` times the median
+of those off their rhythm) recurring at one gap four times running; its capture starts so that
+the recorded steps hold the next one (as their second: the analysis sets the first aside).
 
 Bounds (stated defaults, docs/watch.md): at most `MAX_LATER` later captures, none within
 `MIN_GAP_STEPS` steps of the last one's end, and none while the steps recorded under the
@@ -55,6 +55,7 @@ class Start:
     at: int
     kind: str  # "regime" or "periodic"
     why: str
+    every: int | None = None  # a periodic stall's gap, in steps
 
 
 class Trigger:
@@ -63,12 +64,14 @@ class Trigger:
     The reference is the first `REF_STEPS` or more steps after a capture (at least one second),
     kept until a change: the current window is compared with it, so a window's own noise is
     set against a steady figure, not against another noisy window. The window is as many steps
-    as a second takes (at least `WINDOW`, at most `MAX_SPAN`), and a change must be seen at two
-    judgements running."""
+    as a second takes (at least `WINDOW`, at most `MAX_SPAN`), and a change must be seen at
+    `HOLD` judgements running. A start the bounds refuse for now is asked for again later
+    (`refused`)."""
 
     def __init__(self) -> None:
         self._recent: deque[tuple[float, float]] = deque(maxlen=MAX_SPAN)
         self._ref: tuple[float, float] | None = None  # median step ms, loader share
+        self._asked_ref: tuple[float, float] | None = None  # the reference a change was seen on
         self._spikes: deque[tuple[int, float]] = deque(maxlen=128)  # step, its time
         self._periods_done: set[int] = set()
         self._seen = 0
@@ -133,6 +136,7 @@ class Trigger:
             return None
         n = self._span()
         self.rebase()
+        self._asked_ref = (ref_ms, ref_share)
         return Start(step, "regime", (
             f"the median step went from {ref_ms:.1f} to {ms:.1f} ms and the DataLoader wait "
             f"from {100 * ref_share:.0f}% to {100 * share:.0f}% of the step over the last "
@@ -145,16 +149,17 @@ class Trigger:
         big = [(st, ms) for st, ms in self._spikes if ms >= 0.5 * longest][-REPEATS:]
         if len(big) < REPEATS:
             return None
-        # ... and stand out from the other stalls lately: on a busy machine, random stalls of
-        # one size fall at equal gaps by chance (a third of steady runs with 5% spikes did)
-        others = [ms for st, ms in self._spikes if (st, ms) not in big]
-        if others and min(ms for _, ms in big) < STANDOUT * statistics.median(others):
-            return None
         s = [st for st, _ in big]
         gaps = sorted(b - a for a, b in zip(s, s[1:], strict=False))
         gap = gaps[len(gaps) // 2]
         tolerance = 1 if gap >= 10 else 0  # as wholerun/periodic.py: long periods wander
         if gap < MIN_PERIOD or gaps[-1] - gaps[0] > 2 * tolerance or gap in self._periods_done:
+            return None
+        # ... and stand out from the stalls off their rhythm: on a busy machine, random stalls
+        # of one size fall at equal gaps by chance (a third of steady runs with 5% spikes did)
+        off = [ms for st, ms in self._spikes
+               if min((st - s[-1]) % gap, (s[-1] - st) % gap) > tolerance]
+        if off and min(ms for _, ms in big) < STANDOUT * statistics.median(off):
             return None
         following = s[-1] + gap
         while following - LEAD <= step:  # the capture must start before the stall it holds
@@ -162,7 +167,16 @@ class Trigger:
         self._periods_done.add(gap)
         return Start(following - LEAD, "periodic", (
             f"a stall every {gap} steps (steps {', '.join(map(str, s))}): the capture "
-            f"holds step {following}"))
+            f"holds step {following}"), every=gap)
+
+
+    def refused(self, start: Start) -> None:
+        """The bounds said not yet: ask again once the change still holds (a regime: judged
+        against the same reference again) or the stall recurs (a period: its gap forgotten)."""
+        if start.every is not None:
+            self._periods_done.discard(start.every)
+        elif self._asked_ref is not None:
+            self._ref = self._asked_ref
 
 
 class Bounds:
@@ -184,6 +198,11 @@ class Bounds:
             return (f"the profiled steps would pass {100 * MAX_PROFILED_SHARE:.0f}% of the "
                     "steps watched")
         return None
+
+    @property
+    def exhausted(self) -> bool:
+        """No later capture will ever be allowed again."""
+        return self.count >= MAX_LATER
 
     def taken(self, first: int, last: int) -> None:
         self.count += 1

@@ -58,6 +58,7 @@ class LaterCaptures:
         self.plain: deque[float] = deque(maxlen=WINDOW)  # unprofiled steps before a capture
         self._written: list[Path] = []
         self._discard = False
+        self._said: set[tuple[Any, ...]] = set()  # the skipped starts already noted
         self._load: Any = None  # hostload.sample() where the recorded steps begin
         self._clock = (0.0, 0.0)  # wall, process CPU there
 
@@ -94,11 +95,16 @@ class LaterCaptures:
         if self.pending is not None:
             return
         why_not = self.bounds.allows(start, step)
-        if why_not is not None:
+        if why_not is None:
+            self.pending = start
+            return
+        if not self.bounds.exhausted:
+            self.trigger.refused(start)  # asked for again while it holds: one note for it
+        said = (start.kind, start.every, why_not)
+        if said not in self._said:
+            self._said.add(said)
             self._line({"kind": start.kind, "why": start.why, "at_step": step,
                         "skipped": why_not})
-            return
-        self.pending = start
 
     def _start(self, step: int) -> None:
         assert self.pending is not None
