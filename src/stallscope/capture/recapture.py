@@ -209,3 +209,9 @@ class LaterCaptures:
     def _line(self, record: dict[str, Any]) -> None:
         with contextlib.suppress(OSError), self.log.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+
+
+def later_off(log: Path, why: str) -> None:
+    """Say in the captures' list that no later capture will be taken, and why."""
+    with contextlib.suppress(OSError), log.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"off": why}) + "\n")

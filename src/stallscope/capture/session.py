@@ -37,7 +37,7 @@ from stallscope.capture.loaders import LoaderWatcher
 from stallscope.capture.metadata import metadata_text
 from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.quiet import quiet_profiler_warnings, usdt_filtered
-from stallscope.capture.recapture import LaterCaptures
+from stallscope.capture.recapture import LaterCaptures, later_off
 from stallscope.capture.steplog import StepLog, captures_path
 from stallscope.capture.steps import StepDriver
 from stallscope.units import size_text
@@ -581,7 +581,12 @@ class CaptureSession:
         if self.step_log is None:
             self._remove_hooks()  # nothing left to do: the rest of the run costs nothing
         elif self.run_to_end and not self.aside and self.foreign.seen is None:
-            self.later = LaterCaptures(captures_path(self.step_log.path), self, self.step_log.steps)
+            log = captures_path(self.step_log.path)
+            if int(os.environ.get("WORLD_SIZE") or 1) > 1:  # each rank would judge alone
+                later_off(log, "a distributed job: each rank would capture at its own steps, "
+                          "and a rank under the profiler slows the others' collectives")
+            else:
+                self.later = LaterCaptures(log, self, self.step_log.steps)
         if not self.run_to_end and threading.current_thread() is threading.main_thread():
             self.stop_requested = True
             progress.say("recording done: stopping the script")

@@ -45,4 +45,6 @@ def watch_section(log: Path, report: Any,
                                     f"({rec['skipped']}): {rec.get('why')}")
         elif rec.get("failed"):
             section["notes"].append(f"a later capture failed: {rec['failed']}")
+        elif rec.get("off"):
+            section["notes"].append(f"no capture after the first: {rec['off']}")
     return section
