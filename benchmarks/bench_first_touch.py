@@ -1,5 +1,5 @@
 """What reading a batch received from a DataLoader worker costs the first time, beyond a read of
-warm memory: the replay's SHM_FIRST_TOUCH_US (diagnose/fixes.py).
+warm memory: the replay's SHM_FIRST_TOUCH_US (replay/models/dataloader_bound.py).
 
 A worker's batch arrives in shared-memory pages the training process has not touched; the
 first read (a pageable host-to-device copy's staging memcpy, here a copy into a warm tensor)

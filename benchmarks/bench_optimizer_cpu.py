@@ -1,5 +1,5 @@
 """How much of a for-loop Adam step's time multi-tensor Adam keeps on a CPU: the replay's
-OPTIMIZER_HOST_LEFT_CPU (diagnose/fixes.py).
+OPTIMIZER_HOST_LEFT_CPU (replay/models/single_tensor_optimizer.py).
 
 examples/python_heavy.py's model (48 small Linear layers: 97 parameter tensors of at most 16x16),
 one intra-op thread; `optimizer.step()` alone is timed, median of 250 steps after 50, for the

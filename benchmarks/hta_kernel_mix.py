@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stallscope.diagnose.common import COMM_NAME
 from stallscope.report.kernel_mix import _device_mix
+from stallscope.trace.kernels import COMM_NAME
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from stallscope.trace.names import name_mask

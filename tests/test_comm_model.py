@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stallscope.diagnose.fixes import BUCKET_US
-from stallscope.diagnose.rules.comm_bound import comm_bound, peer_excess
+from stallscope.diagnose.rules.comm_bound import comm_bound
 from stallscope.diagnose.rules.gpu_bound import COMM as GPU_BOUND_COMM
 from stallscope.diagnose.rules.rank_imbalance import WAITED_FOR, RankWork, rank_imbalance
 from stallscope.replay import transforms as tf
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import CALL, MARK, Graph
+from stallscope.replay.models.comm_bound import BUCKET_US, peer_excess
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import real_trace, report_of

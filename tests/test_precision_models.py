@@ -1,5 +1,5 @@
-"""The mixed-precision and torch.compile replays (diagnose/rules/no_mixed_precision.py,
-diagnose/fixes.py) against the recorded GPU pairs of a small CNN and of a small transformer
+"""The mixed-precision and torch.compile replays (replay/models/no_mixed_precision.py,
+replay/models/gpu_bound.py) against the recorded GPU pairs of a small CNN and of a small transformer
 (sample_traces/README.md).
 
 Transformer (real-h200-xfmr-*): kernel time only. Its fp32 and compiled recordings are not in a
@@ -39,10 +39,12 @@ import numpy as np
 import pytest
 
 from stallscope.commands.pipeline import analyze_paths
-from stallscope.diagnose.fixes import Change, Context, apply, compile_estimate
-from stallscope.diagnose.rules.no_mixed_precision import amp_factor, device_major, kernel_class
+from stallscope.diagnose.fixes import Change, Context, apply
 from stallscope.replay.graph import build_graph
 from stallscope.replay.loader import LoaderFacts
+from stallscope.replay.models.gpu_bound import compile_estimate
+from stallscope.replay.models.no_mixed_precision import amp_factor
+from stallscope.trace.kernels import device_major, kernel_class
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import TraceModel, build_model
 from tests.conftest import SAMPLES, real_trace

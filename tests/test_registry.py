@@ -11,7 +11,7 @@ import importlib
 import pytest
 
 from stallscope.diagnose import JOB_RULES, RULES, docgen
-from stallscope.diagnose.fixes import WHAT_IF, parse_what_if
+from stallscope.diagnose.fixes import WHAT_IF, model_owner, parse_what_if
 from stallscope.diagnose.registry import ALL_RULES, BY_ID, TRACE_RULES, what_if_keys
 from stallscope.errors import StallscopeError
 from tests.conftest import ROOT
@@ -57,6 +57,38 @@ def test_the_what_if_vocabulary_is_what_the_rules_declare() -> None:
     with pytest.raises(StallscopeError) as err:
         parse_what_if(["threads=4"])
     assert f"one of {', '.join(what_if_keys())}" in str(err.value)
+
+
+MODEL_MODULES = sorted(p.stem for p in (ROOT / "src/stallscope/replay/models").glob("*.py")
+                       if p.stem not in ("__init__", "common"))
+
+
+@pytest.mark.parametrize("key", what_if_keys())
+def test_each_change_has_its_model_under_its_rules_name(key) -> None:
+    """A change's replay model is in replay/models/<rule>.py of the first rule declaring it,
+    and that is the model `--what-if` and the fix plan replay; a rule's docs entry names it."""
+    owner = model_owner(key)
+    assert owner is next(s for s in ALL_RULES if key in s.what_if)
+    module = importlib.import_module(f"stallscope.replay.models.{owner.name}")
+    assert (ROOT / owner.replay_models).is_file()
+    assert module.MODELS[key] is WHAT_IF[key]
+    rules_md = (ROOT / "docs/rules.md").read_text(encoding="utf-8")
+    for spec in ALL_RULES:
+        if key in spec.what_if:
+            entry = rules_md.split(f'<a id="{spec.id}"></a>')[1].split("<a id=")[0]
+            assert f"`{owner.replay_models}` (" in entry, spec.id
+
+
+def test_every_model_module_is_a_rules_and_holds_only_its_changes() -> None:
+    """No stray model module: each is named after a rule and holds the keys that rule declares
+    first, no more."""
+    for name in MODEL_MODULES:
+        spec = next((s for s in ALL_RULES if s.name == name), None)
+        assert spec is not None, f"replay/models/{name}.py is named after no rule"
+        module = importlib.import_module(f"stallscope.replay.models.{name}")
+        assert set(module.MODELS) == {k for k in spec.what_if if model_owner(k) is spec}, name
+    owners = {model_owner(k).name for k in what_if_keys()}
+    assert set(MODEL_MODULES) == owners
 
 
 def test_a_rule_missing_from_the_docs_is_named(tmp_path) -> None:

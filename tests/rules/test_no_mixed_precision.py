@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from stallscope.diagnose.common import classify_kernels
 from stallscope.diagnose.rules.no_mixed_precision import no_mixed_precision
+from stallscope.trace.kernels import classify_kernels
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import real_trace, write_trace

@@ -1,18 +1,14 @@
 """The one module of what several rules share (a rule never imports another rule): per-trace
-totals they bound their savings by, advice more than one gives, the kernel classes and step
-windows they measure with, and the thresholds two rules read alike."""
+totals they bound their savings by, advice more than one gives, the step windows they measure
+with, and the thresholds two rules read alike (the kernel classes are trace/kernels.py's)."""
 
 from __future__ import annotations
-
-import functools
-import re
 
 import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.spec import Change
 from stallscope.trace.model import TraceModel
-from stallscope.trace.names import per_name
 
 # Pinned memory plus non_blocking copies: the fix for both pageable-h2d-copy and
 # blocking-h2d-copy, which differ in what they measured, not in what to do.
@@ -114,11 +110,6 @@ def idle_windows(model: TraceModel) -> np.ndarray:
     return clipped
 
 
-# Collective kernels: NCCL (`ncclKernel_*`, `ncclDevKernel_*`), RCCL on ROCm (the same names, or
-# `rccl*`), and MSCCL, which RCCL runs for some collectives (`mscclKernel_Sum_float_LL...`).
-COMM_NAME = re.compile(r"nccl|rccl|msccl", re.IGNORECASE)
-
-
 # Kernel precision (no-mixed-precision's signal, gpu-bound's tensor-core advice).
 # Tensor cores arrived with Volta (sm_70); below it mixed precision brings no tensor cores.
 MIN_COMPUTE_MAJOR = 7
@@ -126,40 +117,6 @@ MIN_COMPUTE_MAJOR = 7
 # those kernels, 20% of kernel time is 10% of GPU work saved: below that, the numerics risk of
 # reduced precision is not worth taking on this evidence.
 MIN_FP32_SHARE_PCT = 20.0
-TENSOR_CORE = re.compile(
-    r"tensorop|wmma|hmma|imma|xmma|wgmma|nvjet|fmha|flash_(?:fwd|bwd)"
-    r"|(?<![a-z0-9])[hsi]?(?:884|1688|16816|8816|16832)(?:gemm|cudnn|fprop|dgrad|wgrad|conv|_)",
-    re.IGNORECASE,
-)
-# cuBLAS fp32 SIMT kernels built on xmma: `sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...`.
-_XMMA_FP32 = re.compile(r"ffma|_f32f32_f32f32_", re.IGNORECASE)
-GEMM_OR_CONV = re.compile(
-    r"(?<!fb)gemm|gemv|conv(?!ert)|dgrad|wgrad|fprop|winograd|fft2d|scudnn",
-    re.IGNORECASE,
-)
-_HALF = re.compile(r"half|fp16|bf16|bfloat16|(?<![a-z0-9])f16|tf32|__nv_bfloat", re.IGNORECASE)
-_FP32_NAMED = re.compile(r"sgemm|scudnn|gcgemm|(?<![a-z])cgemm", re.IGNORECASE)
-FLOAT_TYPE = re.compile(r"\bfloat\b")
-
-
-def classify_kernels(names: pd.Series) -> pd.Series:
-    """'tensor_core', 'fp32' or 'other' per kernel name (evaluated once per distinct name)."""
-    return per_name(names, kernel_kind)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def kernel_kind(name: str) -> str:
-    """'tensor_core', 'fp32' or 'other' for one kernel name. Cached: the ranks of a job run the
-    same kernels, so a worker analysing many of their files classifies each name once."""
-    tensor_core = bool(TENSOR_CORE.search(name))
-    xmma_fp32 = bool(_XMMA_FP32.search(name))
-    gemm_conv = bool(GEMM_OR_CONV.search(name))
-    if (tensor_core and not xmma_fp32) or (gemm_conv and _HALF.search(name)):
-        return "tensor_core"
-    if (_FP32_NAMED.search(name) or (tensor_core and xmma_fp32)
-            or (gemm_conv and FLOAT_TYPE.search(name))):
-        return "fp32"
-    return "other"
 
 
 # The plan's window (plan.py), which gpu-idle bounds its saving over too.

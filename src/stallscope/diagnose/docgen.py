@@ -1,8 +1,8 @@
 """The docs' rule tables and each rule's heading block, written from the registry
 (diagnose/registry.py) so they cannot drift from the code: README.md's rule table and
-`--what-if` keys, docs/rules.md's index and each rule's heading, module, tests, thresholds and
-fix. Only the parts between `<!-- begin generated: NAME ... -->` and `<!-- end generated: NAME
--->` markers are written; the prose around them is the maintainers'.
+`--what-if` keys, docs/rules.md's index and each rule's heading, module, tests, thresholds,
+fix and replay model. Only the parts between `<!-- begin generated: NAME ... -->` and
+`<!-- end generated: NAME -->` markers are written; the prose around them is the maintainers'.
 
     python -m stallscope.diagnose.docgen --write   # rewrite the generated parts
     python -m stallscope.diagnose.docgen --check   # exit 1 when they are stale
@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from stallscope.diagnose.fixes import WHAT_IF
+from stallscope.diagnose.fixes import WHAT_IF, model_owner
 from stallscope.diagnose.registry import ALL_RULES, BY_ID, what_if_keys
 from stallscope.diagnose.spec import RuleSpec
 
@@ -66,7 +66,7 @@ def readme_what_if() -> str:
     rows = ["| key | values | the fix of |", "|---|---|---|"]
     for key in what_if_keys():
         rules = ", ".join(f"`{s.id}`" for s in ALL_RULES if key in s.what_if)
-        rows.append(f"| `{key}` | {WHAT_IF[key][2]} | {rules} |")
+        rows.append(f"| `{key}` | {WHAT_IF[key].values} | {rules} |")
     return "\n".join(rows)
 
 
@@ -74,6 +74,20 @@ def rules_index() -> str:
     rows = ["| id | title | `--what-if` |", "|---|---|---|"]
     rows += [f"| [`{s.id}`](#{s.id}) | {s.title} | {_keys(s) or '-'} |" for s in ALL_RULES]
     return "\n".join(rows)
+
+
+def replay_models(spec: RuleSpec) -> str:
+    """Where the models of a rule's keys live: its own module for the keys it declares first,
+    the first declaring rule's module for the others."""
+    owners: dict[str, list[str]] = {}
+    for key in spec.what_if:
+        owners.setdefault(model_owner(key).id, []).append(f"`{key}`")
+    parts = []
+    for rid, keys in owners.items():
+        owner = BY_ID[rid]
+        whose = "" if owner is spec else f"; `{rid}`'s change, declared there first"
+        parts.append(f"`{owner.replay_models}` ({', '.join(keys)}{whose})")
+    return "; ".join(parts)
 
 
 def rule_heading(spec: RuleSpec) -> str:
@@ -94,6 +108,7 @@ def rule_heading(spec: RuleSpec) -> str:
         f"- **Declared in.** `{spec.module}` (`SPEC`); tests `{spec.tests}`.{scope}",
         f"- **Named thresholds.** {thresholds or 'none: it judges by what it finds, not a share'}.",
         f"- **Fix.** {fix}.",
+        *([f"- **Replay model.** {replay_models(spec)}."] if spec.what_if else []),
     ])
 
 

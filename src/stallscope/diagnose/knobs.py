@@ -150,7 +150,7 @@ class Knobs:
         return f" The DataLoader is built at {self.where}."
 
 
-# The rules whose replayed change is a DataLoader setting (diagnose/fixes.py's keys).
+# The rules whose replayed change is a DataLoader setting (diagnose/fixes.py's --what-if keys).
 LOADER_RULES = frozenset({"dataloader-bound", "pageable-h2d-copy", "worker-startup"})
 
 

@@ -27,17 +27,12 @@ import numpy as np
 
 from stallscope.diagnose.common import MAX_REPLAY_STEPS, judged_steps, replay_window
 from stallscope.diagnose.finding import Assessment, Finding, severity_for
-from stallscope.diagnose.fixes import (
-    ONE_THREAD,
-    ONE_THREAD_WHY,
-    Change,
-    Context,
-    apply,
-)
+from stallscope.diagnose.fixes import Change, apply
 from stallscope.diagnose.registry import changes_for, no_change_reason
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import LoaderFacts, NotModelled
+from stallscope.replay.models.common import ONE_THREAD, ONE_THREAD_WHY, Context
 from stallscope.replay.threads import MAX_SCALE_PER_THREAD, MIN_SCALE, OneThread, scales
 from stallscope.replay.unload import OtherWait, barrier_note, unload
 from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile

@@ -70,6 +70,11 @@ class RuleSpec:
         return f"tests/rules/test_{self.name}.py"
 
     @property
+    def replay_models(self) -> str:
+        """Where the replay models of the keys this rule is the first to declare live."""
+        return f"src/stallscope/replay/models/{self.name}.py"
+
+    @property
     def docs(self) -> str:
         return f"docs/rules.md#{self.id}"
 

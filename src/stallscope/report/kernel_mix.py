@@ -8,7 +8,7 @@ while compute runs (hidden) rather than alone (exposed, the step waits for it). 
 are in docs/metrics.md ("GPU kernels by type", "GPU summary"); each is computed once, here,
 and every view prints these numbers.
 
-A kernel is *communication* when its name is a collective's (diagnose/common.py's COMM_NAME, the
+A kernel is *communication* when its name is a collective's (trace/kernels.py's COMM_NAME, the
 comm-bound rule's own: nccl, rccl, msccl), *memory* when it is a copy or memset
 (`gpu_memcpy`/`gpu_memset`), else *compute*. Times are unions over the device's streams
 (concurrent kernels of one type count once), clipped to the judged steps.
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from stallscope.diagnose.common import COMM_NAME, MIN_COMPUTE_MAJOR, kernel_kind
+from stallscope.diagnose.common import MIN_COMPUTE_MAJOR
 from stallscope.diagnose.rules.comm_bound import host_collectives
-from stallscope.diagnose.rules.no_mixed_precision import device_major
 from stallscope.trace.intervals import Timeline
+from stallscope.trace.kernels import COMM_NAME, device_major, kernel_kind
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_mask
 

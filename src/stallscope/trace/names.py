@@ -4,6 +4,10 @@ The model's name columns (event names, categories, thread ids) are categorical: 
 names over up to millions of rows. A rule asks a question of each name (a regex, a class), so
 it is asked once per category in use and read back through the codes; a pandas Series and
 `factorize` per call cost more than that on the small frames of a rank file.
+
+Also the names of the host events both a rule and its replay model select (device allocator
+calls, the optimizer's step and zero_grad ranges), kept here so the replay models below the
+rules read the same names.
 """
 
 from __future__ import annotations
@@ -16,6 +20,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+# Device allocator calls (allocator-churn's signal, gpu-idle's allocator=steady model).
+ALLOC_CALL = re.compile(r"^(?:(?:cuda|hip)Malloc|cuMemAlloc(?:_v2)?)$")
+FREE_CALL = re.compile(r"^(?:(?:cuda|hip)Free|cuMemFree(?:_v2)?)$")
+# The optimizer's step range, `Optimizer.step#Adam.step` (single-tensor-optimizer's).
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(.+)\.step$")
+# zero_grad's range, `Optimizer.zero_grad#Adam.zero_grad` (zero-grad-kernels').
+ZERO_GRAD = "Optimizer.zero_grad#"
 
 
 def per_name(names: pd.Series, fn: Callable[[str], Any]) -> pd.Series:

@@ -11,8 +11,6 @@ growing because tensor shapes keep changing.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from stallscope.diagnose.advice import for_torch, has
@@ -22,11 +20,9 @@ from stallscope.diagnose.spec import Change, RuleSpec, fixed
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
-from stallscope.trace.names import name_flags, regex_hit
+from stallscope.trace.names import ALLOC_CALL, FREE_CALL, name_flags, regex_hit
 
 RULE_ID = "allocator-churn"
-ALLOC_CALL = re.compile(r"^(?:(?:cuda|hip)Malloc|cuMemAlloc(?:_v2)?)$")
-FREE_CALL = re.compile(r"^(?:(?:cuda|hip)Free|cuMemFree(?:_v2)?)$")
 # Share of steady-state step time in device malloc/free calls above which the churn is worth a
 # fix (the `low` severity floor); a steady-state cudaFree is reported anyway (at info when cheap)
 # because it means the cache is being emptied inside the loop.

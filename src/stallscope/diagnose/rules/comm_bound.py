@@ -17,13 +17,20 @@ import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.advice import for_torch, has
-from stallscope.diagnose.common import COMM_NAME, ms, pct
+from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.replay.models.comm_bound import (
+    PEER_FACTOR,
+    PEER_MIN_STEPS,
+    PEER_MIN_US,
+    peer_excess,
+)
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.grouped import group_sums
-from stallscope.trace.intervals import Timeline, enclosing
+from stallscope.trace.intervals import Timeline
+from stallscope.trace.kernels import COLLECTIVE, COMM_NAME, host_kinds
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_mask
 from stallscope.units import millis
@@ -35,25 +42,9 @@ RULE_ID = "comm-bound"
 # 5% is where the anchors (HTA's communication/computation overlap analysis) call it material.
 EXPOSED_THRESHOLD_PCT = 5.0
 TOP_COLLECTIVES = 5
-COLLECTIVE = re.compile(r"(?:nccl|rccl)(?:Dev)?Kernel_([A-Za-z]+)", re.IGNORECASE)
-# An instance of a collective that takes at least this many times the median instance of the
-# same collective (same stream, same place in the step, so the same tensors and bytes) spent
-# the excess over that median waiting for slower ranks (an assumption: the same bytes over the
-# same link take about the same time, and jitter of the link alone does not double a transfer).
-# The median needs PEER_MIN_STEPS steps: with two, one step's sequence may start mid-pattern
-# (hta/rank0of128_sampled: step 1's first all-to-all moves 3 KB, step 2's 419 MB) and the
-# two cannot be told apart. Only excess of 0.2 ms or more counts (shorter is within launch and
-# clock noise). A lower bound: a rank slower by the same amount every step shows no excess.
-PEER_FACTOR = 2.0
-# Collectives whose bytes are fixed by the model (gradients, parameters, their shards): the same
-# one moves the same bytes every step. All-to-all and send/recv move what the batch routes (a
-# KJT's lengths, an activation's shape) and are not compared.
-FIXED_SIZE = ("AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Reduce")
 # More all-reduces per step than this are per-tensor (or tiny buckets): DDP's default 25 MB
 # buckets make 50 of them only for 1.25 GB of fp32 gradients, a model of over 300M parameters.
 PER_TENSOR_CALLS = 50
-PEER_MIN_STEPS = 3
-PEER_MIN_US = 200.0
 COMM_DOCS = "https://pytorch.org/docs/stable/notes/ddp.html"
 # CPU collectives: the backend's host range around each collective (`gloo:all_reduce`).
 HOST_COLLECTIVE = re.compile(r"^(gloo|mpi|ucc):([A-Za-z_]+)", re.IGNORECASE)
@@ -486,96 +477,6 @@ def _exposed(model: TraceModel, c_iv: tuple[np.ndarray, np.ndarray],
         "top": [{"collective": str(names[i]), "count": int(count[i]), "comm_ms": ms(g_us[i]),
                  "exposed_ms": ms(g_exposed[i])} for i in order.tolist()],
     }
-
-
-def peer_excess(stream: np.ndarray, step: np.ndarray, ts: np.ndarray, dur: np.ndarray,
-                kinds: np.ndarray) -> np.ndarray:
-    """Per collective of a FIXED_SIZE kind, the time it waited for slower ranks: its duration
-    less the median instance of the same collective, where it took PEER_FACTOR times that or
-    more (0 elsewhere).
-
-    The same collective is the one at the same place, on the same stream, in another step: a
-    stream whose steps (PEER_MIN_STEPS or more) hold the same sequence of kinds repeats the
-    same tensors, hence the same bytes, every step. Steps whose sequence differs from the most
-    common one are left at 0: without the message sizes (the trace's host ranges carry them,
-    the decoded table does not) two different collectives cannot be compared."""
-    out = np.zeros(len(dur))
-    inside = np.flatnonzero((step >= 0) & np.isin(kinds, FIXED_SIZE))
-    for key in np.unique(stream[inside]):
-        mine = inside[stream[inside] == key]
-        mine = mine[np.lexsort((ts[mine], step[mine]))]
-        steps = np.unique(step[mine])
-        if len(steps) < PEER_MIN_STEPS:
-            continue
-        seqs = [mine[step[mine] == s] for s in steps]
-        # The steps that repeat the most common sequence (a step whose kernels were launched
-        # before the recording began lacks their host names, and is left out).
-        pattern = Counter(tuple(kinds[q]) for q in seqs).most_common(1)[0][0]
-        seqs = [q for q in seqs if tuple(kinds[q]) == pattern]
-        if len(seqs) < PEER_MIN_STEPS:
-            continue
-        grid = np.stack(seqs)  # steps x position
-        d = dur[grid]
-        typical = np.median(d, axis=0)
-        excess = d - typical
-        waited = (d >= PEER_FACTOR * typical) & (excess >= PEER_MIN_US)
-        out[grid] = np.where(waited, excess, 0.0)
-    return out
-
-
-# The host range each collective kernel is launched in names its collective where the kernel
-# does not (NCCL runs all-to-all, and on some versions every collective, as SendRecv kernels):
-# `nccl:all_reduce`, `nccl:_all_gather_base`, `rccl:...`.
-HOST_RANGE = re.compile(r"^(?:nccl|rccl):(\w+)", re.IGNORECASE)
-HOST_KIND = {"all_reduce": "AllReduce", "allreduce": "AllReduce",
-             "all_to_all": "AllToAll", "alltoall": "AllToAll", "alltoall_base": "AllToAll",
-             "all_gather": "AllGather", "_all_gather_base": "AllGather",
-             "all_gather_into_tensor": "AllGather", "allgather": "AllGather",
-             "reduce_scatter": "ReduceScatter", "_reduce_scatter_base": "ReduceScatter",
-             "reduce_scatter_tensor": "ReduceScatter", "broadcast": "Broadcast",
-             "send": "SendRecv", "recv": "SendRecv"}
-
-
-def _range_kind(name: str) -> str:
-    """The collective a host range's name says (`nccl:all_reduce` -> AllReduce), "" for none."""
-    found = HOST_RANGE.match(name)
-    return HOST_KIND.get(found.group(1).lower(), "") if found else ""
-
-
-def host_kinds(model: TraceModel) -> np.ndarray:
-    """Per row of `model.gpu`, the collective its launch call's enclosing `nccl:<op>` host
-    range names (AllReduce, AllToAll, ...), "" where there is none."""
-    gpu, rt, ops = model.gpu, model.runtime, model.ops
-    out = np.full(len(gpu), "", dtype=object)
-    if not len(gpu) or not len(rt) or not len(ops):
-        return out
-    ranged = name_mask(ops["name"], HOST_RANGE)
-    if not ranged.any():
-        return out
-    is_comm = name_mask(gpu["name"], COMM_NAME)
-    corr = gpu["correlation"].to_numpy(dtype=float)
-    rt_corr = rt["correlation"].to_numpy(dtype=float)
-    order = np.argsort(rt_corr, kind="stable")
-    k = np.clip(np.searchsorted(rt_corr[order], corr), 0, max(len(rt) - 1, 0))
-    call = np.where(is_comm & (rt_corr[order][k] == corr), order[k], -1)
-    rows = np.flatnonzero(call >= 0)
-    r_tid = rt["tid"].astype(str).to_numpy(dtype=object)[call[rows]]
-    r_ts = rt["ts"].to_numpy(dtype=float)[call[rows]]
-    r_end = rt["end"].to_numpy(dtype=float)[call[rows]]
-    o_tid = ops["tid"].astype(str).to_numpy(dtype=object)[ranged]
-    o_ts = ops["ts"].to_numpy(dtype=float)[ranged]
-    o_end = ops["end"].to_numpy(dtype=float)[ranged]
-    o_kind = np.array([_range_kind(n)
-                       for n in ops["name"].astype(str).to_numpy(dtype=object)[ranged]],
-                      dtype=object)
-    for tid in set(r_tid.tolist()):
-        mine, theirs = r_tid == tid, o_tid == tid
-        if not theirs.any():
-            continue
-        inner, _ = enclosing(o_ts[theirs], o_end[theirs], r_ts[mine], r_end[mine])
-        found = inner >= 0
-        out[rows[mine][found]] = o_kind[theirs][inner[found]]
-    return out
 
 
 def changes(finding: Finding, model: TraceModel) -> list[Change]:

@@ -30,11 +30,9 @@ import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.common import (
-    COMM_NAME,
     IDLE_THRESHOLD_PCT,
     MIN_COMPUTE_MAJOR,
     MIN_FP32_SHARE_PCT,
-    classify_kernels,
     idle_windows,
     ms,
     pct,
@@ -43,6 +41,7 @@ from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.spec import RuleSpec
 from stallscope.runfacts import RunContext
 from stallscope.trace.intervals import Timeline
+from stallscope.trace.kernels import COMM_NAME, classify_kernels
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import per_name
 from stallscope.trace.workload import step_word
@@ -73,7 +72,7 @@ ELEMENTWISE = re.compile(
     r"batch_?norm|index_|copy_kernel|fill_kernel|triton_(?:poi|red|per)",
     re.IGNORECASE,
 )
-COMM = COMM_NAME  # NCCL, RCCL and MSCCL collective kernels (common.py)
+COMM = COMM_NAME  # NCCL, RCCL and MSCCL collective kernels (trace/kernels.py)
 
 
 def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:

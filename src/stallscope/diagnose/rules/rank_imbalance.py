@@ -195,7 +195,7 @@ def _how_far(behind: list[dict]) -> str:
     return "; ".join(parts) + (" per step" if len(behind) == 1 else ", per step")
 
 
-_COLLECTIVE = re.compile(r"(?i).*(?:nccl|rccl|msccl)")  # common.COMM_NAME, matched anywhere
+_COLLECTIVE = re.compile(r"(?i).*(?:nccl|rccl|msccl)")  # kernels.COMM_NAME, anywhere
 HOST_COLLECTIVE = re.compile(r"(?i)(?:gloo|mpi|ucc):")  # comm.HOST_COLLECTIVE
 
 

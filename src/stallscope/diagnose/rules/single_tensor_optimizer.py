@@ -29,7 +29,7 @@ from stallscope.diagnose.spec import Change, RuleSpec, fixed
 from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import inner_join, missing_last
 from stallscope.trace.model import TraceModel
-from stallscope.trace.names import name_array, name_flags, regex_hit
+from stallscope.trace.names import OPTIMIZER_STEP, name_array, name_flags, regex_hit
 
 RULE_ID = "single-tensor-optimizer"
 # Kernels per optimizer step from which the per-parameter loop is worth reporting. foreach
@@ -37,7 +37,6 @@ RULE_ID = "single-tensor-optimizer"
 # a few dozen; at 5-40 us of host time per launch, fewer than 50 launches cost well under a
 # millisecond per step, and a small model's loop is then not worth changing.
 MIN_KERNELS_PER_STEP = 50
-STEP_NAME = re.compile(r"^Optimizer\.step#(.+)\.step$")
 # Kernels and ops of the multi-tensor (foreach) and fused implementations.
 MULTI_TENSOR_KERNEL = re.compile(
     r"multi_tensor_apply|fused_adam|fusedadam|fused_sgd|_fused_|fused\w*optim|lamb_stage",
@@ -68,7 +67,7 @@ def _str_codes(col: pd.Series) -> tuple[np.ndarray, list[str]]:
 
 def _step_class(name: str) -> str:
     """The optimizer class of an `Optimizer.step#<Name>.step` range, else ''."""
-    m = STEP_NAME.match(name)
+    m = OPTIMIZER_STEP.match(name)
     return m.group(1) if m else ""
 
 

@@ -19,10 +19,9 @@ from stallscope.diagnose.spec import Change, RuleSpec, fixed
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
-from stallscope.trace.names import name_flags
+from stallscope.trace.names import ZERO_GRAD, name_flags
 
 RULE_ID = "zero-grad-kernels"
-ZERO_GRAD = "Optimizer.zero_grad#"
 # set_to_none=True launches nothing (the corpus' torch 2 traces show 0 per call), so any launch
 # inside zero_grad() means gradients are being zeroed; the share threshold decides if it matters.
 MIN_LAUNCHES = 1
