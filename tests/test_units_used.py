@@ -1,0 +1,59 @@
+"""Every writer prints a share, a duration in milliseconds or a size through stallscope/units.py:
+an f-string that formats a number and writes "%" or " ms" after it itself (`f"{x:.1f}%"`,
+`f"{x:.0%}"`, `f"{t:.2f} ms"`) is a second formatter that drifts from the first, so this test
+names each one it finds outside units.py."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "stallscope"
+
+# Files whose inline formats stay, each for a reason; a new entry needs one too.
+ALLOWED = {
+    # The replay models move out of this file into replay/models/ (branch `models`); its
+    # formats are routed there after that merge, so the two changes do not collide.
+    "diagnose/fixes.py",
+    # watch's code (its own helper owns it): route its formats when that work settles.
+    "capture/later.py",
+    "wholerun/regimes.py",
+}
+
+
+def inline_formats(path: Path) -> list[str]:
+    """`line: {expr:spec}` for each number formatted with its own "%" or " ms" after it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.JoinedStr):
+            continue
+        for value, after in zip(node.values, [*node.values[1:], None], strict=True):
+            if not isinstance(value, ast.FormattedValue) or value.format_spec is None:
+                continue
+            spec = "".join(str(part.value) for part in ast.walk(value.format_spec)
+                           if isinstance(part, ast.Constant))
+            text = str(after.value) if isinstance(after, ast.Constant) else ""
+            if spec.endswith("%") or text.startswith(("%", " ms")):
+                found.append(f"{value.value.lineno}: {{{ast.unparse(value.value)}:{spec}}}")
+    return found
+
+
+def test_the_scan_finds_each_kind_of_inline_format(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('a = f"{x:.1f}% of {y:.0%} in {t:.2f} ms"\nb = f"{n:.1f} s, {percent(x)}"\n')
+    assert inline_formats(sample) == ["1: {x:.1f}", "1: {y:.0%}", "1: {t:.2f}"]
+
+
+@pytest.mark.parametrize("allowed", sorted(ALLOWED))
+def test_each_allowed_file_still_needs_its_exception(allowed: str) -> None:
+    assert inline_formats(SRC / allowed), f"{allowed} has no inline format left: drop it"
+
+
+def test_no_writer_formats_a_share_or_milliseconds_itself() -> None:
+    found = [f"{path.relative_to(SRC)}:{hit}" for path in sorted(SRC.rglob("*.py"))
+             if path.name != "units.py" and str(path.relative_to(SRC)) not in ALLOWED
+             for hit in inline_formats(path)]
+    assert not found, "format these through stallscope.units (percent, millis, ms):\n" + \
+        "\n".join(found)
