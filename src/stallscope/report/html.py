@@ -47,7 +47,7 @@ from stallscope.report.recording import recording_lines
 from stallscope.report.watch_chart import watch_chart
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
-from stallscope.units import fixed_size, ms, percent, share_text
+from stallscope.units import fixed_size, millis, ms, percent, share_text
 
 COLORS = {
     "dataloader": "#d62728",
@@ -117,6 +117,8 @@ def jinja_env() -> jinja2.Environment:
     env.filters["code"] = code_text
     env.filters["path"] = path_text
     env.filters["prose"] = prose_text
+    env.filters["percent"] = percent  # shares and durations as every other writer prints them
+    env.filters["millis"] = millis
     env.globals["clipped"] = clipped
     env.globals["category_name"] = category_name
     return env
