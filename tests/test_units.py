@@ -8,8 +8,11 @@ import math
 import pytest
 
 from stallscope.units import (
+    Precision,
+    SizeUnit,
     binary_size,
     duration,
+    fixed_size,
     millis,
     ms,
     percent,
@@ -52,6 +55,16 @@ def test_tenths_are_one_decimal_whatever_the_size(value_ms: float, expected: str
 )
 def test_axis_ticks_drop_decimals_from_ten_ms(value_ms: float, expected: str) -> None:
     assert millis(value_ms, "axis") == expected
+
+
+@pytest.mark.parametrize(
+    ("value_ms", "precision", "expected"),
+    [(0.584, "hundredths", "0.58"), (12.345, "hundredths", "12.35"), (0.0, "hundredths", "0.00"),
+     (249.6, "whole", "250"), (0.4, "whole", "0"), (-3.7, "whole", "-4")],
+)
+def test_fixed_precisions_whatever_the_size(value_ms: float, precision: Precision,
+                                            expected: str) -> None:
+    assert millis(value_ms, precision) == expected
 
 
 def test_microseconds_are_printed_as_milliseconds() -> None:
@@ -108,6 +121,13 @@ def test_shares_and_their_changes() -> None:
     assert percent(12.345) == "12.3%"
     assert percent(12.345, 0) == "12%"
     assert percent(None) == "n/a"
+    assert percent(0.123, 2) == "0.12%"
+    assert percent(20.0, None) == "20%"  # a setting the user typed, as short as it goes
+    assert percent(2.5, None) == "2.5%"
+    assert percent(3.14, signed=True) == "+3.1%"
+    assert percent(0.0, signed=True) == "+0.0%"
+    assert percent(-3.14, signed=True) == "-3.1%"
+    assert percent(100 * 0.125, 0) == f"{0.125:.0%}"  # a fraction, as Python's "%" prints it
     assert points(1.25) == "+1.2 pt"  # 1.25 is 1.2499... in binary
     assert points(-0.44) == "-0.4 pt"
     assert points(0.0) == "0.0 pt"
@@ -121,3 +141,13 @@ def test_shares_and_their_changes() -> None:
 )
 def test_a_share_of_the_step_is_never_a_measured_nothing(pct: float, expected: str) -> None:
     assert share_text(pct) == expected
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "unit", "digits", "expected"),
+    [(2_345_678, "MB", 2, "2.35 MB"), (120e9, "MB", 0, "120000 MB"), (4096, "KiB", 1, "4.0 KiB"),
+     (80 * (1 << 30), "GiB", 0, "80 GiB"), (512, "kB", 1, "0.5 kB")],
+)
+def test_a_size_in_one_unit_whatever_its_magnitude(nbytes: float, unit: SizeUnit, digits: int,
+                                                   expected: str) -> None:
+    assert fixed_size(nbytes, unit, digits) == expected

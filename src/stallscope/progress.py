@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from stallscope.units import size_text
+from stallscope.units import percent, size_text
 
 PREFIX = "[stallscope] "
 ENV = "STALLSCOPE_PROGRESS"
@@ -120,7 +120,7 @@ class Meter:
         if now - self._last >= self.every_s:
             self._last = now
             share = min(100.0, 100.0 * self.done / self.total)
-            say(f"{self.label}: {share:.0f}% ({size_text(self.done)} of about "
+            say(f"{self.label}: {percent(share, 0)} ({size_text(self.done)} of about "
                 f"{size_text(self.total)})")
 
 

@@ -10,6 +10,14 @@ Three precisions, each named for what the number is for:
 - "tenths": always 0.1 ms ("0.6", "12.3"): step times and predictions in notes, where every
   figure of a sentence has the same precision.
 - "axis": whole milliseconds from 10 ms up, else 0.1 ms ("250", "7.5"): a chart's tick labels.
+- "hundredths": always 0.01 ms ("0.58", "12.34"): a cost per event or per copy in a finding's
+  sentence, where most figures are well under a millisecond.
+- "whole": always 1 ms ("250"): a figure of hundreds of milliseconds (a compilation, a stall)
+  where a decimal would be noise.
+
+Shares arrive in percent (`percent`, `share_text`) and print with "%" after them; a fraction is
+multiplied by 100 by its caller (`percent(100 * share, 0)`), which Python's own "%" format does
+the same way, so the figure is the one `f"{share:.0%}"` printed.
 
 A missing figure (None) prints as `missing` ("?" unless the page says "n/a" or nothing). NaN
 prints as "nan", as Python writes it: the writers pass measured numbers, never NaN on purpose.
@@ -19,7 +27,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-Precision = Literal["adaptive", "tenths", "axis"]
+SizeUnit = Literal["kB", "MB", "GB", "KiB", "MiB", "GiB"]
+_SIZE_UNITS: dict[str, float] = {"kB": 1e3, "MB": 1e6, "GB": 1e9, "KiB": 1024, "MiB": 1 << 20,
+                                 "GiB": 1 << 30}
+Precision = Literal["adaptive", "tenths", "axis", "hundredths", "whole"]
 
 
 def millis(value_ms: float | None, precision: Precision = "adaptive", *, missing: str = "?",
@@ -32,6 +43,10 @@ def millis(value_ms: float | None, precision: Precision = "adaptive", *, missing
         text = f"{value_ms:.1f}"
     elif precision == "axis":
         text = f"{value_ms:.0f}" if value_ms >= 10 else f"{value_ms:.1f}"
+    elif precision == "hundredths":
+        text = f"{value_ms:.2f}"
+    elif precision == "whole":
+        text = f"{value_ms:.0f}"
     else:
         text = f"{value_ms:.1f}" if abs(value_ms) >= 1 else f"{value_ms:.2f}"
     if signed and value_ms > 0:
@@ -68,9 +83,23 @@ def binary_size(nbytes: int) -> str:
     return f"{nbytes / (1 << 30):g} GB" if nbytes >= 1 << 30 else f"{nbytes / (1 << 20):g} MB"
 
 
-def percent(value: float | None, digits: int = 1, *, missing: str = "n/a") -> str:
-    """A share already in percent: "12.3%" (`digits` decimals); `missing` for None."""
-    return missing if value is None else f"{value:.{digits}f}%"
+def fixed_size(nbytes: float, unit: SizeUnit, digits: int = 1) -> str:
+    """A size in one unit whatever its magnitude, with `digits` decimals: "2.35 MB", "4.0 KiB",
+    "80 GiB". For sentences that put a size beside a rate or a limit in that unit, where
+    `size_text`'s choice of unit by magnitude would make the reader convert."""
+    return f"{nbytes / _SIZE_UNITS[unit]:.{digits}f} {unit}"
+
+
+def percent(value: float | None, digits: int | None = 1, *, signed: bool = False,
+            missing: str = "n/a") -> str:
+    """A share already in percent: "12.3%" with `digits` decimals (0 for a threshold or a rough
+    share, 2 for a share that is often under 0.1%), or as short as it goes ("20%", "2.5%") when
+    `digits` is None, for a setting the user typed. `signed` writes "+" before a value that is
+    not negative ("+0.0%", "-3.1%"): a change. `missing` for None."""
+    if value is None:
+        return missing
+    spec = "g" if digits is None else f".{digits}f"
+    return f"{value:{'+' if signed else ''}{spec}}%"
 
 
 def share_text(pct: float) -> str:

@@ -27,6 +27,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from stallscope.units import millis, percent
+
 WINDOW = 20  # steps judged together at least: a change must hold this long (and a second)
 MAX_SPAN = 200  # ... and at most (a second of 1 ms steps)
 REF_STEPS = 50  # steps the reference is measured over at least, after each capture
@@ -138,8 +140,9 @@ class Trigger:
         self.rebase()
         self._asked_ref = (ref_ms, ref_share)
         return Start(step, "regime", (
-            f"the median step went from {ref_ms:.1f} to {ms:.1f} ms and the DataLoader wait "
-            f"from {100 * ref_share:.0f}% to {100 * share:.0f}% of the step over the last "
+            f"the median step went from {millis(ref_ms, 'tenths')} to {millis(ms, 'tenths')} ms "
+            f"and the DataLoader wait from {percent(100 * ref_share, 0)} to "
+            f"{percent(100 * share, 0)} of the step over the last "
             f"{n} steps"))
 
     def _periodic(self, step: int) -> Start | None:
@@ -195,7 +198,7 @@ class Bounds:
         if start.at - self.last_end < MIN_GAP_STEPS:
             return f"within {MIN_GAP_STEPS} steps of the last capture"
         if self.profiled + self.per_capture > MAX_PROFILED_SHARE * max(watched, start.at):
-            return (f"the profiled steps would pass {100 * MAX_PROFILED_SHARE:.0f}% of the "
+            return (f"the profiled steps would pass {percent(100 * MAX_PROFILED_SHARE, 0)} of the "
                     "steps watched")
         return None
 

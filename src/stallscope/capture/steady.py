@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from stallscope.units import ms
+from stallscope.units import ms, percent
 
 SPREAD = 0.25
 # The loader's wait per step rising by less than this (us) between groups is noise.
@@ -76,7 +76,8 @@ def judge(steps_us: list[float], waits_us: list[float], prefetched_left: int,
         return Judgement(False, "the wait for the DataLoader was still rising "
                                 f"({ms(wb, 'tenths')} -> {ms(wa, 'tenths')} ms per step)")
     return Judgement(True, f"the last {group} unprofiled steps (mean {ms(a, 'tenths')} ms) within "
-                           f"{SPREAD:.0%} of the {group} before ({ms(b, 'tenths')} ms)")
+                           f"{percent(100 * SPREAD, 0)} of the {group} before ({ms(b, 'tenths')} "
+                           "ms)")
 
 
 def epoch_too_short(batches_left: int | None, window_steps: int) -> str:

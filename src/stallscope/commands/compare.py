@@ -50,6 +50,7 @@ from stallscope.errors import (
 )
 from stallscope.text import speedup_range_text, speedup_text
 from stallscope.trace.otherload import OTHER_LOAD_PCT
+from stallscope.units import percent
 
 NAME = "compare"
 TAKES_SCRIPT = False
@@ -323,8 +324,8 @@ def _judged(row: dict[str, Any], floor: float, step_ms: float) -> str:
     row["change"] = change_text(row["metric"])
     if judged == WORSE:
         m = row["metric"]
-        grew = f"+{100 * (m['after'] / m['before'] - 1):.0f}%" if m["before"] else "from 0"
-        row["worse_because"] = [f"{row['change']}: {grew}, past the {100 * floor:g}% "
+        grew = f"+{percent(100 * (m['after'] / m['before'] - 1), 0)}" if m["before"] else "from 0"
+        row["worse_because"] = [f"{row['change']}: {grew}, past the {percent(100 * floor, None)} "
                                 "run-to-run floor"]
     return {WORSE: "worse", BETTER: "better"}.get(judged, "unchanged")
 
@@ -358,7 +359,7 @@ def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]],
     figures = (f"mean step {speedup_text(iv['speedup'])}, 95% interval "
                f"{speedup_range_text(iv['low'], iv['high'])}, A/A noise "
                f"{stats.noise_text(step['aa_noise'])}, run-to-run floor "
-               f"{100 * step['noise_floor']:g}%")
+               f"{percent(100 * step['noise_floor'], None)}")
     if step["verdict"] == stats.FASTER:
         head = f"Faster: {figures}"
     elif step["verdict"] == stats.SLOWER:

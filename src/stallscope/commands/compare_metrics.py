@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from stallscope.units import percent
+
 # Below this share of the step (in percent of the longer of the two median steps), a finding's
 # time per step moves by rounding and step noise between two recordings of one job: the
 # threshold compare used for a finding's saving before (1 point of the step).
@@ -190,10 +192,10 @@ def change_text(metric: dict[str, Any] | None) -> str:
     if b is not None and a is not None:
         text = f"{metric['what']} {_num(b)} -> {_num(a)} {metric['unit']}"
         if sb is not None and sa is not None:
-            text += f" ({sb:.1f}% -> {sa:.1f}% of the step)"
+            text += f" ({percent(sb)} -> {percent(sa)} of the step)"
         return text
     value, share, when = (b, sb, "before") if b is not None else (a, sa, "after")
     text = f"{metric['what']} {_num(value)} {metric['unit']}"
     if share is not None:
-        text += f" ({share:.1f}% of the step)"
+        text += f" ({percent(share)} of the step)"
     return f"{text} {when}"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stallscope.units import ms
+from stallscope.units import ms, percent
 
 SEED = 20_231_118  # fixed: the same samples always give the same interval
 RESAMPLES = 2000
@@ -128,7 +128,7 @@ def noise_json(noise: float) -> float | None:
 
 def noise_text(noise: float | None) -> str:
     """The A/A noise for people, from its JSON value."""
-    return "not measured" if noise is None else f"{100 * noise:.1f}%"
+    return "not measured" if noise is None else f"{percent(100 * noise)}"
 
 
 def classify(interval: Interval, noise: float, floor: float = 0.0) -> str:
@@ -170,5 +170,5 @@ def busy_reasons(runs: Sequence[Sequence[float]], block: int = 1,
     if threshold_pct is not None:
         over = [p for p in other_cpu_pct if p >= threshold_pct]
         if over:
-            reasons.append(f"other processes took up to {max(over):.0f}% of the cores")
+            reasons.append(f"other processes took up to {percent(max(over), 0)} of the cores")
     return reasons

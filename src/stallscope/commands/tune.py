@@ -60,7 +60,7 @@ from stallscope.report.tune_writers import (
     render_terminal,
 )
 from stallscope.trace.otherload import OTHER_LOAD_PCT
-from stallscope.units import ms
+from stallscope.units import ms, percent
 
 NAME = "tune"
 TAKES_SCRIPT = True  # everything after SCRIPT (or -m MODULE) is the script's
@@ -611,10 +611,10 @@ def _document(base: Baseline, baseline: Candidate, candidates: list[Candidate],
     shares = [r.others_share for c in [baseline, *candidates] for r in c.runs if r.ok]
     if shares and max(shares) > 0:
         notes.append(
-            f"other processes held the cores: the stepping thread waited for them "
-            f"{100 * min(shares):.0f}-{100 * max(shares):.0f}% of the timed steps' time (the "
-            "kernel's run-queue figures), taken out of each run's steps before comparing "
-            "(as timed: runs[].raw_step_us)")
+            "other processes held the cores: the stepping thread waited for them "
+            f"{100 * min(shares):.0f}-{percent(100 * max(shares), 0)} of the timed steps' time "
+            "(the kernel's run-queue figures), taken out of each run's steps before comparing (as "
+            "timed: runs[].raw_step_us)")
     busy = _busy(base, [baseline, *candidates])
     if busy:
         notes.append("busy machine, the figures are less certain (re-run on a quiet machine): "
@@ -640,8 +640,9 @@ def _document(base: Baseline, baseline: Candidate, candidates: list[Candidate],
                       "thread waited for cores other processes held",
             "others_share_pct": [_round(100 * min(shares)), _round(100 * max(shares))]
             if shares else None,
-            "interval": f"{stats.CONFIDENCE:.0%} bootstrap ({stats.RESAMPLES} resamples, seed "
-                        f"{stats.SEED}): runs with replacement, steps in whole rounds of workers",
+            "interval": f"{percent(100 * stats.CONFIDENCE, 0)} bootstrap ({stats.RESAMPLES} "
+                        f"resamples, seed {stats.SEED}): runs with replacement, steps in whole "
+                        "rounds of workers",
             "aa_noise": stats.noise_json(noise),
             "aa_noise_from": noise_how,
             "win_rule": "faster only when the interval's low end exceeds 1 + aa_noise",

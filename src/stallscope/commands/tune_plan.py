@@ -21,6 +21,7 @@ from typing import Any
 from stallscope.capture.overrides import PROCESS_KEYS, Overrides, key_rank
 from stallscope.diagnose.knobs import Knobs
 from stallscope.diagnose.rules.dataloader_bound import WAITING_WORKERS_PER_CORE
+from stallscope.units import percent
 
 # Beyond a handful of cores, every count would cost a run each; powers of two cover the curve.
 DENSE_UP_TO = 4
@@ -95,7 +96,7 @@ def baseline_from_report(report: dict[str, Any]) -> Baseline:
     if bound == "waiting":
         a = loader.get("anatomy") or {}
         blocked = a.get("blocked_share")
-        how = (f"{100 * blocked:.0f}% of its loading blocked, off the CPU"
+        how = (f"{percent(100 * blocked, 0)} of its loading blocked, off the CPU"
                if isinstance(blocked, int | float) else "its loading mostly off the CPU")
         notes.append(
             f"the baseline measured the loader waiting on storage ({how}): worker counts beyond "

@@ -10,6 +10,7 @@ from stallscope.diagnose.registry import TRACE_RULES
 from stallscope.diagnose.rules.rank_imbalance import RankWork, rank_work
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
+from stallscope.units import percent
 
 # A rule sees the trace's model and, under `stallscope run`, what was captured in-process
 # (diagnose/registry.py lists them, each declared in its own module).
@@ -80,7 +81,7 @@ def _attribute_causes(findings: list[Finding]) -> None:
             if f"`{cause}`" in f.recommendation:  # the rule already says so in its own words
                 continue
             f.recommendation = (
-                f"{share:.0f}% of this lost time is `{cause}`: fix that first, then "
+                f"{percent(share, 0)} of this lost time is `{cause}`: fix that first, then "
                 f"re-measure. {f.recommendation}"
             )
 

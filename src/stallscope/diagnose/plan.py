@@ -38,7 +38,7 @@ from stallscope.replay.unload import OtherWait, barrier_note, unload
 from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
-from stallscope.units import ms
+from stallscope.units import ms, percent
 
 # The replay's error against the plain, unprofiled after-timing of the same change, measured on
 # the lent GPUs' before/after pairs (docs/replay.md: median |error| 13.8% on an H200, 15.9% on
@@ -327,7 +327,7 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
             alone = f.predicted_step_us
             f.saving_basis = (
                 f"replayed: {ms(measured, 'tenths')} -> {ms(alone, 'tenths')} ms per step with "
-                f"{entry.change} alone; {entry.saving_pct:.1f}% as step {rank + 1} of the fix "
+                f"{entry.change} alone; {percent(entry.saving_pct)} as step {rank + 1} of the fix "
                 f"plan. Assumes: {'; '.join(entry.assumptions)}."
             )
         elif f.id in options:  # replayed, but it adds under MIN_GAIN_PCT to the plan
@@ -394,9 +394,10 @@ def _cap_bound(plan: Plan, f: Finding) -> None:
     room = round(100.0 * max(step - plan.floor_us, 0.0) / step, 2)
     if f.estimated_saving_pct > room:
         f.saving_basis += (
-            f"; at most {room:.1f}% here (the rule's figure was {f.estimated_saving_pct:.1f}%): "
-            f"the step ({ms(step, 'tenths')} ms) can lose no more than its time above the floor "
-            f"({ms(plan.floor_us, 'tenths')} ms, {_FLOOR_WORDS[plan.floor_kind]})")
+            f"; at most {percent(room)} here (the rule's figure was "
+            f"{percent(f.estimated_saving_pct)}): the step ({ms(step, 'tenths')} ms) can lose no "
+            f"more than its time above the floor ({ms(plan.floor_us, 'tenths')} ms, "
+            f"{_FLOOR_WORDS[plan.floor_kind]})")
         f.estimated_saving_pct = room
 
 

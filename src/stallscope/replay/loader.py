@@ -25,7 +25,7 @@ from stallscope.replay.engine import replay
 from stallscope.replay.graph import LOADER, Graph
 from stallscope.text import plural
 from stallscope.trace.otherload import OtherLoad, load_from
-from stallscope.units import ms
+from stallscope.units import fixed_size, ms, percent
 
 # Receiving one batch from a worker (queue get, unpickling, fetching each tensor's shared-memory
 # handle from the worker, mapping it). Measured on this project's 2-core VM with batches of 32
@@ -190,8 +190,8 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
                      f"takes {workers_now} steps per batch")
     nbytes = facts.batch_bytes if facts.batch_bytes is not None else copy_bytes_per_step
     fetch = FETCH_BASE_US + nbytes / FETCH_BYTES_PER_US
-    notes.append(f"receiving a batch from a worker costs {fetch / 1000:.2f} ms in the training "
-                 f"process ({nbytes / 1e6:.1f} MB; see docs/replay.md)")
+    notes.append(f"receiving a batch from a worker costs {ms(fetch, 'hundredths')} ms in the "
+                 f"training process ({fixed_size(nbytes, 'MB')}; see docs/replay.md)")
     g.h_dur[loads] = np.minimum(fetch, g.h_dur[loads]) if workers_now else fetch
     g.h_after[loads[1:]] = loads[:-1]
     g.h_ret[loads[1:]] = load[1:] / n
@@ -208,7 +208,8 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
         u = min(u, 1.0)
     s = 1.0 if share is None else share
     notes.append(f"{plural(facts.cores, 'core')} shared by the step's own work ({u:.1f} cores busy "
-                 f"while it ran) and the workers' loading ({s:.0%} of a fetch was CPU)")
+                 f"while it ran) and the workers' loading ({percent(100 * s, 0)} of a fetch was "
+                 "CPU)")
     if facts.other_load is not None:
         notes.append(f"{facts.other_load.clause}: the prediction assumes the "
                      f"{plural(facts.cores, 'core')} are free for this run, which they were not "

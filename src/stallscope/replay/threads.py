@@ -30,7 +30,7 @@ import numpy as np
 from stallscope.replay.graph import LOADER, Graph
 from stallscope.replay.unload import OtherWait
 from stallscope.trace.model import TraceModel
-from stallscope.units import ms
+from stallscope.units import ms, percent
 
 # A factor outside these bounds says the probe and the recording saw different runs (a phase
 # change, an epoch's end): the replay then does not model the change. Down to 1/100: steps that
@@ -111,7 +111,7 @@ def scales(one: OneThread, g: Graph, base_step_us: float) -> ThreadScales | None
     load, rest = (float(np.clip(v, MIN_SCALE, top)) for v in (load, rest))
     load_part = (f"; its loading {ms(one.load_us, 'tenths')} ms against "
                  f"{ms(loader_us, 'tenths')} ms" if loader_us > 0 else "")
-    others = (f", less the {100 * one.others_share:.0f}% its thread waited for cores other "
+    others = (f", less the {percent(100 * one.others_share, 0)} its thread waited for cores other "
               "processes held" if one.others_share > 0 else "")
     note = (f"one intra-op thread: the {one.steps} steps run timed that way before recording "
             f"took {ms(one.measured_us, 'tenths')} ms (mean{others}: "

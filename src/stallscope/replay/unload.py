@@ -34,6 +34,7 @@ from typing import Any
 
 from stallscope.replay.graph import Graph
 from stallscope.trace.model import TraceModel
+from stallscope.units import percent
 
 # Never take out more than this share of a segment: the figures are window-wide averages.
 MAX_SHARE = 0.8
@@ -129,12 +130,12 @@ def barrier_note(model: TraceModel, others: OtherWait | None) -> str | None:
     if others.wait_share - others.own_share < BARRIER_WAIT_SHARE:
         return None
     return (f"The recorded steps ran {threads} intra-op threads while other processes held the "
-            f"cores (the stepping thread waited {100 * others.wait_share:.0f}% of its "
-            "runnable time): each parallel op waits for its slowest thread, which they "
-            "preempt, and such steps run many times longer than quiet ones (measured on a "
-            "2-core VM: 328 ms against 9.2 ms per step). Taking out the wait does not give the "
-            "quiet step: the figures here are not the quiet run's. Re-record on a quiet "
-            "machine, or with --set torch_threads=1 (one thread does not wait at barriers).")
+            f"cores (the stepping thread waited {percent(100 * others.wait_share, 0)} of its "
+            "runnable time): each parallel op waits for its slowest thread, which they preempt, "
+            "and such steps run many times longer than quiet ones (measured on a 2-core VM: 328 ms "
+            "against 9.2 ms per step). Taking out the wait does not give the quiet step: the "
+            "figures here are not the quiet run's. Re-record on a quiet machine, or with --set "
+            "torch_threads=1 (one thread does not wait at barriers).")
 
 
 def unload(g: Graph, share: float) -> Graph:

@@ -26,7 +26,7 @@ from stallscope.report.timeline import step_timeline
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
-from stallscope.units import ms, share_text
+from stallscope.units import ms, percent, share_text
 
 # 2: findings are ranked by the replayed fix plan (`plan`, `findings[].predicted_step_us`,
 # `findings[].plan_rank`, `what_if`); estimated_saving_pct is a finding's share of that plan.
@@ -430,11 +430,11 @@ def profiler_cost_note(unprofiled_us: list[float], recorded_median_us: float) ->
     extra = 100.0 * (recorded_median_us / plain - 1.0) if plain > 0 else 0.0
     if extra < PROFILER_COST_PCT:
         return None
-    return (f"The profiler's own cost: the recorded steps' median "
-            f"({ms(recorded_median_us, 'tenths')} ms, measured) is {extra:.0f}% above that of the "
-            f"last {len(later)} steps before recording, timed without it "
-            f"({ms(plain, 'tenths')} ms, measured). Predictions are for the recorded steps: a "
-            "fix that shortens GPU work can save more than predicted once the profiler is off "
+    return ("The profiler's own cost: the recorded steps' median "
+            f"({ms(recorded_median_us, 'tenths')} ms, measured) is {percent(extra, 0)} above that "
+            f"of the last {len(later)} steps before recording, timed without it "
+            f"({ms(plain, 'tenths')} ms, measured). Predictions are for the recorded steps: a fix "
+            "that shortens GPU work can save more than predicted once the profiler is off "
             "(docs/replay.md, \"The profiler's cost on the host\").")
 
 

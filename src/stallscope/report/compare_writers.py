@@ -33,7 +33,7 @@ GROUPS = (
 def noise_text(noise: float | None) -> str:
     """The A/A noise (a fraction; null when not measured) for people, as commands/stats.py
     writes it into the verdict (the report layer cannot import the commands)."""
-    return "not measured" if noise is None else f"{100 * noise:.1f}%"
+    return "not measured" if noise is None else f"{percent(100 * noise)}"
 
 
 def spread(stats: dict[str, float]) -> str:
@@ -120,10 +120,10 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
         "",
         f"Mean step (throughput): **{speedup_text(st['speedup'])}**, 95% bootstrap interval "
         f"{speedup_range_text(st['interval']['low'], st['interval']['high'])} (seeded; steps "
-        "resampled in whole rounds of the loader's workers): "
-        f"**{st['verdict']}**. A change counts only when the interval clears the A/A noise of "
-        f"{noise_text(st['aa_noise'])} ({md(st['aa_noise_from'])}) and the speedup the "
-        f"run-to-run floor of {100 * st['noise_floor']:g}%.",
+        f"resampled in whole rounds of the loader's workers): **{st['verdict']}**. A change counts "
+        f"only when the interval clears the A/A noise of {noise_text(st['aa_noise'])} "
+        f"({md(st['aa_noise_from'])}) and the speedup the run-to-run floor of "
+        f"{percent(100 * st['noise_floor'], None)}.",
         "",
         "## Where the step's time goes",
         "",

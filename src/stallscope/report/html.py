@@ -47,7 +47,7 @@ from stallscope.report.recording import recording_lines
 from stallscope.report.watch_chart import watch_chart
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
-from stallscope.units import ms, share_text
+from stallscope.units import fixed_size, millis, ms, percent, share_text
 
 COLORS = {
     "dataloader": "#d62728",
@@ -117,6 +117,8 @@ def jinja_env() -> jinja2.Environment:
     env.filters["code"] = code_text
     env.filters["path"] = path_text
     env.filters["prose"] = prose_text
+    env.filters["percent"] = percent  # shares and durations as every other writer prints them
+    env.filters["millis"] = millis
     env.globals["clipped"] = clipped
     env.globals["category_name"] = category_name
     return env
@@ -289,7 +291,7 @@ def _gpu_lines(devices: list[dict[str, Any]]) -> list[tuple[int, str]]:
         if _number(d.get("computeMajor")):
             facts.append(f"sm {d['computeMajor']}.{d.get('computeMinor', 0)}")
         if _number(d.get("totalGlobalMem")) and d["totalGlobalMem"] > 0:
-            facts.append(f"{d['totalGlobalMem'] / 2**30:.0f} GiB")
+            facts.append(fixed_size(d['totalGlobalMem'], 'GiB', 0))
         if _number(d.get("numSms")) and d["numSms"] > 0:
             facts.append(f"{d['numSms']} SMs")
         text = f"{d.get('name', 'unknown GPU')}" + (f" ({', '.join(facts)})" if facts else "")
@@ -327,7 +329,7 @@ def diff_lines(snippet: str) -> list[tuple[str, str]] | None:
 
 def delta(pct: float) -> str:
     """A signed change in %, with a true minus sign: "−34.3%", "+0.0%"."""
-    return f"{pct:+.1f}%".replace("-", "\u2212")
+    return f"{percent(pct, signed=True)}".replace("-", "\u2212")
 
 
 def saved(pct: float) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 from stallscope.report.build import Report
 from stallscope.report.kernel_mix import SPLIT
 from stallscope.report.rank_table import ROWS_SHOWN, rank_view
+from stallscope.units import percent
 
 SPLIT_NAMES = {
     "compute": "compute",
@@ -72,7 +73,7 @@ def kernel_chart(report: Report) -> dict[str, Any] | None:
         hidden = row["mix"].get("comm_hidden_pct")
         bars.append({**row, "y": i * ROW, "parts": parts,
                      "value": "no communication" if hidden is None
-                     else f"{hidden:.1f}% hidden"})
+                     else f"{percent(hidden)} hidden"})
     return {"bars": bars, "width": WIDTH, "label_w": LABEL_W, "plot_w": plot_w, "row": ROW,
             "font": FONT, "height": len(bars) * ROW + 4, "names": SPLIT_NAMES,
             "colors": SPLIT_COLORS, "ranks": bool(report.ranks)}

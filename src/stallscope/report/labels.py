@@ -11,7 +11,7 @@ from typing import Any
 from stallscope.diagnose.finding import Finding
 from stallscope.report.build import Report
 from stallscope.text import plural
-from stallscope.units import ms, share_text
+from stallscope.units import ms, percent, share_text
 
 # A plan's steps are named one by one up to this many, else as "first ... last".
 MAX_STEP_NAMES = 4
@@ -98,8 +98,8 @@ def range_phrase(plan: dict[str, Any]) -> str:
     error = plan.get("model_error_pct")
     if error is None:
         return ""
-    return (f"Each prediction is the median of the replayed steps; in brackets, a range from "
-            f"their first to their third quartile, widened by {error:.0f}% on each side (the "
+    return ("Each prediction is the median of the replayed steps; in brackets, a range from their "
+            f"first to their third quartile, widened by {percent(error, 0)} on each side (the "
             "replay's measured error against plain after-timings: docs/replay.md)")
 
 
@@ -122,10 +122,10 @@ def profiler_phrase(plan: dict[str, Any]) -> str:
             f"recorded host ops per step at {cost['op_us']:.1f} us each, {how}")
     if _others(plan):
         load = plan["load"]
-        text += (f"; and {load['others_share_pct']:.0f}% of the host's time, the part of its "
-                 f"wait for a core ({load['wait_share_pct']:.0f}% of its runnable time, from "
-                 "the kernel's run-queue figures) that other processes caused, beyond the "
-                 f"{load['own_share_pct']:.0f}% this run's own threads on its "
+        text += (f"; and {percent(load['others_share_pct'], 0)} of the host's time, the part of "
+                 f"its wait for a core ({percent(load['wait_share_pct'], 0)} of its runnable time, "
+                 "from the kernel's run-queue figures) that other processes caused, beyond the "
+                 f"{percent(load['own_share_pct'], 0)} this run's own threads on its "
                  f"{plural(load['cores'], 'core')} explain")
     return text + ")"
 
@@ -174,9 +174,9 @@ def loader_story(report: Report) -> str | None:
     if not isinstance(time_pct, (int, float)) or not isinstance(wait_pct, (int, float)):
         return None
     if round(time_pct, 1) == round(wait_pct, 1):
-        return (f"{LOADER_TIME.capitalize()}: {time_pct:.1f}% of the step, all of it "
+        return (f"{LOADER_TIME.capitalize()}: {percent(time_pct)} of the step, all of it "
                 f"{LOADER_WAIT}.")
-    return (f"{LOADER_TIME.capitalize()}: {time_pct:.1f}% of the step; {LOADER_WAIT}: "
-            f"{wait_pct:.1f}%, the part of it with nothing running on the GPU. The verdict and "
+    return (f"{LOADER_TIME.capitalize()}: {percent(time_pct)} of the step; {LOADER_WAIT}: "
+            f"{percent(wait_pct)}, the part of it with nothing running on the GPU. The verdict and "
             "the saving use the wait: the rest overlapped GPU work queued before, which a faster "
             "loader does not win back.")

@@ -31,7 +31,7 @@ from stallscope.report.labels import (
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
 from stallscope.report.recording import recording_lines
 from stallscope.text import md_code, plural
-from stallscope.units import millis, ms, share_text
+from stallscope.units import millis, ms, percent, share_text
 
 # A line in a fenced block is cut here: a ticket's raw view must not scroll sideways (a
 # command is split at its arguments before that; only a hostile name runs so long).
@@ -70,7 +70,7 @@ def _plan_lines(report: Report) -> list[str]:
         + (f"; {prose(cost)}." if cost else ".") + (f" {prose(ranges)}." if ranges else ""))
     for i, (e, before) in enumerate(with_before(plan), 1):
         lines += wrap(f"{code(e['change'])} ({code(e['id'])}): {ms(before)} -> "
-                      f"{predicted(e)} (-{e['saving_pct']:.1f}%)", first=f"{i}. ",
+                      f"{predicted(e)} (-{percent(e['saving_pct'])})", first=f"{i}. ",
                       indent="    ")
         lines += bullets([f"assumes: {prose(a)}" for a in e["assumptions"]], level=1)
     lines += [""]
@@ -110,8 +110,8 @@ def _what_if_lines(report: Report) -> list[str]:
             items.append(f"{label}: not replayed "
                          f"({prose(c.get('not_replayed') or 'not modelled')})")
         else:
-            items.append(f"{label}: {predicted(c)}, {pct_of(w, us):+.1f}% against the measured "
-                         "step")
+            items.append(f"{label}: {predicted(c)}, {percent(pct_of(w, us), signed=True)} against "
+                         "the measured step")
     lines += [*bullets(items), ""]
     assumptions = list(dict.fromkeys(
         [*w.get("assumptions", []), *(a for c in w["each"] for a in c.get("assumptions", []))]))
@@ -237,14 +237,14 @@ def _summary_lines(report: Report) -> list[str]:
         lines = paragraph(f"Step time: {figures} over {plural(s['steps'], 'step')}"
                           + (f", recorded under the profiler; {prose(cost)}." if cost else "."))
     lines += ["Where the step's time goes:", ""]
-    lines += bullets([f"{category_name(k)}: {v:.1f}%" for k, v in s["breakdown_pct"].items()])
+    lines += bullets([f"{category_name(k)}: {percent(v)}" for k, v in s["breakdown_pct"].items()])
     lines.append("")
     for dev, parts in s["gpu_pct"].items():
         busy = 100.0 - parts.get("idle", 0.0)
-        what = ", ".join(f"{category_name(k)} {parts[k]:.1f}%"
+        what = ", ".join(f"{category_name(k)} {percent(parts[k])}"
                          for k in ("kernel", "memcpy", "memset") if k in parts)
-        lines += paragraph(f"GPU {prose(dev)}: busy {busy:.1f}% of the step ({what}), idle "
-                           f"{parts.get('idle', 0.0):.1f}%.")
+        lines += paragraph(f"GPU {prose(dev)}: busy {percent(busy)} of the step ({what}), idle "
+                           f"{percent(parts.get('idle', 0.0))}.")
     story = loader_story(report)
     if story:
         loader = next(f for f in report.findings if f.id == "dataloader-bound")
@@ -287,8 +287,8 @@ def _trace_lines(report: Report) -> list[str]:
         found = ", ".join(code(f) for f in t["findings"]) or "none"
         items.append(
             f"{_trace_name(t['label'])}: {plural(ts['steps'], 'step')}{median}, "
-            f"{category_name('dataloader')} {share.get('dataloader', 0):.1f}%, "
-            f"{category_name('sync')} {share.get('sync', 0):.1f}%"
+            f"{category_name('dataloader')} {percent(share.get('dataloader', 0))}, "
+            f"{category_name('sync')} {percent(share.get('sync', 0))}"
             f"{_kernel_text(busiest(t.get('kernel_mix')) or t.get('host_comm'))}; "
             f"findings: {found}")
     return ["## Per rank" if report.ranks else "## Per trace", "", *bullets(items), ""]
@@ -353,14 +353,14 @@ def _anatomy_lines(report: Report) -> list[str]:
         if not v["segments"]:
             items.append(f"{site}: not measured inside ({prose(str(v['lost']))}).")
             continue
-        parts = ", ".join(f"{p['label']} {p['ms']:.2f} ms" for p in v["segments"])
+        parts = ", ".join(f"{p['label']} {millis(p['ms'], 'hundredths')} ms" for p in v["segments"])
         klass = f" **{prose(v['bound'])}**" if v["bound"] else ""
-        line = (f"{site}{klass}: one batch's loading takes {v['total_ms']:.2f} ms "
-                f"(measured in the {prose(str(v['where']))}): {prose(parts)}.")
+        line = (f"{site}{klass}: one batch's loading takes {millis(v['total_ms'], 'hundredths')} "
+                f"ms (measured in the {prose(str(v['where']))}): {prose(parts)}.")
         top = v["top"][:2]
         if top:
             line += " Top functions: " + "; ".join(
-                f"{100 * (t.get('share') or 0):.0f}% {prose(str(t.get('category')))} at "
+                f"{percent(100 * (t.get('share') or 0), 0)} {prose(str(t.get('category')))} at "
                 f"{code(str(t.get('site')))}" for t in top) + "."
         items.append(line)
     return [*lines, *bullets(items), ""]
@@ -393,5 +393,5 @@ def _kernel_text(mix: dict | None) -> str:
     us = mix["per_step_us"]
     hidden = mix["comm_hidden_pct"]
     compute = f"GPU compute {millis(us['compute'] / 1000)} ms, " if "compute" in us else ""
-    shown = "" if hidden is None else f" ({hidden:.1f}% hidden under compute)"
+    shown = "" if hidden is None else f" ({percent(hidden)} hidden under compute)"
     return f", {compute}communication {millis(us['communication'] / 1000)} ms{shown}"

@@ -18,6 +18,7 @@ import numpy as np
 from stallscope.replay.unprofile import RECORDED_CATS
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
+from stallscope.units import percent
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def recording_text(rec: dict[str, Any] | None, median_us: float | None) -> str |
     text += (f". With {plural(round(rec['ops_per_step']), 'recorded host op')} per step, that "
              f"is an estimated {_ms(rec['estimated_step_cost_us'])} ms per step")
     if rec.get("estimated_share_pct") is not None and median_us:
-        text += (f", {rec['estimated_share_pct']:.0f}% of the median recorded step of "
+        text += (f", {percent(rec['estimated_share_pct'], 0)} of the median recorded step of "
                  f"{_ms(median_us)} ms")
     text += (" (a prediction: the cost per op event, times the ops recorded; a real op can "
              "cost more than a tiny one, and the per-call figure bounds it)."
@@ -124,9 +125,9 @@ def recording_text(rec: dict[str, Any] | None, median_us: float | None) -> str |
              "launches a kernel records one event, and plain runs on H100 hosts fit it best).")
     if rec.get("unprofiled_step_us") and rec.get("recorded_above_unprofiled_pct") is not None:
         above = rec["recorded_above_unprofiled_pct"]
-        text += (f" The steps timed without the profiler just before recording took "
-                 f"{_ms(rec['unprofiled_step_us'])} ms (median, measured): the recorded steps "
-                 f"are {abs(above):.0f}% {'above' if above >= 0 else 'below'} them.")
+        text += (" The steps timed without the profiler just before recording took "
+                 f"{_ms(rec['unprofiled_step_us'])} ms (median, measured): the recorded steps are "
+                 f"{percent(abs(above), 0)} {'above' if above >= 0 else 'below'} them.")
     return text
 
 

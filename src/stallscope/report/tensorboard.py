@@ -57,7 +57,7 @@ from stallscope.report.tensorboard_trace import (
 )
 from stallscope.text import md
 from stallscope.trace.model import HOST_CATEGORIES
-from stallscope.units import ms
+from stallscope.units import ms, percent
 
 # Marks stallscope's event files in a run folder, so a new report replaces the old views rather
 # than adding a second set of points at the same steps. TensorBoard reads any file whose name
@@ -319,7 +319,7 @@ def plugin_note(report: Report, trace: dict[str, Any], copy: PluginCopy) -> str:
             f"report's mean of {ms(mean)} ms over the host's step ranges")
     wait = loader_wait_pct(steps)
     if wait is not None:
-        parts.append(f"DataLoader {'' if same else 'about '}{wait:.1f}%, this report's loader "
+        parts.append(f"DataLoader {'' if same else 'about '}{percent(wait)}, this report's loader "
                      "wait (no GPU work)" + ("" if same else ", over the plugin's longer steps"))
     if (t := report.summary.get("step_time_us")) and len(report.traces) == 1:
         parts.append(f"the report leads with the median step, {ms(t['median'])} ms")

@@ -19,7 +19,7 @@ from stallscope.report.labels import (
     with_before,
 )
 from stallscope.text import MAX_TERMINAL, plain
-from stallscope.units import ms, share_text
+from stallscope.units import ms, percent, share_text
 
 MAX_FINDINGS = 6
 MAX_PLAN_ENTRIES = 5
@@ -43,7 +43,7 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
         if len(report.traces) > 1:  # pooled: said so (each trace's own median is listed below)
             across = (f" across {len(report.traces)} ranks" if report.ranks else
                       f" of {len(report.traces)} traces together (each trace's own below)")
-        shares = ", ".join(f"{category_name(k)} {v:.1f}%" for k, v in s["breakdown_pct"].items()
+        shares = ", ".join(f"{category_name(k)} {percent(v)}" for k, v in s["breakdown_pct"].items()
                            if v >= 0.5)
         out.append(
             f"  steps: {s['steps']}{across}, median {ms(t['median'], 'tenths')} ms "
@@ -53,8 +53,8 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
             out.append(f"  recorded under the profiler; {profiler_phrase(report.plan)}")
         for dev, parts in s["gpu_pct"].items():
             out.append(
-                f"  GPU {_p(dev)}: kernels {parts['kernel']:.1f}%, "
-                f"copies {parts['memcpy']:.1f}%, idle {parts['idle']:.1f}%"
+                f"  GPU {_p(dev)}: kernels {percent(parts['kernel'])}, copies "
+                f"{percent(parts['memcpy'])}, idle {percent(parts['idle'])}"
             )
         story = loader_story(report)
         if story:
@@ -65,8 +65,8 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
             if ts["step_time_us"]:
                 out.append(
                     f"  {_p(t['label'])}: median {ms(ts['step_time_us']['median'], 'tenths')} ms, "
-                    f"{LOADER_TIME} {ts['breakdown_pct']['dataloader']:.1f}%, "
-                    f"sync {ts['breakdown_pct']['sync']:.1f}%" + _comm_text(t)
+                    f"{LOADER_TIME} {percent(ts['breakdown_pct']['dataloader'])}, sync "
+                    f"{percent(ts['breakdown_pct']['sync'])}" + _comm_text(t)
                 )
     out += _plan_lines(report) + _what_if_lines(report)
     for f in report.findings[:MAX_FINDINGS]:
@@ -110,8 +110,8 @@ def _plan_lines(report: Report) -> list[str]:
            f"step(s), measured {ms(plan['measured_step_us'])} ms"
            + (f"; {profiler_phrase(plan)}" if profiler_phrase(plan) else "") + "):"]
     for i, (e, before) in enumerate(with_before(plan)[:MAX_PLAN_ENTRIES], 1):
-        out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> "
-                   f"{predicted(e)} (-{e['saving_pct']:.1f}%)")
+        out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> {predicted(e)} "
+                   f"(-{percent(e['saving_pct'])})")
     if len(plan["entries"]) > MAX_PLAN_ENTRIES:
         out.append(f"    ... and {len(plan['entries']) - MAX_PLAN_ENTRIES} more in the report")
     out.append(f"    floor {ms(plan['floor_us'])} ms ({floor_phrase(plan)})")
@@ -130,7 +130,7 @@ def _what_if_lines(report: Report) -> list[str]:
     for label, c in rows:
         us = c.get("predicted_step_us")
         said = (f"not replayed ({c.get('not_replayed') or 'not modelled'})" if us is None
-                else f"{predicted(c)} ({pct_of(w, us):+.1f}%)")
+                else f"{predicted(c)} ({percent(pct_of(w, us), signed=True)})")
         out.append(_p(f"    {label}: {said}"))
     return out
 
@@ -142,4 +142,4 @@ def _comm_text(trace: dict) -> str:
     if mix is None or mix["comm_hidden_pct"] is None:
         return ""
     return (f", communication {ms(mix['per_step_us']['communication'], 'tenths')} ms per step "
-            f"({mix['comm_hidden_pct']:.1f}% hidden under compute)")
+            f"({percent(mix['comm_hidden_pct'])} hidden under compute)")

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from stallscope.units import percent
+
 # Share of the cores' capacity (wall time x cores, over the recorded window) that processes
 # outside this run took, from which the report says CPU-dependent advice is less certain.
 # A quarter: on 2 cores, half a core taken away, enough to slow loading workers or intra-op
@@ -31,7 +33,7 @@ class OtherLoad:
     @property
     def clause(self) -> str:
         on = f"the {self.cores} core(s) this run may use" if self.cores else "the cores"
-        return (f"other processes took {self.share_pct:.0f}% of the capacity of {on} while "
+        return (f"other processes took {percent(self.share_pct, 0)} of the capacity of {on} while "
                 "the steps were recorded")
 
     @property
@@ -39,9 +41,9 @@ class OtherLoad:
         """The report's one note about it."""
         return (
             f"Other load: {self.clause} (this run's processes excluded; threshold "
-            f"{OTHER_LOAD_PCT:.0f}%). Advice that sizes CPU work to the cores (DataLoader "
-            "workers, threads, the replay's worker predictions) assumes they are this run's: "
-            "it is less certain here; re-record on a quiet machine to confirm."
+            f"{percent(OTHER_LOAD_PCT, 0)}). Advice that sizes CPU work to the cores (DataLoader "
+            "workers, threads, the replay's worker predictions) assumes they are this run's: it is "
+            "less certain here; re-record on a quiet machine to confirm."
         )
 
     @property

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from stallscope.trace.names import name_matches
-from stallscope.units import ms
+from stallscope.units import fixed_size, ms, percent
 
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#")
 LOADER_NEXT = re.compile(r"^enumerate\((?:DataLoader|DataPipe)\)#.*__next__$")
@@ -261,7 +261,7 @@ def _piece_of_iteration(it: Iterations, markers: list[tuple[str, str, pd.DataFra
     if iteration < SUB_ITERATION_FACTOR * it.period_us:
         return None
     return (f"what repeats most regularly, '{it.marker}', does so every "
-            f"{it.period_us / 1000:.2f} ms, a piece of an iteration: {how}")
+            f"{ms(it.period_us, 'hundredths')} ms, a piece of an iteration: {how}")
 
 
 def _outermost(ranges: pd.DataFrame) -> pd.DataFrame:
@@ -395,8 +395,8 @@ def startup_copies(copies: pd.DataFrame, start_us: float) -> tuple[str, dict[str
         }
         rate = f" at {moved / took / 1e3:.1f} GB/s" if took > 0 else ""
         phrase = (f"; {len(once)} host-to-device copies{' from pageable memory' * pageable} "
-                  f"({moved / 1e6:.0f} MB{rate}, {ms(took, 'tenths')} ms on the GPU), one-off "
-                  "uploads: no size recurs")
+                  f"({fixed_size(moved, 'MB', 0)}{rate}, {ms(took, 'tenths')} ms on the GPU), "
+                  "one-off uploads: no size recurs")
     if again.any():
         phrase += (f"; {int(again.sum())} earlier copies of sizes the trace copies again (the "
                    "repeated work's first, judged where they recur)")
@@ -427,7 +427,7 @@ def first_step_outlier(durations: np.ndarray, pre_busy_us: float) -> str | None:
                 f"steps ({ms(rest, 'tenths')} ms): one-off first-iteration work (autotuning, "
                 "compilation, caches and allocator filling) that later steps do not repeat")
     if first > 0 and pre_busy_us >= PRE_WINDOW_SHARE * first:
-        return (f"its GPU spent {ms(pre_busy_us, 'tenths')} ms ({100 * pre_busy_us / first:.0f}% "
-                "of the step) on work launched before the recording began: its GPU timeline "
-                "straddles the window's start")
+        return (f"its GPU spent {ms(pre_busy_us, 'tenths')} ms "
+                f"({percent(100 * pre_busy_us / first, 0)} of the step) on work launched before "
+                "the recording began: its GPU timeline straddles the window's start")
     return None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import ruptures as rpt  # type: ignore[import-untyped]
 
+from stallscope.units import percent
 from stallscope.wholerun.spikes import robust_sd, rolling_median
 
 MIN_STEPS = 20  # fewer valid steps: one regime, no search (nothing to split reliably)
@@ -173,11 +174,11 @@ def what_changed(prev: Regime, cur: Regime) -> str:
     parts = []
     if ratio >= 1.005:
         parts.append(f"steps {ratio:.1f}x longer" if ratio >= 1.095 else
-                     f"steps {100 * (ratio - 1):.0f}% longer")
+                     f"steps {percent(100 * (ratio - 1), 0)} longer")
     elif ratio <= 1 / 1.005:
         inv = 1 / ratio
         parts.append(f"steps {inv:.1f}x shorter" if inv >= 1.095 else
-                     f"steps {100 * (1 - ratio):.0f}% shorter")
+                     f"steps {percent(100 * (1 - ratio), 0)} shorter")
     else:
         parts.append("step time unchanged")
     a, b = round(100 * prev.wait_share), round(100 * cur.wait_share)

@@ -21,6 +21,7 @@ from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import ALLOC_CALL, FREE_CALL, name_flags, regex_hit
+from stallscope.units import millis, percent
 
 RULE_ID = "allocator-churn"
 # Share of steady-state step time in device malloc/free calls above which the churn is worth a
@@ -42,8 +43,8 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
     dur = rt["dur"].to_numpy()
     if model.steps_source != "ProfilerStep" or len(model.steps) < 2:
         seen = (
-            f" The trace has {int((is_call & ~is_free).sum())} malloc and "
-            f"{int(is_free.sum())} free calls ({ms(float(np.nansum(dur[is_call]))):.1f} ms) "
+            f" The trace has {int((is_call & ~is_free).sum())} malloc and {int(is_free.sum())} "
+            f"free calls ({millis(ms(float(np.nansum(dur[is_call]))), 'tenths')} ms) "
             "in that window." if is_call.any() else ""
         )
         return Assessment(
@@ -76,8 +77,8 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
             RULE_ID,
             "clear",
             f"{plural(len(allocs), 'device malloc call')} in steady-state steps take "
-            f"{share:.1f}% of "
-            f"their time (threshold {CHURN_THRESHOLD_PCT:.0f}%): occasional cache growth.",
+            f"{percent(share)} of their time (threshold {percent(CHURN_THRESHOLD_PCT, 0)}): "
+            "occasional cache growth.",
         )
     steps_with = int(steady["step"].nunique())
     evidence = {
@@ -105,8 +106,8 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
             "batch, dynamic shapes), so cached blocks do not fit and the cache grows."
         )
     title = (
-        f"Device memory is freed and re-allocated inside steady-state steps: "
-        f"{len(allocs)} cudaMalloc / {len(frees)} cudaFree, {share:.1f}% of step time"
+        f"Device memory is freed and re-allocated inside steady-state steps: {len(allocs)} "
+        f"cudaMalloc / {len(frees)} cudaFree, {percent(share)} of step time"
     )
     finding = Finding(
         id=RULE_ID,

@@ -36,6 +36,7 @@ from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import first_match, missing_last, pick
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
 from stallscope.trace.workload import step_word
+from stallscope.units import millis, percent
 
 RULE_ID = "blocking-h2d-copy"
 # Share of step time the host spends blocked in overlappable HtoD transfers. 1% is the floor of
@@ -62,7 +63,7 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     pageable_blocked = float(np.nansum(blocked_us[pageable]))
     share = pct(blocked, total)
     deferred = (
-        f" Pageable copies block the host {pct(pageable_blocked, total):.1f}% of step time: "
+        f" Pageable copies block the host {percent(pct(pageable_blocked, total))} of step time: "
         "see pageable-h2d-copy." if pageable_blocked > 0 else ""
     )
     if share < BLOCKED_THRESHOLD_PCT:
@@ -70,8 +71,8 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         return Assessment(
             RULE_ID,
             "clear",
-            f"The host is blocked in {memory} host-to-device transfers {share:.1f}% of step time "
-            f"(threshold {BLOCKED_THRESHOLD_PCT:.0f}%)." + deferred,
+            f"The host is blocked in {memory} host-to-device transfers {percent(share)} of step "
+            f"time (threshold {percent(BLOCKED_THRESHOLD_PCT, 0)})." + deferred,
         )
     is_hit = ~pageable & (blocked_us > 0)
     hit = model.copies.iloc[rows[is_hit]]
@@ -105,9 +106,9 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     finding = Finding(
         id=RULE_ID,
         title=(
-            f"The host blocks for host-to-device copies {share:.1f}% of each "
-            f"{step_word(model.workload)} "
-            f"({ms(blocked / n):.2f} ms) although they could overlap"
+            f"The host blocks for host-to-device copies {percent(share)} of each "
+            f"{step_word(model.workload)} ({millis(ms(blocked / n), 'hundredths')} ms) although "
+            "they could overlap"
         ),
         evidence=evidence,
         recommendation=(

@@ -33,7 +33,7 @@ from stallscope.trace.intervals import Timeline
 from stallscope.trace.kernels import COLLECTIVE, COMM_NAME, host_kinds
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_mask
-from stallscope.units import millis
+from stallscope.units import millis, percent
 
 RULE_ID = "comm-bound"
 
@@ -172,9 +172,9 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
     if share < EXPOSED_THRESHOLD_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"Collectives take {evidence['comm_share_pct']:.1f}% of step time on {place}, "
-            f"{evidence['overlap_pct']:.0f}% of it overlapped with compute; exposed "
-            f"{share:.1f}% (threshold {EXPOSED_THRESHOLD_PCT:.0f}%).",
+            f"Collectives take {percent(evidence['comm_share_pct'])} of step time on {place}, "
+            f"{percent(evidence['overlap_pct'], 0)} of it overlapped with compute; exposed "
+            f"{percent(share)} (threshold {percent(EXPOSED_THRESHOLD_PCT, 0)}).",
         )
     pattern = _pattern([c["collective"] for c in r["top"]])
     evidence["pattern"] = pattern
@@ -198,7 +198,7 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
                "DistributedDataParallel buckets them (25 MB by default: a few calls per step) "
                "and starts each bucket as soon as backward has produced it. ") + rec
     rec = (
-        f"{backend} collectives run with no compute beside them on {place} for {share:.1f}% of "
+        f"{backend} collectives run with no compute beside them on {place} for {percent(share)} of "
         f"each step ({millis(ms(exposed / n))} ms; largest, exposed ms summed over the {n} steps: "
         + ", ".join(f"{c['collective']} {millis(c['exposed_ms'])} ms" for c in r["top"][:3])
         + f"). The step has {millis(ms(compute / n))} ms of other compute per step to hide "
@@ -331,11 +331,11 @@ def _sharded_advice(backend: str) -> tuple[str, str]:
 def _title(share: float, peer_pct: float, saving_pct: float, halved: bool) -> str:
     """One number per quantity: the exposed share, the part of it waiting on peers, and the
     saving bound when it is smaller than what is left (each named)."""
-    parts = [f"{peer_pct:.1f}% of the step waiting on peers"] if peer_pct > 0 else []
+    parts = [f"{percent(peer_pct)} of the step waiting on peers"] if peer_pct > 0 else []
     if saving_pct < share - peer_pct - 0.05:
-        parts.append(f"at most {saving_pct:.1f}% "
+        parts.append(f"at most {percent(saving_pct)} "
                      + ("saved by halving the bytes" if halved else "hideable under compute"))
-    head = f"Collective communication is exposed for {share:.1f}% of each step"
+    head = f"Collective communication is exposed for {percent(share)} of each step"
     return head + (f" ({'; '.join(parts)})" if parts else "")
 
 
@@ -343,15 +343,13 @@ def _peer_text(evidence: dict, n: int) -> str:
     """What the measured waiting on peers is, and what helps it (not overlap)."""
     return (
         f"Waiting on peers: {evidence['peer_wait_ms_per_step']} ms per step "
-        f"({evidence['peer_wait_share_pct']:.1f}% of the step, "
+        f"({percent(evidence['peer_wait_share_pct'])} of the step, "
         f"{plural(evidence['peer_wait_collectives'], 'collective')} over the {n} steps) is "
-        "collective time beyond what the same collective "
-        "takes in a typical step (2x or more): this rank waited for slower ranks. Overlap does "
-        "not remove it; look at the other ranks' traces (analyze them together: "
-        "rank-imbalance compares their work per step) and balance the work and data across "
-        "ranks (equal shard sizes, "
-        "sequence lengths bucketed or padded alike, no rank-0-only work such as logging or "
-        "checkpointing inside the step). "
+        "collective time beyond what the same collective takes in a typical step (2x or more): "
+        "this rank waited for slower ranks. Overlap does not remove it; look at the other ranks' "
+        "traces (analyze them together: rank-imbalance compares their work per step) and balance "
+        "the work and data across ranks (equal shard sizes, sequence lengths bucketed or padded "
+        "alike, no rank-0-only work such as logging or checkpointing inside the step). "
     )
 
 

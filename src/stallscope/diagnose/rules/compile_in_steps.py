@@ -24,6 +24,7 @@ from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_flags
+from stallscope.units import millis, percent
 
 RULE_ID = "compile-in-steps"
 COMPILE_PREFIXES = ("_compile.compile_inner", "entire_frame_compile")
@@ -104,16 +105,15 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     })
     if recompiles:
         title = (f"torch.compile recompiled in {steps_hit} of {n_all} recorded steps "
-                 f"({ms(compile_us / n_all):.1f} ms per step, {share:.1f}%)")
-        rec = (f"Compiled code was compiled again while recording (compile ids "
+                 f"({millis(ms(compile_us / n_all), 'tenths')} ms per step, {percent(share)})")
+        rec = ("Compiled code was compiled again while recording (compile ids "
                f"{', '.join(recompiles)}: the second number counts recompiles of a frame): its "
-               "guards failed, usually on a changing shape (the last batch of an epoch, "
-               "variable sequence lengths) or a changing Python value. Each recompile costs "
-               f"{ms(compile_us / max(len(compiles), 1)):.0f} ms here, and the run pays it for "
-               "every new shape (and again for old ones past dynamo's cache size limit, 8 by "
-               "default). Mark the dynamic "
-               "dimension, pad to fixed shapes, or drop the ragged last batch; "
-               "TORCH_LOGS=recompiles prints which guard failed.")
+               "guards failed, usually on a changing shape (the last batch of an epoch, variable "
+               "sequence lengths) or a changing Python value. Each recompile costs "
+               f"{millis(ms(compile_us / max(len(compiles), 1)), 'whole')} ms here, and the run "
+               "pays it for every new shape (and again for old ones past dynamo's cache size "
+               "limit, 8 by default). Mark the dynamic dimension, pad to fixed shapes, or drop the "
+               "ragged last batch; TORCH_LOGS=recompiles prints which guard failed.")
         if limit_hit:
             evidence["recompile_limit_hit"] = True
             rec += (f" Frame {ids[-1][0]} reached dynamo's recompile limit ({limit}): from then "
@@ -130,7 +130,7 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
                  "recompiled")
     else:
         title = (f"torch.compile was still compiling in {steps_hit} of {n_all} recorded steps "
-                 f"({share:.1f}% of their time): the figures include compilation")
+                 f"({percent(share)} of their time): the figures include compilation")
         rec = ("The recorded steps include the model's first compilation: every figure in this "
                "report is measured on steps the rest of the run does not have. Record later "
                "steps: raise --skip past the compiling steps (stallscope run already waits for "

@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
+from stallscope import units
 from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
@@ -18,6 +19,7 @@ from stallscope.replay.threads import OneThread
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
+from stallscope.units import percent
 
 RULE_ID = "cpu-oversubscription"
 
@@ -106,10 +108,9 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
         saving = pct(excess * compute / n, total / n)
         basis = (
             f"estimate, not a bound: under fair time-sharing {demand} runnable threads on "
-            f"{plural(cores, 'core')} leave the step's compute {100 * excess:.0f}% short of CPU "
-            "while "
-            "the workers run, and the trace shows them running (the step waits "
-            f"{evidence['loader_wait_share_pct']:.1f}% on batches); OpenMP barriers can make "
+            f"{plural(cores, 'core')} leave the step's compute {percent(100 * excess, 0)} short of "
+            "CPU while the workers run, and the trace shows them running (the step waits "
+            f"{percent(evidence['loader_wait_share_pct'])} on batches); OpenMP barriers can make "
             "the real cost larger, idle workers smaller"
         )
     else:
@@ -147,8 +148,9 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
             "OpenMP thread stalls the whole parallel region. Give the step "
             f"{plural(fit, 'thread')} "
             "and leave one core per worker, or use fewer workers."
-            + (f" Timed without the profiler just before recording: {one.measured_us / 1000:.1f}"
-               f" ms per step at one thread, {plain / 1000:.1f} ms at {threads}."
+            + (" Timed without the profiler just before recording: "
+               f"{units.ms(one.measured_us, 'tenths')} ms per step at one thread, "
+               f"{units.ms(plain, 'tenths')} ms at {threads}."
                if one is not None and plain else "")
             + f" Try it without editing the script: stallscope run --set torch_threads={fit}."
         ),

@@ -16,6 +16,7 @@ from stallscope.replay.threads import OneThread
 from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
+from stallscope.units import millis, percent
 
 RULE_ID = "dataloader-bound"
 # Share of step wall time the host waits in DataLoader.__next__ with no GPU work running.
@@ -90,8 +91,8 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
         return Assessment(
             RULE_ID,
             "clear",
-            f"The step waits {wait_pct:.1f}% of its time on the DataLoader "
-            f"(threshold {WAIT_THRESHOLD_PCT:.0f}%).",
+            f"The step waits {percent(wait_pct)} of its time on the DataLoader (threshold "
+            f"{percent(WAIT_THRESHOLD_PCT, 0)}).",
         )
     # Hiding the wait cannot make the step shorter than the GPU's own busy time.
     bound = wait if not model.has_gpu else min(wait, max(total - busiest_gpu_us(model), 0.0))
@@ -111,7 +112,7 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
     evidence.update(advice.evidence)
     saving = pct(min(bound / n, advice.saving_us), total / n)
     who, unit = ("Inference", "batch") if model.workload == "inference" else ("Training", "step")
-    title = f"{who} waits on the DataLoader for {wait_pct:.1f}% of each {unit}"
+    title = f"{who} waits on the DataLoader for {percent(wait_pct)} of each {unit}"
     precondition = advice.precondition
     busy = other_load(model, context)  # others held the cores: the sizing assumed them free
     if busy is not None:
@@ -177,11 +178,12 @@ class LoaderClass:
         if t is None:
             return ""
         ready = self.anatomy.get("ready_to_received_ms")
-        sat = (f" (ready in a worker a median {ready['median']:.1f} ms before it was received)"
+        sat = (f" (ready in a worker a median {millis(ready['median'], 'tenths')} ms before it was "
+               "received)"
                if isinstance(ready, dict) and isinstance(ready.get("median"), int | float)
                else "")
-        return (f" Shipping a ready batch to the training process (pickling, the queue, "
-                f"unpickling, pinning) takes a median {t:.1f} ms of its wait{sat}.")
+        return (" Shipping a ready batch to the training process (pickling, the queue, unpickling, "
+                f"pinning) takes a median {millis(t, 'tenths')} ms of its wait{sat}.")
 
     def evidence(self) -> dict:
         if not self.bound:
@@ -229,7 +231,7 @@ class LoaderClass:
         if not top:
             return ""
         named = [top[0]] + [t for t in top[1:2] if t["share"] >= SECOND_LINE_SHARE]
-        where = ", ".join(f"{100 * t['share']:.0f}% in {t['function']} ({t['site']}, "
+        where = ", ".join(f"{percent(100 * t['share'], 0)} in {t['function']} ({t['site']}, "
                           f"{t.get('category')})" for t in named)
         fixes = []
         for category in self.top_categories:
@@ -250,34 +252,36 @@ class LoaderClass:
         fetch = a.get("fetch_ms_per_batch")
         sampled = self.stack_sentence()
         if self.bound == "waiting":
-            return (f" Loading waits on storage or the network: measured {where}, a batch's "
-                    f"fetch takes {fetch:.1f} ms of which {100 * (share or 0):.0f}% is CPU, so "
-                    "workers need not have a core each."
+            return (f" Loading waits on storage or the network: measured {where}, a batch's fetch "
+                    f"takes {millis(fetch, 'tenths')} ms of which {percent(100 * (share or 0), 0)} "
+                    "is CPU, so workers need not have a core each."
                     + (sampled or " Also cache the samples (in memory, or on local NVMe, tmpfs "
                        "or /dev/shm) or read from faster storage."))
         if self.bound == "cpu-bound":
             cap = f"the {plural(cores, 'core')}" if cores else "the free cores"
             runq = a.get("runq_share")
-            queued = (f" ({100 * runq:.0f}% runnable but waiting for a core: the cores are "
+            queued = (f" ({percent(100 * runq, 0)} runnable but waiting for a core: the cores are "
                       "saturated)" if isinstance(runq, int | float) and runq >= 0.1 else "")
             on = 1.0 - a["blocked_share"] if isinstance(a.get("blocked_share"), int | float) \
                 else (share or 1.0)
-            return (f" Loading computes: measured {where}, a batch's {fetch:.1f} ms fetch is "
-                    f"{100 * on:.0f}% on a core or queued for one{queued}, so workers beyond "
-                    f"{cap} only contend."
+            return (f" Loading computes: measured {where}, a batch's {millis(fetch, 'tenths')} ms "
+                    f"fetch is {percent(100 * on, 0)} on a core or queued for one{queued}, so "
+                    f"workers beyond {cap} only contend."
                     + (sampled or " Make samples cheaper: decode at the target size "
                        "(pillow-simd for PIL decode), lighter or GPU-side augmentation, or "
                        "cache decoded samples."))
         if self.bound == "collate/transfer-bound":
-            return (f" collate_fn takes {a.get('collate_ms_per_batch', 0):.1f} ms of a batch's "
-                    f"{(fetch or 0) + (a.get('collate_ms_per_batch') or 0):.1f} ms {where}: "
-                    "make it cheaper (return ready-stacked tensors from the dataset's "
+            return (f" collate_fn takes {millis(a.get('collate_ms_per_batch', 0), 'tenths')} ms of "
+                    "a batch's "
+                    f"{millis((fetch or 0) + (a.get('collate_ms_per_batch') or 0), 'tenths')} ms "
+                    f"{where}: make it cheaper (return ready-stacked tensors from the dataset's "
                     f"__getitems__, fewer and larger tensors, smaller dtypes).{self._shipping()}")
         if self.bound == "main-process-bound":
-            return (f" The training process itself spends {a.get('main_cpu_ms_per_batch', 0):.1f}"
-                    " ms of CPU per batch receiving it (unpickling, shared-memory mapping, "
-                    "pinning): send fewer, larger tensors in smaller dtypes (uint8 images, "
-                    f"normalised on the GPU).{self._shipping()}")
+            return (" The training process itself spends "
+                    f"{millis(a.get('main_cpu_ms_per_batch', 0), 'tenths')} ms of CPU per batch "
+                    "receiving it (unpickling, shared-memory mapping, pinning): send fewer, larger "
+                    "tensors in smaller dtypes (uint8 images, normalised on the "
+                    f"GPU).{self._shipping()}")
         return ""
 
 
@@ -387,14 +391,14 @@ def _advice(
     if model.has_gpu and not (info and info.pin_memory):
         change["pin_memory"] = True
     why = (
-        f"each batch takes {ms(per_batch):.1f} ms of loading against {ms(compute):.1f} ms of "
-        f"other step work, so {plural(ideal, 'worker process', 'worker processes')} "
-        "(load/compute rounded up"
-        f"{', plus one spare' if workers_now == 0 else ''}) can prepare batches ahead of the step"
+        f"each batch takes {millis(ms(per_batch), 'tenths')} ms of loading against "
+        f"{millis(ms(compute), 'tenths')} ms of other step work, so "
+        f"{plural(ideal, 'worker process', 'worker processes')} (load/compute rounded "
+        f"up{', plus one spare' if workers_now == 0 else ''}) can prepare batches ahead of the step"
     )
     if waiting and cores is not None and workers > cores:
         why += (f"; more than the {plural(cores, 'core')}, as each worker mostly waits "
-                f"({100 * share:.0f}% of its time on CPU)")
+                f"({percent(100 * share, 0)} of its time on CPU)")
     if cap is not None and cores is not None and workers < ideal:
         why += (f"; capped at {WAITING_WORKERS_PER_CORE} per core" if waiting
                 else f"; capped at the {plural(cores, 'core')} this process may use")
@@ -402,12 +406,11 @@ def _advice(
     if cores is not None:
         cpu_work = "all CPU work spread over the cores"
         if waiting:
-            cpu_work += f", loading counted at its {share:.0%} CPU share"
+            cpu_work += f", loading counted at its {percent(100 * share, 0)} CPU share"
         basis = (
-            f"estimate: with {plural(workers, 'worker')} on {plural(cores, 'core')} a step "
-            "takes about "
-            f"{ms(projected):.1f} ms (the largest of the other step work, loading spread over the "
-            f"workers{', and ' + cpu_work if not model.has_gpu else ''}); "
+            f"estimate: with {plural(workers, 'worker')} on {plural(cores, 'core')} a step takes "
+            f"about {millis(ms(projected), 'tenths')} ms (the largest of the other step work, "
+            f"loading spread over the workers{', and ' + cpu_work if not model.has_gpu else ''}); "
             "never more than the loader wait"
         )
     where = "Loading runs in the main process" if workers_now == 0 else "The workers lag"
@@ -497,14 +500,15 @@ def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
             if knobs is not None else
             f"DataLoader(num_workers={workers}, prefetch_factor={current}): the workers keep")
     recommendation = (
-        f"{head} up on average ({workers} x {compute:.1f} ms of other step work per batch >= "
-        f"{a.get('fetch_ms_mean', 0):.1f} ms mean fetch), but some batches are slow: a "
-        f"batch's fetch takes {p50:.1f} ms at the median and {p90:.1f} ms at p90 "
-        f"({p90 / p50 if p50 else 0:.0f}x), the slow ones {slow:.1f} ms, and the step waits on "
-        f"{100 * (a.get('waited_share') or 0):.0f}% of the batches only. A deeper queue hides "
-        f"them: prefetch_factor={depth} keeps {depth * workers} batches in flight, "
-        f"{depth * workers * compute:.0f} ms of steps against a {slow:.0f} ms slow batch{capped}."
-        " More workers are not needed for the mean."
+        f"{head} up on average ({workers} x {millis(compute, 'tenths')} ms of other step work per "
+        f"batch >= {millis(a.get('fetch_ms_mean', 0), 'tenths')} ms mean fetch), but some batches "
+        f"are slow: a batch's fetch takes {millis(p50, 'tenths')} ms at the median and "
+        f"{millis(p90, 'tenths')} ms at p90 ({p90 / p50 if p50 else 0:.0f}x), the slow ones "
+        f"{millis(slow, 'tenths')} ms, and the step waits on "
+        f"{percent(100 * (a.get('waited_share') or 0), 0)} of the batches only. A deeper queue "
+        f"hides them: prefetch_factor={depth} keeps {depth * workers} batches in flight, "
+        f"{millis(depth * workers * compute, 'whole')} ms of steps against a "
+        f"{millis(slow, 'whole')} ms slow batch{capped}. More workers are not needed for the mean."
     )
     before = {"num_workers": workers, "prefetch_factor": now or "default (2)"}
     after = {"num_workers": workers, "prefetch_factor": depth}
@@ -588,16 +592,17 @@ def _background_advice(info: LoaderInfo | None, klass: LoaderClass, wait: float)
     t = klass.transfer_ms or 0.0
     per_batch = a.get("wait_ms_per_batch") or 0.0
     ready = a.get("ready_to_received_ms")
-    sat = (f"; the batches were ready in the workers a median {ready['median']:.1f} ms before"
+    sat = (f"; the batches were ready in the workers a median {millis(ready['median'], 'tenths')} "
+           "ms before"
            if isinstance(ready, dict) and isinstance(ready.get("median"), int | float) else "")
     where = f"{info.call_site} " if info else ""
     recommendation = (
-        f"{where}Receiving each batch costs the training process a median {t:.1f} ms "
-        f"(unpickling, shared-memory mapping, pinning) of its {per_batch:.1f} ms wait per "
-        f"batch{sat}: the workers keep up, and more of them would not shorten it. Receive the "
-        "next batch in a background thread while the GPU runs the step (the BackgroundGenerator"
-        " / DataLoaderX pattern). Fewer, larger tensors in smaller dtypes (uint8 images, "
-        "normalised on the GPU) make receiving cheaper too."
+        f"{where}Receiving each batch costs the training process a median {millis(t, 'tenths')} ms "
+        f"(unpickling, shared-memory mapping, pinning) of its {millis(per_batch, 'tenths')} ms "
+        f"wait per batch{sat}: the workers keep up, and more of them would not shorten it. Receive "
+        "the next batch in a background thread while the GPU runs the step (the "
+        "BackgroundGenerator / DataLoaderX pattern). Fewer, larger tensors in smaller dtypes "
+        "(uint8 images, normalised on the GPU) make receiving cheaper too."
     )
     call = f"  # {info.call_site}" if info else ""
     snippet = (BACKGROUND_SNIPPET + f"loader = BackgroundLoader(torch.utils.data.DataLoader(...))"

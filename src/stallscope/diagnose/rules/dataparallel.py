@@ -26,6 +26,7 @@ from stallscope.diagnose.spec import RuleSpec
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array
+from stallscope.units import percent
 
 RULE_ID = "dataparallel"
 ANNOTATION = "DataParallel.forward"
@@ -77,7 +78,7 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
         "peer_copy_mb_per_step": round(_peer_bytes(model) / n / 1e6, 2),
     }
     if len(devices) < 2:
-        title = f"DataParallel wraps a model running on one GPU ({share:.1f}% of step time)"
+        title = f"DataParallel wraps a model running on one GPU ({percent(share)} of step time)"
         recommendation = (
             "The model is wrapped in torch.nn.DataParallel but only one GPU runs kernels: the "
             "wrapper only adds its scatter/gather. Drop it, or move to DistributedDataParallel "
@@ -86,7 +87,7 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
     else:
         title = (
             f"torch.nn.DataParallel across {len(devices)} GPUs: replicate/scatter/gather take "
-            f"{share:.1f}% of each step"
+            f"{percent(share)} of each step"
         )
         recommendation = (
             f"One process drives {len(devices)} GPUs with torch.nn.DataParallel: every step it "

@@ -45,6 +45,7 @@ from stallscope.trace.kernels import COMM_NAME, classify_kernels
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import per_name
 from stallscope.trace.workload import step_word
+from stallscope.units import percent
 
 RULE_ID = "gpu-bound"
 
@@ -95,8 +96,8 @@ def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessmen
     if busy_pct < GPU_BOUND_BUSY_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"The busiest GPU (device {dev}) is busy {busy_pct:.1f}% of {word} time "
-            f"(threshold {GPU_BOUND_BUSY_PCT:.0f}%): it waits, see gpu-idle.",
+            f"The busiest GPU (device {dev}) is busy {percent(busy_pct)} of {word} time (threshold "
+            f"{percent(GPU_BOUND_BUSY_PCT, 0)}): it waits, see gpu-idle.",
         )
     n = len(model.steps)
     gpu = model.gpu[(model.gpu["device"] == dev) & (model.gpu["step"] >= 0)]
@@ -119,25 +120,25 @@ def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessmen
         evidence["launch_queue_full"] = queue
     levers = _levers(evidence)
     evidence["levers"] = [lever for lever, _ in levers]
-    title = f"The GPU is the bottleneck: device {dev} is busy {busy_pct:.1f}% of each {word}"
+    title = f"The GPU is the bottleneck: device {dev} is busy {percent(busy_pct)} of each {word}"
     if queue:
-        title += (f", and the host blocks on a full launch queue for "
-                  f"{queue['share_of_step_pct']:.0f}% of it")
+        title += (", and the host blocks on a full launch queue for "
+                  f"{percent(queue['share_of_step_pct'], 0)} of it")
     top = evidence["top_kernels"][0] if evidence["top_kernels"] else None
     rec = (
-        f"The GPU runs work {busy_pct:.1f}% of each {word}, so the {word} is as long as the "
+        f"The GPU runs work {percent(busy_pct)} of each {word}, so the {word} is as long as the "
         "GPU's work: host-side fixes (more DataLoader workers, CUDA graphs, fewer launches, a "
         "larger batch) will not shorten it."
     )
     if top:
         rec += (f" The top kernel, {short_kernel(top['name'])}, takes "
-                f"{top['share_pct']:.0f}% of kernel time (top kernels in the evidence).")
+                f"{percent(top['share_pct'], 0)} of kernel time (top kernels in the evidence).")
     if queue:
         rec += (
-            f" The {queue['share_of_step_pct']:.0f}% of the {word} spent inside "
-            f"{queue['calls_per_step']:g} launch calls per {word} over {LONG_LAUNCH_US:.0f} us "
-            "is the host waiting for a free slot in the GPU's launch queue while the GPU was "
-            f"busy ({queue['gpu_busy_during_pct']:.0f}% of that time): not launch overhead, so "
+            f" The {percent(queue['share_of_step_pct'], 0)} of the {word} spent inside "
+            f"{queue['calls_per_step']:g} launch calls per {word} over {LONG_LAUNCH_US:.0f} us is "
+            "the host waiting for a free slot in the GPU's launch queue while the GPU was busy "
+            f"({percent(queue['gpu_busy_during_pct'], 0)} of that time): not launch overhead, so "
             "CUDA graphs or a larger batch would not remove it."
         )
     rec += " What makes the GPU's work faster: " + "; ".join(t for _, t in levers) + "."
@@ -206,18 +207,18 @@ def _levers(ev: dict) -> list[tuple[str, str]]:
     out = []
     if ev["tensor_cores"] and ev["fp32_gemm_conv_share_pct"] >= MIN_FP32_SHARE_PCT:
         out.append(("mixed-precision", (
-            f"fp32 GEMM/convolution kernels take {ev['fp32_gemm_conv_share_pct']:.0f}% of "
-            "kernel time on a GPU with tensor cores: run them in bf16/fp16 under autocast "
-            "(see no-mixed-precision for the modelled gain)")))
+            f"fp32 GEMM/convolution kernels take {percent(ev['fp32_gemm_conv_share_pct'], 0)} of "
+            "kernel time on a GPU with tensor cores: run them in bf16/fp16 under autocast (see "
+            "no-mixed-precision for the modelled gain)")))
     if ev["elementwise_share_pct"] >= FUSION_SHARE_PCT:
         out.append(("fusion", (
-            f"elementwise/normalisation/reduction kernels take "
-            f"{ev['elementwise_share_pct']:.0f}% of kernel time (median "
-            f"{ev['elementwise_median_us']:g} us each): torch.compile fuses neighbours into "
-            "fewer kernels, saving their memory round trips")))
+            "elementwise/normalisation/reduction kernels take "
+            f"{percent(ev['elementwise_share_pct'], 0)} of kernel time (median "
+            f"{ev['elementwise_median_us']:g} us each): torch.compile fuses neighbours into fewer "
+            "kernels, saving their memory round trips")))
     if ev["communication_share_pct"] >= FUSION_SHARE_PCT:
         out.append(("communication", (
-            f"collective kernels take {ev['communication_share_pct']:.0f}% of kernel time: "
+            f"collective kernels take {percent(ev['communication_share_pct'], 0)} of kernel time: "
             "see comm-bound")))
     if not out:
         out.append(("kernels", (
@@ -286,9 +287,9 @@ def verdict_line(finding: Finding) -> str:
     ev = finding.evidence
     short = {
         "mixed-precision": f"mixed precision (fp32 GEMM/conv take "
-                           f"{ev.get('fp32_gemm_conv_share_pct', 0):.0f}% of kernel time)",
+                           f"{percent(ev.get('fp32_gemm_conv_share_pct', 0), 0)} of kernel time)",
         "fusion": f"torch.compile to fuse elementwise kernels "
-                  f"({ev.get('elementwise_share_pct', 0):.0f}% of kernel time)",
+                  f"({percent(ev.get('elementwise_share_pct', 0), 0)} of kernel time)",
         "communication": "less exposed communication (see comm-bound)",
         "kernels": "faster top kernels",
     }
@@ -296,8 +297,8 @@ def verdict_line(finding: Finding) -> str:
     top = (ev.get("top_kernels") or [{}])[0]
     said = f"{finding.title}."
     if top.get("name"):
-        said += (f" Top kernel: {short_kernel(top['name'])} ({top['share_pct']:.0f}% of kernel "
-                 "time).")
+        said += (f" Top kernel: {short_kernel(top['name'])} ({percent(top['share_pct'], 0)} of "
+                 "kernel time).")
     return said + f" Only faster GPU work shortens it: {levers or 'faster top kernels'}."
 
 

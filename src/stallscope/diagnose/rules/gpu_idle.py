@@ -28,7 +28,7 @@ from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import LOADER_NAME, TraceModel
 from stallscope.trace.names import column_equals_text, name_flags, name_mask, regex_hit
 from stallscope.trace.workload import step_word
-from stallscope.units import millis
+from stallscope.units import millis, percent
 
 RULE_ID = "gpu-idle"
 
@@ -74,8 +74,8 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
         return Assessment(
             RULE_ID,
             "clear",
-            f"The busiest GPU (device {dev}) is idle {idle_pct:.1f}% of step time "
-            f"(threshold {IDLE_THRESHOLD_PCT:.0f}%).",
+            f"The busiest GPU (device {dev}) is idle {percent(idle_pct)} of step time (threshold "
+            f"{percent(IDLE_THRESHOLD_PCT, 0)}).",
         )
     p = by_device[dev]
     # Sums by kind and by gap as pandas' groupby gave them (trace/grouped.py), kinds labelled
@@ -159,16 +159,16 @@ def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment
             cause = region["kind"]
     evidence["dominant_cause"] = cause
     rec, snippet, precondition = _idle_advice(model, cause, evidence, rest_host, rest_other)
-    title = f"The GPU is idle {idle_pct:.1f}% of each {step_word(model.workload)}" + {
+    title = f"The GPU is idle {percent(idle_pct)} of each {step_word(model.workload)}" + {
         "dataloader": ", mostly while the host waits for the DataLoader",
         "host-wait": ", waiting for the host to launch work",
         "host-cpu-work": ", while the host does CPU work that launches nothing"
         + _ops_named(evidence),
         "other": ", with work queued behind dependencies or after the step's last kernel",
         "launch-unknown": "",
-        "mixed": (f": {pct(rest_host, total):.1f}% waiting for the host's launches"
-                  f"{_region_words(evidence, model, ' (the host in ')}"
-                  f", {pct(rest_other, total):.1f}% with work queued behind dependencies"),
+        "mixed": (f": {percent(pct(rest_host, total))} waiting for the host's launches"
+                  f"{_region_words(evidence, model, ' (the host in ')}, "
+                  f"{percent(pct(rest_other, total))} with work queued behind dependencies"),
         "host-optimizer": _region_words(evidence, model),
         "allocator": _region_words(evidence, model),
     }[cause]
@@ -444,7 +444,7 @@ def _region_words(ev: dict, model: TraceModel, lead: str = ", while the host is 
 def _region_advice(cause: str, ev: dict) -> tuple[str, str]:
     """What helps when the host-wait idle sits under the optimizer step or allocator calls."""
     top = ev["host_wait_under"][0]
-    share = (f"{top['pct_of_host_wait']:.0f}% of the GPU's host-wait idle "
+    share = (f"{percent(top['pct_of_host_wait'], 0)} of the GPU's host-wait idle "
              f"({millis(top['ms_per_step'])} ms per step) falls inside {top['region']}")
     if cause == "allocator":
         rec = (f"{share}: the host is in device allocator calls while the GPU has nothing to "
@@ -704,22 +704,23 @@ def _idle_advice(
                         for o in ev.get("cpu_work_ops", []))
         rec = (
             f"For {millis(ev['cpu_work_ms_per_step'])} ms per step "
-            f"({ev['cpu_work_share_pct']:.1f}% of step time) the GPU had nothing to run while "
-            "the stepping thread did CPU work that "
-            f"launched no GPU work (per step: {ops}). This is not launch overhead: CUDA graphs, "
-            "torch.compile or fewer kernels would not remove it. Take that work off the critical "
-            "path: do preprocessing, tokenisation and image processing in the Dataset or "
-            "collate_fn so DataLoader workers (num_workers > 0) prepare the next batch while "
-            "the GPU runs this one, precompute it once, or move it onto the GPU."
+            f"({percent(ev['cpu_work_share_pct'])} of step time) the GPU had nothing to run while "
+            f"the stepping thread did CPU work that launched no GPU work (per step: {ops}). This "
+            "is not launch overhead: CUDA graphs, torch.compile or fewer kernels would not remove "
+            "it. Take that work off the critical path: do preprocessing, tokenisation and image "
+            "processing in the Dataset or collate_fn so DataLoader workers (num_workers > 0) "
+            "prepare the next batch while the GPU runs this one, precompute it once, or move it "
+            "onto the GPU."
         )
         snippet = _CPU_WORK_SNIPPET
     elif cause in ("host-optimizer", "allocator"):
         rec, snippet = _region_advice(cause, ev)
     elif cause == "dataloader":
         rec = (
-            f"{ev['idle_during_dataloader_pct']:.0f}% of the GPU's idle time is the host waiting "
-            "for the next batch: that cause and its fix are reported by `dataloader-bound`. "
-            f"The rest ({ev['unexplained_idle_share_pct']:.1f}% of step time) is "
+            f"{percent(ev['idle_during_dataloader_pct'], 0)} of the GPU's idle time is the host "
+            "waiting for the next batch: that cause and its fix are reported by "
+            f"`dataloader-bound`. The rest ({percent(ev['unexplained_idle_share_pct'])} of step "
+            "time) is "
             + (f"mostly {host_part}. {launch}" if rest_host >= rest_other
                else f"mostly {other_part}. {dependency}")
         )
@@ -732,7 +733,7 @@ def _idle_advice(
         snippet = _DEPENDENCY_SNIPPET
     elif cause == "launch-unknown":
         rec = (
-            f"{ev['launch_unknown_share_pct']:.1f}% of step time is idle before GPU work whose "
+            f"{percent(ev['launch_unknown_share_pct'])} of step time is idle before GPU work whose "
             "launching runtime call is not in the trace, so host-wait cannot be told from a "
             "dependency wait; of the gaps whose launch is known, "
             + (f"most are {host_part}. {launch}" if rest_host >= rest_other
@@ -745,15 +746,15 @@ def _idle_advice(
     regions = ev.get("host_wait_under") or []
     if regions and cause not in ("host-optimizer", "allocator"):
         rec += " Of the host-wait idle, " + "; ".join(
-            f"{r['pct_of_host_wait']:.0f}% ({millis(r['ms_per_step'])} ms per step) falls "
+            f"{percent(r['pct_of_host_wait'], 0)} ({millis(r['ms_per_step'])} ms per step) falls "
             f"inside {r['region']}" for r in regions) + (
             ": host work that CUDA graphs and torch.compile do not remove (an optimizer's own "
             "host computation, device allocations).")
     if ev["idle_during_sync_pct"] >= 25.0:
         rec += (
-            f" During {ev['idle_during_sync_pct']:.0f}% of the idle time the host was blocked "
-            "waiting on the GPU while the GPU had nothing running: the queued work waited on "
-            "something outside this process's GPU timeline (another rank, another stream's "
+            f" During {percent(ev['idle_during_sync_pct'], 0)} of the idle time the host was "
+            "blocked waiting on the GPU while the GPU had nothing running: the queued work waited "
+            "on something outside this process's GPU timeline (another rank, another stream's "
             "event): see host-device-sync and rank-imbalance."
         )
     precondition = (

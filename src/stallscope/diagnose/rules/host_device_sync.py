@@ -12,7 +12,7 @@ from stallscope.runfacts import RunContext
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
-from stallscope.units import millis
+from stallscope.units import millis, percent
 
 RULE_ID = "host-device-sync"
 # Share of step wall time the host is blocked waiting on the GPU.
@@ -56,8 +56,8 @@ def host_device_sync(model: TraceModel, _context: RunContext | None = None) -> A
         return Assessment(
             RULE_ID,
             "clear",
-            f"The host is blocked on the GPU {share:.1f}% of step time "
-            f"(threshold {SYNC_THRESHOLD_PCT:.0f}%).",
+            f"The host is blocked on the GPU {percent(share)} of step time (threshold "
+            f"{percent(SYNC_THRESHOLD_PCT, 0)}).",
         )
     waits = _waits(model)
     reads = _output_reads(model, waits)
@@ -75,13 +75,13 @@ def host_device_sync(model: TraceModel, _context: RunContext | None = None) -> A
         return Assessment(
             RULE_ID,
             "clear",
-            f"The host waits for the GPU {share:.1f}% of step time, but the GPU stays busy "
-            f"through those waits ({gpu_evidence['gpu_idle_during_waits_pct']:.1f}% idle "
-            f"during them) and after them ({gpu_evidence['gpu_idle_after_waits_ms_per_step']}"
-            " ms idle per step later in the step): a host that did not wait would only queue "
-            f"work further ahead of a busy GPU. Waits that cost step time: "
-            f"{gpu_evidence['costly_wait_share_pct']:.1f}% (threshold "
-            f"{SYNC_THRESHOLD_PCT:.0f}%).",
+            f"The host waits for the GPU {percent(share)} of step time, but the GPU stays busy "
+            f"through those waits ({percent(gpu_evidence['gpu_idle_during_waits_pct'])} idle "
+            f"during them) and after them ({gpu_evidence['gpu_idle_after_waits_ms_per_step']} ms "
+            "idle per step later in the step): a host that did not wait would only queue work "
+            "further ahead of a busy GPU. Waits that cost step time: "
+            f"{percent(gpu_evidence['costly_wait_share_pct'])} (threshold "
+            f"{percent(SYNC_THRESHOLD_PCT, 0)}).",
         )
     sources = _sources(waits, ~reads)
     # Letting the host run ahead cannot make the step shorter than the busiest GPU's work,
@@ -97,15 +97,15 @@ def host_device_sync(model: TraceModel, _context: RunContext | None = None) -> A
         evidence["output_read_ms_per_step"] = ms(read_us / n)
     causes = list(dict.fromkeys(c for c in (_cause(s) for s in _named(sources)) if c))
     said = "; ".join(causes) or "explicit synchronisation calls"
-    title = f"The host waits for the GPU {share:.1f}% of each {step_word(model.workload)}"
+    title = f"The host waits for the GPU {percent(share)} of each {step_word(model.workload)}"
     top = max(sources, key=lambda s: s["max_ms"], default=None)
     why = ""
     if (top is not None and top["kind"] == "copy-wait" and not top["call"].endswith("HtoD")
             and top["max_ms"] >= MIN_SAID_MS):
         why = (
             f" The longest waits are {top['call']} calls: the GPU copy itself takes "
-            f"{top['gpu_copy_us_max']:.0f} us for {top['bytes_max']:.0f} bytes, yet the host "
-            f"call lasts up to {top['max_ms']:.1f} ms, because it waits for the GPU work "
+            f"{top['gpu_copy_us_max']:.0f} us for {top['bytes_max']:.0f} bytes, yet the host call "
+            f"lasts up to {millis(top['max_ms'], 'tenths')} ms, because it waits for the GPU work "
             "queued before it. This is a synchronisation, not a slow transfer: pinning memory "
             "would not help."
         )
@@ -238,17 +238,16 @@ def _output_read_detail(model: TraceModel, share: float, read_us: float,
     n, total = len(model.steps), model.total_step_us
     other = pct(cost["costly"], total)
     return (
-        f"The host waits for the GPU {share:.1f}% of each batch; {pct(read_us, total):.1f}% "
-        f"of the batch ({millis(ms(read_us / n))} ms) is spent reading its output after its last "
-        "GPU work (.cpu(), .item(), .tolist()): a read the caller needs, not a "
-        "synchronisation to remove; other waits cost "
-        f"{other:.1f}% of the batch (threshold {SYNC_THRESHOLD_PCT:.0f}%). To keep the GPU "
-        "busy while the host answers and prepares the next batch, batch requests together and "
-        "overlap the next batch's preprocessing with this batch's forward: preprocess in "
-        "DataLoader workers or a thread, copy inputs from pinned memory with "
-        "non_blocking=True, and copy the output into a pinned buffer with non_blocking=True, "
-        "recording an event to wait on only once the next batch is launched (see gpu-idle for "
-        "the idle time)."
+        f"The host waits for the GPU {percent(share)} of each batch; "
+        f"{percent(pct(read_us, total))} of the batch ({millis(ms(read_us / n))} ms) is spent "
+        "reading its output after its last GPU work (.cpu(), .item(), .tolist()): a read the "
+        f"caller needs, not a synchronisation to remove; other waits cost {percent(other)} of the "
+        f"batch (threshold {percent(SYNC_THRESHOLD_PCT, 0)}). To keep the GPU busy while the host "
+        "answers and prepares the next batch, batch requests together and overlap the next batch's "
+        "preprocessing with this batch's forward: preprocess in DataLoader workers or a thread, "
+        "copy inputs from pinned memory with non_blocking=True, and copy the output into a pinned "
+        "buffer with non_blocking=True, recording an event to wait on only once the next batch is "
+        "launched (see gpu-idle for the idle time)."
     )
 
 

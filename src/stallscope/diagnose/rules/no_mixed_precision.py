@@ -54,6 +54,7 @@ from stallscope.trace.kernels import (
 )
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array, name_flags
+from stallscope.units import percent
 
 RULE_ID = "no-mixed-precision"
 MAX_TOP_KERNELS = 5
@@ -100,8 +101,8 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
     tc_us = float(np.nansum(dur[compute & (kind == "tensor_core")]))
     fp32_share, tc_share = pct(fp32_us, compute_us), pct(tc_us, compute_us)
     shares = (
-        f"fp32 GEMM/conv kernels take {fp32_share:.1f}% of compute kernel time, tensor-core "
-        f"kernels {tc_share:.1f}%"
+        f"fp32 GEMM/conv kernels take {percent(fp32_share)} of compute kernel time, tensor-core "
+        f"kernels {percent(tc_share)}"
     )
     if major < MIN_COMPUTE_MAJOR:
         return Assessment(
@@ -114,7 +115,7 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
         return Assessment(
             RULE_ID,
             "clear",
-            f"Inside the steps, {shares} (threshold {MIN_FP32_SHARE_PCT:.0f}% fp32; device "
+            f"Inside the steps, {shares} (threshold {percent(MIN_FP32_SHARE_PCT, 0)} fp32; device "
             f"{_device_name(model)}, compute capability {major}).",
         )
     n = len(model.steps)
@@ -148,22 +149,22 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
     ampere = major >= 8
     if tc_us > 0:
         title = (
-            f"{fp32_share:.0f}% of GPU compute time is fp32 GEMM/convolution on CUDA cores "
-            f"(tensor cores: {tc_share:.0f}%)"
+            f"{percent(fp32_share, 0)} of GPU compute time is fp32 GEMM/convolution on CUDA cores "
+            f"(tensor cores: {percent(tc_share, 0)})"
         )
     else:
         title = (
-            f"No tensor-core kernels: fp32 GEMM/convolution takes {fp32_share:.0f}% of GPU "
+            f"No tensor-core kernels: fp32 GEMM/convolution takes {percent(fp32_share, 0)} of GPU "
             "compute time"
         )
     bf16 = has(model, (1, 10))  # bf16 autocast on CUDA came with torch.autocast in 1.10
     if ampere and bf16:
         rec = (
-            f"This GPU (compute capability {major}) has tensor cores, but {fp32_share:.0f}% of "
-            "the compute kernel time is matrix multiplies and convolutions in fp32 on the CUDA "
+            f"This GPU (compute capability {major}) has tensor cores, but {percent(fp32_share, 0)} "
+            "of the compute kernel time is matrix multiplies and convolutions in fp32 on the CUDA "
             "cores. Run the forward pass and loss under bf16 autocast (no loss scaling needed); "
-            "for a one-line change that keeps fp32 storage, let cuBLAS and cuDNN use TF32 "
-            "tensor cores instead."
+            "for a one-line change that keeps fp32 storage, let cuBLAS and cuDNN use TF32 tensor "
+            "cores instead."
         )
         snippet = (
             f"{for_torch(model)}\n"
@@ -182,7 +183,7 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
                else "bf16 autocast needs torch >= 1.10; TF32 is the other fp32-storage option")
         rec = (
             f"This GPU (compute capability {major}) has fp16 tensor cores, but "
-            f"{fp32_share:.0f}% of the compute kernel time is matrix multiplies and "
+            f"{percent(fp32_share, 0)} of the compute kernel time is matrix multiplies and "
             "convolutions in fp32 on the CUDA cores. Run the forward pass and loss under fp16 "
             f"autocast with a gradient scaler ({why})."
         )
@@ -203,10 +204,10 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
     if model.workload == "inference":
         dtype = "bfloat16" if ampere and bf16 else "float16"
         rec = (
-            f"This GPU (compute capability {major}) has tensor cores, but {fp32_share:.0f}% of "
-            "the compute kernel time is matrix multiplies and convolutions in fp32 on the CUDA "
-            f"cores. Run the model under {dtype.replace('bfloat', 'bf')} autocast (or convert "
-            "its weights with model.half() / model.to(torch.bfloat16))"
+            f"This GPU (compute capability {major}) has tensor cores, but {percent(fp32_share, 0)} "
+            "of the compute kernel time is matrix multiplies and convolutions in fp32 on the CUDA "
+            f"cores. Run the model under {dtype.replace('bfloat', 'bf')} autocast (or convert its "
+            "weights with model.half() / model.to(torch.bfloat16))"
             + ("; or, keeping fp32, let cuBLAS and cuDNN use TF32 tensor cores." if ampere
                else ".")
         )
@@ -234,10 +235,9 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
                if model.workload == "inference"
                else "validate the loss curve and metrics against an fp32 run")
             + "); the gain is mostly on the GEMM/conv kernels (autocast adds casts, and batch "
-            "norm can get slower), so it shows in step time only while the GPU is the "
-            "bottleneck (here it is busy "
-            f"{pct(busiest, total):.0f}% of the step). Tensor cores want dimensions that are "
-            "multiples of 8; convolutions want channels_last."
+            "norm can get slower), so it shows in step time only while the GPU is the bottleneck "
+            f"(here it is busy {percent(pct(busiest, total), 0)} of the step). Tensor cores want "
+            "dimensions that are multiples of 8; convolutions want channels_last."
         ),
         estimated_saving_pct=saving,
         saving_basis=(

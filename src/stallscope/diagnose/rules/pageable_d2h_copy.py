@@ -17,6 +17,7 @@ from stallscope.diagnose.spec import RuleSpec
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
+from stallscope.units import fixed_size, millis, percent
 
 RULE_ID = "pageable-d2h-copy"
 # Share of step wall time the host spends in the transfers themselves (waits excluded).
@@ -49,9 +50,10 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
     if share < COPY_SHARE_THRESHOLD_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"Device-to-host copies into pageable memory hold the host {share:.2f}% of step "
-            f"time in the transfers themselves (threshold {COPY_SHARE_THRESHOLD_PCT:.0f}%)"
-            + (f"; the {ms(waited / n):.1f} ms per step their calls waited for queued GPU work "
+            f"Device-to-host copies into pageable memory hold the host {percent(share, 2)} of step "
+            f"time in the transfers themselves (threshold {percent(COPY_SHARE_THRESHOLD_PCT, 0)})"
+            + (f"; the {millis(ms(waited / n), 'tenths')} ms per step their calls waited for "
+               "queued GPU work "
                "is host-device-sync" if waited > copy_us else "") + ".",
         )
     nbytes = nansum(copies["bytes"].to_numpy(dtype=float)[pageable])
@@ -74,9 +76,9 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
     finding = Finding(
         id=RULE_ID,
         title=(
-            f"Device-to-host copies into pageable memory take {share:.1f}% of each "
-            f"{step_word(model.workload)} "
-            f"({nbytes / n / 1e6:.2f} MB per step at {gbps:.1f} GB/s)"
+            f"Device-to-host copies into pageable memory take {percent(share)} of each "
+            f"{step_word(model.workload)} ({fixed_size(nbytes / n, 'MB', 2)} per step at "
+            f"{gbps:.1f} GB/s)"
         ),
         evidence=evidence,
         recommendation=_SERVING_ADVICE if serving else (

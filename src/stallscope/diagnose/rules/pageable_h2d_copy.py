@@ -18,6 +18,7 @@ from stallscope.diagnose.knobs import Knobs
 from stallscope.diagnose.spec import RuleSpec
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
+from stallscope.units import fixed_size
 
 RULE_ID = "pageable-h2d-copy"
 # Below this many pageable bytes per step the copies are scalars and indices: not worth pinning.
@@ -57,7 +58,7 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         return Assessment(
             RULE_ID,
             "clear",
-            f"Pageable host-to-device copies move only {nbytes / n / 1024:.1f} KiB per step.",
+            f"Pageable host-to-device copies move only {fixed_size(nbytes / n, 'KiB')} per step.",
         )
     gbps = round(nbytes / gpu_us / 1e3, 2) if gpu_us > 0 else 0.0
     saving = pct(blocked, total)
@@ -72,8 +73,8 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         "ops": sorted(o for o in pd.unique(copies["op"].to_numpy(dtype=object)[pageable]) if o),
     }
     title = (
-        f"Host-to-device copies from pageable memory: {nbytes / n / 1e6:.1f} MB per step "
-        f"at {gbps:.1f} GB/s"
+        f"Host-to-device copies from pageable memory: {fixed_size(nbytes / n, 'MB')} per step at "
+        f"{gbps:.1f} GB/s"
     )
     # `stallscope run` knows the training loader: say where to pin in the user's own knobs
     # (diagnose/knobs.py), unless it already pins (then these copies are not its batches).

@@ -24,6 +24,7 @@ from stallscope.diagnose.spec import RuleSpec
 from stallscope.trace.grouped import exact_sums
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_matches
+from stallscope.units import millis, percent
 
 RULE_ID = "rank-imbalance"
 JOB_LABEL = "job"
@@ -81,8 +82,9 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
         return Assessment(
             RULE_ID,
             "clear",
-            f"Across {len(rows)} ranks no rank's per-step work exceeds the median rank's by "
-            f"more than {excess_pct:.1f}% of the step (threshold {SPREAD_THRESHOLD_PCT:.0f}%).",
+            f"Across {len(rows)} ranks no rank's per-step work exceeds the median rank's by more "
+            f"than {percent(excess_pct)} of the step (threshold "
+            f"{percent(SPREAD_THRESHOLD_PCT, 0)}).",
         )
     behind = _stragglers(rows, worst_key, step)
     slowest = behind[0]
@@ -128,10 +130,11 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
         Finding(
             id=RULE_ID,
             title=(f"{who} {'are' if many else 'is'} waited for: the other ranks spend "
-                   f"{'up to ' if many else ''}{excess:.1f} ms more per step in collectives"
+                   f"{'up to ' if many else ''}{millis(excess, 'tenths')} ms more per step in "
+                   "collectives"
                    if worst_key == WAITED_FOR else
                    f"{who} straggle{'' if many else 's'}: "
-                   f"{'up to ' if many else ''}{excess:.1f} ms more work per step"),
+                   f"{'up to ' if many else ''}{millis(excess, 'tenths')} ms more work per step"),
             evidence=evidence,
             recommendation=recommendation,
             snippet=snippet,
@@ -190,7 +193,8 @@ def _who(behind: list[dict]) -> str:
 
 def _how_far(behind: list[dict]) -> str:
     """How far each named straggler is behind, per step."""
-    parts = [f"rank {b['rank']} by {b['behind_ms']:.1f} ms ({b['behind_pct']:.1f}% of the step)"
+    parts = [f"rank {b['rank']} by {millis(b['behind_ms'], 'tenths')} ms "
+             f"({percent(b['behind_pct'])} of the step)"
              for b in behind[:NAMED_STRAGGLERS]]
     return "; ".join(parts) + (" per step" if len(behind) == 1 else ", per step")
 

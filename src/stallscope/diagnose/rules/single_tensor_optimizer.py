@@ -30,6 +30,7 @@ from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import inner_join, missing_last
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import OPTIMIZER_STEP, name_array, name_flags, regex_hit
+from stallscope.units import millis
 
 RULE_ID = "single-tensor-optimizer"
 # Kernels per optimizer step from which the per-parameter loop is worth reporting. foreach
@@ -274,14 +275,14 @@ def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
         id=RULE_ID,
         title=(
             f"{name}.step() launches {r.kernels_per_step:.0f} per-parameter kernels "
-            f"({ms(float(r.host_us) / r.ranges):.1f} ms per step)"
+            f"({millis(ms(float(r.host_us) / r.ranges), 'tenths')} ms per step)"
         ),
         evidence=evidence,
         recommendation=(
-            f"The optimizer updates parameters one tensor at a time: each step launches "
+            "The optimizer updates parameters one tensor at a time: each step launches "
             f"{r.kernels_per_step:.0f} small kernels and no multi-tensor kernel, taking "
-            f"{ms(float(r.host_us) / r.ranges):.1f} ms of host time while the GPU computes "
-            f"{ms(float(r.kernel_us) / r.ranges):.2f} ms. " + how
+            f"{millis(ms(float(r.host_us) / r.ranges), 'tenths')} ms of host time while the GPU "
+            f"computes {millis(ms(float(r.kernel_us) / r.ranges), 'hundredths')} ms. " + how
         ),
         snippet=snippet,
         precondition=(

@@ -26,6 +26,7 @@ from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
 from stallscope.trace.model import LOADER_NAME, TraceModel
 from stallscope.trace.names import name_matches, per_name
+from stallscope.units import millis, percent
 
 RULE_ID = "worker-startup"
 
@@ -208,9 +209,9 @@ def _startup_finding(
         saving = pct(cost, bpe * steady_step + cost)
         evidence["batches_per_epoch"] = bpe
         basis = (
-            f"upper bound: the re-spawn cost per epoch ({ms(cost):.1f} ms: worker shutdown, "
-            "fork and the first batch's excess wait) over an epoch of "
-            f"{bpe} steps of {ms(steady_step):.1f} ms (from the RunContext); persistent workers "
+            f"upper bound: the re-spawn cost per epoch ({millis(ms(cost), 'tenths')} ms: worker "
+            f"shutdown, fork and the first batch's excess wait) over an epoch of {bpe} steps of "
+            f"{millis(ms(steady_step), 'tenths')} ms (from the RunContext); persistent workers "
             "still wait for the first batch of each epoch, so part of the excess stays"
         )
     elif len(respawns) >= 2:
@@ -221,8 +222,8 @@ def _startup_finding(
                                                    1)
         basis = (
             "upper bound: re-spawn cost over the recorded time between consecutive re-spawns "
-            f"({ms(period):.1f} ms); persistent workers still wait for the first batch of each "
-            "epoch, so part of the excess stays"
+            f"({millis(ms(period), 'tenths')} ms); persistent workers still wait for the first "
+            "batch of each epoch, so part of the excess stays"
         )
     else:
         saving = pct(float(respawns["cost_us"].sum()), model.total_step_us)
@@ -233,8 +234,9 @@ def _startup_finding(
     if saving < STARTUP_MATERIAL_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"Workers are re-spawned each epoch ({ms(cost):.1f} ms), {saving:.2f}% of the "
-            f"run's step time (material from {STARTUP_MATERIAL_PCT:.0f}%).",
+            f"Workers are re-spawned each epoch ({millis(ms(cost), 'tenths')} ms), "
+            f"{percent(saving, 2)} of the run's step time (material from "
+            f"{percent(STARTUP_MATERIAL_PCT, 0)}).",
         )
     rebuilt = context is not None and bool(multi_loaders) and info is None
     if rebuilt:
@@ -253,10 +255,10 @@ def _startup_finding(
         if knobs is not None:
             where = f"{knobs.where} " + (f"({knobs.how}) " if knobs.how else "")
         recommendation = (
-            f"{where}The DataLoader shuts down its worker processes at the end of every epoch "
-            f"and forks new ones for the next ({ms(cost):.1f} ms per epoch, of which "
-            f"{ms(respawn_part):.1f} ms is shutdown and fork). Keep the workers alive across "
-            "epochs."
+            f"{where}The DataLoader shuts down its worker processes at the end of every epoch and "
+            f"forks new ones for the next ({millis(ms(cost), 'tenths')} ms per epoch, of which "
+            f"{millis(ms(respawn_part), 'tenths')} ms is shutdown and fork). Keep the workers "
+            "alive across epochs."
         )
         nw = info.num_workers if info else "N"
         before = {"num_workers": nw, "persistent_workers": False}
@@ -269,7 +271,8 @@ def _startup_finding(
                        f"-{knobs.call_text(before)}\n+{knobs.call_text(after)}")
     finding = Finding(
         id=RULE_ID,
-        title=f"DataLoader workers are re-spawned every epoch ({ms(cost):.1f} ms each time)",
+        title=f"DataLoader workers are re-spawned every epoch ({millis(ms(cost), 'tenths')} ms "
+              "each time)",
         evidence=evidence,
         recommendation=recommendation,
         snippet=snippet,

@@ -20,6 +20,7 @@ from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import ZERO_GRAD, name_flags
+from stallscope.units import millis, percent
 
 RULE_ID = "zero-grad-kernels"
 # set_to_none=True launches nothing (the corpus' torch 2 traces show 0 per call), so any launch
@@ -61,9 +62,9 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
     if per_call < MIN_LAUNCHES or share < MIN_SHARE_PCT:
         return Assessment(
             RULE_ID, "clear",
-            f"zero_grad() launches {plural(per_call, 'kernel')} per call and takes {share:.1f}% "
-            "of the "
-            f"step (flagged from {MIN_LAUNCHES} launch and {MIN_SHARE_PCT:.0f}%).",
+            f"zero_grad() launches {plural(per_call, 'kernel')} per call and takes "
+            f"{percent(share)} of the step (flagged from {MIN_LAUNCHES} launch and "
+            f"{percent(MIN_SHARE_PCT, 0)}).",
         )
     room = max(model.total_step_us - busiest_gpu_us(model), 0.0)
     saving = pct(min(host_us, room), model.total_step_us)
@@ -72,13 +73,13 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
             id=RULE_ID,
             title=(
                 f"{optimizer}.zero_grad() launches {per_call} kernels per step "
-                f"({ms(host_us / n):.1f} ms)"
+                f"({millis(ms(host_us / n), 'tenths')} ms)"
             ),
             evidence=evidence,
             recommendation=(
-                f"zero_grad() fills the gradients with zeros ({per_call} kernel launches per "
-                f"call, {share:.1f}% of the step). Setting the gradients to None "
-                "instead costs no kernel at all: the next backward allocates and writes them "
+                f"zero_grad() fills the gradients with zeros ({per_call} kernel launches per call, "
+                f"{percent(share)} of the step). Setting the gradients to None instead costs no "
+                "kernel at all: the next backward allocates and writes them "
                 "fresh. " + _default_said(model)
             ),
             snippet=(

@@ -104,7 +104,8 @@ def comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         f"{plural(moved, 'collective')} start as soon as their inputs are ready: gradient "
         "all-reduce "
         "and reduce-scatter sent in buckets (DDP's default 25 MB, taken as "
-        f"{BUCKET_US / 1000:g} ms each: 25 GB/s assumed) as backward produces their gradients "
+        f"{millis(BUCKET_US / 1000, 'whole')} ms each: 25 GB/s assumed) as backward produces "
+        "their gradients "
         "(in proportion to their transfer time), all-gathers one ahead (FSDP prefetch); none "
         "starts before the compute it follows, and the optimizer still waits for the last",
         "the per-collective host calls (c10d/nccl ranges) leave the step: DDP and FSDP issue "

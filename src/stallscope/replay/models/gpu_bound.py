@@ -24,6 +24,7 @@ from stallscope.trace.kernels import (
 )
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import OPTIMIZER_STEP, name_matches, per_name
+from stallscope.units import ms
 
 # torch.compile (inductor), as measured on the compile pairs (sample_traces/real-h200-r1-w8 and
 # real-h100-r2-w8 -> w8-compile, a small CNN, torch 2.11): GEMM/conv kernels unchanged (1.08-1.10x
@@ -119,7 +120,8 @@ def compile_change(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]
     return g, [
         f"torch.compile fuses each run of memory-bound kernels between GEMM/convolution "
         f"kernels ({est.chains:.0f} runs, {est.kernels:.0f} kernels per step): "
-        f"{est.before_us / 1000:.2f} -> {est.after_us / 1000:.2f} ms per step, by the bytes no "
+        f"{ms(est.before_us, 'hundredths')} -> {ms(est.after_us, 'hundredths')} ms per step, by "
+        "the bytes no "
         "longer written and read back (one activation tensor in and one out per run, one more "
         "read per norm's statistics; NCHW<->NHWC transposes gone); GEMM/conv, optimizer and "
         "loss kernels unchanged",

@@ -16,6 +16,7 @@ from stallscope.replay.models.common import (
     zero_grad_nodes,
 )
 from stallscope.trace.names import ALLOC_CALL, FREE_CALL
+from stallscope.units import percent
 
 # CUDA graphs: one graph launch replays the captured kernels; what is left of the host time
 # between a step's launches, and the gap between kernels on a stream. Assumptions.
@@ -39,7 +40,8 @@ def cuda_graphs(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     g = g.copy()
     tf.scale_host(g, nodes, GRAPH_HOST_LEFT)
     tf.tighten_streams(g, tf.launched_by(g, nodes), GRAPH_KERNEL_GAP_US)
-    return g, [f"the model's forward and backward replay as CUDA graphs: {GRAPH_HOST_LEFT:.0%} "
+    return g, ["the model's forward and backward replay as CUDA graphs: "
+               f"{percent(100 * GRAPH_HOST_LEFT, 0)} "
                f"of the host time between their launches is left and their kernels follow "
                f"each other within {GRAPH_KERNEL_GAP_US:g} us; the optimizer step, zero_grad, "
                "the loader and the input copies keep their time (needs static shapes and no "

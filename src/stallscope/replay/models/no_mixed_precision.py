@@ -27,6 +27,7 @@ from stallscope.trace.kernels import (
     device_major,
     kernel_class,
 )
+from stallscope.units import percent
 
 # Dense peak rates (TFLOPS) from the vendors' data sheets; each compute capability major stands
 # for one SKU: sm70 Tesla V100 SXM2 (fp32 15.7, fp16 tensor 125; no TF32 or bf16), sm80 A100
@@ -137,7 +138,8 @@ def amp(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if value == "tf32":
         notes.append("TF32 keeps fp32 storage: memory-bound kernels unchanged")
     else:
-        notes.append(f"autocast's casts of the GEMM/convolution operands add {AUTOCAST_CASTS:.0%} "
+        notes.append("autocast's casts of the GEMM/convolution operands add "
+                     f"{percent(100 * AUTOCAST_CASTS, 0)} "
                      "of their reduced-precision time (measured 51-70%); memory-bound kernels "
                      f"by the bytes they move: elementwise {AMP_MEMORY[ELEMENTWISE]:g} of their "
                      f"time, layout copies {AMP_MEMORY[LAYOUT]:g}, cuDNN batch norm "

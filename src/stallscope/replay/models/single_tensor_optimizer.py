@@ -10,6 +10,7 @@ from stallscope.replay import transforms as tf
 from stallscope.replay.graph import CALL, FILL, Graph
 from stallscope.replay.loader import NotModelled
 from stallscope.replay.models.common import Context, Model, optimizer_nodes
+from stallscope.units import percent
 
 # Host time left of an optimizer step with multi-tensor kernels (one launch per few hundred
 # tensors instead of one per tensor), and the GPU time each per-tensor kernel loses: its fixed
@@ -36,12 +37,14 @@ def optimizer(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if not ctx.model.has_gpu:
         left = OPTIMIZER_HOST_LEFT_CPU[value]
         tf.scale_host(g, nodes & ((g.h_kind == FILL) | (g.h_kind == CALL)), left)
-        return g, [f"the optimizer step keeps {left:.0%} of its time on the CPU ({value}; "
+        return g, [f"the optimizer step keeps {percent(100 * left, 0)} of its time on the CPU "
+                   f"({value}; "
                    "measured against a for-loop Adam on small tensors, see docs/replay.md)"]
     left = OPTIMIZER_HOST_LEFT[value]
     tf.scale_host(g, nodes & ((g.h_kind == FILL) | (g.h_kind == CALL)), left)
     g.g_dur[kernels] = np.maximum(g.g_dur[kernels] - PER_KERNEL_GPU_US, 0.1 * g.g_dur[kernels])
-    return g, [f"the optimizer step keeps {left:.0%} of its host time and each of its kernels "
+    return g, [f"the optimizer step keeps {percent(100 * left, 0)} of its host time and each of "
+               "its kernels "
                f"loses {PER_KERNEL_GPU_US:g} us of fixed cost ({value}; an assumption, see "
                "docs/replay.md)"]
 

@@ -8,6 +8,7 @@ from stallscope.replay import transforms as tf
 from stallscope.replay.graph import CALL, FILL, Graph
 from stallscope.replay.loader import NotModelled
 from stallscope.replay.models.common import Context, Model, zero_grad_nodes
+from stallscope.units import percent
 
 # zero_grad(set_to_none=True) only drops references: this share of its host time is left.
 ZERO_GRAD_HOST_LEFT = 0.05
@@ -23,7 +24,8 @@ def zero_grad(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     g = g.copy()
     tf.remove_gpu(g, launched)
     tf.scale_host(g, nodes & ((g.h_kind == FILL) | (g.h_kind == CALL)), ZERO_GRAD_HOST_LEFT)
-    return g, [f"zero_grad() launches nothing and keeps {ZERO_GRAD_HOST_LEFT:.0%} of its host "
+    return g, [f"zero_grad() launches nothing and keeps {percent(100 * ZERO_GRAD_HOST_LEFT, 0)} "
+               "of its host "
                "time: gradients are set to None, not filled with zeros"]
 
 
