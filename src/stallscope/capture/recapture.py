@@ -2,7 +2,8 @@
 activities, warm-up and step count) begun at the step boundary capture/later.py chose, its
 trace written beside the first one's in a folder of its own (`<trace dir>-capture-<k>`: a run
 of its own in TensorBoard, never read as another rank), and each capture's facts appended to
-`OUT/watch/captures.jsonl` for the report (report/watch_view.py), the skipped ones too.
+`OUT/watch/steps.captures.jsonl` (capture/steplog.py `captures_path`) for the report
+(commands/run.py `later_captures`), the skipped ones too.
 
 Nothing here may stop the user's run: a capture that fails to start or write ends the later
 captures, and says so in its line of captures.jsonl.
@@ -90,6 +91,7 @@ class LaterCaptures:
                     self._discard = True
                     self.prof.stop()
             self.prof = None
+            self.session.watcher.recording = False
 
     def _consider(self, start: Start, step: int) -> None:
         if self.pending is not None:
