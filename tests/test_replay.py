@@ -4,6 +4,7 @@ measured before/after pairs), and the fix plan never promises more than the step
 from __future__ import annotations
 
 import json
+import weakref
 from functools import cache
 from pathlib import Path
 
@@ -289,3 +290,28 @@ def test_launches_into_a_full_queue_wait_for_the_gpu() -> None:
     assert 35 < first["saving_pct"] < 67
     assert first["predicted_step_us"] >= report.plan["floor_us"]
     assert report.verdict_id == "gpu-bound" and "amp=fp16" in report.verdict
+
+
+def test_a_plan_holds_few_copies_of_the_graph_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each copy of a big trace's graph is tens of MB: the plan must not keep one per finding
+    (five replayed findings here) while it ranks them."""
+    from stallscope.replay import graph as graph_module
+
+    made: list[weakref.ref] = []
+    most = 0
+    copy = graph_module.Graph.copy
+
+    def counted(self: graph_module.Graph) -> graph_module.Graph:
+        nonlocal most
+        new = copy(self)
+        made.append(weakref.ref(new))
+        most = max(most, sum(ref() is not None for ref in made))
+        return new
+
+    monkeypatch.setattr(graph_module.Graph, "copy", counted)
+    model = _model(real_trace(RESNET_0[0]))
+    plan = make_plan(model, diagnose(model))
+    assert plan is not None and len(plan.entries) >= 4
+    # Five: the start, the current state, a round's best and its candidate, one in the making
+    # (it was nine when every finding's change alone was kept whole).
+    assert most <= 5, f"{most} graph copies alive at once"

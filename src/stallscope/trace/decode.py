@@ -262,8 +262,12 @@ class Columns:
             self.parts.setdefault(key, []).append(arr)
 
     def column(self, key: str, dtype: type = np.float64) -> np.ndarray:
-        parts = self.parts.get(key)
-        return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+        """The column joined, its parts let go: read once (`load._build`), so the parts and
+        the joined copy are never held together for every column at once."""
+        parts = self.parts.pop(key, None)
+        if not parts:
+            return np.empty(0, dtype=dtype)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import msgspec
 import numpy as np
 import pandas as pd
 
+from stallscope import heap
 from stallscope.errors import InputError
 from stallscope.trace import split
 from stallscope.trace.decode import (
@@ -159,7 +160,10 @@ def load_trace(path: Path, on_progress: Any = None,
         raise InputError(f"{path}: truncated: the file ends before its first complete event")
     if decoded.array and decoded.columns.seen == 0:
         raise InputError(f"{path}: not a trace (top level is a list holding no events)")
-    return _build(path, decoded)
+    trace = _build(path, decoded)
+    del decoded
+    heap.trim()  # the events' structs are freed: give their memory back for the analysis
+    return trace
 
 
 def _not_a_file(path: Path) -> str:

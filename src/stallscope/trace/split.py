@@ -292,7 +292,8 @@ def join(parts: list[Decoded]) -> Decoded:
     arrays: dict[str, list[np.ndarray]] = {}
     for part in parts:
         pc = part.columns
-        for key, chunks in pc.parts.items():
+        for key in list(pc.parts):
+            chunks = pc.parts.pop(key)  # let each part's chunks go once joined
             if not chunks:
                 continue
             joined = np.concatenate(chunks) if len(chunks) > 1 else chunks[0]
