@@ -46,3 +46,21 @@ def test_exact_sums_are_whole_microsecond_like_values_only() -> None:
     assert exact_sums(np.array([1.0, 2.5, 1e6, 0.125]))
     assert not exact_sums(np.array([0.1, 0.2]))
     assert not exact_sums(np.array([2.0**52, 2.0**52]))
+
+
+@pytest.mark.parametrize("odd", ["none", "nan", "inf", "missing-label"])
+def test_many_small_groups_in_row_order_match_pandas_bit_for_bit(odd: str) -> None:
+    """Timeline pieces: hundreds of thousands of rows in small groups, labels not in order
+    (the sum is taken group by group in rounds there, not row by row)."""
+    rng = np.random.default_rng(11)
+    size, n = 60_000, 9_000
+    values = rng.random(size) * 10.0 ** rng.integers(-2, 7, size)
+    labels = rng.integers(0, n, size)
+    if odd == "nan":
+        values[rng.random(size) < 0.1] = np.nan
+    elif odd == "inf":
+        values[rng.integers(0, size, 5)] = np.inf
+    elif odd == "missing-label":
+        labels = np.where(rng.random(size) < 0.1, -1, labels)
+    ours, theirs = group_sums(values, labels, n), _pandas(values, labels, n)
+    assert ours.tobytes() == theirs.tobytes()

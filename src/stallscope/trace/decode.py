@@ -55,8 +55,12 @@ import numpy as np
 
 from stallscope.units import binary_size
 
-CHUNK_BYTES = 8 << 20  # text per decoded chunk: large enough to amortise, small enough to cache
-BLOCK_BYTES = 8 << 20  # text read per file read
+# Text per decoded chunk: large enough to amortise each decode call, small enough that the
+# chunk's text and its events as structs stay a small part of the peak (on the 302 MB trace
+# of docs/performance.md, 4 MB held 21 MB less than 8 MB at the same speed within the VM's
+# noise).
+CHUNK_BYTES = 4 << 20
+BLOCK_BYTES = 4 << 20  # text read per file read
 _MAX_TRIES = 8  # failed cuts before more text is read in (a cut inside a huge event)
 _TAIL_BYTES = 1 << 20  # the keys after the event list: Kineto writes a few hundred bytes there
 _TAIL_TRIES = 256  # `]` tried as the end of the event list before the file is called cut off
@@ -315,22 +319,26 @@ def stream_decode(fh: Read1, on_progress: Any = None,
             return None
         if start is None:
             return None
-        return _decode_events_from(head, start, blocks, reader, limits, columns or Columns())
+        # The object form's text before `"traceEvents": [` is kept to read its metadata at the
+        # end; the array form has none (prefix None).
+        prefix = None if start.array else bytes(head[: start.prefix_end])
+        buf = bytearray(b"[")
+        buf += head[start.events:]
+        del head, block  # not held through the whole read (two blocks: 16 MB of its peak)
+        return _decode_events_from(buf, start.events, prefix, blocks, reader, limits,
+                                   columns or Columns())
 
 
-def _decode_events_from(head: bytearray, start: _Start, blocks: Iterator[bytearray],
-                        reader: _Reader, limits: Limits, cols: Columns) -> Decoded:
-    # The object form's text before `"traceEvents": [` is kept to read its metadata at the end;
-    # the array form has none (prefix None).
-    prefix = None if start.array else bytes(head[: start.prefix_end])
-    buf = bytearray(b"[")
-    buf += head[start.events:]
-    at = start.events  # text offset of buf[1]
-    del head
+def _decode_events_from(buf: bytearray, at: int, prefix: bytes | None,
+                        blocks: Iterator[bytearray], reader: _Reader, limits: Limits,
+                        cols: Columns) -> Decoded:
+    """The events of `buf` (`[` and the text after the list's own `[`, which is at text
+    offset `at - 1`) and of the `blocks` after it."""
     retry_at = CHUNK_BYTES  # after a failed cut, try again once this much text is held
     while True:
         while len(buf) < retry_at and (block := next(blocks, None)) is not None:
             buf += block
+        block = None  # in `buf` now: not held through the decode as well
         if len(buf) < retry_at:
             break  # end of the file
         cut = _cut(buf, cols, at)
@@ -341,7 +349,8 @@ def _decode_events_from(head: bytearray, start: _Start, blocks: Iterator[bytearr
                     "event boundary (the limit on text held at once; --max-buffer-mb raises it)")
             retry_at = 2 * len(buf)  # geometric: every byte is decoded a bounded number of times
             continue
-        buf = bytearray(b"[") + buf[cut + 1:]
+        buf[cut] = 0x5B  # `[` in place of the comma, and the text before it let go, in place
+        del buf[:cut]  # (a new buffer of the rest would hold both for a moment)
         at += cut
         retry_at = CHUNK_BYTES
     decoded = _finish(buf, prefix, cols, at)

@@ -28,6 +28,43 @@ def group_sums(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
             runs = np.flatnonzero(np.r_[True, runs_of[1:] != runs_of[:-1]])
             out[runs_of[runs]] = np.add.reduceat(values[lead:], runs)
         return out
+    return _compensated(values, labels, n)
+
+
+def _compensated(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
+    """pandas' compensated running sum per group, in row order, NaN and label -1 skipped.
+
+    Vectorised across groups: the k-th row of every group is added in round k, with the very
+    float operations of the running sum, so the bits are the same. Rounds cost a few numpy
+    calls each, so a group of most of the rows (few groups, many rounds) is summed in a Python
+    loop instead (the rounds' arrays also stay far smaller than that loop's lists of floats:
+    56 MB for the 700,000 timeline pieces of a 300 MB trace)."""
+    keep = (labels >= 0) & ~np.isnan(values)
+    g, v = labels[keep], values[keep]
+    order = np.argsort(g, kind="stable")  # each group's rows together, in row order
+    g, v = g[order], v[order]
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.zeros(0, np.int64)
+    rank = np.arange(len(g)) - np.repeat(first, np.diff(np.r_[first, len(g)]))
+    per_round = np.bincount(rank)
+    if len(per_round) > max(64, len(g) // 16):
+        return _compensated_loop(v, g, n)
+    rows_by_round = np.argsort(rank, kind="stable")
+    bounds = np.r_[0, np.cumsum(per_round)]
+    sums, comp = np.zeros(n), np.zeros(n)
+    with np.errstate(invalid="ignore"):
+        for k in range(len(per_round)):
+            rows = rows_by_round[bounds[k]:bounds[k + 1]]
+            at = g[rows]  # one row per group in a round: no two writes to one place
+            y = v[rows] - comp[at]
+            before = sums[at]
+            t = before + y
+            c = t - before - y
+            c[c != c] = 0.0  # an infinity makes it NaN: pandas resets it
+            comp[at], sums[at] = c, t
+    return sums
+
+
+def _compensated_loop(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
     sums, comp = [0.0] * n, [0.0] * n
     for g, v in zip(labels.tolist(), values.tolist(), strict=True):
         if g < 0 or v != v:
