@@ -16,7 +16,11 @@ ratios are taken from runs interleaved with each other):
      its parent counted in both) and, in one more run of each apart from the timed ones (reading
      smaps slows the processes it reads), the sum of proportional memory (PSS: shared pages
      split).
-  4. the in-process stage timings of one analysis of the big trace (docs/performance.md).
+  4. the in-process stage timings of one analysis of the big trace (docs/performance.md);
+  5. the recording's cost, by the two benchmarks that measure it, each in its own process:
+     bench_profiler_cost.py (the profiler's cost per op with and without each option, and the
+     trace bytes per op) and bench_hooks.py (what run's step hooks and watch's per-step log
+     add to a step). `--no-recording` leaves them out (they need torch, and take a minute).
 """
 
 from __future__ import annotations
@@ -147,6 +151,7 @@ def main() -> None:
     ap.add_argument("--big", type=Path, help="the big trace (default: built by tiling)")
     ap.add_argument("--small", type=Path, default=SMALL)
     ap.add_argument("--no-stages", action="store_true")
+    ap.add_argument("--no-recording", action="store_true")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="stallscope-cost-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -207,6 +212,11 @@ def main() -> None:
         print(f"\nstages of one analysis of {big.name}, in one process:")
         for label, s in stages(big):
             print(f"  {label:<46} {s:6.3f} s")
+
+    if not args.no_recording:
+        for script in ("bench_profiler_cost.py", "bench_hooks.py"):
+            print(f"\nthe recording's cost: benchmarks/{script}", flush=True)
+            subprocess.run([py, str(Path(__file__).parent / script)], check=True, env=ENV)
 
 
 if __name__ == "__main__":
