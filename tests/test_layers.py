@@ -2,7 +2,7 @@
 
     commands -> report -> diagnose -> replay -> trace      capture beside trace
     (cli and the Python API above all, side by side; errors, progress, outputs, fanout, text,
-    units, the run facts and the step marker below all)
+    units, the run facts, the step marker and the heap trim below all)
 
 `replay` and `diagnose` may not import `capture` even though it sits lower: they read what a
 recording knows about its run from the run facts and the trace stage, never from the code that
@@ -31,7 +31,7 @@ PACKAGE = ROOT / "src" / "stallscope"
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.units",
               "stallscope.progress", "stallscope.outputs", "stallscope.fanout",
-              "stallscope.marker", "stallscope.runfacts")},
+              "stallscope.marker", "stallscope.runfacts", "stallscope.heap")},
     {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",),
      "wholerun": ("stallscope.wholerun",)},
     {"replay": ("stallscope.replay",)},
