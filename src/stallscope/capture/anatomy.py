@@ -24,13 +24,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stallscope.capture import sampler, transfer
+from stallscope.capture import sampler, schedstat, transfer
 
 # A worker writes its totals at most this often (seconds): a batch costs two clock reads and
 # two schedstat reads (~25 us); a write (~0.4 ms with psutil's I/O counters, measured on this
@@ -50,12 +49,6 @@ MAX_WORKERS_LISTED = 64
 BOUNDS = ("waiting", "cpu-bound", "collate/transfer-bound", "main-process-bound")
 
 _account: _WorkerAccount | None = None  # this worker's totals; None in the training process
-_SCHEDSTAT = "/proc/thread-self/schedstat"
-_sched_ok = True
-# One open descriptor per thread (by its kernel thread id, unique across processes, so a forked
-# worker never reads its parent's thread): pread on it costs ~3 us where open/read/close cost
-# ~20 us, and a batch reads it twice in each process that fetches.
-_sched_fds: dict[int, int] = {}
 
 
 def runq_us() -> float | None:
@@ -64,23 +57,8 @@ def runq_us() -> float | None:
     This is what splits "off the CPU" in two: a fetch off the CPU because it waits on storage
     is blocked; one off the CPU because other processes hold the cores is runnable. Without it a
     CPU-bound loader on a busy machine would look like it waits. None where not available."""
-    global _sched_ok
-    if not _sched_ok:
-        return None
-    try:
-        tid = threading.get_native_id()
-        fd = _sched_fds.get(tid)
-        if fd is None:
-            if len(_sched_fds) > 64:  # threads come and go: never hold many descriptors
-                for old in _sched_fds.values():
-                    with contextlib.suppress(OSError):
-                        os.close(old)
-                _sched_fds.clear()
-            fd = _sched_fds[tid] = os.open(_SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
-        return int(os.pread(fd, 128, 0).split()[1]) / 1000.0
-    except (OSError, ValueError, IndexError):
-        _sched_ok = False
-        return None
+    got = schedstat.thread_times_ns()
+    return None if got is None else got[1] / 1000.0
 
 
 class TimedCollate:
