@@ -288,3 +288,60 @@ def test_a_long_run_keeps_a_bounded_sample_with_every_spike_and_a_true_chart() -
     peaks = [float(p.split(",")[1]) for p in chart["peaks"].split()]
     assert max(ys) - min(ys) < 1.0  # one flat median line at 10 ms
     assert min(peaks) < min(ys) - 50  # the stalls still reach far above it
+
+
+def _read_line_by_line(path: Path) -> StepSeries:
+    """The step file read as it was before the typed fast path: each line by json.loads."""
+    records, skipped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                skipped += 1
+                continue
+            if isinstance(obj, dict):
+                records.append(obj)
+            else:
+                skipped += 1
+    return StepSeries.from_records(records, skipped_lines=skipped)
+
+
+ODD_LINES = [
+    '{"step": 7, "step_ms": "12.5", "loader_wait_ms": 1}',  # a number written as text
+    '{"step": 8, "step_ms": true, "profiled": 1}',  # a bool where a number goes
+    '{"step": 9, "step_ms": NaN, "epoch": 2.7}',  # Python's json writes NaN
+    '[1, 2, 3]',  # not an object
+    '{"step": 10, "step_ms": 1e999, "cpu_ms": -Infinity}',
+    '{"step": 11, "step_ms": 5, "note": "a\u2028b", "epoch": -1}',  # U+2028 inside a string
+    '   ',
+    '{"step": 12, "step_ms": 4.0, "loader_wait_ms": 9.0, "profiled": true}\r',
+    '{"step": 13, "step_ms": 4.0, "loader_wait_ms": -2, "start_s": 12.5, "host_sync_ms": null}',
+    '{"step": 14, "step_ms"',  # torn
+]
+
+
+@pytest.mark.parametrize("block", [64, 300, 1 << 20])
+def test_the_fast_read_of_the_step_file_equals_the_line_by_line_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    """Blocks of typed lines, odd blocks line by line: the same series either way, whatever
+    the lines hold and wherever the blocks end."""
+    from stallscope.wholerun import series as series_module
+
+    monkeypatch.setattr(series_module, "BLOCK_BYTES", block)
+    rng = np.random.default_rng(3)
+    lines = [json.dumps({"step": i, "step_ms": float(rng.uniform(1, 9)),
+                         "loader_wait_ms": float(rng.uniform(0, 1)), "epoch": i // 40,
+                         "start_s": 100 + i * 0.01, "cpu_ms": 3.5, "profiled": i % 50 == 0})
+             for i in range(400)]
+    for k, odd in enumerate(ODD_LINES[:-1]):
+        lines.insert(37 * (k + 1), odd)
+    path = tmp_path / "steps.jsonl"
+    path.write_text("\n".join(lines) + "\n" + ODD_LINES[-1], encoding="utf-8")
+    fast, slow = StepSeries.from_jsonl(path), _read_line_by_line(path)
+    assert fast.skipped_lines == slow.skipped_lines == 2  # the list and the torn last line
+    for name in ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "cpu_ms", "epoch",
+                 "start_s", "profiled"):
+        assert np.array_equal(getattr(fast, name), getattr(slow, name), equal_nan=True), name

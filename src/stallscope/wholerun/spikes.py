@@ -29,6 +29,9 @@ class Spikes:
     scale: float  # robust sd of the log residual
 
 
+ROWS_AT_ONCE = 1 << 16  # rolling-median windows taken at once: 11 MB of copies at most
+
+
 def robust_sd(x: np.ndarray) -> float:
     """1.4826 x MAD: the sd of the bulk, blind to the tails a stall makes."""
     if x.size == 0:
@@ -45,7 +48,13 @@ def rolling_median(x: np.ndarray, window: int = WINDOW) -> np.ndarray:
         return x.copy()
     half = size // 2
     padded = np.pad(x, half, mode="reflect")  # mirrored about the ends: an end spike stays one
-    return np.median(sliding_window_view(padded, size), axis=1)
+    windows = sliding_window_view(padded, size)
+    # In row blocks: the median copies its windows, and all of them at once would be `size`
+    # times the series (336 MB for 2 million steps).
+    out = np.empty(x.size)
+    for lo in range(0, x.size, ROWS_AT_ONCE):
+        out[lo:lo + ROWS_AT_ONCE] = np.median(windows[lo:lo + ROWS_AT_ONCE], axis=1)
+    return out
 
 
 def find_spikes(step_ms: np.ndarray) -> Spikes:

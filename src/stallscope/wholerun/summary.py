@@ -41,23 +41,31 @@ def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[s
     return out
 
 
-def _bounded(steps: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
-    """At most about MAX_KEPT_STEPS of the steps for report.json (and the page, which embeds
-    it), 2x that at worst: every step up to it; past it, every k-th step, the slowest step of
-    each k (so the chart's peaks and the stalls stay), and every step under the profiler. A day
-    of 10 ms steps is 8.6 million steps (200k of them made 33 MB of JSON); the step file keeps
-    every one."""
-    n = len(steps)
+def _kept(series: StepSeries) -> tuple[np.ndarray, str | None]:
+    """The steps report.json keeps (and the page, which embeds it), as positions: at most
+    about MAX_KEPT_STEPS, 2x that at worst: every step up to it; past it, every k-th step, the
+    slowest step of each k (so the chart's peaks and the stalls stay), and every step under the
+    profiler. A day of 10 ms steps is 8.6 million steps (200k of them made 33 MB of JSON); the
+    step file keeps every one. Only the kept steps become records: all 2 million of a long
+    run took 25 s."""
+    n = len(series)
     if n <= MAX_KEPT_STEPS:
-        return steps, None
+        return np.arange(n), None
     every = -(-n // MAX_KEPT_STEPS)
-    keep = {i for i in range(0, n, every)}
-    for start in range(0, n, every):
-        block = range(start, min(start + every, n))
-        keep.add(max(block, key=lambda i: steps[i]["step_ms"] or 0.0))
-    keep.update(i for i, r in enumerate(steps) if r["profiled"])
-    kept = [steps[i] for i in sorted(keep)]
-    return kept, (f"report.json keeps {len(kept):,} of the {n:,} steps (every {every}th, the "
+    starts = np.arange(0, n, every)
+    # The slowest of each k as report.json writes it (rounded, _opt), the first on a tie:
+    # only steps near their block's maximum are rounded in Python to find it.
+    ms = np.where(np.isfinite(series.step_ms), series.step_ms, 0.0)
+    top = np.maximum.reduceat(ms, starts)
+    block = np.arange(n) // every
+    slowest: dict[int, int] = {}
+    for i in np.flatnonzero(ms >= top[block] - 1e-3).tolist():
+        b = i // every
+        if b not in slowest and round(float(ms[i]), 4) == round(float(top[b]), 4):
+            slowest[b] = i
+    keep = np.union1d(np.union1d(starts, list(slowest.values())),
+                      np.flatnonzero(series.profiled))  # type: ignore[arg-type]
+    return keep, (f"report.json keeps {len(keep):,} of the {n:,} steps (every {every}th, the "
                   f"slowest of each {every} and every step under the profiler); the step file "
                   "holds them all")
 
@@ -71,12 +79,12 @@ def summarise(series: StepSeries) -> dict[str, Any]:
         np.zeros(0, dtype=bool), step_ms, step_ms, 0.0)
     v = periodic.Valid(series.step[ok], series.epoch[ok], step_ms, series.loader_wait_ms[ok],
                        found_spikes, wall)
-    steps = series.to_records()
-    spike_steps = set(v.steps[found_spikes.mask].tolist())
-    for rec in steps:
-        rec["spike"] = rec["step"] in spike_steps
+    keep, kept_note = _kept(series)
+    steps = series.to_records(keep.tolist())
+    spike = np.isin(series.step[keep], v.steps[found_spikes.mask])
+    for rec, flag in zip(steps, spike.tolist(), strict=True):
+        rec["spike"] = flag
     notes: list[str] = []
-    steps, kept_note = _bounded(steps)
     if kept_note:
         notes.append(kept_note)
     n_valid = int(ok.sum())
