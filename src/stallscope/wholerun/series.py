@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -70,11 +70,8 @@ class StepSeries:
         `step` defaults to the record's position; a loader wait that is missing counts as 0
         (no wait measured), clipped to the step it is part of.
         """
-        rows = list(records)
-        cols = {f: np.array([_num(row.get(f)) for row in rows], dtype=np.float64)
-                for f in FIELDS if f != "profiled"}
-        profiled = np.array([row.get("profiled") is True for row in rows], dtype=bool)
-        return cls._from_columns(cols, profiled, skipped_lines)
+        cols = _record_columns(list(records))
+        return cls._from_columns(cols, cols.pop("profiled"), skipped_lines)
 
     @classmethod
     def _from_columns(cls, cols: dict[str, np.ndarray], profiled: np.ndarray,
@@ -250,7 +247,13 @@ def _lenient_block(block: bytes) -> tuple[dict[str, np.ndarray], int]:
             records.append(obj)
         else:
             skipped += 1
+    return _record_columns(records), skipped
+
+
+def _record_columns(records: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """Each field of `records` as floats (`_num`: NaN where missing or not a number), and
+    `profiled` as booleans (true only for JSON true)."""
     cols = {f: np.array([_num(r.get(f)) for r in records], dtype=np.float64)
             for f in FIELDS if f != "profiled"}
     cols["profiled"] = np.array([r.get("profiled") is True for r in records], dtype=bool)
-    return cols, skipped
+    return cols
