@@ -20,7 +20,8 @@ ratios are taken from runs interleaved with each other):
   5. the recording's cost, by the two benchmarks that measure it, each in its own process:
      bench_profiler_cost.py (the profiler's cost per op with and without each option, and the
      trace bytes per op) and bench_hooks.py (what run's step hooks and watch's per-step log
-     add to a step). `--no-recording` leaves them out (they need torch, and take a minute).
+     add to a step). `--no-recording` leaves them out (they need torch, and
+     take several minutes: bench_hooks' MLP loops are most of it).
 """
 
 from __future__ import annotations

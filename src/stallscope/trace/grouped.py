@@ -64,10 +64,9 @@ def _compensated(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
 
 
 def _compensated_loop(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
+    """The same sum row by row: `values` and `labels` are the kept rows (no NaN, no -1)."""
     sums, comp = [0.0] * n, [0.0] * n
     for g, v in zip(labels.tolist(), values.tolist(), strict=True):
-        if g < 0 or v != v:
-            continue
         y = v - comp[g]
         t = sums[g] + y
         c = t - sums[g] - y

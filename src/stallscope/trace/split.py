@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import psutil
 
+from stallscope import heap
 from stallscope.trace.decode import (
     _BOUNDARY,
     BLOCK_BYTES,
@@ -182,8 +183,6 @@ def _send(conn: Any, value: Any) -> None:
     """`value` pickled with its arrays out of band, each written straight from its memory: a
     plain `send` would hold the whole pickle beside the arrays here (16 MB of a 150 MB part),
     and the receiver the pickle beside the arrays it unpickles."""
-    from stallscope import heap
-
     heap.trim()  # the part's events as structs are freed: their memory back before the send
     buffers: list[pickle.PickleBuffer] = []
     head = pickle.dumps(value, protocol=5, buffer_callback=buffers.append)

@@ -223,9 +223,12 @@ def _typed_block(block: bytes) -> dict[str, np.ndarray] | None:
         lines = _LINES.decode_lines(block)
     except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
         return None
-    return {f: np.array(list(map(_GET[f], lines)), dtype=np.float64)
-            if f != "profiled" else np.array([x.profiled is True for x in lines], dtype=bool)
-            for f in FIELDS}
+    cols = {f: np.array(list(map(_GET[f], lines)), dtype=np.float64)
+            for f in FIELDS if f != "profiled"}
+    # bool | None here: bool() is `is True`
+    cols["profiled"] = np.fromiter(map(bool, map(_GET["profiled"], lines)), dtype=bool,
+                                   count=len(lines))
+    return cols
 
 
 def _lenient_block(block: bytes) -> tuple[dict[str, np.ndarray], int]:

@@ -46,8 +46,8 @@ def _kept(series: StepSeries) -> tuple[np.ndarray, str | None]:
     about MAX_KEPT_STEPS, 2x that at worst: every step up to it; past it, every k-th step, the
     slowest step of each k (so the chart's peaks and the stalls stay), and every step under the
     profiler. A day of 10 ms steps is 8.6 million steps (200k of them made 33 MB of JSON); the
-    step file keeps every one. Only the kept steps become records: all 2 million of a long
-    run took 25 s."""
+    step file keeps every one. Only the kept steps become records: making one of every step
+    took 4.9 s of the 6.5 s summary of 400,000 steps (under cProfile)."""
     n = len(series)
     if n <= MAX_KEPT_STEPS:
         return np.arange(n), None
