@@ -36,6 +36,7 @@ from stallscope.replay.models.common import ONE_THREAD, ONE_THREAD_WHY, Context
 from stallscope.replay.threads import MAX_SCALE_PER_THREAD, MIN_SCALE, OneThread, scales
 from stallscope.replay.unload import OtherWait, barrier_note, unload
 from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile
+from stallscope.text import plural
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.model import TraceModel
 from stallscope.units import ms, percent
@@ -155,6 +156,7 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     graph = unprofile(graph, counts, cost.op_us)
     unprofiled = replay(graph)
     measured = float(np.median(recorded[used]))
+    steady, filled = _steady(recorded, base)
     load_us = max(0.0, _median(base, used) - _median(unloaded, used))
     profiler_us = max(0.0, _median(unloaded, used) - _median(unprofiled, used))
     plan = Plan(
@@ -164,8 +166,8 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         floor_us=0.0,
         steps_used=[s.name for s in steps[used]],
         floor_kind="gpu" if len(graph.g_ts) else "host",
-        steps_note=_steps_note(len(model.steps), window, used),
-        baseline_step_us=max(measured - profiler_us - load_us, 0.0),
+        steps_note=_steps_note(len(model.steps), window, used, filled[used]),
+        baseline_step_us=max(float(np.median(steady[used])) - profiler_us - load_us, 0.0),
         profiler={"op_us": round(cost.op_us, 3), "measured": cost.measured,
                   "source": cost.source,
                   "ops_per_step": round(float(counts.sum()) / graph.steps, 1),
@@ -240,8 +242,26 @@ def _alone(predict: Any, graph: Graph, changes: list[Change]
         return None, changes, str(exc)
 
 
-def _steps_note(n: int, window: slice, used: slice) -> str | None:
-    """Why some recorded steps are not in the medians, in the report's words."""
+# A recorded step that launched more GPU work than this times its own length was not steady:
+# the host ran ahead of the GPU while the launch queue filled.
+FILLING_RATIO = 1.02
+
+
+def _steady(recorded: np.ndarray, base: Replay) -> tuple[np.ndarray, np.ndarray]:
+    """Each recorded step as the run settles into it, and the GPU work of those the launch
+    queue was filling in (NaN elsewhere). A host that runs ahead of a busy GPU ends its steps
+    before their GPU work (the queue fills until launches block), so such a step's length is
+    not the run's: there the unchanged replay's step, paced by the GPU work each step
+    launched, is; elsewhere the recorded step is."""
+    need = base.gpu_need if base.gpu_need is not None else np.zeros(len(recorded))
+    filling = need > FILLING_RATIO * recorded
+    return (np.where(filling, np.fmax(base.paced_step_us, recorded), recorded),
+            np.where(filling, need, np.nan))
+
+
+def _steps_note(n: int, window: slice, used: slice, filled: np.ndarray) -> str | None:
+    """Why some recorded steps are not in the medians or not taken as recorded, in the
+    report's words. `filled`: the used steps' GPU work where the launch queue was filling."""
     said = []
     if window.stop - window.start < n:
         said.append(f"a long recording is replayed over {MAX_REPLAY_STEPS} consecutive steps "
@@ -249,6 +269,15 @@ def _steps_note(n: int, window: slice, used: slice) -> str | None:
     if used != slice(None):
         said.append("the first replayed step is left out: it carries GPU work queued before "
                     "it, which the replay keeps where it was")
+    need = filled[~np.isnan(filled)]
+    if len(need):
+        low, high = ms(float(need.min()), "tenths"), ms(float(need.max()), "tenths")
+        said.append(
+            f"{plural(len(need), 'step')} ended before the GPU work launched in "
+            f"{'it' if len(need) == 1 else 'each'} ({low if low == high else f'{low}-{high}'} "
+            "ms on the busiest GPU): the host ran ahead while the launch queue filled, so "
+            f"{'it is' if len(need) == 1 else 'they are'} taken at the pace of that work, as "
+            "the run settles")
     return "; ".join(said) or None
 
 

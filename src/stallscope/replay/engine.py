@@ -36,9 +36,9 @@ class Replay:
     gpu_done: np.ndarray | None = None
     # The first step's GPU time: from its start to gpu_done[0], less the recorded tail.
     gpu_first_us: float = np.nan
-    # Per step, the busiest device's busy time (union) over the ops recorded in it, as
-    # replayed, less the work the recording ran past the step's end (`_tails`): the time the
-    # step cannot take less than (0 when it has none).
+    # Per step, the busiest device's busy time (union) over the ops it launched, as replayed:
+    # the time the step cannot take less than once steps follow each other (0 when it has
+    # none).
     gpu_need: np.ndarray | None = None
 
     @property
@@ -243,7 +243,7 @@ class _Run:
         done = _gpu_done(g, self.gpu_end, len(steps))
         tail = _tails(g, len(steps))
         first = float(done[0] - host_start[g.step_start[0]] - tail[0]) if len(steps) else np.nan
-        need = np.fmax(gpu_need(g, self.gpu_start, self.gpu_end, len(steps)) - tail, 0.0)
+        need = gpu_need(g, self.gpu_start, self.gpu_end, len(steps))
         return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end, done, first,
                       need)
 
@@ -261,17 +261,16 @@ def _tails(g: Graph, n: int) -> np.ndarray:
 
 
 def _in_step(g: Graph, n: int) -> np.ndarray:
-    """Per GPU op, the recorded step it started in (among the first `n`), else -1."""
-    starts, ends = g.h_ts[g.step_start[:n]], g.h_rec_end[g.step_end[:n]]
-    step = np.searchsorted(starts, g.g_ts, side="right") - 1
-    inside = (step >= 0) & (g.g_ts < ends[np.clip(step, 0, None)])
-    return np.where(inside, step, -1)
+    """Per GPU op, the step (among the first `n`) that launched it (graph.py `g_step`), else
+    -1; work queued before the recording is no step's own."""
+    own = g.g_step < n if g.g_queued is None else (g.g_step < n) & ~g.g_queued
+    return np.where(own, g.g_step, -1)
 
 
 def gpu_need(g: Graph, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
     """Per step, the busiest device's busy time (the union of its ops' [start, end)) over the
-    ops recorded in the step, at their replayed times: a fix that moves the work keeps it in
-    its step, so the step's GPU work is never lost from it."""
+    ops the step launched (`_in_step`), at their replayed times: a fix that moves the work keeps
+    it in its step, so the step's GPU work is never lost from it."""
     need = np.zeros(n)
     step = _in_step(g, n)
     ok = (step >= 0) & ~np.isnan(start) & ~np.isnan(end)

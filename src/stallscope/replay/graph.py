@@ -117,8 +117,12 @@ class Graph:
     g_cross: np.ndarray  # GPU op on another stream this op waited for, or -1
     g_cgap: np.ndarray
     g_anchor: np.ndarray  # recorded start for ops nothing else explains, else -inf
-    g_step: np.ndarray  # recorded step index (-1 outside)
+    # The window's step that launched each op (-1 outside; an op queued before the recording:
+    # where it ran), see `_launched_step`.
+    g_step: np.ndarray
     launch_us: float  # typical launch latency measured in this trace
+    # Ops queued before the recording: no recorded step's own work (None: none).
+    g_queued: np.ndarray | None = None
 
     @property
     def steps(self) -> int:
@@ -179,6 +183,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
     step_start = markers[np.searchsorted(markers_ts, starts)]
     step_end = markers[np.searchsorted(markers_ts, ends)]
     g_codes, g_names = _factorize_names(g["name"], _name_labels(model.gpu["name"]))
+    step, queued = _launched_step(g, host["ts"], starts, ends)
     return Graph(
         h_thread=host["thread"], h_kind=host["kind"], h_ts=host["ts"], h_rec_end=host["end"],
         h_dur=host["dur"], h_lead=host["lead"], h_release=host["release"],
@@ -191,9 +196,42 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
         g_names=g_names,
         g_ts=g["ts"], g_dur=g["dur"], g_bytes=g["bytes"], g_launch=g["launch"],
         g_lat=g["lat"], g_gap=g["gap"], g_cross=g["cross"], g_cgap=g["cgap"],
-        g_anchor=g["anchor"], g_step=g["step"],
-        launch_us=g["launch_us"],
+        g_anchor=g["anchor"], g_step=step, launch_us=g["launch_us"], g_queued=queued,
     )
+
+
+def _launched_step(g: dict[str, np.ndarray], host_ts: np.ndarray, starts: np.ndarray,
+                   ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per GPU op, the step of the window whose host launched it (-1: none), and whether it was
+    queued before the recording.
+
+    By launch, not by start: a host that runs ahead of a busy GPU (the launch queue filling)
+    launches a step's work long before the GPU runs it, and that work is the step's own: the
+    step cannot settle shorter than it. An op with no recorded launch belongs with the op
+    before it on its stream (work whose launch the trace lost); an op before its stream's first
+    recorded launch was queued before the recording: it is no recorded step's own, but it is
+    the same kind of work, so a fix changes it where it ran (its step is where it started). A
+    stream with no recorded launch at all (a trace without correlation ids) goes by where each
+    op started."""
+    def step_at(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right") - 1
+        return np.where((k >= 0) & (t < ends[np.clip(k, 0, None)]), k, -1)
+
+    launch, stream = g["launch"], g["stream"]
+    if not len(launch):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+    launched = launch >= 0
+    by_launch = step_at(host_ts[np.where(launched, launch, 0)])
+    # Streams are contiguous: the last launched op at or before each op, and its stream's head.
+    idx = np.arange(len(launch))
+    last = np.maximum.accumulate(np.where(launched, idx, -1))
+    head = np.r_[True, stream[1:] != stream[:-1]]
+    first_of_stream = np.maximum.accumulate(np.where(head, idx, 0))
+    inherit = last >= first_of_stream
+    none_launched = ~np.logical_or.reduceat(launched, np.flatnonzero(head))[np.cumsum(head) - 1]
+    queued = ~inherit & ~none_launched
+    step = np.where(inherit, by_launch[np.where(inherit, last, 0)], step_at(g["ts"]))
+    return step.astype(np.int64), queued
 
 
 def _equals(column: pd.Series, value: str) -> np.ndarray:
