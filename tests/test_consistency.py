@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from stallscope.report.terminal import render_terminal
+from stallscope.units import ms
 from tests.conftest import ROOT, committed_traces, report_of
 from tests.test_one_verdict import pages
 
@@ -46,6 +47,6 @@ def test_every_view_states_the_same_figures(path: Path) -> None:
     plan = data["plan"]
     if plan and plan["entries"]:
         for entry in plan["entries"][:3]:  # each predicted step, as the plan lists it
-            shown = f"{entry['predicted_step_us'] / 1000:.1f} ms"
+            shown = f"{ms(entry['predicted_step_us'])} ms"  # as every writer rounds it
             assert shown in term and shown in _text(page) and shown in _flat(text), (
                 entry["id"], shown)

@@ -219,9 +219,13 @@ def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resne
     assert bars[0][1:] == ("measured", f"{ms(plan['measured_step_us'])} ms")
     assert bars[1][1] == "without the profiler"
     assert bars[1][2].startswith(f"{ms(plan['baseline_step_us'])} ms (")
+    # Each bar's label is the drop the bar draws: the step before it less the step after.
+    before = plan["baseline_step_us"]
     for i, ((_, label, value), e) in enumerate(zip(bars[2:], plan["entries"], strict=True), 1):
         assert label == f"{i}. {e['change']}"
-        assert value == f"{ms(e['predicted_step_us'])} ms (\u2212{e['saving_pct']:.1f}%)"
+        drop = 100 * (before - e["predicted_step_us"]) / plan["baseline_step_us"]
+        assert value == f"{ms(e['predicted_step_us'])} ms (\u2212{drop:.1f}%)"
+        before = e["predicted_step_us"]
     assert bars[2][1].startswith("1. num_workers=")
     chart = html_text.unescape(section(html, "plan-chart", "</svg>"))
     assert f"floor: busiest GPU's remaining work, {ms(plan['floor_us'])} ms" in chart
@@ -250,7 +254,11 @@ def test_summary_table_tile_and_cards_say_replayed_or_upper_bound(resnet_html):
     assert top.plan_rank == 1 and first["id"] == top.id
     pct = f"{top.estimated_saving_pct:.1f}%"
     tile = section(html, "tile-saving", "</div>\n")
-    assert f"predicted {ms(first['predicted_step_us'])} ms (\u2212{pct})" in tile
+    # The prediction's own drop, and the change's share of the plan's saving where it differs.
+    drop = 100 * (plan["baseline_step_us"] - first["predicted_step_us"]) / plan[
+        "baseline_step_us"]
+    assert (f"predicted {ms(first['predicted_step_us'])} ms (\u2212{drop:.1f}% of the step here; "
+            f"its share of the plan: \u2212{pct})") in tile
     assert "replayed prediction" in tile and "up to" not in tile
     table = section(html, "findings-summary", "</table>")
     assert "can save (upper bound)" not in table and "predicted step alone" in table

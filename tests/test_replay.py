@@ -127,12 +127,21 @@ def test_the_plan_never_promises_more_than_the_step_minus_its_floor(path: Path) 
 
 
 @pytest.mark.parametrize("path", REAL, ids=lambda p: p.name[:40])
-def test_the_verdict_is_the_plans_first_entry(path: Path) -> None:
+def test_the_verdict_is_the_biggest_cause_and_names_the_plans_first_change(path: Path) -> None:
+    """The lead is the plan's first change, unless a cause the replay could not model bounds a
+    larger saving on the same step (then it leads, and the verdict still names the plan's
+    first change); the plan's entries are in the order of their shares of its saving."""
     report = report_of(path)
     if not report.plan or not report.plan["entries"]:
         return
-    first = report.plan["entries"][0]
-    assert report.findings[0].id == first["id"]
+    entries = report.plan["entries"]
+    first = entries[0]
+    assert [e["saving_pct"] for e in entries] == sorted((e["saving_pct"] for e in entries),
+                                                        reverse=True)
+    lead = report.findings[0]
+    if lead.id != first["id"]:
+        assert lead.saving_kind == "upper_bound"
+        assert lead.estimated_saving_pct > first["saving_pct"]
     assert first["change"] in report.verdict
     assert f"{first['predicted_step_us'] / 1000:.1f} ms" in report.verdict
 

@@ -20,6 +20,8 @@ inside each other's range, their order is within the noise.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -64,7 +66,10 @@ class PlanEntry:
     id: str  # the finding whose change this is
     change: str  # "num_workers=4", "pin_memory=true + non_blocking=true"
     predicted_step_us: float  # after this change and every one before it
-    saving_pct: float  # what this change adds, as a share of the measured step
+    # Its share of the plan's saving, of the baseline step (`_by_share`): what it adds averaged
+    # over every order of making the plan's changes; the plan's order. The shares add up to the
+    # baseline less the plan's end state.
+    saving_pct: float
     assumptions: list[str] = field(default_factory=list)
     # [low, high] around predicted_step_us: the replayed steps' spread and MODEL_ERROR.
     predicted_range_us: list[float] = field(default_factory=list)
@@ -216,8 +221,9 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
             f.predicted_step_us = round(scenario.step_us, 1)
             options[f.id] = changes
             del scenario
-    final = _greedy(plan, Scenario(graph, unprofiled, plan.baseline_step_us, []), options,
-                    predict, first, used)
+    start = Scenario(graph, unprofiled, plan.baseline_step_us, [])
+    final = _greedy(plan, start, options, predict, first, used)
+    final = _by_share(plan, start, final, options, predict, used)
     plan.floor_us = _floor(final.graph, final.replay, used)
     if what_if:
         plan.what_if = _what_if(plan, graph, what_if, predict, used)
@@ -322,6 +328,78 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
     return current
 
 
+# The plan's first this many changes share its saving exactly (every subset of them replayed);
+# a change after them keeps what it adds on top of them (a plan that long is rare).
+MAX_SHARED = 6
+
+
+def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, list[Change]],
+              predict: Any, used: slice) -> Scenario:
+    """Each entry's `saving_pct` its share of the plan's saving, the plan in that order, and
+    the path (each entry's predicted step, with it and every change above it made) replayed
+    again in that order; returns the scenario at the path's end.
+
+    The greedy picks each round's change by what it saves on top of the last, so a change that
+    pays off most beside others (an optimizer's launches that bind only once mixed precision
+    shortened the kernels) came after one that saves more alone and little in the end. A
+    change's share is its Shapley value: what it adds, averaged over every order of making the
+    plan's changes. The shares add up to the plan's saving and do not depend on the order the
+    changes are listed in, so the first entry is the change that saves the most on the whole.
+    """
+    entries = plan.entries
+    base = plan.baseline_step_us
+    if len(entries) < 2 or base <= 0:
+        return final
+    shared = entries[:MAX_SHARED]
+    ids = [e.id for e in shared]
+    # The greedy's path gives its prefixes: every other subset is replayed once.
+    memo: dict[frozenset[str], float] = {frozenset(): start.step_us}
+    for i, e in enumerate(shared):
+        memo[frozenset(ids[:i + 1])] = e.predicted_step_us
+
+    def step(subset: frozenset[str]) -> float:
+        if subset not in memo:
+            changes = [c for i in ids if i in subset for c in options[i]]
+            memo[subset] = predict(start.graph, [], changes).step_us
+        return memo[subset]
+
+    try:
+        share = _shapley(ids, step)
+    except NotModelled:  # a subset the replay cannot make: keep the greedy's order
+        return final
+    for e in shared:
+        e.saving_pct = round(100.0 * share[e.id] / base, 2)
+    order = sorted(shared, key=lambda e: -e.saving_pct) + entries[MAX_SHARED:]
+    if [e.id for e in order] == [e.id for e in entries]:
+        return final
+    current, applied, path = start, [], []
+    for e in order:
+        s = predict(current.graph, applied, options[e.id])
+        path.append(PlanEntry(e.id, e.change, round(s.step_us, 1), e.saving_pct, s.notes,
+                              _range(s, used)))
+        applied += [c.key for c in options[e.id]]
+        current = s
+    plan.entries = path
+    return current
+
+
+def _shapley(ids: list[str], step: Any) -> dict[str, float]:
+    """Each change's Shapley value (us): the step without it less the step with it, over every
+    subset of the others, weighted |S|! (n - |S| - 1)! / n!. `step(subset)` replays a subset."""
+    n = len(ids)
+    out = {}
+    for i in ids:
+        others = [j for j in ids if j != i]
+        total = 0.0
+        for r in range(n):
+            weight = math.factorial(r) * math.factorial(n - r - 1) / math.factorial(n)
+            for subset in itertools.combinations(others, r):
+                without = frozenset(subset)
+                total += weight * (step(without) - step(without | {i}))
+        out[i] = total
+    return out
+
+
 def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any,
              used: slice) -> dict[str, Any]:
     """Each requested change alone, then all of them together."""
@@ -352,10 +430,12 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any,
 
 
 def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]]) -> None:
-    """Savings from the plan: a finding claims only what its change adds on top of the ones
-    before it; one the replay cannot model keeps its rule's upper bound, labelled so."""
+    """Savings from the plan: a finding in it claims its share of the plan's saving; one the
+    replay cannot model keeps its rule's upper bound, labelled so, and capped so that savings
+    and bounds together fit in the step (`_cap_bounds`)."""
     measured = plan.baseline_step_us
     by_id = {e.id: (i, e) for i, e in enumerate(plan.entries)}
+    bounds = []
     for f in findings:
         if f.id in by_id:
             rank, entry = by_id[f.id]
@@ -365,8 +445,8 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
             alone = f.predicted_step_us
             f.saving_basis = (
                 f"replayed: {ms(measured, 'tenths')} -> {ms(alone, 'tenths')} ms per step with "
-                f"{entry.change} alone; {percent(entry.saving_pct)} as step {rank + 1} of the fix "
-                f"plan. Assumes: {'; '.join(entry.assumptions)}."
+                f"{entry.change} alone; {percent(entry.saving_pct)} as its share of the fix "
+                f"plan's saving (step {rank + 1} of it). Assumes: {'; '.join(entry.assumptions)}."
             )
         elif f.id in options:  # replayed, but it adds under MIN_GAIN_PCT to the plan
             shared = next((e for e in plan.entries
@@ -395,9 +475,10 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
         else:
             why = plan.not_replayed.get(f.id, "not replayed")
             f.saving_basis = f"upper bound, not replayed ({why}): {f.saving_basis}"
-            _cap_bound(plan, f)
+            bounds.append(f)
             continue
         f.severity = severity_for(f.estimated_saving_pct)
+    _cap_bounds(plan, bounds)
 
 
 # The step without the profiler's cost is "at its GPU work" within this much: then the idle the
@@ -421,22 +502,45 @@ def profiler_bound_note(plan: dict[str, Any]) -> str | None:
             f"{ms(floor, 'tenths')} ms of GPU work: that idle is the profiler's own")
 
 
-def _cap_bound(plan: Plan, f: Finding) -> None:
-    """No unreplayed bound claims more than the measured step less the floor: the last guard
-    of the invariant (the rules' bounds are computed over the plan's steps, but a sum over
-    steps set against a median can still overshoot). NOT_CAPPED says which the floor does not
-    bound."""
-    step = plan.measured_step_us
-    if f.id in NOT_CAPPED or step <= 0 or f.estimated_saving_pct is None:
+def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
+    """Unreplayed bounds on the plan's base (the baseline step), largest first, each capped to
+    what the step has left: together with the plan's savings, no more than the step (one lost
+    millisecond, one owner) and, but for NOT_CAPPED's, no more than its time above the floor.
+    A rule's figure is a share of the recorded step; the base is the step without the
+    profiler's cost, which the recorded idle and waits partly were."""
+    base, step = plan.baseline_step_us, plan.measured_step_us
+    if base <= 0 or step <= 0:
         return
-    room = round(100.0 * max(step - plan.floor_us, 0.0) / step, 2)
-    if f.estimated_saving_pct > room:
-        f.saving_basis += (
-            f"; at most {percent(room)} here (the rule's figure was "
-            f"{percent(f.estimated_saving_pct)}): the step ({ms(step, 'tenths')} ms) can lose no "
-            f"more than its time above the floor ({ms(plan.floor_us, 'tenths')} ms, "
-            f"{_FLOOR_WORDS[plan.floor_kind]})")
-        f.estimated_saving_pct = room
+    planned = sum(e.saving_pct for e in plan.entries) * base / 100.0
+    left = max(base - planned, 0.0)  # the step's time no saving has claimed
+    above = max(base - plan.floor_us - planned, 0.0)  # ...and of it, above the floor
+    for f in sorted(bounds, key=lambda f: (-f.estimated_saving_pct, f.id)):
+        if f.estimated_saving_pct is None or not_estimated(f):
+            continue
+        claimed = f.estimated_saving_pct * step / 100.0
+        room = left if f.id in NOT_CAPPED else min(left, above)
+        us = min(claimed, room)
+        pct = round(100.0 * us / base, 2)
+        if pct < round(100.0 * claimed / base, 2):
+            floor = "" if f.id in NOT_CAPPED else (
+                f" above its floor ({ms(plan.floor_us, 'tenths')} ms, "
+                f"{_FLOOR_WORDS[plan.floor_kind]})")
+            f.saving_basis += (
+                f"; at most {percent(pct)} of the {ms(base, 'tenths')} ms step here (the rule's "
+                f"figure was {percent(f.estimated_saving_pct)} of the recorded "
+                f"{ms(step, 'tenths')} ms step): what the step has left{floor} once the fix "
+                "plan's savings and the larger bounds are counted")
+        f.estimated_saving_pct = pct
+        f.severity = severity_for(pct)
+        left -= us
+        if f.id not in NOT_CAPPED:
+            above -= us
+
+
+def not_estimated(f: Finding) -> bool:
+    """A finding that claims no saving of its own (the GPU bound: only faster GPU work helps,
+    and its levers' gains are other findings' to replay)."""
+    return f.id == "gpu-bound" and f.saving_kind == "upper_bound"
 
 
 def _range(s: Scenario, used: slice) -> list[float]:

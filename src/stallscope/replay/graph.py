@@ -177,6 +177,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
                               model.main_tid, markers_ts, w0, w1)
     g = _link_gpu(gpu, host)
     _find_releases(host)
+    _find_joins(host)
     _find_waits(host, g)
     _find_queue_waits(host, names, g)
     markers = np.flatnonzero(host["kind"] == MARK)  # one per boundary time, in order
@@ -523,6 +524,28 @@ def _find_releases(host: dict[str, np.ndarray]) -> None:
     host["lead"][h] = 0.0
 
 
+def _find_joins(host: dict[str, np.ndarray]) -> None:
+    """The stepping thread back from idling, not released by a thread that went idle, waited
+    for the other launching threads: it resumes after the last node another thread ended
+    while it sat idle (the join at the end of backward, where the autograd thread hands the
+    step back and goes on with its own bookkeeping, so it does not go idle within WAKE_US).
+    Kept as a fixed idle time, a change that shortens backward (launch overhead, a launch
+    queue that frees sooner) would never reach the step."""
+    heads = np.flatnonzero(~np.isnan(host["resume"]) & (host["thread"] == 0)
+                           & (host["release"] < 0) & (host["lead"] > 0))
+    others = np.flatnonzero(host["thread"] != 0)
+    if not len(heads) or not len(others):
+        return
+    idx = _latest_other(host["end"][others], host["thread"][others], host["resume"][heads],
+                        host["thread"][heads], host["lead"][heads])
+    found = np.where(idx >= 0, others[np.clip(idx, 0, None)], -1)
+    has = found >= 0
+    h, r = heads[has], found[has]
+    host["release"][h] = r
+    host["delay"][h] = host["ts"][h] - host["end"][r]
+    host["lead"][h] = 0.0
+
+
 def _find_waits(host: dict[str, np.ndarray], g: dict) -> None:
     """A call that lasted well beyond its name's typical length and returned right after GPU
     work submitted before it finished, waited for that work (device-wide or one stream)."""
@@ -799,7 +822,7 @@ def _latest_end_on_other_stream(ts: np.ndarray, end: np.ndarray, stream: np.ndar
 
 
 def _latest_other(ends: np.ndarray, owners: np.ndarray, at: np.ndarray, mine: np.ndarray,
-                  within: float) -> np.ndarray:
+                  within: float | np.ndarray) -> np.ndarray:
     """Index into `ends` of the latest end at or before each `at`, at most `within` before it,
     whose owner (thread, stream) differs from `mine`; -1 when none. Steps back over a few ends
     of the query's own owner, vectorised over the queries."""

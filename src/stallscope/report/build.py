@@ -28,6 +28,9 @@ from stallscope.text import plural
 from stallscope.trace.model import GPU_CATEGORIES, HOST_CATEGORIES, TraceModel
 from stallscope.units import ms, percent, share_text
 
+# An entry's share of the fix plan and the drop its prediction shows are one figure when they
+# differ by less than this (points of the step): report/labels.py's SAME_PCT.
+SAME_SHARE_PCT = 0.5
 # 2: findings are ranked by the replayed fix plan (`plan`, `findings[].predicted_step_us`,
 # `findings[].plan_rank`, `what_if`); estimated_saving_pct is a finding's share of that plan.
 SCHEMA_VERSION = 2
@@ -164,14 +167,51 @@ class Report:
                 + (f"; {why}." if why and top.id == "gpu-idle" else ".")
             )
         if replayed and entry is not None:  # replayed: there is an entry
-            return (
-                f"{top.title}. Fix first: {entry['change']}; {replayed} "
-                f"({share_text(top.estimated_saving_pct)} less)."
-            )
+            return (f"{top.title}. Fix first: {entry['change']}; {replayed} "
+                    f"({self._less(top, entry)}).")
         return (
             f"{top.title}; fixing it can save up to {share_text(top.estimated_saving_pct)} "
-            "of step time (an upper bound: the replay could not model this change)."
+            f"of {self._step_named()} (an upper bound: the replay could not model this change)"
+            + self._first_change(top) + "."
         )
+
+    def _less(self, top: Finding, entry: dict[str, Any]) -> str:
+        """How much less the lead's step is: its share of the fix plan's saving, which is also
+        the drop its own prediction shows unless it pays off beside the plan's other changes;
+        then both, and where the whole plan ends."""
+        plan = self.plan or {}
+        base = plan.get("baseline_step_us") or plan.get("measured_step_us") or 0.0
+        entries = plan.get("entries") or []
+        rank = next((i for i, e in enumerate(entries) if e["id"] == entry["id"]), 0)
+        before = entries[rank - 1]["predicted_step_us"] if rank else base
+        share = top.estimated_saving_pct
+        drop = 100.0 * (before - entry["predicted_step_us"]) / base if base > 0 else share
+        if abs(drop - share) < SAME_SHARE_PCT:
+            return f"{share_text(share)} less"
+        end = entries[-1]["predicted_step_us"]
+        return (f"{share_text(drop)} less; its share of the fix plan's saving is "
+                f"{share_text(share)} of the step: all {len(entries)} of its changes, about "
+                f"{ms(end, 'tenths')} ms, {share_text(100.0 * (base - end) / base)} less")
+
+    def _step_named(self) -> str:
+        """The step a lead's bound is a share of: the plan's baseline, said as such."""
+        plan = self.plan
+        if not plan or not plan.get("baseline_step_us"):
+            return "step time"
+        base, step = plan["baseline_step_us"], plan["measured_step_us"]
+        how = " without the profiler's cost" if step - base >= 0.01 * step else ""
+        return f"the {ms(base, 'tenths')} ms step{how}"
+
+    def _first_change(self, top: Finding) -> str:
+        """After an unreplayed lead, the fix plan's first change, which the replay did model."""
+        entries = (self.plan or {}).get("entries") or []
+        if not entries or self.plan_entry(top) is not None:
+            return ""
+        first = entries[0]
+        base = self.plan["baseline_step_us"] or self.plan["measured_step_us"]
+        return (f"; the first change the replay models: {first['change']}, "
+                f"{ms(base, 'tenths')} -> about {ms(first['predicted_step_us'], 'tenths')} ms "
+                "per step")
 
     def plan_entry(self, finding: Finding) -> dict[str, Any] | None:
         """The fix-plan entry of `finding`, when it is in the plan of its trace."""

@@ -33,11 +33,13 @@ from stallscope.report.labels import (
     category_name,
     floor_phrase,
     loader_story,
+    path_drop,
     pct_of,
     plan_of,
     profiler_phrase,
     range_phrase,
     saving_label,
+    shared_saving,
     span,
     steps_phrase,
     with_before,
@@ -390,6 +392,8 @@ def _saving_view(report: Report, f: Finding) -> dict[str, Any]:
         "text": text,
         "entry": entry,
         "before_us": before,
+        "saving_text": shared_saving(plan, entry, before, "\u2212", " of the step")
+        if plan and entry is not None and before is not None else "",
         "measured_us": baseline(plan) if plan else None,
         "unprofiled": bool(plan and profiler_phrase(plan)),
         "baseline_name": baseline_name(plan) if plan else "",
@@ -409,7 +413,9 @@ def _fix_plan(report: Report) -> dict[str, Any] | None:
     card = {f.id: i for i, f in mine}
     alone = {f.id: f.predicted_step_us for _, f in mine}
     entries = [{**e, "before_us": before, "card": card.get(e["id"]),
-                "alone_us": alone.get(e["id"])} for e, before in with_before(plan)]
+                "alone_us": alone.get(e["id"]),
+                "saving_text": shared_saving(plan, e, before, "\u2212", " of the step")}
+               for e, before in with_before(plan)]
     floor = floor_phrase(plan)
     return {
         "plan": plan,
@@ -436,8 +442,8 @@ def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
         rows.append((baseline_name(plan), baseline(plan), plan["measured_step_us"],
                      round(100 * (plan["measured_step_us"] - baseline(plan))
                            / plan["measured_step_us"], 1)))
-    rows += [(f"{i}. {e['change']}", e["predicted_step_us"], before, e["saving_pct"])
-             for i, (e, before) in enumerate(with_before(plan), 1)]
+    rows += [(f"{i}. {e['change']}", e["predicted_step_us"], before,
+              path_drop(plan, e, before)) for i, (e, before) in enumerate(with_before(plan), 1)]
     labels = [(full, full if len(full) <= MAX_LABEL_CHARS else
                full[: MAX_LABEL_CHARS - 1] + "\u2026") for full, *_ in rows]
     # Labels are set at 11 units but sized as 12-unit text: changes are monospace-like

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from stallscope.diagnose.finding import Finding
-from stallscope.report.build import Report
+from stallscope.diagnose.plan import not_estimated
+from stallscope.report.build import SAME_SHARE_PCT, Report
 from stallscope.text import plural
 from stallscope.units import ms, percent, share_text
 
@@ -31,12 +32,6 @@ def saving_label(f: Finding) -> tuple[str, str]:
     if not_estimated(f):
         return "upper bound", "not estimated"
     return "upper bound", f"{pct} (upper bound)"
-
-
-def not_estimated(f: Finding) -> bool:
-    """A finding that claims no saving of its own: the GPU bound (only faster GPU work helps;
-    its levers' gains are other findings' to replay)."""
-    return f.id == "gpu-bound" and f.saving_kind == "upper_bound"
 
 
 def plan_of(report: Report, trace: str) -> dict[str, Any] | None:
@@ -72,6 +67,24 @@ def with_before(plan: dict[str, Any]) -> list[tuple[dict[str, Any], float]]:
     writer shows an entry as before -> after."""
     befores = [baseline(plan), *(e["predicted_step_us"] for e in plan["entries"])]
     return list(zip(plan["entries"], befores, strict=False))
+
+
+def path_drop(plan: dict[str, Any], entry: dict[str, Any], before: float) -> float:
+    """What an entry takes off the step on the plan's path (before -> its predicted step), in %
+    of the baseline step."""
+    return 100.0 * (before - entry["predicted_step_us"]) / (baseline(plan) or 1.0)
+
+
+def shared_saving(plan: dict[str, Any], entry: dict[str, Any], before: float,
+                  minus: str = "-", unit: str = "") -> str:
+    """An entry's saving as every writer prints it after "before -> after": "-12.3%" when its
+    share of the plan's saving (diagnose/plan.py `_by_share`) is the drop its line shows; where
+    the change pays off beside others, both: "-6.1% here; its share of the plan: -29.6%".
+    `unit` follows the first figure (" of the step")."""
+    share, drop = entry["saving_pct"], path_drop(plan, entry, before)
+    if abs(share - drop) < SAME_SHARE_PCT:
+        return f"{minus}{percent(share)}{unit}"
+    return f"{minus}{percent(drop)}{unit} here; its share of the plan: {minus}{percent(share)}"
 
 
 def span(item: dict[str, Any], dash: str = "-") -> str:

@@ -25,6 +25,7 @@ from stallscope.report.labels import (
     profiler_phrase,
     range_phrase,
     saving_label,
+    shared_saving,
     steps_phrase,
     with_before,
 )
@@ -64,13 +65,15 @@ def _plan_lines(report: Report) -> list[str]:
     lines = ["## Fix plan", ""]
     lines += paragraph(
         f"Replayed predictions{of}: the recorded steps replayed with each change applied, in "
-        f"this order, each on top of the ones before. Medians over "
+        f"this order, each on top of the ones before; the order is each change's share of the "
+        f"plan's saving (what it adds, averaged over every order of making the changes). "
+        f"Medians over "
         f"{prose(steps_phrase(report, plan))}; measured {ms(plan['measured_step_us'])} ms per "
         f"step (the unchanged replay: {ms(plan['replayed_step_us'])} ms)"
         + (f"; {prose(cost)}." if cost else ".") + (f" {prose(ranges)}." if ranges else ""))
     for i, (e, before) in enumerate(with_before(plan), 1):
         lines += wrap(f"{code(e['change'])} ({code(e['id'])}): {ms(before)} -> "
-                      f"{predicted(e)} (-{percent(e['saving_pct'])})", first=f"{i}. ",
+                      f"{predicted(e)} ({shared_saving(plan, e, before)})", first=f"{i}. ",
                       indent="    ")
         lines += bullets([f"assumes: {prose(a)}" for a in e["assumptions"]], level=1)
     lines += [""]
@@ -129,9 +132,10 @@ def _estimate_line(report: Report, f: Finding) -> str:
     if kind == "replayed" and entry is not None and plan is not None:
         alone = f"; this change alone: {ms(f.predicted_step_us)} ms" if (
             f.predicted_step_us is not None) else ""
+        before = next(b for e, b in with_before(plan) if e is entry)
+        of_step = f" of the {ms(baseline(plan))} ms step"
         return (f"*Estimate (replayed prediction):* step {f.plan_rank} of the fix plan, "
-                f"-{share_text(f.estimated_saving_pct)} of the "
-                f"{ms(baseline(plan))} ms step (down to "
+                f"{shared_saving(plan, entry, before, unit=of_step)} (down to "
                 f"{predicted(entry, inside=True)}){alone} ({basis}).")
     if kind == "replayed":
         return (f"*Estimate (replayed prediction):* {share_text(f.estimated_saving_pct)} of "

@@ -16,6 +16,7 @@ from stallscope.report.labels import (
     predicted,
     profiler_phrase,
     saving_label,
+    shared_saving,
     with_before,
 )
 from stallscope.text import MAX_TERMINAL, plain
@@ -111,7 +112,7 @@ def _plan_lines(report: Report) -> list[str]:
            + (f"; {profiler_phrase(plan)}" if profiler_phrase(plan) else "") + "):"]
     for i, (e, before) in enumerate(with_before(plan)[:MAX_PLAN_ENTRIES], 1):
         out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> {predicted(e)} "
-                   f"(-{percent(e['saving_pct'])})")
+                   f"({shared_saving(plan, e, before)})")
     if len(plan["entries"]) > MAX_PLAN_ENTRIES:
         out.append(f"    ... and {len(plan['entries']) - MAX_PLAN_ENTRIES} more in the report")
     out.append(f"    floor {ms(plan['floor_us'])} ms ({floor_phrase(plan)})")
