@@ -89,7 +89,7 @@ class Trace:
     @property
     def torch_info(self) -> TorchVersion:
         """The torch that recorded this trace, and how that is known (trace/version.py)."""
-        return read_torch_version(self.capture, self.schema)
+        return read_torch_version(self.capture, self.schema, self.recording)
 
     @property
     def torch_version(self) -> tuple[int, int] | None:
