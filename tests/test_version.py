@@ -12,7 +12,7 @@ from stallscope.diagnose.rules.no_mixed_precision import no_mixed_precision
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from stallscope.trace.version import parse_version
-from tests.conftest import real_trace, write_trace
+from tests.conftest import SAMPLES, real_trace, write_trace
 from tests.rules.test_pageable_d2h_copy import SYNTH
 
 NW0 = "kineto/resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
@@ -107,3 +107,11 @@ def test_stallscope_run_records_the_torch_version_in_the_trace_and_report(tmp_pa
     label = f"torch {torch.__version__} (recorded by stallscope run)"
     assert report_of(out)["environment"]["torch_versions"] == [label]
     assert f"**Recorded with:** {label}" in (out / "report.md").read_text().replace("\\", "")
+
+
+def test_the_recording_scripts_torch_version_is_read_from_the_metadata() -> None:
+    # cpu-loader-bound's recording script wrote `stallscope_sample.torch`: the report said
+    # "torch version unknown (the trace does not record it)".
+    trace = load_trace(SAMPLES / "cpu-loader-bound.pt.trace.json.gz")
+    assert trace.torch_version == (2, 13)
+    assert trace.torch_info.label == "torch 2.13.0+cpu (the trace's recording metadata)"

@@ -4,11 +4,19 @@ replay is paced by the GPU."""
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from stallscope.commands.pipeline import analyze_paths
 from stallscope.diagnose.fixes import Change
-from stallscope.diagnose.rules.host_device_sync import host_device_sync
+from stallscope.diagnose.held import Held, held_waits
+from stallscope.diagnose.rules.host_device_sync import (
+    SPEC,
+    SyncEvidence,
+    host_device_sync,
+    judge,
+)
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import build_model
 from tests.conftest import real_trace, report_of
@@ -74,3 +82,109 @@ def test_queue_wait_in_memcpy_is_sync_not_a_slow_copy():
     assert top["gpu_copy_us_max"] < 20
     assert "not a slow transfer" in sync.recommendation
     assert not findings(report, "pageable-h2d-copy")
+
+
+QUEUE_LEN = "hta/a100_80gb_rank0of16_queue_len.pt.trace.json.gz"
+
+
+def test_queue_len_names_the_cross_stream_wait_with_its_size():
+    # Each step the host blocks ~147 ms in a 704-byte .cpu() whose stream (27) waits on the
+    # compute stream (7): stream 7's kernels, an AllReduce on stream 84, and ~87 ms in which
+    # the GPU runs nothing though work is queued (HTA: idle, "other"). The host not waiting
+    # changes nothing (the work still runs as late), so sync=off is not the fix: the finding
+    # says what the wait is on, sized, and is not replayed as a 0% change.
+    report = report_of(real_trace(QUEUE_LEN))
+    (sync,) = findings(report, "host-device-sync")
+    ev = sync.evidence
+    assert ev["wait_cause"] == "held"
+    assert 130 <= ev["held_ms_per_step"] <= ev["blocked_ms_per_step"]
+    assert 60 <= ev["held_share_pct"] <= ev["sync_share_pct"]
+    assert ev["awaited_streams"] == ["27"]
+    behind = {b["stream"]: b for b in ev["held_behind"]}
+    assert behind["7"]["kind"] == "compute" and behind["7"]["ms_per_step"] > 20
+    assert behind["84"]["kind"] == "collective" and behind["84"]["op"] == "AllReduce"
+    parts = ev["held_breakdown_ms_per_step"]
+    assert parts["gpu_idle_work_queued"] > 50
+    assert sum(parts.values()) == pytest.approx(ev["blocked_ms_per_step"], rel=0.05)
+    assert "held behind other streams" in sync.title
+    assert "stream 84 (collective AllReduce)" in sync.recommendation
+    assert "(sync=off) does not shorten the step" in sync.recommendation
+    assert sync.saving_kind == "upper_bound" and sync.predicted_step_us is None
+    # the bound is the held time the GPU ran nothing, never past the idle of the step
+    assert 30 <= sync.estimated_saving_pct <= ev["costly_wait_share_pct"]
+    plan = report.traces[0]["plan"]
+    assert "held" in plan["not_replayed"]["host-device-sync"]
+
+
+def test_waits_behind_a_busy_gpu_keep_sync_off_and_say_what_held_them():
+    # rank 3 of 8: the waits' stream (20) queues behind stream 7's embedding backward and an
+    # all-to-all, but the GPU is busy through them: the cost is the host's lost lead, which
+    # sync=off wins back (replayed), and the text names what the stream waited behind.
+    a = host_device_sync(_model(RANK3OF8))
+    ev = a.finding.evidence
+    assert ev["wait_cause"] == "own-queue"
+    assert ev["held_breakdown_ms_per_step"]["gpu_idle_work_queued"] < 1.0
+    assert "stream 21 (collective AllToAll)" in a.finding.recommendation
+    assert Change("sync", "off") in SPEC.changes_for(a.finding, _model(RANK3OF8))
+
+
+def _gpu(*ops: tuple[str, int, float, float, float]) -> pd.DataFrame:
+    """A GPU table of (name, stream, launch, start, end) ops on device 0."""
+    return pd.DataFrame({
+        "kind": ["memcpy" if n.startswith("Memcpy") else "kernel" for n, *_ in ops],
+        "device": ["0"] * len(ops), "name": [o[0] for o in ops],
+        "stream": [float(o[1]) for o in ops], "launch_ts": [o[2] for o in ops],
+        "ts": [o[3] for o in ops], "end": [o[4] for o in ops],
+    })
+
+
+def _held(gpu: pd.DataFrame, w0: float, w1: float) -> Held:
+    return held_waits(gpu, np.array([w0]), np.array([w1]), np.array(["0"], dtype=object),
+                      np.array([3.0]))
+
+
+def test_a_held_wait_is_split_by_what_the_gpu_ran():
+    # The host waits [0, 72) for a copy on stream 3 queued behind kernel C, which waits for
+    # stream 1: stream 1 computes [0, 30) and [60, 70), an all-reduce runs on stream 2
+    # [30, 45), then nothing runs [45, 60) while stream 1's next kernel is queued; C runs
+    # [70, 72) (stream 3's own queue), then the copy.
+    gpu = _gpu(("gemm", 1, -10, 0, 30), ("ncclKernel_AllReduce_Sum_f32", 2, -8, 30, 45),
+               ("gemm", 1, -5, 60, 70), ("permute", 3, -1, 70, 72),
+               ("Memcpy DtoH (Device -> Pageable)", 3, 0, 72, 73))
+    h = _held(gpu, 0, 72)
+    assert (h.own_us, h.collective_us, h.compute_us, h.idle_queued_us, h.idle_us) == (
+        2, 15, 40, 15, 0)
+    assert h.streams == ("3",)
+    assert [(b.stream, b.kind, b.op) for b in h.behind] == [
+        ("1", "compute", "gemm"), ("2", "collective", "AllReduce")]
+    # Stream 1's second kernel launched only at 50: before it, nothing was queued anywhere.
+    late = _held(gpu.assign(launch_ts=[-10, -8, 50, -1, 0]), 0, 72)
+    assert (late.idle_queued_us, late.idle_us) == (10, 5)
+
+
+def test_a_wait_on_its_own_running_queue_is_not_held():
+    # Stream 3 runs its own queued kernel through the wait: the classic sync.
+    h = _held(_gpu(("gemm", 3, -1, 0, 70), ("Memcpy DtoH (Device -> Pageable)", 3, 0, 70, 71),
+                   ("gemm", 1, -1, 0, 50)), 0, 70)
+    assert h.own_us == 70 and h.held_us == 0 and h.behind == ()
+    # A copy with nothing queued ahead of it on an idle stream is not held either (a pageable
+    # copy's staging): its own op, launched by the waiting call, does not count as queued.
+    h = _held(_gpu(("Memcpy HtoD (Pageable -> Device)", 3, 0, 40, 45)), 0, 40)
+    assert h.own_us == 40 and h.held_us == 0
+
+
+def _evidence(held: Held, costly: float) -> SyncEvidence:
+    return SyncEvidence("training", 1, 100.0, 50.0, 30.0,
+                        cost={"waits": 50.0, "idle_during": costly, "idle_after": 0.0,
+                              "costly": costly}, held=held)
+
+
+def test_judge_holds_a_wait_whose_cost_is_gpu_idle_behind_other_streams():
+    held = Held(5.0, 10.0, 5.0, 30.0, 0.0, ("3",), ())
+    v = judge(_evidence(held, 40.0))
+    assert (v.outcome, v.cause, v.saving_pct) == ("finding", "held", 30.0)
+    # the same waits, the GPU busy through the holds: the host's own cost, sync=off's
+    busy = Held(5.0, 10.0, 35.0, 0.0, 0.0, ("3",), ())
+    v = judge(_evidence(busy, 20.0))
+    assert (v.outcome, v.cause, v.saving_pct) == ("finding", "own-queue", 20.0)
+    assert judge(_evidence(busy, 4.0)).outcome == "gpu-busy"

@@ -27,8 +27,9 @@ def for_torch(model: TraceModel) -> str:
     info = model.trace.torch_info
     if info.version is None:
         return "# torch 2.x spelling (the trace does not say which torch recorded it)"
-    how = "recorded by stallscope run" if info.source == "recorded" else (
-        "read from its legacy Kineto event categories")
+    how = {"recorded": "recorded by stallscope run",
+           "metadata": "written in its recording metadata"}.get(
+        info.source, "read from its legacy Kineto event categories")
     return f"# for torch {info.text}, the trace's torch ({how})"
 
 

@@ -179,7 +179,7 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
                   "step_cost_us": round(profiler_us, 1)},
         load={**others.to_dict(), "step_cost_us": round(load_us, 1)} if others else {},
     )
-    facts = LoaderFacts.from_capture(model.trace.capture)
+    facts = LoaderFacts.of(model.trace)
     memo: dict[str, Any] = {}
     one = OneThread.of(model)
     if one is not None:  # torch_threads=1 from run's one-thread steps (replay/threads.py)

@@ -7,16 +7,18 @@ one per load time / N (producer and consumer, with the queue never empty at the 
 state with persistent workers). The load time per batch is what a fetch took in the process
 when it loaded in-process (num_workers=0), or, when W workers already lag, W steps per batch.
 
-Cores: when `stallscope run` recorded how many cores the process may use, how much CPU the
-step's own work used (all threads) and how much of a fetch was CPU rather than waiting on
-storage, a step cannot end before its CPU work and the workers' CPU work share those cores:
-(cores used by the step's work x its time + CPU time per batch of loading) / cores. A loader
-that waits on storage takes no cores, so its workers can outnumber them.
+Cores: when the trace says how many cores the run had (the process's, as `stallscope run`
+recorded them, else the recording machine's: trace/cores.py), a step cannot end before its CPU
+work and the workers' CPU work share those cores: (cores used by the step's work x its time +
+CPU time per batch of loading) / cores. How much CPU the step's own work used (all threads) and
+how much of a fetch was CPU rather than waiting on storage are `run`'s measurements; without
+them the step's work is taken as one busy core and a fetch as all CPU, and the prediction says
+so. A loader that waits on storage takes no cores, so its workers can outnumber them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,8 @@ import numpy as np
 from stallscope.replay.engine import replay
 from stallscope.replay.graph import LOADER, Graph
 from stallscope.text import plural
+from stallscope.trace.cores import Cores, cores_of
+from stallscope.trace.load import Trace
 from stallscope.trace.otherload import OtherLoad, load_from
 from stallscope.units import fixed_size, ms, percent
 
@@ -35,6 +39,9 @@ from stallscope.units import fixed_size, ms, percent
 # such hosts this cost, and the prediction, is pessimistic by a few ms per step.
 FETCH_BASE_US = 2000.0
 FETCH_BYTES_PER_US = 5700.0
+# A fetch whose CPU time is under this share of its wall time mostly waits (storage, network):
+# its workers need not have a core each (capture/anatomy.py classifies by the same share).
+WAITING_CPU_SHARE = 0.5
 
 
 class NotModelled(Exception):
@@ -62,6 +69,25 @@ class LoaderFacts:
     # Of a fetch's wall time, the share it sat runnable in a run queue (capture/anatomy.py):
     # a core held by someone else, which the fetch's own CPU need does not include.
     runq_share: float | None = None
+    # What `cores` counts (trace/cores.py): None when it is `run`'s own or unknown.
+    cores_read: Cores | None = None
+
+    @classmethod
+    def of(cls, trace: Trace) -> LoaderFacts:
+        """`run`'s facts from the trace's metadata, with the cores wherever the metadata
+        carries them: the process's as `run` recorded them, else the recording machine's."""
+        facts = cls.from_capture(trace.capture)
+        cores = cores_of(trace)
+        if facts.cores is not None or cores is None:
+            return facts
+        return replace(facts, cores=cores.count, cores_read=cores)
+
+    @property
+    def cores_said(self) -> str:
+        """The cores, and where the count comes from, for the predictions' notes."""
+        if self.cores_read is not None:
+            return self.cores_read.said
+        return plural(self.cores or 0, "core")
 
     @classmethod
     def from_capture(cls, capture: dict[str, Any]) -> LoaderFacts:
@@ -124,6 +150,12 @@ class LoaderFacts:
         if self.runq_share is not None and 0.0 <= self.runq_share < 1.0:
             share /= 1.0 - self.runq_share
         return float(np.clip(share, 0.0, 1.0))
+
+    @property
+    def mostly_waits(self) -> bool:
+        """Whether a fetch was measured to wait more than it computed (False when unknown)."""
+        share = self.cpu_share
+        return share is not None and share < WAITING_CPU_SHARE
 
     def compute_cores(self, loader_us_per_step: float, steps: int) -> float | None:
         """Cores the step's own work kept busy (all threads, spinning ones included): the
@@ -203,13 +235,12 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     # Cores: the step's CPU work and the workers' share them.
     steps = len(step_us)
     loader_per_step = float(np.sum(g.h_rec_end[loads] - g.h_ts[loads])) / max(steps, 1)
-    u = facts.compute_cores(loader_per_step, steps) or 1.0
+    measured = facts.compute_cores(loader_per_step, steps)
+    u = measured or 1.0
     if one_thread:
         u = min(u, 1.0)
     s = 1.0 if share is None else share
-    notes.append(f"{plural(facts.cores, 'core')} shared by the step's own work ({u:.1f} cores busy "
-                 f"while it ran) and the workers' loading ({percent(100 * s, 0)} of a fetch was "
-                 "CPU)")
+    notes.append(_cores_note(facts, u, measured is not None, s, share is not None))
     if facts.other_load is not None:
         notes.append(f"{facts.other_load.clause}: the prediction assumes the "
                      f"{plural(facts.cores, 'core')} are free for this run, which they were not "
@@ -234,6 +265,19 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
         notes.append("the cores cannot run both at full speed: the step's own work and the "
                      "workers' pace are slowed alike to fit")
     return WorkersPlan(g, notes)
+
+
+def _cores_note(facts: LoaderFacts, busy: float, busy_measured: bool, cpu: float,
+                cpu_measured: bool) -> str:
+    """How the step's work and the workers share the cores, saying what was measured and what
+    was taken as given."""
+    step = (f"{busy:.1f} cores busy while it ran" if busy_measured
+            else f"taken as {busy:.1f} core busy: the trace does not say")
+    fetch = (f"{percent(100 * cpu, 0)} of a fetch was CPU" if cpu_measured
+             else f"a fetch taken as {percent(100 * cpu, 0)} CPU: the trace does not say how much "
+             "of it waited on storage")
+    return f"{facts.cores_said} shared by the step's own work ({step}) and the workers' " \
+           f"loading ({fetch})"
 
 
 def _step_of(g: Graph, ts: np.ndarray) -> np.ndarray:

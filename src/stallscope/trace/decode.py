@@ -172,6 +172,10 @@ class Metadata(msgspec.Struct):
     distributedInfo: Any = None  # noqa: N815
     traceName: Any = None  # noqa: N815
     stallscope: Any = None  # written by `stallscope run` (tool, step source, incomplete step)
+    # Written by the scripts that recorded this project's sample traces: the torch, Python and
+    # machine (`cpus`: os.cpu_count()) they were recorded with.
+    stallscope_sample: Any = None
+    stallscope_recording: Any = None
 
 
 _COMPLETE = "X".__eq__

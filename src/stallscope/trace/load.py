@@ -63,6 +63,9 @@ class Trace:
     devices: list[dict[str, Any]] = field(default_factory=list)
     distributed: dict[str, Any] = field(default_factory=dict)
     capture: dict[str, Any] = field(default_factory=dict)  # stallscope's own metadata, if any
+    # What the script that recorded it wrote about itself and its machine (this project's
+    # sample traces: `stallscope_sample`, `stallscope_recording`), if anything.
+    recording: dict[str, Any] = field(default_factory=dict)
     skipped_events: int = 0
     truncated: bool = False  # the file ends early; the events before the cut were analysed
     notes: list[str] = field(default_factory=list)  # what reading left out or repaired
@@ -86,7 +89,7 @@ class Trace:
     @property
     def torch_info(self) -> TorchVersion:
         """The torch that recorded this trace, and how that is known (trace/version.py)."""
-        return read_torch_version(self.capture, self.schema)
+        return read_torch_version(self.capture, self.schema, self.recording)
 
     @property
     def torch_version(self) -> tuple[int, int] | None:
@@ -294,6 +297,8 @@ def _build(path: Path, decoded: Decoded) -> Trace:
         devices=devices,
         distributed=dist,
         capture=meta.stallscope if isinstance(meta.stallscope, dict) else {},
+        recording=next((m for m in (meta.stallscope_sample, meta.stallscope_recording)
+                        if isinstance(m, dict)), {}),
         skipped_events=cols.unreadable + cols.bad_times + implausible + far
         + cols.damage.events,
         truncated=decoded.truncated or decoded.unclosed,

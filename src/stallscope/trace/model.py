@@ -669,6 +669,7 @@ def _copies(cols: _EventColumns, rt: np.ndarray, gpu: _GpuRows) -> pd.DataFrame:
         "ts_gpu": ts_gpu,
         "dur_gpu": cols.dur[copy],
         "end_gpu": cols.end[copy],
+        "stream_gpu": cols.arg("stream")[copy],  # what the copy queued behind
         "bytes": gpu.bytes[right],
         "device": pd.array(gpu.device[right], dtype="str"),
         **{part: pd.array([p[i] for p in parsed], dtype="str")

@@ -1,7 +1,8 @@
 """Which torch recorded a trace, so advice can be spelled for it.
 
-Kineto traces do not carry the torch version. Two things tell it: `stallscope run` writes
-`torch.__version__` into the trace's own `stallscope` metadata (exact), and the legacy
+Kineto traces do not carry the torch version. Three things tell it: `stallscope run` writes
+`torch.__version__` into the trace's own `stallscope` metadata (exact), the scripts that recorded
+this project's sample traces write it into theirs (`stallscope_sample`, exact), and the legacy
 category names (`Operator`, `Runtime`, `Kernel`, `Memcpy`), which only torch 1.8 and 1.9 wrote
 (torch 1.10 renamed them to `cpu_op`, `cuda_runtime`, ...). Anything else is unknown: the
 advice then uses today's spelling and says it is for torch 2.x.
@@ -23,7 +24,7 @@ class TorchVersion:
     """The torch version a trace was recorded with (major, minor), and how it is known."""
 
     version: tuple[int, int] | None
-    source: str  # "recorded", "legacy-categories" or "unknown"
+    source: str  # "recorded", "metadata", "legacy-categories" or "unknown"
     text: str  # for people: "2.4.1+cu121", "1.8 or 1.9", "unknown"
 
     @property
@@ -31,6 +32,8 @@ class TorchVersion:
         """How a report names it: 'torch 2.4.1+cu121 (recorded by stallscope run)'."""
         if self.source == "recorded":
             return f"torch {self.text} (recorded by stallscope run)"
+        if self.source == "metadata":
+            return f"torch {self.text} (the trace's recording metadata)"
         if self.source == "legacy-categories":
             return f"torch {self.text} (legacy Kineto event categories)"
         return "torch version unknown (the trace does not record it): advice is for torch 2.x"
@@ -42,12 +45,15 @@ def parse_version(text: Any) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
-def read_torch_version(capture: dict[str, Any], schema: str) -> TorchVersion:
-    """The version from stallscope's metadata, else from the legacy schema, else unknown."""
-    recorded = capture.get("torch") if isinstance(capture, dict) else None
-    parsed = parse_version(recorded)
-    if parsed is not None:
-        return TorchVersion(parsed, "recorded", str(recorded).strip())
+def read_torch_version(capture: dict[str, Any], schema: str,
+                       recording: dict[str, Any] | None = None) -> TorchVersion:
+    """The version from stallscope's metadata, else from the recording script's, else from the
+    legacy schema, else unknown."""
+    for meta, source in ((capture, "recorded"), (recording, "metadata")):
+        written = meta.get("torch") if isinstance(meta, dict) else None
+        parsed = parse_version(written)
+        if parsed is not None:
+            return TorchVersion(parsed, source, str(written).strip())
     if schema == "legacy":
         return TorchVersion(LEGACY_VERSION, "legacy-categories", "1.8 or 1.9")
     return TorchVersion(None, "unknown", "unknown")

@@ -100,11 +100,16 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
     cores = context.cores_per_process if context else None
     klass = LoaderClass.of(model, loader_info)
     workers_hint = None
-    if context is None and klass.bound:
-        # A trace recorded by `run` with the anatomy, analysed alone: its metadata has the
-        # worker count and cores too, so the advice is the one `run` gave.
-        facts = LoaderFacts.from_capture(model.trace.capture)
-        workers_hint, cores = facts.workers, facts.cores
+    if context is None:
+        # A trace analysed alone: its metadata may say the cores (trace/cores.py), and one
+        # recorded by `run` with the anatomy the worker count too, so the advice is the one
+        # `run` gave. Without the anatomy, workers are capped at the cores unless a fetch was
+        # measured to mostly wait (such workers need no core each).
+        facts = LoaderFacts.of(model.trace)
+        if klass.bound:
+            workers_hint, cores = facts.workers, facts.cores
+        elif not facts.mostly_waits:
+            cores = facts.cores
     threads = (context.environment.get("cpu", {}) or {}).get("torch_threads") if context else None
     advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n,
                      klass=klass, workers_hint=workers_hint,
