@@ -503,8 +503,8 @@ def profiler_bound_note(plan: dict[str, Any]) -> str | None:
 
 
 def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
-    """Unreplayed bounds on the plan's base (the baseline step), largest first, each capped to
-    what the step has left: together with the plan's savings, no more than the step (one lost
+    """Unreplayed bounds on the plan's base (the baseline step), causes first and then largest
+    first, each capped to what the step has left: together with the plan's savings, no more than the step (one lost
     millisecond, one owner) and, but for NOT_CAPPED's, no more than its time above the floor.
     A rule's figure is a share of the recorded step; the base is the step without the
     profiler's cost, which the recorded idle and waits partly were."""
@@ -514,7 +514,8 @@ def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
     planned = sum(e.saving_pct for e in plan.entries) * base / 100.0
     left = max(base - planned, 0.0)  # the step's time no saving has claimed
     above = max(base - plan.floor_us - planned, 0.0)  # ...and of it, above the floor
-    for f in sorted(bounds, key=lambda f: (-f.estimated_saving_pct, f.id)):
+    # Causes before their effects (an effect's time is its cause's first), then largest first.
+    for f in sorted(bounds, key=lambda f: (bool(f.caused_by), -f.estimated_saving_pct, f.id)):
         if f.estimated_saving_pct is None or not_estimated(f):
             continue
         claimed = f.estimated_saving_pct * step / 100.0

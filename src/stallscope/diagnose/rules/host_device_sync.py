@@ -241,8 +241,9 @@ def _held_finding(e: SyncEvidence, v: SyncVerdict, evidence: dict[str, Any]) -> 
     assert h is not None
     return Finding(
         id=RULE_ID,
-        title=(f"The host waits for the GPU {percent(e.share_pct)} of each {_unit(e)}, for work "
-               "held behind other streams"),
+        title=(f"The host waits for the GPU {percent(e.share_pct)} of each {_unit(e)}, "
+               f"{millis(e.per_step(h.held_us), 'tenths')} ms of it for work held behind other "
+               "streams"),
         evidence=evidence,
         recommendation=(
             f"The host blocks {millis(e.per_step(e.blocked_us), 'tenths')} ms per {_unit(e)} "
