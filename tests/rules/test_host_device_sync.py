@@ -58,14 +58,14 @@ def test_sync_off_cannot_beat_a_busy_gpu_in_the_replay() -> None:
 
 
 def test_sync_off_still_predicts_the_lost_lead_on_rank3of8() -> None:
+    """The host's waits still replay (sync=off takes the step toward the busiest GPU's work,
+    never below it), but the exposed all-to-all, which no replayed change removes, bounds a
+    larger saving and leads the report."""
     report = report_of(real_trace(RANK3OF8))
-    assert "sync=off" in report.verdict
-    entry = report.plan_entry(report.top_finding)
-    # measured 76.9 ms; 71.3 ms without the profiler's assumed cost (6,786 recorded ops per
-    # step); sync=off takes about 10.6 ms off that, down to the busiest GPU's 60.7 ms of work
-    # per step (the floor), never below it
-    assert report.plan["floor_us"] <= entry["predicted_step_us"] < 65_000
-    assert entry["predicted_step_us"] == pytest.approx(60_700, rel=0.01)
+    assert report.top_finding is not None and report.top_finding.id == "comm-bound"
+    sync = next(f for f in report.findings if f.id == "host-device-sync")
+    assert sync.predicted_step_us is not None
+    assert report.plan["floor_us"] <= sync.predicted_step_us < report.plan["baseline_step_us"]
 
 
 def findings(report, rule: str) -> list:
