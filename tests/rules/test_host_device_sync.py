@@ -54,10 +54,11 @@ def test_sync_off_still_predicts_the_lost_lead_on_rank3of8() -> None:
     assert "sync=off" in report.verdict
     entry = report.plan_entry(report.top_finding)
     # measured 76.9 ms; 71.3 ms without the profiler's assumed cost (6,786 recorded ops per
-    # step); sync=off takes about 10.6 ms off that, down to the busiest GPU's 60.7 ms of work
-    # per step (the floor), never below it
-    assert report.plan["floor_us"] <= entry["predicted_step_us"] < 65_000
-    assert entry["predicted_step_us"] == pytest.approx(60_700, rel=0.01)
+    # step); sync=off takes about 5.3 ms off that, down to the busiest GPU's 66.0 ms of work
+    # per step as recorded (the floor), never below it: the streams overlap no more than they
+    # did (it read 60.7 ms when the replay let them)
+    assert report.plan["floor_us"] <= entry["predicted_step_us"] < 71_000
+    assert entry["predicted_step_us"] == pytest.approx(66_000, rel=0.01)
 
 
 def findings(report, rule: str) -> list:

@@ -427,9 +427,9 @@ def _median(r: Replay, used: slice) -> float:
 
 def _floor(g: Graph, r: Replay, used: slice) -> float:
     """Per step, the busiest GPU's work in it (the union of the ops recorded in the step, at
-    their replayed times: a change that lets the host end its step sooner does not take that
-    work out of the step), less what the recording ran past the step's end (replay/engine.py
-    `_tails`: the report's per-step GPU busy time counts only the window too); with no GPU,
+    their replayed times or with the overlaps the recording shows, whichever is more: a change
+    that lets the host end its step sooner neither takes that work out of the step nor makes
+    it more concurrent; replay/engine.py `gpu_need`); with no GPU,
     the stepping thread's own work (its fill and calls) in the replayed step window. Median
     over the steps used, as the step it is compared with."""
     if len(g.g_ts) and r.gpu_need is not None:

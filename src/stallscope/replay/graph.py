@@ -119,6 +119,10 @@ class Graph:
     g_anchor: np.ndarray  # recorded start for ops nothing else explains, else -inf
     g_step: np.ndarray  # recorded step index (-1 outside)
     launch_us: float  # typical launch latency measured in this trace
+    # GPU ops a change freed from their recorded place beside the rest (comm=overlap's
+    # collectives, started as soon as their inputs are ready), or None for none: the step's
+    # GPU work keeps the recorded overlaps of the others (replay/engine.py `gpu_need`).
+    g_moved: np.ndarray | None = None
 
     @property
     def steps(self) -> int:
