@@ -120,7 +120,7 @@ def test_pinned_memory_alone_is_predicted_to_help(gpu: str, session: str,
 
 def test_idle_the_profiler_made_is_said_to_be_the_profilers() -> None:
     """real-h200-xfmr-tf32: the recording shows the GPU idle 41.9% of a 17.1 ms step, but
-    without the profiler's cost the step is predicted at 10.8 ms on 9.7 ms of GPU work (plain
+    without the profiler's cost the step is predicted at 10.8 ms on 9.8 ms of GPU work (plain
     runs measured 10.1, 11.4 and 10.6 ms). The line used to read "No bottleneck worth fixing:
     the largest finding (the gpu is idle 41.9% ...) can save under 0.1%", which leaves the
     reader to wonder why 42% idle saves nothing."""

@@ -504,8 +504,9 @@ def profiler_bound_note(plan: dict[str, Any]) -> str | None:
 
 def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
     """Unreplayed bounds on the plan's base (the baseline step), causes first and then largest
-    first, each capped to what the step has left: together with the plan's savings, no more than the step (one lost
-    millisecond, one owner) and, but for NOT_CAPPED's, no more than its time above the floor.
+    first, each capped to what the step has left: together with the plan's savings, no more
+    than the step (one lost millisecond, one owner) and, but for NOT_CAPPED's, no more than its
+    time above the floor.
     A rule's figure is a share of the recorded step; the base is the step without the
     profiler's cost, which the recorded idle and waits partly were."""
     base, step = plan.baseline_step_us, plan.measured_step_us
@@ -561,9 +562,9 @@ def _median(r: Replay, used: slice) -> float:
 
 def _floor(g: Graph, r: Replay, used: slice) -> float:
     """Per step, the busiest GPU's work in it (the union of the ops recorded in the step, at
-    their replayed times: a change that lets the host end its step sooner does not take that
-    work out of the step), less what the recording ran past the step's end (replay/engine.py
-    `_tails`: the report's per-step GPU busy time counts only the window too); with no GPU,
+    their replayed times or with the overlaps the recording shows, whichever is more: a change
+    that lets the host end its step sooner neither takes that work out of the step nor makes
+    it more concurrent; replay/engine.py `gpu_need`); with no GPU,
     the stepping thread's own work (its fill and calls) in the replayed step window. Median
     over the steps used, as the step it is compared with."""
     if len(g.g_ts) and r.gpu_need is not None:

@@ -36,9 +36,10 @@ class Replay:
     gpu_done: np.ndarray | None = None
     # The first step's GPU time: from its start to gpu_done[0], less the recorded tail.
     gpu_first_us: float = np.nan
-    # Per step, the busiest device's busy time (union) over the ops it launched, as replayed:
-    # the time the step cannot take less than once steps follow each other (0 when it has
-    # none).
+    # Per step, the busiest device's busy time (union) over the ops it launched, as replayed
+    # or as recorded (`kept_need`), whichever is more: the time the step cannot take less than
+    # once steps follow each other (0 when it has none). Work that runs past the step's end is
+    # still the step's: in a steady run each step's GPU work fits in one step's time.
     gpu_need: np.ndarray | None = None
 
     @property
@@ -243,17 +244,16 @@ class _Run:
         done = _gpu_done(g, self.gpu_end, len(steps))
         tail = _tails(g, len(steps))
         first = float(done[0] - host_start[g.step_start[0]] - tail[0]) if len(steps) else np.nan
-        need = gpu_need(g, self.gpu_start, self.gpu_end, len(steps))
+        need = np.fmax(gpu_need(g, self.gpu_start, self.gpu_end, len(steps)),
+                       kept_need(g, len(steps)))
         return Replay(steps, host_start, host_end, self.gpu_start, self.gpu_end, done, first,
                       need)
 
 
 def _tails(g: Graph, n: int) -> np.ndarray:
     """Per recorded step, the GPU work it let run past its end (prof.step() is called when the
-    host is done, not the GPU). A replayed step may leave as much, so the unchanged graph
-    replays to the recorded steps. (Work carried in from the step before is not added back:
-    it may overlap the step's own work on another stream, and a step's bound must not exceed
-    what the recording shows it took.)"""
+    host is done, not the GPU). The first replayed step may leave as much (`gpu_first_us`),
+    so the unchanged graph replays to the recorded first step."""
     if not n:
         return np.zeros(0)
     ends = g.g_ts + g.g_dur
@@ -267,13 +267,27 @@ def _in_step(g: Graph, n: int) -> np.ndarray:
     return np.where(own, g.g_step, -1)
 
 
-def gpu_need(g: Graph, start: np.ndarray, end: np.ndarray, n: int) -> np.ndarray:
+def kept_need(g: Graph, n: int) -> np.ndarray:
+    """`gpu_need` with each op where the recording ran it, for as long as it now takes: the
+    overlaps of the step's work as recorded. A change that moves launches (CUDA graphs, no
+    host sync) leaves work on other streams as concurrent as it was, so the step's GPU work
+    is no less than this; only a change that frees ops from their recorded place
+    (`Graph.g_moved`: collectives overlapped with compute) lets them overlap more."""
+    keep = None if g.g_moved is None else ~g.g_moved
+    return gpu_need(g, g.g_ts, g.g_ts + g.g_dur, n, keep)
+
+
+def gpu_need(g: Graph, start: np.ndarray, end: np.ndarray, n: int,
+             keep: np.ndarray | None = None) -> np.ndarray:
     """Per step, the busiest device's busy time (the union of its ops' [start, end)) over the
-    ops the step launched (`_in_step`), at their replayed times: a fix that moves the work keeps
-    it in its step, so the step's GPU work is never lost from it."""
+    ops the step launched (`_in_step`; those of `keep`, if given), at their replayed times: a
+    fix that moves the work keeps it in its step, so the step's GPU work is never lost from
+    it."""
     need = np.zeros(n)
     step = _in_step(g, n)
     ok = (step >= 0) & ~np.isnan(start) & ~np.isnan(end)
+    if keep is not None:
+        ok &= keep
     if not n or not ok.any():
         return need
     dev = pd.factorize(g.g_device[ok].astype(str))[0]

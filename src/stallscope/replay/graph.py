@@ -123,6 +123,10 @@ class Graph:
     launch_us: float  # typical launch latency measured in this trace
     # Ops queued before the recording: no recorded step's own work (None: none).
     g_queued: np.ndarray | None = None
+    # GPU ops a change freed from their recorded place beside the rest (comm=overlap's
+    # collectives, started as soon as their inputs are ready), or None for none: the step's
+    # GPU work keeps the recorded overlaps of the others (replay/engine.py `gpu_need`).
+    g_moved: np.ndarray | None = None
 
     @property
     def steps(self) -> int:

@@ -99,6 +99,7 @@ def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
     waiting for slower ranks) leaves each collective and is added to the step's last one: the
     optimizer still waits for the slowest rank."""
     g.g_launch = g.g_launch.copy()  # shared between copies: what a fix may change is copied
+    freed = np.zeros(len(g.g_ts), dtype=bool) if g.g_moved is None else g.g_moved.copy()
     end = g.g_ts + g.g_dur
     moved = 0
     for s in range(g.steps):
@@ -129,7 +130,9 @@ def overlap_collectives(g: Graph, bucketed: np.ndarray, prefetched: np.ndarray,
         g.g_anchor[c] = -np.inf
         g.g_cross[c] = np.maximum(tgt, -1)
         g.g_cgap[c] = 0.0
+        freed[c] = True
         moved += len(c)
+    g.g_moved = freed
     return moved
 
 

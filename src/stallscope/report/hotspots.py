@@ -1,8 +1,11 @@
 """Top host ops and top GPU kernels within steps: where to look once the verdict is read.
 
 Host op times are inclusive (an op's time includes the ops it calls), as in the profiler's own
-"CPU total" column; the table says so. Kernel times are GPU busy time. Shares are of the summed
-step wall time (per GPU for kernels), so a reader can compare them with the step breakdown.
+"CPU total" column; the table says so. Kernel times are GPU busy time. Per-step times and shares
+are of the summed step wall time (per GPU for kernels), so a reader can compare them with the
+step breakdown, and count the time any call of a name ran, once: calls that overlap (one op on
+two threads, a kernel on two streams, an op nested in itself) are a union, not a sum, so no
+share passes 100%.
 """
 
 from __future__ import annotations
@@ -27,19 +30,21 @@ class HotTotals:
     job's summed. Integers make the sum exact in any order, so a job's table does not depend on
     which worker finished first; a worker sends back these kilobytes, not the trace's ops."""
 
-    by_name: dict[str, list[int]] = field(default_factory=dict)  # name -> [total ns, calls]
+    # name -> [total ns, calls, busy ns]: the calls' summed time, and the time (within the
+    # steps) that any of them ran.
+    by_name: dict[str, list[int]] = field(default_factory=dict)
     steps: int = 0
     window_ns: int = 0
 
     def add(self, other: HotTotals) -> None:
         """Sum `other` into this one."""
-        for name, (total, calls) in other.by_name.items():
+        for name, row in other.by_name.items():
             acc = self.by_name.get(name)
             if acc is None:
-                self.by_name[name] = [total, calls]
+                self.by_name[name] = list(row)
             else:
-                acc[0] += total
-                acc[1] += calls
+                for i, value in enumerate(row):
+                    acc[i] += value
         self.steps += other.steps
         self.window_ns += other.window_ns
 
@@ -54,6 +59,7 @@ def host_op_totals(model: TraceModel) -> HotTotals:
     if len(ops):
         keep = (ops["step"].to_numpy() >= 0) & ~inside_loader(model, ops)  # row by row
         by_name = _by_name(ops["name"], ops["dur"].to_numpy(), keep)
+        _add_busy(by_name, ops["name"], _spans(model, ops, keep), None)
     return HotTotals(by_name, len(model.steps), _ns(model.total_step_us))
 
 
@@ -64,8 +70,9 @@ def gpu_kernel_totals(model: TraceModel) -> HotTotals:
         return HotTotals()
     keep = (gpu["kind"].to_numpy() == "kernel") & (gpu["step"].to_numpy() >= 0)
     window = model.total_step_us * max(len(model.gpu_devices), 1)
-    return HotTotals(_by_name(gpu["name"], gpu["dur"].to_numpy(), keep), len(model.steps),
-                     _ns(window))
+    by_name = _by_name(gpu["name"], gpu["dur"].to_numpy(), keep)
+    _add_busy(by_name, gpu["name"], _spans(model, gpu, keep), gpu["device"])
+    return HotTotals(by_name, len(model.steps), _ns(window))
 
 
 def summed(totals: Iterable[HotTotals]) -> HotTotals:
@@ -76,8 +83,8 @@ def summed(totals: Iterable[HotTotals]) -> HotTotals:
 
 
 def top_rows(totals: HotTotals, top: int = TOP_N) -> list[dict[str, Any]]:
-    """The `top` names by total time, with calls, per-step time and share of the summed step
-    window."""
+    """The `top` names by total time, with calls, the time per step any call ran and its
+    share of the summed step window (a union: at most 100%)."""
     if not totals.by_name or totals.steps == 0 or totals.window_ns <= 0:
         return []
     ranked = sorted(totals.by_name.items(), key=lambda kv: (-kv[1][0], kv[0]))[:top]
@@ -86,10 +93,10 @@ def top_rows(totals: HotTotals, top: int = TOP_N) -> list[dict[str, Any]]:
             "name": name,
             "calls": calls,
             "total_us": round(total / 1000, 3),
-            "per_step_us": round(total / 1000 / totals.steps, 3),
-            "share_pct": round(100.0 * total / totals.window_ns, 2),
+            "per_step_us": round(busy / 1000 / totals.steps, 3),
+            "share_pct": round(100.0 * busy / totals.window_ns, 2),
         }
-        for name, (total, calls) in ranked
+        for name, (total, calls, busy) in ranked
     ]
 
 
@@ -118,3 +125,41 @@ def _by_name(names: pd.Series, dur: np.ndarray, keep: np.ndarray) -> dict[str, l
     return {str(name): [_ns(float(total)), int(calls)]
             for name, total, calls in zip(grouped.index, grouped["sum"], grouped["count"],
                                           strict=True)}
+
+
+def _spans(model: TraceModel, rows: pd.DataFrame, keep: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of `keep` as [start, end) in integer ns, each cut at the end of the step it
+    started in (the window the shares are of), and the mask they were taken with."""
+    step = rows["step"].to_numpy()[keep].astype(np.int64)
+    stop = model.windows[:, 1][step] if len(step) else np.zeros(0)
+    ts = rows["ts"].to_numpy(float)[keep]
+    end = np.minimum(rows["end"].to_numpy(float)[keep], stop)
+    return np.round(ts * 1000).astype(np.int64), np.round(end * 1000).astype(np.int64), keep
+
+
+def _add_busy(by_name: dict[str, list[int]], names: pd.Series,
+              spans: tuple[np.ndarray, np.ndarray, np.ndarray], device: pd.Series | None) -> None:
+    """Append to each row of `by_name` the union of its name's spans (per device, summed over
+    the devices, when `device` is given), in integer ns: exact, whatever the order."""
+    start, end, keep = spans
+    if not keep.any():
+        return
+    text = names[keep].astype(str).to_numpy()
+    codes, uniques = pd.factorize(text)
+    group = codes.astype(np.int64)
+    if device is not None:
+        dev = pd.factorize(device[keep].astype(str).to_numpy())[0]
+        group = group * (int(dev.max()) + 1) + dev
+    order = np.lexsort((end, start, group))
+    s, e, g = start[order], end[order], group[order]
+    new = np.r_[True, g[1:] != g[:-1]]
+    # Each span adds what lies past the latest end of the spans before it in its group.
+    latest = pd.Series(e).groupby(g).cummax().to_numpy()
+    before = np.r_[s[:1], latest[:-1]]
+    before[new] = s[new]
+    add = np.clip(e - np.maximum(s, before), 0, None)
+    busy = np.zeros(len(uniques), dtype=np.int64)
+    np.add.at(busy, codes[order], add)
+    for i, name in enumerate(uniques):
+        by_name[str(name)].append(int(busy[i]))

@@ -276,7 +276,9 @@ class Trace(msgspec.Struct):
 
 
 class HotOp(msgspec.Struct):
-    """A host op or GPU kernel and its time over the judged steps."""
+    """A host op or GPU kernel and its time over the judged steps: `total_us` summed over its
+    calls (inclusive, as the profiler's CPU total); `per_step_us` and `share_pct` the time any
+    call ran (a union: calls that overlap, on two threads or streams, count once)."""
 
     name: str
     calls: int

@@ -8,7 +8,8 @@ the epoch (it runs `_shutdown_workers`), then the new iterator's seed ops from
 `_BaseDataLoaderIter.__init__` (`aten::empty`, `aten::random_`, `aten::item`: a persistent
 iterator's `_reset` does not draw it), a stretch with no events while the workers are forked,
 and a first `__next__` that waits for the fresh workers. The rule finds those seeds on the
-stepping thread, prices each re-spawn from the three parts and amortises it over the epoch.
+stepping thread (diagnose/epochs.py, which dataloader-bound reads too), prices each re-spawn
+from the three parts and amortises it over the epoch.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
+from stallscope.diagnose.epochs import BOUNDARY_BUSY_FRACTION, boundaries, in_loader_us
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
 from stallscope.diagnose.spec import RuleSpec
 from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
-from stallscope.trace.model import LOADER_NAME, TraceModel
-from stallscope.trace.names import name_matches, per_name
+from stallscope.trace.model import TraceModel
 from stallscope.units import millis, percent
 
 RULE_ID = "worker-startup"
@@ -33,19 +34,6 @@ RULE_ID = "worker-startup"
 # Below this share of training time the per-epoch re-spawn is within step-to-step noise: the
 # rule reports clear (severity would be info anyway: 1% is the floor of "low").
 STARTUP_MATERIAL_PCT = 1.0
-# Ops that may run between the `__next__` that ends an epoch and the first one of the next
-# without being training work: the iterator's and RandomSampler's seeds and its permutation.
-BOOKKEEPING_OPS = frozenset(
-    {"aten::empty", "aten::random_", "aten::item", "aten::_local_scalar_dense",
-     "aten::randperm", "aten::set_", "aten::manual_seed", "aten::resolve_conj",
-     "aten::resolve_neg"}
-)
-# A gap between two `__next__` calls whose top-level op time is below this fraction of the
-# median gap's holds no training step: an epoch boundary. A step's forward/backward/optimizer
-# is orders of magnitude above the sampler's bookkeeping (0.1 ms in the samples), so 5% leaves
-# room for noise on both sides.
-BOUNDARY_BUSY_FRACTION = 0.05
-MULTI = "_MultiProcessingDataLoaderIter"
 STARTUP_DOCS = "https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader"
 
 
@@ -65,7 +53,7 @@ def worker_startup(model: TraceModel, context: RunContext | None = None) -> Asse
             "Every DataLoader of the run loads in the main process (num_workers=0): no "
             "worker processes to start.",
         )
-    bounds = _boundaries(model)
+    bounds = boundaries(model)
     if bounds is None or not bounds["multi"].any():
         return Assessment(
             RULE_ID, "clear",
@@ -96,85 +84,6 @@ def worker_startup(model: TraceModel, context: RunContext | None = None) -> Asse
     return _startup_finding(model, context, bounds, respawns, multi_loaders)
 
 
-def _boundaries(model: TraceModel) -> pd.DataFrame | None:
-    """One row per gap between consecutive DataLoader `__next__` calls of the stepping thread
-    (row g: after call g), with what happened in it. Vectorised over ops and loader calls."""
-    ev = model.trace.events
-    span_lo, span_hi = model.steps[0].start_us, model.steps[-1].end_us
-    tid = ev["tid"].astype(str) == str(model.main_tid)
-    inside = (ev["ts"] >= span_lo) & (ev["ts"] < span_hi)
-    loader = ev[tid & inside & name_matches(ev["name"], LOADER_NAME)].sort_values("ts")
-    if loader.empty:
-        return None
-    l_ts, l_end = loader["ts"].to_numpy(), loader["end"].to_numpy()
-    l_dur = loader["dur"].to_numpy()
-    multi = per_name(loader["name"], lambda n: MULTI in n).to_numpy()
-    n = len(loader)
-
-    ops = model.ops
-    ops = ops[(ops["tid"].astype(str) == str(model.main_tid)) & (ops["cat"] == "cpu_op")]
-    ops = ops[(ops["ts"] >= span_lo) & (ops["ts"] < span_hi)].sort_values(["ts", "end"],
-                                                                          ascending=[True, False])
-    o_ts, o_end = ops["ts"].to_numpy(), ops["end"].to_numpy()
-    names = ops["name"].astype(str).to_numpy()
-    # Top level: not nested in an earlier op of the thread.
-    prev_end = np.concatenate([[-np.inf], np.maximum.accumulate(o_end)[:-1]]) if len(o_ts) else o_ts
-    top = o_ts >= prev_end
-    # Gap index: the loader call before the op; ops inside a loader call are loading work.
-    g = np.searchsorted(l_ts, o_ts, side="right") - 1
-    in_loader = (g >= 0) & (o_ts < l_end[np.clip(g, 0, None)])
-    keep = top & ~in_loader
-    o_ts, o_end, names, g = o_ts[keep], o_end[keep], names[keep], g[keep]
-
-    # The iterator's seed: a top-level random_ + item not followed by randperm (RandomSampler
-    # draws its own seed the same way, and then permutes; a persistent `_reset` draws only that).
-    nxt1 = np.append(names[1:], "")
-    nxt2 = np.append(names[2:], ["", ""])[: len(names)]
-    g2 = np.append(g[2:], [n, n])[: len(names)]
-    seed = (names == "aten::random_") & (nxt1 == "aten::item") & (
-        (nxt2 != "aten::randperm") | (g2 != g)
-    )
-    work = ~np.isin(names, list(BOOKKEEPING_OPS))
-    gaps = np.arange(-1, n)  # gap -1: before the first loader call
-    idx = g + 1
-    work_n = np.bincount(idx, weights=work.astype(float), minlength=n + 1)
-    seed_n = np.bincount(idx, weights=seed.astype(float), minlength=n + 1)
-    busy = np.bincount(idx, weights=o_end - o_ts, minlength=n + 1)
-
-    median_busy = float(np.median(busy[1:n])) if n > 1 else 0.0
-    idle_gap = (work_n == 0) | (busy < BOUNDARY_BUSY_FRACTION * median_busy)
-    after = np.append(l_ts[1:], np.nan)  # start of the call that follows each gap
-    start = np.concatenate([[span_lo], l_end])
-    stop = np.concatenate([[l_ts[0]], after[:-1], [np.nan]])
-    nxt_multi = np.append(multi, False)
-    table = pd.DataFrame({
-        "gap": gaps,
-        "boundary": idle_gap & (gaps >= 0) & (gaps < n - 1),
-        "new_iter": (seed_n > 0) & nxt_multi & ~np.isnan(stop),
-        "counted": gaps >= 0,  # an earlier loader call exists: not the run's first iterator
-        "spawn_us": np.clip(stop - start - busy, 0.0, None),
-        "multi": np.concatenate([[False], multi]),
-    })
-    # The call that ends an epoch (gap g starts right after it) and the first of the next.
-    prev_dur = np.concatenate([[0.0], l_dur])
-    next_dur = np.append(l_dur, 0.0)
-    special = np.zeros(n, dtype=bool)
-    ends_epoch = table["boundary"].to_numpy()[1:]
-    special |= ends_epoch
-    first = table["new_iter"].to_numpy()[1:]
-    special[1:] |= first[:-1]
-    special[0] |= bool(table["new_iter"].iloc[0])
-    steady = l_dur[multi & ~special]
-    median = float(np.median(steady)) if len(steady) else 0.0
-    table["median_next_us"] = median
-    exhausting = table["boundary"] & table["multi"]
-    table["shutdown_us"] = np.where(exhausting, np.clip(prev_dur - median, 0.0, None), 0.0)
-    table["first_excess_us"] = np.clip(next_dur - median, 0.0, None)
-    table["first_ts"] = np.append(l_ts, np.nan)
-    table["cost_us"] = table["shutdown_us"] + table["spawn_us"] + table["first_excess_us"]
-    return table
-
-
 def _startup_finding(
     model: TraceModel, context: RunContext | None, bounds: pd.DataFrame,
     respawns: pd.DataFrame, multi_loaders: list[LoaderInfo],
@@ -189,6 +98,8 @@ def _startup_finding(
     respawn_part = float((respawns["shutdown_us"] + respawns["spawn_us"]).mean())
     evidence: dict = {
         "respawns_recorded": len(respawns),
+        # The recorded steps' loader time the re-spawns hold: dataloader-bound leaves it out.
+        "respawn_loader_ms": ms(in_loader_us(respawns)),
         "startup_ms_per_epoch": ms(cost),
         "shutdown_ms": ms(float(respawns["shutdown_us"].mean())),
         "spawn_ms": ms(float(respawns["spawn_us"].mean())),
