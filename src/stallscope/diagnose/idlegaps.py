@@ -135,7 +135,7 @@ def _gaps(model: TraceModel, dev: str, windows: np.ndarray) -> _Gaps:
     start = np.concatenate([before[is_gap], [max(covered[-1], lo) if len(end) else lo]])
     stop = np.concatenate([ts[is_gap], [hi]])
     launch = np.concatenate([gpu["launch_ts"].to_numpy()[rows[is_gap]], [np.nan]])
-    names = np.concatenate([take(gpu["name"], rows[is_gap]), ["(none: end of the step)"]])
+    names = np.concatenate([_take(gpu["name"], rows[is_gap]), ["(none: end of the step)"]])
     rt = model.runtime
     call = first_match(rt["correlation"].to_numpy(),
                        np.concatenate([gpu["correlation"].to_numpy()[rows[is_gap]], [np.nan]]))
@@ -282,7 +282,7 @@ def _string_categories(col: pd.Series) -> pd.Index | None:
     return None
 
 
-def take(col: pd.Series, rows: np.ndarray) -> np.ndarray:
+def _take(col: pd.Series, rows: np.ndarray) -> np.ndarray:
     """col.to_numpy()[rows] without converting the rows not taken."""
     cats = _string_categories(col)
     if cats is None:

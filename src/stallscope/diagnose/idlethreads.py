@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from stallscope.diagnose.idlegaps import HostLayers, HostWaitGaps, take
+from stallscope.diagnose.idlegaps import HostLayers, HostWaitGaps
 from stallscope.trace.intervals import Timeline, enclosing
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import GRAPH_LAUNCH, column_isin, name_flags, name_mask, regex_hit
@@ -109,11 +109,6 @@ class _Events:
             mine &= (self.code >= code) if least else (self.code == code)
         return self.ts[mine], self.end[mine]
 
-    def name(self, at: np.ndarray) -> np.ndarray:
-        """The names of the events at positions `at`, as str."""
-        return np.array([str(s) for s in take(self.names, self.pos[at]).tolist()],
-                        dtype=object)
-
 
 def _no_events() -> _Events:
     empty = np.empty(0, dtype=np.int64)
@@ -164,13 +159,13 @@ def attribute(model: TraceModel, hw: HostWaitGaps, windows: np.ndarray,
     kind, who = _gate(kind, who, launcher, gap, lengths, len(hw.start))
     kind = np.where(np.isin(kind, [_K["launch"], _K["cpu-work"], _K["python"]])
                     & state.graphed[who, np.arange(len(seg))], _K["graphed"], kind)
-    label = _labels(tl.starts[seg], tl.edges[1:][seg], kind, who, (ops, calls, py), every,
-                    holds, _Main(main, host.loader,
-                                 [index[t] for t in tids if roles[t] == AUTOGRAD]))
+    label, names = _labels(tl.starts[seg], tl.edges[1:][seg], kind, who, (ops, calls, py),
+                           every, holds, _Main(main, host.loader,
+                                               [index[t] for t in tids if roles[t] == AUTOGRAD]))
     by_step = np.bincount(bucket[seg] * len(KINDS) + kind, weights=lengths,
                           minlength=len(windows) * len(KINDS)).reshape(len(windows), len(KINDS))
-    return Attribution(_by_kind(kind, lengths), _rows(kind, who, label, lengths, tids, roles),
-                       roles, by_step)
+    return Attribution(_by_kind(kind, lengths),
+                       _rows(kind, who, (label, names), lengths, tids, roles), roles, by_step)
 
 
 def _tid_key(tid: str) -> tuple[int, str]:
@@ -339,48 +334,81 @@ def _gate(kind: np.ndarray, who: np.ndarray, launcher: np.ndarray, gap: np.ndarr
     return np.where(small, _K["launch"], kind), np.where(small, launcher, who)
 
 
+class _Names:
+    """Labels as codes into one list of names, each distinct name made once (a trace has
+    many segments and few names)."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self._code: dict[str, int] = {}
+
+    def code(self, name: str) -> int:
+        name = _fold(name)
+        if name not in self._code:
+            self._code[name] = len(self.text)
+            self.text.append(name)
+        return self._code[name]
+
+    def of(self, ev: _Events, at: np.ndarray, wrap: str = "{}") -> np.ndarray:
+        """The codes of the names of `ev`'s events at positions `at`, each put in `wrap`."""
+        col, rows = ev.names, ev.pos[at]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            raw, cats = col.array.codes[rows], col.dtype.categories
+        else:
+            raw, cats = pd.factorize(col.to_numpy()[rows])
+        used, inverse = np.unique(raw, return_inverse=True)
+        table = np.array([self.code(wrap.format(_fold(str(cats[c]) if c >= 0 else "")))
+                          for c in used.tolist()], dtype=np.int64)
+        return table[inverse] if len(used) else np.zeros(0, dtype=np.int64)
+
+
 def _labels(starts: np.ndarray, ends: np.ndarray, kind: np.ndarray, who: np.ndarray,
             near: tuple[_Events, _Events, _Events], every: tuple[_Events, _Events, _Events],
-            holds: _Events, main: _Main) -> np.ndarray:
-    """Each segment's op: the outermost op of its thread around it (a runtime call outside
-    any), the innermost Python function, the pin-memory calls that held it, what the thread
-    last did before time it recorded nothing in, or words."""
+            holds: _Events, main: _Main) -> tuple[np.ndarray, list[str]]:
+    """Each segment's op, as a code into the names returned: the outermost op of its thread
+    around it (a runtime call outside any), the innermost Python function, the pin-memory
+    calls that held it, what the thread last did before time it recorded nothing in, or
+    words."""
     ops, calls, py = near
-    label = np.full(len(kind), UNTRACED, dtype=object)
-    label[kind == _K["dataloader"]] = "DataLoader __next__ (waiting for a batch)"
-    label[kind == _K["sync"]] = "waiting on the GPU (a sync or a blocking copy)"
+    names = _Names()
+    label = np.full(len(kind), names.code(UNTRACED), dtype=np.int64)
+    label[kind == _K["dataloader"]] = names.code("DataLoader __next__ (waiting for a batch)")
+    label[kind == _K["sync"]] = names.code("waiting on the GPU (a sync or a blocking copy)")
     named = np.isin(kind, [_K["launch"], _K["graphed"], _K["cpu-work"]])
-    label[named] = BETWEEN
+    label[named] = names.code(BETWEEN)
     pin = kind == _K["pin-memory"]
     for k in np.unique(who).tolist():
         mine = who == k
-        _name_by(label, mine & (named | pin), starts, ends, calls, k, outer=True)
-        _name_by(label, mine & (named | pin), starts, ends, ops, k, outer=True)
-        _name_by(label, mine & (kind == _K["python"]), starts, ends, py, k, outer=False)
-        _after(label, mine & (kind == _K["untraced"]), starts, every, k, main)
+        _name_by(label, names, mine & (named | pin), (starts, ends), calls, k, outer=True)
+        _name_by(label, names, mine & (named | pin), (starts, ends), ops, k, outer=True)
+        _name_by(label, names, mine & (kind == _K["python"]), (starts, ends), py, k,
+                 outer=False)
+        _after(label, names, mine & (kind == _K["untraced"]), starts, every, k, main)
     h = np.searchsorted(holds.ts, starts[pin], side="right") - 1
     inside = (h >= 0) & (starts[pin] < holds.end[np.clip(h, 0, None)])
-    label[np.flatnonzero(pin)[inside]] = holds.name(h[inside])
+    label[np.flatnonzero(pin)[inside]] = names.of(holds, h[inside])
     if pin.any():  # one row for the pin-memory thread: its calls, by name
-        label[pin] = "/".join(sorted(set(label[pin].tolist())))
-    return np.array([_fold(s) for s in label.tolist()], dtype=object)
+        label[pin] = names.code("/".join(sorted({names.text[c] for c in label[pin].tolist()})))
+    return label, names.text
 
 
-def _name_by(label: np.ndarray, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-             ev: _Events, k: int, outer: bool) -> None:
+def _name_by(label: np.ndarray, names: _Names, rows: np.ndarray,
+             segments: tuple[np.ndarray, np.ndarray], ev: _Events, k: int,
+             outer: bool) -> None:
     """Write the name of thread k's event (outermost or innermost) around each row's segment,
     where there is one."""
     at = np.flatnonzero(rows)
     mine = np.flatnonzero(ev.thread == k)
     if not len(at) or not len(mine):
         return
+    starts, ends = segments
     inner, out = enclosing(ev.ts[mine], ev.end[mine], starts[at], ends[at])
     pick = out if outer else inner
     found = pick >= 0
-    label[at[found]] = ev.name(mine[pick[found]])
+    label[at[found]] = names.of(ev, mine[pick[found]])
 
 
-def _after(label: np.ndarray, rows: np.ndarray, starts: np.ndarray,
+def _after(label: np.ndarray, names: _Names, rows: np.ndarray, starts: np.ndarray,
            every: tuple[_Events, _Events, _Events], k: int, main: _Main) -> None:
     """Name time thread k recorded nothing in by what it recorded last before it (the
     outermost of the ops and calls that ended last). The stepping thread's DataLoader
@@ -400,16 +428,15 @@ def _after(label: np.ndarray, rows: np.ndarray, starts: np.ndarray,
     order = np.lexsort((-ts, end))  # by end; among equal ends the outermost last
     last = np.searchsorted(end[order], starts[at], side="right") - 1
     found = last >= 0
-    ev = order[last[found]]
-    names = np.empty(len(ev), dtype=object)
+    ev, at = order[last[found]], at[found]
+    wrap = "(no recorded op, after {})"
     for i, (e, _) in enumerate(picked):
         mine = src[ev] == i
-        names[mine] = e.name(row[ev[mine]])
-        other = mine.copy()
-        other[mine] = e.thread[row[ev[mine]]] != k
-        names[other] = "the backward (autograd engine)"
-    names[src[ev] == 2] = "DataLoader __next__"
-    label[at[found]] = [f"(no recorded op, after {_fold(n)})" for n in names.tolist()]
+        own = mine.copy()
+        own[mine] = e.thread[row[ev[mine]]] == k
+        label[at[own]] = names.of(e, row[ev[own]], wrap)
+        label[at[mine & ~own]] = names.code(wrap.format("the backward (autograd engine)"))
+    label[at[src[ev] == 2]] = names.code(wrap.format("DataLoader __next__"))
 
 
 @dataclass(frozen=True)
@@ -431,16 +458,16 @@ def _by_kind(kind: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
     return {k: float(sums[i]) for i, k in enumerate(KINDS)}
 
 
-def _rows(kind: np.ndarray, who: np.ndarray, label: np.ndarray, lengths: np.ndarray,
-          tids: list[str], roles: dict[str, str]) -> tuple[ThreadShare, ...]:
+def _rows(kind: np.ndarray, who: np.ndarray, labels: tuple[np.ndarray, list[str]],
+          lengths: np.ndarray, tids: list[str], roles: dict[str, str]) -> tuple[ThreadShare, ...]:
     """The (kind, thread, op) groups with their summed time, largest first."""
-    names, code = np.unique(label.astype(str), return_inverse=True)
-    key = (kind * len(tids) + who) * len(names) + code
-    keys, group = np.unique(key, return_inverse=True)
+    code, names = labels
+    key = (kind * len(tids) + who) * max(len(names), 1) + code
+    group, keys = pd.factorize(key)
     sums = np.bincount(group, weights=lengths)
     out = []
     for key_, us in zip(keys.tolist(), sums.tolist(), strict=True):
-        rest, name = divmod(key_, len(names))
+        rest, name = divmod(key_, max(len(names), 1))
         k, w = divmod(rest, len(tids))
-        out.append(ThreadShare(roles[tids[w]], tids[w], str(names[name]), KINDS[k], us))
-    return tuple(sorted(out, key=lambda r: (-r.us, r.kind, r.thread, r.op)))
+        out.append(ThreadShare(roles[tids[w]], tids[w], names[name], KINDS[k], us))
+    return tuple(sorted(out, key=lambda r: (-r.us, r.kind, r.thread, r.tid, r.op)))

@@ -223,9 +223,9 @@ def judge(ev: IdleEvidence) -> IdleJudgement:
     """Found when the busiest GPU idles IDLE_THRESHOLD_PCT of the steps or more. The cause:
     the DataLoader wait when it covers half the idle; else host-wait or other by which gaps
     dominate (`mixed` when neither does); host-wait whose host time is more not launching
-    (no thread was) than launching is `host-cpu-work`; a host region (optimizer, allocator) holding REGION_CAUSE_PCT of the
-    host-wait idle is the cause itself. CUDA graphs fit launch work the step does not yet
-    replay as graphs."""
+    (no thread was) than launching is `host-cpu-work`; a host region (optimizer, allocator)
+    holding REGION_CAUSE_PCT of the host-wait idle is the cause itself. CUDA graphs fit
+    launch work the step does not yet replay as graphs."""
     launch = ev.host_kinds.get("launch", 0.0)
     graphed = ev.host_kinds.get("graphed", 0.0)
     # Without recorded host ops nothing says what the host did (legacy GPU-only exports).
