@@ -415,8 +415,10 @@ def _title(model: TraceModel, ev: IdleEvidence, verdict: IdleJudgement) -> str:
                   + (f" ({threads} per {word}" if threads else ""))
         if threads and verdict.not_launch_us >= NAMED_SHARE * (
                 verdict.launch_us + verdict.not_launch_us):
+            top = _not_launch_rows(ev)[0]
             suffix += (f"; {millis(ms(verdict.not_launch_us / ev.steps))} ms with no thread "
-                       f"launching: {_named(ev, 1)[0]}")
+                       f"launching, the most {_named(ev, 1)[0]} "
+                       f"{millis(ms(top.us / ev.steps))} ms")
         suffix += ")" if threads else ""
     elif cause == "host-cpu-work":
         named = _named(ev)
@@ -529,6 +531,8 @@ def _launch_threads(ev: IdleEvidence, verdict: IdleJudgement) -> str:
         out += (f"; {millis(ms(verdict.not_launch_us / ev.steps))} ms is host time no thread "
                 f"spent launching (the most: {_describe(top, names)}, "
                 f"{millis(ms(top.us / ev.steps))} ms)")
+        if verdict.not_launch_us >= NAMED_SHARE * (verdict.launch_us + verdict.not_launch_us):
+            return out + ". " + _hint(top)[0]
     return out + "."
 
 
@@ -572,32 +576,8 @@ def _cpu_work_advice(model: TraceModel, ev: IdleEvidence,
         f"to run while no thread of the process was launching work (per step: {listed}). That "
         "time is not launch overhead: CUDA graphs, torch.compile or fewer kernels would not "
         "remove it. ")
-    top = rows[0].kind if rows else "untraced"
-    if top == "pin-memory":
-        rec += _PIN_WORDS
-        snippet = _PIN_SNIPPET
-    elif OPTIMIZER_STEP.match(rows[0].op):
-        opt = OPTIMIZER_STEP.match(rows[0].op).group(1)  # type: ignore[union-attr]
-        rec += (f"The largest part is {opt}.step()'s own host time between its kernels: a "
-                "torch optimizer takes fused=True (one kernel per parameter group) or "
-                "foreach=True; time the step alone to confirm.")
-        snippet = (f"optimizer = torch.optim.{opt}(model.parameters(), lr=lr, fused=True)  "
-                   "# or foreach=True")
-    elif top == "untraced":
-        after = next((r.op[23:-1] for r in rows if r.op.startswith("(no recorded op, after ")),
-                     None)
-        rec += ("Nothing in the trace names it" + (
-            f": the thread records nothing after {after} until its next op" if after else "")
-            + ". Record a few steps with Python stacks (with_stack=True) to see which code "
-            "runs there, then move it off the step's critical path.")
-        snippet = _STACK_SNIPPET
-    else:
-        rec += (
-            "Take that work off the critical path: do preprocessing, tokenisation and image "
-            "processing in the Dataset or collate_fn so DataLoader workers (num_workers > 0) "
-            "prepare the next batch while the GPU runs this one, precompute it once, or move it "
-            "onto the GPU.")
-        snippet = _CPU_WORK_SNIPPET
+    words, snippet = _hint(rows[0] if rows else None)
+    rec += words
     if verdict.launch_us > 0 and ev.has_host_ops:
         rec += (f" The other {millis(ms(verdict.launch_us / n))} ms per step of host-wait idle is "
                 f"launch work ({_by_thread_words(ev, 'launch', 3)}), which "
@@ -606,13 +586,36 @@ def _cpu_work_advice(model: TraceModel, ev: IdleEvidence,
     return rec, snippet
 
 
+def _hint(top: ThreadShare | None) -> tuple[str, str]:
+    """What names or removes the largest part of the host time no thread spent launching."""
+    opt = OPTIMIZER_STEP.match(top.op) if top is not None else None
+    if top is not None and top.kind == "pin-memory":
+        return _PIN_WORDS, _PIN_SNIPPET
+    if opt is not None:
+        return (f"The largest part is {opt.group(1)}.step()'s own host time between its "
+                "kernels: a torch optimizer takes fused=True (one kernel per parameter group) "
+                "or foreach=True; time the step alone to confirm.",
+                f"optimizer = torch.optim.{opt.group(1)}(model.parameters(), lr=lr, "
+                "fused=True)  # or foreach=True")
+    if top is None or top.kind == "untraced":
+        after = (top.op[23:-1] if top is not None
+                 and top.op.startswith("(no recorded op, after ") else None)
+        return ("Nothing in the trace names it" + (
+            f": the thread records nothing after {after} until its next op" if after else "")
+            + ". Record a few steps with Python stacks (with_stack=True) to see which code "
+            "runs there, then move it off the step's critical path.", _STACK_SNIPPET)
+    return ("Take that work off the critical path: do preprocessing, tokenisation and image "
+            "processing in the Dataset or collate_fn so DataLoader workers (num_workers > 0) "
+            "prepare the next batch while the GPU runs this one, precompute it once, or move it "
+            "onto the GPU.", _CPU_WORK_SNIPPET)
+
+
 _PIN_WORDS = (
     "The DataLoader's pin-memory thread (pin_memory=True) is a Python thread: while it holds "
     "the interpreter, the stepping thread's Python cannot run, and the process records "
     "nothing until it lets go, right after the pin-memory thread's runtime calls. Pinned "
     "copies can still win overall: time the loop plainly with pin_memory=True and False "
-    "(stallscope compare) before choosing, and keep each batch one contiguous tensor per "
-    "field so pinning it is one copy.")
+    "before choosing.")
 _PIN_SNIPPET = (
     "# time both plainly; the pin-memory thread shares the interpreter with the step\n"
     "loader = torch.utils.data.DataLoader(dataset, batch_size=bs, num_workers=workers,\n"
@@ -654,6 +657,8 @@ _DEPENDENCY_SNIPPET = (
 def _also(ev: IdleEvidence, cause: str, evidence: dict[str, Any]) -> str:
     """What else the evidence says: host regions under the idle, waits on the GPU."""
     out = ""
+    if ev.graph_launches and cause != "host-wait":
+        out += " " + _outside_graphs(ev)
     if ev.regions and cause not in ("host-optimizer", "allocator"):
         out += " Of the host-wait idle, " + "; ".join(
             f"{percent(r['pct_of_host_wait'], 0)} ({millis(r['ms_per_step'])} ms per step) falls "
