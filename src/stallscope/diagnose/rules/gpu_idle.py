@@ -109,7 +109,7 @@ class IdleJudgement:
     cause: str
     launch_us: float
     not_launch_us: float
-    graphs: bool  # CUDA graphs fit: launch work worth replaying, and no graphs yet
+    graphs: bool  # CUDA graphs fit: launch work is the larger part, and no graphs yet
 
 
 def gpu_idle(model: TraceModel, context: RunContext | None = None) -> Assessment:
@@ -239,18 +239,15 @@ def judge(ev: IdleEvidence) -> IdleJudgement:
     if ev.regions and cause in ("host-wait", "mixed", "host-cpu-work") and host >= other \
             and ev.regions[0]["pct_of_host_wait"] >= REGION_CAUSE_PCT:
         cause = str(ev.regions[0]["kind"])
-    return IdleJudgement(True, cause, launch, not_launch,
-                         graphs_fit(cause, pct(launch, ev.step_us), ev.graph_launches))
+    return IdleJudgement(True, cause, launch, not_launch, graphs_fit(cause, ev.graph_launches))
 
 
-def graphs_fit(cause: str, launch_share_pct: float, graph_launches: int) -> bool:
-    """CUDA graphs are the change when the idle is launch overhead, or when the host's other
-    work leads but launch work alone is IDLE_THRESHOLD_PCT of the steps; never for a step that
-    already launches graphs (what is outside them is not launch work the change removes)."""
-    if graph_launches:
-        return False
-    return cause == "host-wait" or (cause == "host-cpu-work"
-                                    and launch_share_pct >= IDLE_THRESHOLD_PCT)
+def graphs_fit(cause: str, graph_launches: int) -> bool:
+    """CUDA graphs are the change when launch work is the larger part of the host-wait idle
+    (`host-wait`), and never for a step that already launches graphs: what is outside them is
+    not launch work the change removes. Launch work beside a larger part that is not (a
+    `host-cpu-work` idle) is named, not replayed: the change would leave the larger part."""
+    return cause == "host-wait" and not graph_launches
 
 
 def _idle_cause(
@@ -580,9 +577,8 @@ def _cpu_work_advice(model: TraceModel, ev: IdleEvidence,
     rec += words
     if verdict.launch_us > 0 and ev.has_host_ops:
         rec += (f" The other {millis(ms(verdict.launch_us / n))} ms per step of host-wait idle is "
-                f"launch work ({_by_thread_words(ev, 'launch', 3)}), which "
-                + ("CUDA graphs or torch.compile remove (the replayed cuda_graphs change)."
-                   if verdict.graphs else "fewer, larger launches remove."))
+                f"launch work ({_by_thread_words(ev, 'launch', 3)}), which fewer, larger "
+                "launches (CUDA graphs, torch.compile) remove; they leave the larger part above.")
     return rec, snippet
 
 
@@ -752,9 +748,8 @@ def changes(finding: Finding, model: TraceModel) -> list[Change]:
     cause = ev.get("dominant_cause")
     if cause == "allocator":
         return [Change("allocator", "steady")]
-    graphs = graphs_fit(str(cause), float(ev.get("launch_work_share_pct", 0.0)),
-                        int(ev.get("cuda_graph_launches_per_step", 0) > 0))
-    if graphs and has(model, (1, 10)):
+    if graphs_fit(str(cause), int(ev.get("cuda_graph_launches_per_step", 0) > 0)) \
+            and has(model, (1, 10)):
         return [Change("cuda_graphs", "true")]
     return []
 
@@ -774,13 +769,12 @@ def no_change(finding: Finding) -> str:
                 "whose change (fewer preconditioner updates, a fused or foreach "
                 "implementation) the replay models only for torch's built-in for-loop "
                 "optimizers (single-tensor-optimizer)")
-    if cause in ("host-wait", "host-cpu-work") and graphs_fit(
-            str(cause), float(ev.get("launch_work_share_pct", 0.0)), 0):
+    if cause == "host-wait":
         return "CUDA graphs need torch 1.10 or later; this trace's torch is older"
     if cause == "host-cpu-work":
         return ("the host time no thread spent launching (untraced Python, a pin-memory "
-                "thread's hold, CPU ops) is not a change the replay models, and the launch "
-                "work beside it is under the share CUDA graphs are replayed for")
+                "thread's hold, CPU ops) is the larger part and not a change the replay "
+                "models; CUDA graphs would remove only the launch work beside it")
     if cause == "dataloader":
         return "its cause is the DataLoader wait: dataloader-bound's change"
     return ("its gaps wait on dependencies (other streams, events, peers) or mix causes: "
