@@ -241,3 +241,13 @@ def test_judge_names_the_dataloader_and_host_regions():
     assert judge(_evidence(regions=(region,))).cause == "allocator"
     assert judge(_evidence(regions=({**region, "pct_of_host_wait": 20.0},))).cause == \
         "host-wait"
+
+
+def test_gpu_idle_knows_the_autograd_engine_of_an_older_torch():
+    """kineto/tbtest_gpu_metrics_input (torch 1.8/1.9) records the autograd nodes without the
+    evaluate_function wrapper (`MmBackward`): its thread is still the autograd engine, whose
+    launches are launch work. It used to read CPU work that launches nothing."""
+    ev = gpu_idle(real("kineto/tbtest_gpu_metrics_input.json")).finding.evidence
+    assert ev["dominant_cause"] == "host-wait"
+    assert set(ev["idle_ms_per_step_by_thread"]) == {"autograd engine", "stepping thread"}
+    assert ev["idle_ms_per_step_by_thread"]["autograd engine"] > 4.0

@@ -4,9 +4,9 @@ waits), a DataLoader pin-memory thread, and the rest.
 
 Told apart by what each thread records rather than by thread-name metadata, which a trimmed or
 re-exported trace may lose: the autograd engine runs `autograd::engine::evaluate_function: ...`
-ops; a pin-memory thread launches nothing and makes the host allocator's and pinning's runtime
-calls (`cudaPointerGetAttributes` to ask whether a tensor is pinned, `cudaHostAlloc`,
-`cudaEventQuery` on the pinned blocks' events) or records the pinning ops themselves.
+ops (older torch: the nodes alone, `MmBackward`); a pin-memory thread launches nothing and
+makes the host allocator's and pinning's runtime calls (`cudaPointerGetAttributes` to ask
+whether a tensor is pinned, `cudaHostAlloc`) or records the pinning ops themselves.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ STEPPING, AUTOGRAD, PIN_MEMORY, OTHER = (
 # In this order a thread's launch work is named when several threads launch at once.
 ROLE_ORDER = (STEPPING, AUTOGRAD, OTHER, PIN_MEMORY)
 AUTOGRAD_OP = re.compile(r"^autograd::engine::evaluate_function: ")
+# ...and its nodes as older torch records them, without that wrapper (`MmBackward`).
+AUTOGRAD_NODE = re.compile(r"^(?:autograd::engine::evaluate_function: |torch::autograd::"
+                           r"AccumulateGrad$|[A-Z]\w*Backward\d*$)")
 # Runtime calls that issue GPU work: kernel and graph launches, copies, memsets.
 ISSUING_CALL = re.compile(r"Launch|Memcpy|Memset")
 # A thread that launches nothing and makes one of these calls, or records one of these ops,
@@ -40,7 +43,7 @@ def thread_roles(model: TraceModel) -> dict[str, str]:
     tids = sorted(set(op_tid.tolist()) | set(rt_tid.tolist()))
     if model.main_tid is not None and str(model.main_tid) not in tids:
         tids.append(str(model.main_tid))
-    autograd = set(op_tid[name_mask(ops["name"], AUTOGRAD_OP)].tolist()) if len(ops) else set()
+    autograd = set(op_tid[name_mask(ops["name"], AUTOGRAD_NODE)].tolist()) if len(ops) else set()
     pin_ops = set(op_tid[name_mask(ops["name"], PINNING_OP)].tolist()) if len(ops) else set()
     if len(rt):
         issuing = set(rt_tid[name_flags(
