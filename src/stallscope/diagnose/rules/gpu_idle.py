@@ -575,7 +575,7 @@ def _cpu_work_advice(model: TraceModel, ev: IdleEvidence,
         "remove it. ")
     words, snippet = _hint(rows[0] if rows else None)
     rec += words
-    if verdict.launch_us > 0 and ev.has_host_ops:
+    if ev.has_host_ops and verdict.launch_us >= NAMED_SHARE * verdict.not_launch_us > 0:
         rec += (f" The other {millis(ms(verdict.launch_us / n))} ms per step of host-wait idle is "
                 f"launch work ({_by_thread_words(ev, 'launch', 3)}), which fewer, larger "
                 "launches (CUDA graphs, torch.compile) remove; they leave the larger part above.")
