@@ -28,6 +28,9 @@ FREE_CALL = re.compile(r"^(?:(?:cuda|hip)Free|cuMemFree(?:_v2)?)$")
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(.+)\.step$")
 # zero_grad's range, `Optimizer.zero_grad#Adam.zero_grad` (zero-grad-kernels').
 ZERO_GRAD = "Optimizer.zero_grad#"
+# A CUDA graph's launch (gpu-idle names the graphed spans; the cuda_graphs model refuses a
+# trace that already launches graphs).
+GRAPH_LAUNCH = re.compile(r"^(?:cuda|hip)GraphLaunch")
 
 
 def per_name(names: pd.Series, fn: Callable[[str], Any]) -> pd.Series:

@@ -15,7 +15,7 @@ from stallscope.replay.models.common import (
     optimizer_nodes,
     zero_grad_nodes,
 )
-from stallscope.trace.names import ALLOC_CALL, FREE_CALL
+from stallscope.trace.names import ALLOC_CALL, FREE_CALL, GRAPH_LAUNCH
 from stallscope.units import percent
 
 # CUDA graphs: one graph launch replays the captured kernels; what is left of the host time
@@ -30,6 +30,13 @@ def cuda_graphs(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if not len(g.g_ts):
         raise NotModelled("no GPU work to capture")
     in_steps = (g.h_ts >= g.h_ts[g.step_start[0]]) & (g.h_ts < g.h_ts[g.step_end[-1]])
+    graphs = int((in_steps & (g.h_kind == CALL)
+                  & g.host_named(lambda n: bool(GRAPH_LAUNCH.match(n)))).sum())
+    if graphs:
+        raise NotModelled(
+            f"the steps already launch CUDA graphs ({graphs / len(g.step_start):.1f} "
+            "cudaGraphLaunch per step): the change is made; what stays outside the graphs "
+            "(the loss, the optimizer step, the fetch) is not what it replays")
     # What torch.compile(model, mode="reduce-overhead") or make_graphed_callables(model)
     # captures is the model's forward and backward: the loader, the input copies, host waits,
     # the optimizer step and zero_grad stay as they are (the H200 r5 hostbound-graphs
