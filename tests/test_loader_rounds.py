@@ -96,7 +96,7 @@ def test_workers_that_lag_set_the_baseline_at_their_pace(gpu: str, session: str)
 @pytest.mark.parametrize("session", ["r1", "r2", "r3"])
 def test_a_workers_batch_writes_itself_into_shared_memory(session: str, monkeypatch) -> None:
     """0 -> 4 workers: a worker's collate writes each batch into new shared memory (25 MB
-    here, 12.9 ms at SHM_WRITE_US), which the in-process loading never paid; 4 workers that
+    here, 12.3 ms at SHM_WRITE_US), which the in-process loading never paid; 4 workers that
     lag deliver a batch a quarter of that later each (less where the step's other work was
     nearly as long as their pace: the step is the longer of the two)."""
     import stallscope.replay.loader as loader
