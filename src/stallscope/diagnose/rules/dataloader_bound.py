@@ -266,7 +266,8 @@ def finding(e: LoaderEvidence, j: Judgement, advice: Advice) -> Finding:
     who, unit = ("Inference", "batch") if e.inference else ("Training", "step")
     return Finding(
         id=RULE_ID,
-        title=f"{who} waits on the DataLoader for {percent(e.wait_pct)} of each {unit}",
+        title=f"{who} waits on the DataLoader for {percent(e.wait_pct)} of each {unit}"
+        + (f", once a round of its {e.rounds.workers} workers" if e.rounds else ""),
         evidence=evidence,
         recommendation=advice.recommendation,
         snippet=advice.snippet,
