@@ -23,7 +23,13 @@ from torch.utils.data._utils import pin_memory as pin_mod
 from torch.utils.data._utils.worker import _ResumeIteration
 
 from stallscope.capture.transfer import PinLedger, TransferTap, bursts, match
-from stallscope.diagnose.rules.dataloader_bound import LoaderClass, _advice
+from stallscope.diagnose.rules.dataloader_bound import (
+    Advice,
+    LoaderClass,
+    LoaderEvidence,
+    advise,
+    judge,
+)
 from stallscope.runfacts import LoaderInfo
 
 
@@ -341,10 +347,17 @@ RECEIVING = {"where": "workers", "bound": "main-process-bound", "fetch_ms_per_ba
              "transfer_ms_per_batch": 6.5, "ready_to_received_ms": {"median": 40.0, "p90": 60.0}}
 
 
+def _advice(has_gpu: bool, klass: LoaderClass) -> Advice:
+    """The rule's advice on a 50 ms step that waits 8 ms for a loader of `klass`, 8 cores."""
+    e = LoaderEvidence(loader_kind="multi-process", steps=5, step_us=50_000.0,
+                       loader_us=8_000.0, wait_us=8_000.0,
+                       gpu_us=20_000.0 if has_gpu else None, inference=False, klass=klass,
+                       info=_info(), cores=8, workers_now=_info().num_workers)
+    return advise(e, judge(e))
+
+
 def test_main_process_bound_gpu_run_gets_a_background_thread_it_can_paste() -> None:
-    gpu = SimpleNamespace(loader_kind="multi-process", has_gpu=True)
-    advice = _advice(gpu, _info(), 8, step=50_000.0, wait=8_000.0, load=8_000.0,
-                     klass=LoaderClass("main-process-bound", RECEIVING))
+    advice = _advice(True, LoaderClass("main-process-bound", RECEIVING))
     assert advice.evidence["background_thread"] is True
     assert "background thread" in advice.recommendation and "6.5 ms" in advice.recommendation
     compile(advice.snippet, "snippet", "exec")  # valid Python as given
@@ -355,9 +368,8 @@ def test_main_process_bound_gpu_run_gets_a_background_thread_it_can_paste() -> N
 @pytest.mark.parametrize("has_gpu, transfer", [(False, 6.5), (True, 1.0)])
 def test_no_background_thread_without_a_gpu_or_when_workers_are_what_lags(
         has_gpu: bool, transfer: float) -> None:
-    model = SimpleNamespace(loader_kind="multi-process", has_gpu=has_gpu)
     klass = LoaderClass("main-process-bound", {**RECEIVING, "transfer_ms_per_batch": transfer})
-    advice = _advice(model, _info(), 8, step=50_000.0, wait=8_000.0, load=8_000.0, klass=klass)
+    advice = _advice(has_gpu, klass)
     assert "background_thread" not in advice.evidence
     assert "BackgroundLoader" not in advice.snippet
     # The receiving figure is still in the class's sentence.

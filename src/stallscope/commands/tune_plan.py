@@ -9,7 +9,8 @@ the `dataloader-bound` finding's own suggestion, `persistent_workers` whenever t
 memory only speeds host-to-device copies), then `prefetch_factor` 2 vs 4 on the best worker
 count. On a CPU run whose loader computes (not waiting), a worker count that would not fit the
 cores beside the step's intra-op threads comes with the threads it leaves the step
-(`torch_threads`, as dataloader-bound advises them: one change). The candidate the finding
+(`torch_threads`, as dataloader-bound advises them: one change); for a waiting loader, every
+count comes with the threads the finding sets, where it sets them. The candidate the finding
 suggests runs first, so a tight budget still measures it.
 """
 
@@ -153,10 +154,15 @@ def worker_candidates(base: Baseline) -> list[Overrides]:
 def threads_for(base: Baseline, workers: int) -> int | None:
     """The intra-op threads to run `workers` computing workers with on a CPU run, when the two
     would not fit the cores: the finding's own figure for its worker count, else the cores the
-    workers leave (at least one). None: keep the script's threads (a GPU run, a waiting loader
-    whose workers take little CPU, or room enough)."""
-    if base.gpu_used or base.bound == "waiting" or base.torch_threads is None:
+    workers leave (at least one). A waiting loader's workers take little CPU, but where the
+    finding sets the threads with them (their wake-ups preempt the step's threads), every count
+    is measured at those threads, so the counts compare under the change as advised. None: keep
+    the script's threads (a GPU run, a waiting loader the finding leaves them for, or room
+    enough)."""
+    if base.gpu_used or base.torch_threads is None:
         return None
+    if base.bound == "waiting":
+        return base.suggested_torch_threads
     if workers + base.torch_threads <= base.cores:
         return None
     if workers == base.suggested_num_workers and base.suggested_torch_threads:

@@ -33,8 +33,13 @@ from stallscope.diagnose.fixes import Change, apply
 from stallscope.diagnose.registry import changes_for, no_change_reason
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
-from stallscope.replay.loader import LoaderFacts, NotModelled
-from stallscope.replay.models.common import ONE_THREAD, ONE_THREAD_WHY, Context
+from stallscope.replay.loader import LoaderFacts, NotModelled, Rounds, paced
+from stallscope.replay.models.common import (
+    ONE_THREAD,
+    ONE_THREAD_WHY,
+    Context,
+    h2d_bytes_per_step,
+)
 from stallscope.replay.threads import MAX_SCALE_PER_THREAD, MIN_SCALE, OneThread, scales
 from stallscope.replay.unload import OtherWait, barrier_note, unload
 from stallscope.replay.unprofile import ProfilerCost, from_run, op_counts, unprofile
@@ -96,12 +101,17 @@ class Plan:
     floor_kind: str  # "gpu": the busiest GPU's remaining work; "host": the stepping thread's
     # The step the fixes start from: the measured one less other processes' load and the
     # profiler's own cost on the host (replay/unload.py, replay/unprofile.py), as the replay of
-    # the graph without them says; `load` and `profiler` say how.
+    # the graph without them says, and for workers that lag at their pace (replay/loader.py
+    # Rounds); `load`, `profiler` and `rounds` say how.
     baseline_step_us: float = 0.0
     profiler: dict[str, Any] = field(default_factory=dict)
     # Other tenants' share of the host's run-queue wait, taken out before the profiler's cost
     # (replay/unload.py); {} when the trace has no scheduler figures.
     load: dict[str, Any] = field(default_factory=dict)
+    # A loader whose workers lag, waited for once a round (replay/loader.py Rounds): the steps
+    # replayed at the workers' pace, and what that adds to the median step (added_us, negative
+    # where the median step waited more than the pace); {} otherwise.
+    rounds: dict[str, Any] = field(default_factory=dict)
     # Why some recorded steps are not in the medians, or None when all are.
     steps_note: str | None = None
     min_gain_pct: float = MIN_GAIN_PCT
@@ -164,6 +174,17 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     steady, filled = _steady(recorded, base)
     load_us = max(0.0, _median(base, used) - _median(unloaded, used))
     profiler_us = max(0.0, _median(unloaded, used) - _median(unprofiled, used))
+    facts = LoaderFacts.of(model.trace)
+    # Workers that lag: the median step hides the round's wait, the steps at their pace do not.
+    rounds = Rounds.of(steps[used], facts, model.loader_kind)
+    rounds_us = 0.0
+    as_recorded = (graph, unprofiled)  # the one-thread probe's scales are of these
+    if rounds is not None:
+        graph = paced(graph, rounds, facts.batch_bytes if facts.batch_bytes is not None
+                      else h2d_bytes_per_step(model))
+        at_pace = replay(graph)
+        rounds_us = _median(at_pace, used) - _median(unprofiled, used)
+        unprofiled = at_pace
     plan = Plan(
         trace=model.trace.label,
         measured_step_us=measured,
@@ -172,18 +193,20 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         steps_used=[s.name for s in steps[used]],
         floor_kind="gpu" if len(graph.g_ts) else "host",
         steps_note=_steps_note(len(model.steps), window, used, filled[used]),
-        baseline_step_us=max(float(np.median(steady[used])) - profiler_us - load_us, 0.0),
+        baseline_step_us=max(float(np.median(steady[used])) - profiler_us - load_us
+                             + rounds_us, 0.0),
         profiler={"op_us": round(cost.op_us, 3), "measured": cost.measured,
                   "source": cost.source,
                   "ops_per_step": round(float(counts.sum()) / graph.steps, 1),
                   "step_cost_us": round(profiler_us, 1)},
         load={**others.to_dict(), "step_cost_us": round(load_us, 1)} if others else {},
+        rounds={**rounds.to_dict(), "added_us": round(rounds_us, 1), "note": rounds.note()}
+        if rounds else {},
     )
-    facts = LoaderFacts.of(model.trace)
     memo: dict[str, Any] = {}
     one = OneThread.of(model)
     if one is not None:  # torch_threads=1 from run's one-thread steps (replay/threads.py)
-        memo[ONE_THREAD] = scales(one, graph, _median(unprofiled, used))
+        memo[ONE_THREAD] = scales(one, as_recorded[0], _median(as_recorded[1], used))
         if memo[ONE_THREAD] is None:
             memo[ONE_THREAD_WHY] = (
                 "the steps timed at one intra-op thread before recording do not fit the "
@@ -372,7 +395,7 @@ def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, l
     order = sorted(shared, key=lambda e: -e.saving_pct) + entries[MAX_SHARED:]
     if [e.id for e in order] == [e.id for e in entries]:
         return final
-    current, applied, path = start, [], []
+    current, applied, path = start, list[str](), list[PlanEntry]()
     for e in order:
         s = predict(current.graph, applied, options[e.id])
         path.append(PlanEntry(e.id, e.change, round(s.step_us, 1), e.saving_pct, s.notes,

@@ -5,7 +5,15 @@ it takes the cost of receiving one (FETCH_BASE_US plus the batch's bytes at FETC
 the page mapping and unpickling of a shared-memory batch), but batches arrive no faster than
 one per load time / N (producer and consumer, with the queue never empty at the start: steady
 state with persistent workers). The load time per batch is what a fetch took in the process
-when it loaded in-process (num_workers=0), or, when W workers already lag, W steps per batch.
+when it loaded in-process (num_workers=0), plus writing the batch into new shared memory, as a
+worker's collate does; when W workers already lag, what `run` measured inside them, else W mean
+steps per batch.
+
+Rounds: W workers that lag deliver W batches per load time, and the step waits once a round (or
+a few times) while the others wait for nothing: the median step hides the wait that sets the
+pace. Such a recording is replayed with its batches arriving at the workers' pace
+(`Rounds`, `paced`), so its steps carry the round's wait evenly, as a user timing many steps
+sees it.
 
 Cores: when the trace says how many cores the run had (the process's, as `stallscope run`
 recorded them, else the recording machine's: trace/cores.py), a step cannot end before its CPU
@@ -18,6 +26,8 @@ so. A loader that waits on storage takes no cores, so its workers can outnumber 
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +38,7 @@ from stallscope.replay.graph import LOADER, Graph
 from stallscope.text import plural
 from stallscope.trace.cores import Cores, cores_of
 from stallscope.trace.load import Trace
+from stallscope.trace.model import Step
 from stallscope.trace.otherload import OtherLoad, load_from
 from stallscope.units import fixed_size, ms, percent
 
@@ -42,6 +53,19 @@ FETCH_BYTES_PER_US = 5700.0
 # A fetch whose CPU time is under this share of its wall time mostly waits (storage, network):
 # its workers need not have a core each (capture/anatomy.py classifies by the same share).
 WAITING_CPU_SHARE = 0.5
+# Writing a batch into new shared memory inside a worker, per 4 KiB page of the batch, beyond the
+# same loading in the training process: a worker's default_collate stacks the samples into a
+# tensor in shared memory (for the training process to map), each page allocated and zeroed at
+# its first write, where the training process's stack reuses warm memory. The lent GPU hosts'
+# recordings (their workers' collate against the same script's in-process one) and
+# benchmarks/bench_shm_collate.py measure it: docs/replay.md.
+SHM_WRITE_US = 2.0
+PAGE_BYTES = 4096.0
+# A loader with workers whose wait falls on a few steps (the median step waits under
+# ROUND_MEDIAN_SHARE of the mean wait) is replayed at its workers' pace once the mean wait is at
+# least ROUND_MIN_SHARE of the mean step: below it, the waits are noise, not a round.
+ROUND_MIN_SHARE = 0.05
+ROUND_MEDIAN_SHARE = 0.5
 
 
 class NotModelled(Exception):
@@ -173,6 +197,99 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and np.isfinite(v) else None
 
 
+def worker_batch_us(in_process_us: Any, batch_bytes: float | None) -> Any:
+    """A batch's loading inside a worker, from its loading in the training process (a figure or
+    an array): the same work, plus writing the batch into new shared memory (SHM_WRITE_US)."""
+    return in_process_us + shm_write_us(batch_bytes)
+
+
+def shm_write_us(batch_bytes: float | None) -> float:
+    """What writing a batch of `batch_bytes` into new shared memory costs a worker."""
+    return (batch_bytes or 0.0) / PAGE_BYTES * SHM_WRITE_US
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """A loader whose workers lag: the step waits once a round of the workers (or a few
+    times), while the other steps wait for nothing, so the median step hides the wait that sets
+    the pace. The steady step is the workers' pace: W workers that each take L per batch deliver
+    one every L / W; without L measured, the recorded steps' mean (whole rounds of batches)."""
+
+    workers: int
+    pace_us: float  # one batch per pace_us
+    worker_load_us: float | None  # a batch's loading inside a worker, as `run` measured it
+    steps: int  # the steps judged
+    waited: int  # of which the ones that held the round's wait (at least the mean wait)
+    mean_wait_us: float
+    median_wait_us: float
+    max_wait_us: float
+
+    @classmethod
+    def of(cls, steps: Sequence[Step], facts: LoaderFacts, loader_kind: str | None
+           ) -> Rounds | None:
+        """From the judged steps; None unless the loader has workers (their count recorded)
+        and its wait is a round's: at least ROUND_MIN_SHARE of the mean step, concentrated."""
+        workers = facts.workers
+        if not workers or workers < 1 or loader_kind != "multi-process" or len(steps) < 2:
+            return None
+        waits = [s.loader_wait_us for s in steps]
+        mean_wait = statistics.fmean(waits)
+        mean_step = statistics.fmean([s.duration_us for s in steps])
+        median_wait = statistics.median(waits)
+        if mean_wait < ROUND_MIN_SHARE * mean_step or median_wait >= ROUND_MEDIAN_SHARE * mean_wait:
+            return None
+        load = facts.worker_load_us
+        pace = load / workers if load else mean_step
+        return cls(workers, pace, load, len(steps), sum(1 for w in waits if w >= mean_wait),
+                   mean_wait, median_wait, max(waits))
+
+    def note(self) -> str:
+        """What the replay assumed, in the report's words."""
+        source = (f"{plural(self.workers, 'worker')} each take {ms(self.worker_load_us, 'tenths')} "
+                  "ms a batch (fetch and collate, measured inside them), one batch every "
+                  f"{ms(self.pace_us, 'tenths')} ms" if self.worker_load_us else
+                  f"{plural(self.workers, 'worker')} deliver one batch per mean step, "
+                  f"{ms(self.pace_us, 'tenths')} ms")
+        return (f"the DataLoader's wait falls on {self.waited} of {self.steps} steps (up to "
+                f"{ms(self.max_wait_us, 'tenths')} ms; {ms(self.mean_wait_us, 'tenths')} ms a "
+                f"step on average, {ms(self.median_wait_us, 'tenths')} ms at the median), once a "
+                f"round of its workers: {source}, and the steps are replayed at that pace")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workers": self.workers, "pace_us": round(self.pace_us, 1),
+                "worker_load_us": None if self.worker_load_us is None
+                else round(self.worker_load_us, 1),
+                "steps": self.steps, "waited_steps": self.waited,
+                "mean_wait_us": round(self.mean_wait_us, 1),
+                "median_wait_us": round(self.median_wait_us, 1),
+                "max_wait_us": round(self.max_wait_us, 1)}
+
+
+def paced(g: Graph, rounds: Rounds, batch_bytes: float) -> Graph:
+    """A copy of `g` whose batches arrive at the workers' pace, as `with_workers` replays
+    workers: each fetch takes what it took, at most receiving a batch of `batch_bytes`
+    (`receive_us`: a fetch that waited for the round is mostly that wait), and ends no sooner
+    than `rounds.pace_us` after the one before."""
+    loads = np.flatnonzero(g.h_kind == LOADER)
+    if len(loads) < 2:
+        return g
+    g = g.copy()
+    g.h_dur[loads] = np.minimum(g.h_dur[loads], receive_us(batch_bytes))
+    g.h_after[loads[1:]] = loads[:-1]
+    g.h_ret[loads[1:]] = rounds.pace_us
+    return g
+
+
+def receive_us(batch_bytes: float) -> float:
+    """Receiving a batch of `batch_bytes` from a worker in the training process."""
+    return FETCH_BASE_US + batch_bytes / FETCH_BYTES_PER_US
+
+
+def _steady_mean(step_us: np.ndarray) -> float:
+    """The mean step, less the first of three or more (it carries work queued before it)."""
+    return float(np.mean(step_us[1:] if len(step_us) >= 3 else step_us))
+
+
 @dataclass
 class WorkersPlan:
     """The graph with N workers, and what the prediction assumed."""
@@ -203,25 +320,31 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     own = np.maximum(before - _per_step(g, loads, g.h_dur[loads]), 1.0)
     g = g.copy()
     notes: list[str] = []
+    nbytes = facts.batch_bytes if facts.batch_bytes is not None else copy_bytes_per_step
+    shm = (f", plus {ms(shm_write_us(nbytes), 'tenths')} ms writing its "
+           f"{fixed_size(nbytes, 'MB')} into new shared memory ({SHM_WRITE_US:g} us per 4 KiB "
+           "page, measured: docs/replay.md)"
+           if shm_write_us(nbytes) >= 50.0 else "")  # said where it reads 0.1 ms or more
     if workers_now == 0 and batch_load_us:
-        load = np.full(len(loads), batch_load_us)
+        load = np.full(len(loads), worker_batch_us(batch_load_us, nbytes))
         notes.append(f"each batch takes a worker {ms(batch_load_us, 'tenths')} ms, the in-process "
                      "loading per batch in the steps run timed at one intra-op thread (a "
-                     "worker runs one)")
+                     f"worker runs one){shm}")
     elif workers_now == 0:
-        load = g.h_dur[loads].copy()  # each batch as it loaded in-process
+        load = worker_batch_us(g.h_dur[loads], nbytes)  # each batch as it loaded in-process
         notes.append("each batch takes a worker as long as it took the training process "
-                     "(measured per batch)")
+                     f"(measured per batch){shm}")
     elif facts.worker_load_us:
         load = np.full(len(loads), facts.worker_load_us)
         notes.append(f"each batch takes a worker {ms(facts.worker_load_us, 'tenths')} ms (fetch "
                      "and collate, measured inside the workers)")
     else:
-        load = np.full(len(loads), workers_now * float(np.median(before)))
-        notes.append(f"the {workers_now} workers now deliver one batch per step, so each "
-                     f"takes {workers_now} steps per batch")
-    nbytes = facts.batch_bytes if facts.batch_bytes is not None else copy_bytes_per_step
-    fetch = FETCH_BASE_US + nbytes / FETCH_BYTES_PER_US
+        # Whole rounds: the mean step, not the median, which hides the step of each round
+        # that waits for the batches.
+        load = np.full(len(loads), workers_now * _steady_mean(before))
+        notes.append(f"the {workers_now} workers now deliver one batch per mean step, so each "
+                     f"takes {workers_now} mean steps per batch")
+    fetch = receive_us(nbytes)
     notes.append(f"receiving a batch from a worker costs {ms(fetch, 'hundredths')} ms in the "
                  f"training process ({fixed_size(nbytes, 'MB')}; see docs/replay.md)")
     g.h_dur[loads] = np.minimum(fetch, g.h_dur[loads]) if workers_now else fetch

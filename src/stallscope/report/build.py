@@ -204,11 +204,12 @@ class Report:
 
     def _first_change(self, top: Finding) -> str:
         """After an unreplayed lead, the fix plan's first change, which the replay did model."""
-        entries = (self.plan or {}).get("entries") or []
+        plan = self.plan or {}
+        entries = plan.get("entries") or []
         if not entries or self.plan_entry(top) is not None:
             return ""
         first = entries[0]
-        base = self.plan["baseline_step_us"] or self.plan["measured_step_us"]
+        base = plan["baseline_step_us"] or plan["measured_step_us"]
         return (f"; the first change the replay models: {first['change']}, "
                 f"{ms(base, 'tenths')} -> about {ms(first['predicted_step_us'], 'tenths')} ms "
                 "per step")

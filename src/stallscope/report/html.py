@@ -33,11 +33,13 @@ from stallscope.report.labels import (
     category_name,
     floor_phrase,
     loader_story,
+    others_taken_out,
     path_drop,
     pct_of,
     plan_of,
     profiler_phrase,
     range_phrase,
+    rounds_note,
     saving_label,
     shared_saving,
     span,
@@ -375,7 +377,7 @@ def _headline(report: Report) -> dict[str, Any]:
         # The step without the profiler's cost (diagnose/plan.py), when it differs.
         "unprofiled_ms": ms(baseline(report.plan), missing="") if report.plan and profiler_phrase(
             report.plan) else None,
-        "unloaded": bool(report.plan and baseline_name(report.plan) != "without the profiler"),
+        "unloaded": bool(report.plan and others_taken_out(report.plan)),
     }
 
 
@@ -496,12 +498,15 @@ def _what_if(what_if: dict[str, Any] | None,
          "us": what_if["replayed_step_us"], "assumptions": [], "why": None},
     ]
     base = what_if.get("baseline_step_us")
-    if base and what_if["measured_step_us"] - base >= 0.01 * what_if["measured_step_us"]:
+    paced = rounds_note(plan or {})
+    if base and (paced or what_if["measured_step_us"] - base >= 0.01 * what_if["measured_step_us"]):
         said = ["the profiler's cost per recorded op taken out of the host's work "
                 "(replay/unprofile.py)"]
-        if plan and baseline_name(plan) != "without the profiler":
+        if plan and others_taken_out(plan):
             said.append("other processes' share of the host's wait for a core taken out "
                         "(replay/unload.py)")
+        if paced:
+            said.append(paced)
         rows.append({"what": f"{baseline_name(plan or {})} (the changes start here)",
                      "kind": "replayed prediction", "us": base, "assumptions": said,
                      "why": None})

@@ -124,23 +124,28 @@ def pct_of(plan: dict[str, Any], us: float) -> float:
 
 def profiler_phrase(plan: dict[str, Any]) -> str:
     """The baseline and how it follows from the measured step, in one clause; "" when the
-    profiler cost the recorded steps next to nothing (under 1%)."""
+    profiler cost the recorded steps next to nothing (under 1%) and nothing else moved it."""
     cost = plan.get("profiler") or {}
     base, measured = baseline(plan), plan["measured_step_us"]
-    if not cost or measured - base < 0.01 * measured:
+    rounds = rounds_note(plan)
+    if not rounds and (not cost or measured - base < 0.01 * measured):
         return ""
-    how = ("measured in this run" if cost.get("measured")
-           else "assumed, as this trace does not say")
-    text = (f"{baseline_name(plan)} about {ms(base)} ms (predicted: {cost['ops_per_step']:.0f} "
-            f"recorded host ops per step at {cost['op_us']:.1f} us each, {how}")
+    parts = []
+    if cost:
+        how = ("measured in this run" if cost.get("measured")
+               else "assumed, as this trace does not say")
+        parts.append(f"{cost['ops_per_step']:.0f} recorded host ops per step at "
+                     f"{cost['op_us']:.1f} us each, {how}")
     if _others(plan):
         load = plan["load"]
-        text += (f"; and {percent(load['others_share_pct'], 0)} of the host's time, the part of "
-                 f"its wait for a core ({percent(load['wait_share_pct'], 0)} of its runnable time, "
-                 "from the kernel's run-queue figures) that other processes caused, beyond the "
-                 f"{percent(load['own_share_pct'], 0)} this run's own threads on its "
-                 f"{plural(load['cores'], 'core')} explain")
-    return text + ")"
+        parts.append(f"{percent(load['others_share_pct'], 0)} of the host's time, the part of "
+                     f"its wait for a core ({percent(load['wait_share_pct'], 0)} of its runnable "
+                     "time, from the kernel's run-queue figures) that other processes caused, "
+                     f"beyond the {percent(load['own_share_pct'], 0)} this run's own threads on "
+                     f"its {plural(load['cores'], 'core')} explain")
+    if rounds:
+        parts.append(rounds)
+    return f"{baseline_name(plan)} about {ms(base)} ms (predicted: {'; and '.join(parts)})"
 
 
 def _others(plan: dict[str, Any]) -> bool:
@@ -148,10 +153,27 @@ def _others(plan: dict[str, Any]) -> bool:
     return bool(load.get("others_share_pct")) and load.get("step_cost_us", 0) > 0
 
 
+def _rounds(plan: dict[str, Any]) -> bool:
+    """The plan replays a loader whose workers lag at their pace (diagnose/plan.py)."""
+    rounds = plan.get("rounds") or {}
+    return bool(rounds.get("note"))
+
+
+def others_taken_out(plan: dict[str, Any]) -> bool:
+    """Other processes' share of the host's wait is out of the baseline (replay/unload.py)."""
+    return _others(plan)
+
+
+def rounds_note(plan: dict[str, Any]) -> str | None:
+    """How the baseline puts a lagging loader's round at the workers' pace, or None."""
+    return (plan.get("rounds") or {}).get("note") if _rounds(plan) else None
+
+
 def baseline_name(plan: dict[str, Any]) -> str:
-    """What the step the fixes start from leaves out."""
-    return ("without the profiler or other processes' load" if _others(plan)
+    """What the step the fixes start from leaves out, and what it adds."""
+    name = ("without the profiler or other processes' load" if _others(plan)
             else "without the profiler")
+    return name + (", at the DataLoader workers' pace" if _rounds(plan) else "")
 
 
 # One name per category in every view (HTML, Markdown, terminal, TensorBoard text; report.json

@@ -139,6 +139,10 @@ class Plan(msgspec.Struct):
     # wait_share_pct, own_share_pct, others_share_pct, demand_cores, cores, step_cost_us
     # (replay/unload.py); {} without the kernel's figures.
     load: Json | None = None
+    # A loader whose workers lag, replayed at their pace (replay/loader.py Rounds): workers,
+    # pace_us, worker_load_us, steps, waited_steps, mean/median/max_wait_us, added_us (what the
+    # pace adds to the median step), note; {} otherwise.
+    rounds: Json | None = None
     # The replay's measured error that widens every predicted range, in %.
     model_error_pct: float | None = None
 

@@ -1,22 +1,29 @@
-"""`dataloader-bound`: the training step waits for the next batch."""
+"""`dataloader-bound`: the training step waits for the next batch.
+
+Three steps: `measure` reads the loader's figures from the trace and `run`'s measurements
+(`LoaderEvidence`); `judge` decides from them alone what is found, why, and how many workers
+(`Judgement`, `Sizing`); `advise` writes the prose and the change to paste (`Advice`).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from stallscope.diagnose.common import busiest_gpu_us, ms, pct
+from stallscope.diagnose.common import busiest_gpu_us, judged_steps, ms, pct
 from stallscope.diagnose.epochs import respawn_loader_us
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import Knobs
 from stallscope.diagnose.spec import Change, RuleSpec
-from stallscope.replay.loader import LoaderFacts
+from stallscope.replay.loader import LoaderFacts, Rounds, worker_batch_us
+from stallscope.replay.models.common import h2d_bytes_per_step
 from stallscope.replay.threads import OneThread
 from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
+from stallscope.trace.otherload import OtherLoad
 from stallscope.units import millis, percent
 
 RULE_ID = "dataloader-bound"
@@ -66,7 +73,96 @@ MAX_PREFETCH_FACTOR = 16
 RECEIVE_SHARE = 0.5
 
 
+# Issues the step can have with its loader, each judged from the evidence alone (`judge`).
+CLEAR = "clear"  # the wait is under the threshold
+UNKNOWN = "unknown-workers"  # workers in use, how many not recorded: no count can be derived
+BURSTY = "bursty"  # the workers keep up on average; a deeper queue hides the slow batches
+RECEIVING = "receiving"  # receiving ready batches is the wait: a background thread
+CORES_BUSY = "cores-busy"  # more workers would only contend for the cores
+WORKERS = "workers"  # more workers, sized from load against the step's other work
+
+
+@dataclass(frozen=True)
+class LoaderEvidence:
+    """What the trace and `run` measured about the step's wait for batches. Per step: means
+    over the recorded steps, since the wait of workers that lag falls on a few of them."""
+
+    loader_kind: str
+    steps: int
+    step_us: float
+    loader_us: float  # inside DataLoader __next__
+    wait_us: float  # of which with no GPU work running
+    gpu_us: float | None  # the busiest GPU's busy time; None on a CPU run
+    inference: bool
+    klass: LoaderClass
+    info: LoaderInfo | None = None
+    cores: int | None = None  # cores this process may use
+    workers_now: int | None = None  # the loader's workers; None: some, how many unknown
+    threads: int | None = None  # the training process's intra-op threads
+    one_thread: OneThread | None = None  # the steps `run` timed at one intra-op thread
+    rounds: Rounds | None = None  # the wait falls once a round of workers that lag
+    batch_bytes: float | None = None
+    busy: OtherLoad | None = None  # other processes held the cores while recording
+    # Of the wait, what the epochs' worker re-spawns hold: worker-startup's (persistent
+    # workers, not more of them, remove it: one lost millisecond, one owner).
+    respawn_us: float = 0.0
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu_us is not None
+
+    @property
+    def wait_pct(self) -> float:
+        return pct(self.wait_us, self.step_us)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """A worker count for a loader that lags, and the step it is projected to give."""
+
+    per_batch_us: float  # one batch's loading inside a worker
+    compute_us: float  # the step's other work, at the intra-op threads it will run
+    ideal: int  # load over compute, rounded up (plus a spare for new workers)
+    workers: int  # the ideal within the cap
+    cap: int | None  # the cores, or WAITING_WORKERS_PER_CORE per core for a waiting loader
+    projected_us: float
+    threads: int | None = None  # intra-op threads to set in the same change; None: keep
+    # Where the step's other work at one thread sized the workers: that work at the script's
+    # own threads, and the count it would have given.
+    script_compute_us: float | None = None
+    script_workers: int | None = None
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What is found, its cause, and the most that hiding the wait can save (per step)."""
+
+    found: bool
+    cause: str
+    bound_us: float
+    sizing: Sizing | None = None
+    prefetch: int | None = None  # a bursty loader's prefetch_factor
+
+
 def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> Assessment:
+    evidence = measure(model, context)
+    if isinstance(evidence, Assessment):
+        return evidence
+    judgement = judge(evidence)
+    if not judgement.found:
+        return Assessment(
+            RULE_ID,
+            "clear",
+            f"The step waits {percent(evidence.wait_pct)} of its time on the DataLoader "
+            f"(threshold {percent(WAIT_THRESHOLD_PCT, 0)}).",
+        )
+    return Assessment.found(finding(evidence, judgement, advise(evidence, judgement)))
+
+
+def measure(model: TraceModel, context: RunContext | None = None
+            ) -> LoaderEvidence | Assessment:
+    """The loader's figures from the trace, and from `run` (its context, or for a trace
+    analysed alone the trace's own metadata, so the advice is the one `run` gave)."""
     if model.loader_kind is None:
         return Assessment(
             RULE_ID,
@@ -74,77 +170,146 @@ def dataloader_bound(model: TraceModel, context: RunContext | None = None) -> As
             "No DataLoader __next__ events on the stepping thread (a custom input loop, or the "
             "loader ran outside the profiled steps): data-loading time could not be measured.",
         )
-    total = model.total_step_us
     n = len(model.steps)
-    loader = sum(s.loader_us for s in model.steps)
-    wait = sum(s.loader_wait_us for s in model.steps)
-    wait_pct = pct(wait, total)
-    evidence = {
-        "loader_share_pct": pct(loader, total),
-        "wait_share_pct": wait_pct,
-        "loader_ms_per_step": ms(loader / n),
-        "wait_ms_per_step": ms(wait / n),
-        "step_ms_mean": ms(total / n),
-        "loader_kind": model.loader_kind,
-        "steps": n,
-    }
-    if wait_pct < WAIT_THRESHOLD_PCT:
-        return Assessment(
-            RULE_ID,
-            "clear",
-            f"The step waits {percent(wait_pct)} of its time on the DataLoader (threshold "
-            f"{percent(WAIT_THRESHOLD_PCT, 0)}).",
-        )
-    # The wait the epochs' worker re-spawns hold is worker-startup's: persistent workers, not
-    # more of them, remove it (one lost millisecond, one owner).
-    respawn = min(respawn_loader_us(model, context), wait)
-    # Hiding the wait cannot make the step shorter than the GPU's own busy time.
-    bound = wait - respawn if not model.has_gpu else min(
-        wait - respawn, max(total - busiest_gpu_us(model), 0.0))
-    loader_info = context.training_loader() if context else None
+    info = context.training_loader() if context else None
+    klass = LoaderClass.of(model, info)
+    facts = LoaderFacts.of(model.trace)
+    one = OneThread.of(model)
     cores = context.cores_per_process if context else None
-    klass = LoaderClass.of(model, loader_info)
-    workers_hint = None
-    if context is None:
-        # A trace analysed alone: its metadata may say the cores (trace/cores.py), and one
-        # recorded by `run` with the anatomy the worker count too, so the advice is the one
-        # `run` gave. Without the anatomy, workers are capped at the cores unless a fetch was
-        # measured to mostly wait (such workers need no core each).
-        facts = LoaderFacts.of(model.trace)
-        if klass.bound:
-            workers_hint, cores = facts.workers, facts.cores
-        elif not facts.mostly_waits:
-            cores = facts.cores
     threads = (context.environment.get("cpu", {}) or {}).get("torch_threads") if context else None
-    advice = _advice(model, loader_info, cores, step=total / n, wait=wait / n, load=loader / n,
-                     klass=klass, workers_hint=workers_hint,
-                     threads=threads if isinstance(threads, int) else None)
-    evidence.update(advice.evidence)
-    saving = pct(min(bound / n, advice.saving_us), total / n)
-    basis = advice.basis
-    if respawn > 0:
-        evidence["respawn_wait_ms_per_step"] = ms(respawn / n)
-        basis += (f"; less the {millis(ms(respawn / n), 'tenths')} ms per step of it that the "
-                  "epochs' worker re-spawns hold, worker-startup's to win back")
-    who, unit = ("Inference", "batch") if model.workload == "inference" else ("Training", "step")
-    title = f"{who} waits on the DataLoader for {percent(wait_pct)} of each {unit}"
+    hint = None
+    if context is None and klass.bound:
+        hint, cores = facts.workers, facts.cores
+    elif context is None and not facts.mostly_waits:
+        # The trace's metadata may say the cores (trace/cores.py); workers are capped at them
+        # unless a fetch was measured to mostly wait (such workers need no core each).
+        cores = facts.cores
+    if context is None and one is not None:
+        threads = one.threads
+    single = model.loader_kind == "single-process"
+    gpu = busiest_gpu_us(model) / n if model.has_gpu else None
+    wait = sum(s.loader_wait_us for s in model.steps) / n
+    return LoaderEvidence(
+        loader_kind=model.loader_kind, steps=n, step_us=model.total_step_us / n,
+        loader_us=sum(s.loader_us for s in model.steps) / n,
+        wait_us=wait, gpu_us=gpu,
+        inference=model.workload == "inference", klass=klass, info=info, cores=cores,
+        workers_now=info.num_workers if info else (hint if hint is not None else
+                                                   (0 if single else None)),
+        threads=threads if isinstance(threads, int) else None, one_thread=one,
+        rounds=Rounds.of(model.steps[judged_steps(n)], facts, model.loader_kind),
+        batch_bytes=facts.batch_bytes if facts.batch_bytes is not None
+        else h2d_bytes_per_step(model) or None,
+        busy=other_load(model, context),
+        respawn_us=min(respawn_loader_us(model, context) / n, wait))
+
+
+def judge(e: LoaderEvidence) -> Judgement:
+    """Found or clear, why, and the bound: the wait less what the re-spawns hold, never below
+    the busiest GPU's work."""
+    own = e.wait_us - e.respawn_us
+    bound = own if e.gpu_us is None else min(own, max(e.step_us - e.gpu_us, 0.0))
+    if e.wait_pct < WAIT_THRESHOLD_PCT:
+        return Judgement(False, CLEAR, bound)
+    if e.workers_now is None:
+        return Judgement(True, UNKNOWN, bound)
+    if e.workers_now and e.klass.anatomy.get("bursty"):
+        depth = prefetch_depth(e.info, e.klass, e.workers_now)
+        if depth is not None:
+            return Judgement(True, BURSTY, bound, prefetch=depth)
+    if e.workers_now and e.has_gpu and _receive_bound(e.klass, e.wait_us):
+        return Judgement(True, RECEIVING, bound)
+    sizing = size_workers(e)
+    if sizing.workers <= e.workers_now or e.step_us - sizing.projected_us < MIN_GAIN * e.step_us:
+        return Judgement(True, CORES_BUSY, bound, sizing)
+    return Judgement(True, WORKERS, bound, sizing)
+
+
+def size_workers(e: LoaderEvidence) -> Sizing:
+    """How many workers, from a batch's loading in a worker against the step's other work,
+    within the cores this process has. A loader measured as waiting on storage
+    (capture/anatomy.py) takes only its CPU share of a core per worker, so its workers may
+    outnumber the cores (up to WAITING_WORKERS_PER_CORE per core); any other is capped at the
+    cores, as the replay (replay/loader.py) models. Where the workers need the step's threads
+    cut to one and `run` timed steps at one thread, the workers are sized on that step."""
+    share = e.klass.cpu_share
+    compute = max(e.step_us - e.wait_us, 1.0)
+    first = _fit(e, _batch_us(e, e.loader_us), compute, share)
+    threads = None if e.has_gpu else step_threads(first.workers, share, e.cores, e.threads)
+    one = e.one_thread
+    if threads != 1 or one is None or one.step_us - one.load_us <= 0:
+        return replace(first, threads=threads)
+    # Workers run one intra-op thread each, so in-process loading at one thread is their pace.
+    per_batch = _batch_us(e, one.load_us) if e.workers_now == 0 else first.per_batch_us
+    at_one = _fit(e, per_batch, one.step_us - one.load_us, share)
+    return replace(at_one, threads=1, script_compute_us=compute, script_workers=first.workers)
+
+
+def _batch_us(e: LoaderEvidence, in_process_us: float) -> float:
+    """One batch's loading inside a worker: in-process loading per step plus writing the batch
+    into shared memory (replay/loader.py); measured inside the workers where they lag already;
+    else, with W workers that cannot keep up, W mean steps per batch."""
+    if e.workers_now == 0:
+        return float(worker_batch_us(in_process_us, e.batch_bytes))
+    return e.klass.worker_load_us or (e.workers_now or 0) * e.step_us
+
+
+def _fit(e: LoaderEvidence, per_batch: float, compute: float, share: float) -> Sizing:
+    """Load over compute rounded up (plus one spare for new workers), within the cap; the step
+    with them: the longer of the other work and the batches' arrival, and on a CPU run all CPU
+    work spread over the cores."""
+    waiting = e.klass.bound == "waiting"
+    ideal = math.ceil(per_batch / compute) + (1 if e.workers_now == 0 else 0)
+    cap = None if e.cores is None else e.cores * (WAITING_WORKERS_PER_CORE if waiting else 1)
+    workers = ideal if cap is None else max(1, min(ideal, cap))
+    projected = max(compute, per_batch / workers)
+    if e.cores is not None and not e.has_gpu:
+        projected = max(projected, (compute + share * per_batch) / e.cores)
+    return Sizing(per_batch, compute, ideal, workers, cap, projected)
+
+
+def finding(e: LoaderEvidence, j: Judgement, advice: Advice) -> Finding:
+    """The finding: the measured figures with the advice's, its saving within the bound."""
+    evidence = {**_measured(e), **advice.evidence}
     precondition = advice.precondition
-    busy = other_load(model, context)  # others held the cores: the sizing assumed them free
-    if busy is not None:
-        evidence["other_cpu_share_pct"] = busy.share_pct
-        precondition = f"{precondition} {busy.caveat}"
-    finding = Finding(
+    if e.busy is not None:  # others held the cores: the sizing assumed them free
+        evidence["other_cpu_share_pct"] = e.busy.share_pct
+        precondition = f"{precondition} {e.busy.caveat}"
+    who, unit = ("Inference", "batch") if e.inference else ("Training", "step")
+    return Finding(
         id=RULE_ID,
-        title=title,
+        title=f"{who} waits on the DataLoader for {percent(e.wait_pct)} of each {unit}"
+        + (f", once a round of its {e.rounds.workers} workers" if e.rounds else ""),
         evidence=evidence,
         recommendation=advice.recommendation,
         snippet=advice.snippet,
         precondition=precondition,
-        estimated_saving_pct=saving,
-        saving_basis=basis,
+        estimated_saving_pct=pct(min(j.bound_us, advice.saving_us), e.step_us),
+        saving_basis=advice.basis + (
+            f"; less the {millis(ms(e.respawn_us), 'tenths')} ms per step of it that the "
+            "epochs' worker re-spawns hold, worker-startup's to win back" if e.respawn_us > 0
+            else ""),
         docs=DOCS,
     )
-    return Assessment.found(finding)
+
+
+def _measured(e: LoaderEvidence) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "loader_share_pct": pct(e.loader_us, e.step_us),
+        "wait_share_pct": e.wait_pct,
+        "loader_ms_per_step": ms(e.loader_us),
+        "wait_ms_per_step": ms(e.wait_us),
+        "step_ms_mean": ms(e.step_us),
+        "loader_kind": e.loader_kind,
+        "steps": e.steps,
+    }
+    if e.respawn_us > 0:
+        out["respawn_wait_ms_per_step"] = ms(e.respawn_us)
+    if e.rounds is not None:
+        r = e.rounds
+        out.update({"round_workers": r.workers, "waited_steps": r.waited,
+                    "wait_ms_max": ms(r.max_wait_us), "wait_ms_median": ms(r.median_wait_us)})
+    return out
 
 
 @dataclass
@@ -301,7 +466,7 @@ class LoaderClass:
 
 
 @dataclass
-class _Advice:
+class Advice:
     recommendation: str
     snippet: str
     precondition: str
@@ -310,150 +475,181 @@ class _Advice:
     evidence: dict
 
 
-def _advice(
-    model: TraceModel, info: LoaderInfo | None, cores: int | None, step: float, wait: float,
-    load: float, klass: LoaderClass | None = None, workers_hint: int | None = None,
-    threads: int | None = None,
-) -> _Advice:
-    """How many workers, from the measured load/compute ratio and the cores this process has.
+UPPER_BASIS = ("upper bound: the loader wait with no GPU work running, if fully overlapped; "
+               "never below the busiest GPU's busy time")
 
-    A loader measured as waiting on storage (capture/anatomy.py) takes only its CPU share of a
-    core per worker, so its workers may outnumber the cores (up to WAITING_WORKERS_PER_CORE per
-    core); any other loader is capped at the cores, as the replay (replay/loader.py) models."""
-    klass = klass or LoaderClass(None, {})
-    waiting = klass.bound == "waiting"
-    share = klass.cpu_share
-    compute = max(step - wait, 1.0)
-    single = model.loader_kind == "single-process"
-    workers_now = info.num_workers if info else (
-        workers_hint if workers_hint is not None else (0 if single else None))
-    upper_basis = (
-        "upper bound: the loader wait with no GPU work running, if fully overlapped; "
-        "never below the busiest GPU's busy time"
+
+def advise(e: LoaderEvidence, j: Judgement) -> Advice:
+    """The prose, snippet and precondition for what `judge` found."""
+    if j.cause == UNKNOWN:
+        return _unknown_workers_advice(e)
+    if j.cause == BURSTY and j.prefetch is not None:
+        deeper = _prefetch_advice(e.info, e.klass, e.workers_now or 0, e.wait_us)
+        assert deeper is not None  # judged by the same figures
+        return deeper
+    if j.cause == RECEIVING:
+        return _background_advice(e.info, e.klass, e.wait_us)
+    assert j.sizing is not None  # the other causes are sized
+    if j.cause == CORES_BUSY:
+        return _cores_busy_advice(e, j.sizing)
+    return _workers_advice(e, j.sizing)
+
+
+def _unknown_workers_advice(e: LoaderEvidence) -> Advice:
+    return Advice(
+        "The DataLoader already uses worker processes, yet the step still waits for batches: "
+        "the workers cannot keep up. Add workers only if CPU cores are idle; otherwise make "
+        "each sample cheaper (lighter or GPU-side transforms and decoding, caching decoded "
+        "samples) or read from faster storage (local NVMe, /dev/shm).",
+        "loader = torch.utils.data.DataLoader(\n"
+        "    dataset, batch_size=...,\n"
+        "    num_workers=<more, if cores are idle>,\n"
+        ")",
+        "More workers help only while CPU cores are free; if the cores are saturated, make "
+        "loading cheaper instead.",
+        e.wait_us,
+        UPPER_BASIS,
+        {},
     )
-    if workers_now is None:  # workers in use, count unknown: no number can be derived
-        return _Advice(
-            "The DataLoader already uses worker processes, yet the step still waits for batches: "
-            "the workers cannot keep up. Add workers only if CPU cores are idle; otherwise make "
-            "each sample cheaper (lighter or GPU-side transforms and decoding, caching decoded "
-            "samples) or read from faster storage (local NVMe, /dev/shm).",
-            "loader = torch.utils.data.DataLoader(\n"
-            "    dataset, batch_size=...,\n"
-            "    num_workers=<more, if cores are idle>,\n"
-            ")",
-            "More workers help only while CPU cores are free; if the cores are saturated, make "
-            "loading cheaper instead.",
-            wait,
-            upper_basis,
-            {},
-        )
-    if workers_now and klass.anatomy.get("bursty"):
-        deeper = _prefetch_advice(info, klass, workers_now, wait)
-        if deeper is not None:
-            return deeper
-    if workers_now and model.has_gpu and _receive_bound(klass, wait):
-        return _background_advice(info, klass, wait)
-    # One worker's time per batch: measured in-process for a single-process loader; with W
-    # workers that cannot keep up, each delivers one batch every W steps.
-    per_batch = load if workers_now == 0 else (klass.worker_load_us or workers_now * step)
-    ideal = math.ceil(per_batch / compute) + (1 if workers_now == 0 else 0)
-    cap = None if cores is None else cores * (WAITING_WORKERS_PER_CORE if waiting else 1)
-    workers = ideal if cap is None else max(1, min(ideal, cap))
-    evidence: dict = {"suggested_num_workers": workers, "ideal_num_workers": ideal,
-                      **klass.evidence()}
-    if cores is not None:
-        evidence["cores_per_process"] = cores
-    projected = max(compute, per_batch / workers)
-    if cores is not None and not model.has_gpu:
-        # CPU training: the step's own compute and the workers' CPU share the same cores.
-        projected = max(projected, (compute + share * per_batch) / cores)
-    if workers <= workers_now or step - projected < MIN_GAIN * step:
-        # Every core already has work: more workers would only contend for them.
-        busy = (
-            f"the DataLoader has {plural(workers_now, 'worker')}" if workers_now
-            else "the step's own compute already keeps them busy"
-        )
-        # unknown cores reach here only with a worker count from the trace and no core count
-        held = plural(cores, "core") if cores is not None else "an unknown number of cores"
-        return _Advice(
-            f"{_where(info)}The step waits for batches, but this process may use "
-            f"{held} and {busy}: more worker processes would compete for the "
-            "same cores "
-            "rather than overlap. Make each sample cheaper (lighter or GPU-side transforms and "
-            "decoding, caching decoded samples), read from faster storage, or give the process "
-            f"more cores (fewer processes per host).{klass.sentence(cores)}",
-            f"# {info.call_site if info else 'the DataLoader'}: loading competes with the step "
-            f"for {held}\n"
-            "# - cache decoded samples, or move augmentation to the GPU\n"
-            "# - fewer processes per host, or a wider CPU affinity for this one",
-            "Loading is CPU-bound on cores that are all in use.",
-            wait,
-            upper_basis.replace("if fully overlapped", "if loading cost nothing"),
-            evidence,
-        )
-    evidence["projected_step_ms"] = ms(projected)
-    change: dict = {"num_workers": workers}
-    if workers_now == 0:
+
+
+def _sizing_evidence(e: LoaderEvidence, s: Sizing) -> dict[str, Any]:
+    out: dict[str, Any] = {"suggested_num_workers": s.workers, "ideal_num_workers": s.ideal,
+                           **e.klass.evidence()}
+    if e.cores is not None:
+        out["cores_per_process"] = e.cores
+    return out
+
+
+def _cores_busy_advice(e: LoaderEvidence, s: Sizing) -> Advice:
+    """Every core already has work: more workers would only contend for them."""
+    info = e.info
+    busy = (f"the DataLoader has {plural(e.workers_now, 'worker')}" if e.workers_now
+            else "the step's own compute already keeps them busy")
+    # unknown cores reach here only with a worker count from the trace and no core count
+    held = plural(e.cores, "core") if e.cores is not None else "an unknown number of cores"
+    return Advice(
+        f"{_where(info)}The step waits for batches, but this process may use "
+        f"{held} and {busy}: more worker processes would compete for the same cores rather "
+        "than overlap. Make each sample cheaper (lighter or GPU-side transforms and "
+        "decoding, caching decoded samples), read from faster storage, or give the process "
+        f"more cores (fewer processes per host).{_rounds_sentence(e)}"
+        f"{e.klass.sentence(e.cores)}",
+        f"# {info.call_site if info else 'the DataLoader'}: loading competes with the step "
+        f"for {held}\n"
+        "# - cache decoded samples, or move augmentation to the GPU\n"
+        "# - fewer processes per host, or a wider CPU affinity for this one",
+        "Loading is CPU-bound on cores that are all in use.",
+        e.wait_us,
+        UPPER_BASIS.replace("if fully overlapped", "if loading cost nothing"),
+        _sizing_evidence(e, s),
+    )
+
+
+def _workers_advice(e: LoaderEvidence, s: Sizing) -> Advice:
+    """More workers (and, on a CPU run that needs it, one intra-op thread), as one change."""
+    evidence = {**_sizing_evidence(e, s), "projected_step_ms": ms(s.projected_us)}
+    change: dict = {"num_workers": s.workers}
+    if e.workers_now == 0:
         # New worker processes: without it they restart each epoch. For a loader that has
         # workers already, `worker-startup` says it, with the restarts it measured.
         change["persistent_workers"] = True
-    # CPU training: the workers take cores from the step's intra-op threads. When the two would
-    # want more cores than the process has, the thread count is part of the same change (one
-    # piece of advice, not a second finding saying "fewer threads instead").
-    fit = step_threads(workers, share, cores, threads) if not model.has_gpu else None
-    if fit is not None:
-        evidence["suggested_torch_threads"] = fit
-    if model.has_gpu and not (info and info.pin_memory):
+    if s.threads is not None:
+        evidence["suggested_torch_threads"] = s.threads
+    if s.script_compute_us is not None:
+        evidence.update({"other_work_ms_one_thread": ms(s.compute_us),
+                         "other_work_ms_script_threads": ms(s.script_compute_us),
+                         "num_workers_script_threads": s.script_workers})
+    if e.has_gpu and not (e.info and e.info.pin_memory):
         change["pin_memory"] = True
-    why = (
-        f"each batch takes {millis(ms(per_batch), 'tenths')} ms of loading against "
-        f"{millis(ms(compute), 'tenths')} ms of other step work, so "
-        f"{plural(ideal, 'worker process', 'worker processes')} (load/compute rounded "
-        f"up{', plus one spare' if workers_now == 0 else ''}) can prepare batches ahead of the step"
-    )
-    if waiting and cores is not None and workers > cores:
-        why += (f"; more than the {plural(cores, 'core')}, as each worker mostly waits "
-                f"({percent(100 * share, 0)} of its time on CPU)")
-    if cap is not None and cores is not None and workers < ideal:
-        why += (f"; capped at {WAITING_WORKERS_PER_CORE} per core" if waiting
-                else f"; capped at the {plural(cores, 'core')} this process may use")
-    basis = upper_basis
-    if cores is not None:
-        cpu_work = "all CPU work spread over the cores"
-        if waiting:
-            cpu_work += f", loading counted at its {percent(100 * share, 0)} CPU share"
-        basis = (
-            f"estimate: with {plural(workers, 'worker')} on {plural(cores, 'core')} a step takes "
-            f"about {millis(ms(projected), 'tenths')} ms (the largest of the other step work, "
-            f"loading spread over the workers{', and ' + cpu_work if not model.has_gpu else ''}); "
-            "never more than the loader wait"
-        )
-    where = "Loading runs in the main process" if workers_now == 0 else "The workers lag"
-    threads_text, threads_code = "", ""
-    if fit is not None and cores is not None and threads is not None:  # fit needs both
-        threads_text = (
-            f" With {plural(workers, 'worker')} beside {plural(threads, 'intra-op thread')} on "
-            f"{plural(cores, 'core')} "
-            f"they would preempt each other: set torch.set_num_threads({fit}) in the same change "
-            "(the two together, not either alone).")
-        threads_code = (f"\n+torch.set_num_threads({fit})  # {plural(cores, 'core')} shared with "
-                        f"{plural(workers, 'loader worker')}")
-    return _Advice(
-        f"{_where(info, change)}{where}: {why}."
-        f"{' Keep the workers alive across epochs.' if workers_now == 0 else ''}"
-        f"{threads_text}{klass.sentence(cores)}",
-        _snippet(info, change) + threads_code,
-        (f"Storage that serves {workers} concurrent readers as fast as one (the measured wait is "
-         "per read, not a bandwidth limit); memory for the extra worker processes; a picklable "
-         "dataset." if waiting and cores is not None and workers > cores else
-         f"{plural(workers, 'CPU core')} free for loading in this process (cores per process, "
-         "after the "
-         "other ranks on the host); a picklable dataset; transforms that do not touch the GPU.")
-        + (" pin_memory helps only with .to(device, non_blocking=True)." if "pin_memory" in change
-           else ""),
-        max(step - projected, 0.0),
-        basis,
+    where = "Loading runs in the main process" if e.workers_now == 0 else "The workers lag"
+    threads_text, threads_code = _threads_text(e, s)
+    return Advice(
+        f"{_where(e.info, change)}{where}: {_why(e, s)}."
+        f"{' Keep the workers alive across epochs.' if e.workers_now == 0 else ''}"
+        f"{_rounds_sentence(e)}{threads_text}{e.klass.sentence(e.cores)}",
+        _snippet(e.info, change) + threads_code,
+        _workers_precondition(e, s, "pin_memory" in change),
+        max(e.step_us - s.projected_us, 0.0),
+        _workers_basis(e, s),
         evidence,
+    )
+
+
+def _why(e: LoaderEvidence, s: Sizing) -> str:
+    """Load against the other work, and the count it gives, with its cap."""
+    waiting = e.klass.bound == "waiting"
+    at = " at one intra-op thread" if s.script_compute_us is not None else ""
+    why = (
+        f"each batch takes {millis(ms(s.per_batch_us), 'tenths')} ms of loading against "
+        f"{millis(ms(s.compute_us), 'tenths')} ms of other step work{at}, so "
+        f"{plural(s.ideal, 'worker process', 'worker processes')} (load/compute rounded "
+        f"up{', plus one spare' if e.workers_now == 0 else ''}) can prepare batches ahead of "
+        "the step"
+    )
+    if waiting and e.cores is not None and s.workers > e.cores:
+        why += (f"; more than the {plural(e.cores, 'core')}, as each worker mostly waits "
+                f"({percent(100 * e.klass.cpu_share, 0)} of its time on CPU)")
+    if s.cap is not None and e.cores is not None and s.workers < s.ideal:
+        why += (f"; capped at {WAITING_WORKERS_PER_CORE} per core" if waiting
+                else f"; capped at the {plural(e.cores, 'core')} this process may use")
+    return why
+
+
+def _rounds_sentence(e: LoaderEvidence) -> str:
+    """Where the wait falls once a round of workers that lag: what a median step hides."""
+    r = e.rounds
+    if r is None:
+        return ""
+    return (f" The wait falls on {r.waited} of {r.steps} steps (up to "
+            f"{millis(ms(r.max_wait_us), 'tenths')} ms), once a round of the "
+            f"{plural(r.workers, 'worker')}: {millis(ms(r.mean_wait_us), 'tenths')} ms a step "
+            f"on average, where the median step waits "
+            f"{millis(ms(r.median_wait_us), 'tenths')} ms.")
+
+
+def _threads_text(e: LoaderEvidence, s: Sizing) -> tuple[str, str]:
+    """The intra-op threads set in the same change, and the step that sized the workers."""
+    if s.threads is None or e.cores is None or e.threads is None:  # the fit needs both
+        return "", ""
+    text = (f" With {plural(s.workers, 'worker')} beside {plural(e.threads, 'intra-op thread')} "
+            f"on {plural(e.cores, 'core')} they would preempt each other: set "
+            f"torch.set_num_threads({s.threads}) in the same change (the two together, not "
+            "either alone).")
+    if s.script_compute_us is not None and s.script_workers is not None:
+        text += (f" The workers are sized on the step at one intra-op thread, as run timed it "
+                 f"before recording: {millis(ms(s.compute_us), 'tenths')} ms of other work, "
+                 f"which gives {plural(s.workers, 'worker')}; at the script's "
+                 f"{plural(e.threads, 'thread')} it took "
+                 f"{millis(ms(s.script_compute_us), 'tenths')} ms, which would give "
+                 f"{plural(s.script_workers, 'worker')}.")
+    code = (f"\n+torch.set_num_threads({s.threads})  # {plural(e.cores, 'core')} shared with "
+            f"{plural(s.workers, 'loader worker')}")
+    return text, code
+
+
+def _workers_precondition(e: LoaderEvidence, s: Sizing, pin: bool) -> str:
+    waiting = e.klass.bound == "waiting"
+    text = (f"Storage that serves {s.workers} concurrent readers as fast as one (the measured "
+            "wait is per read, not a bandwidth limit); memory for the extra worker processes; "
+            "a picklable dataset." if waiting and e.cores is not None and s.workers > e.cores
+            else f"{plural(s.workers, 'CPU core')} free for loading in this process (cores per "
+            "process, after the other ranks on the host); a picklable dataset; transforms that "
+            "do not touch the GPU.")
+    return text + (" pin_memory helps only with .to(device, non_blocking=True)." if pin else "")
+
+
+def _workers_basis(e: LoaderEvidence, s: Sizing) -> str:
+    if e.cores is None:
+        return UPPER_BASIS
+    cpu_work = "all CPU work spread over the cores"
+    if e.klass.bound == "waiting":
+        cpu_work += f", loading counted at its {percent(100 * e.klass.cpu_share, 0)} CPU share"
+    return (
+        f"estimate: with {plural(s.workers, 'worker')} on {plural(e.cores, 'core')} a step "
+        f"takes about {millis(ms(s.projected_us), 'tenths')} ms (the largest of the other step "
+        f"work, loading spread over the workers{', and ' + cpu_work if not e.has_gpu else ''}); "
+        "never more than the loader wait"
     )
 
 
@@ -489,8 +685,7 @@ def step_threads(workers: int, share: float, cores: int | None, threads: int | N
         return None
     return max(cores - busy, 1)
 
-def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
-                     wait: float) -> _Advice | None:
+def prefetch_depth(info: LoaderInfo | None, klass: LoaderClass, workers: int) -> int | None:
     """A bursty loader (capture/transfer.py): its workers keep up on average, and the step
     waits on the slow batches only. A slow batch holds up its worker for `slow_fetch_ms`;
     meanwhile the step consumes one batch per `compute_ms_per_batch`, so the batches in flight
@@ -500,11 +695,25 @@ def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
     slow, compute = a.get("slow_fetch_ms"), a.get("compute_ms_per_batch")
     if not isinstance(slow, int | float) or not isinstance(compute, int | float) or compute <= 0:
         return None
-    now = info.prefetch_factor if info and info.prefetch_factor else None
-    current = now or 2  # torch's default with workers
     need = math.ceil((slow + compute) / (workers * compute))
-    if need <= current:
+    return need if need > _prefetch_now(info) else None
+
+
+def _prefetch_now(info: LoaderInfo | None) -> int:
+    return info.prefetch_factor if info and info.prefetch_factor else 2  # torch's default
+
+
+def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
+                     wait: float) -> Advice | None:
+    """A deeper queue for a bursty loader (`prefetch_depth`), capped at MAX_PREFETCH_FACTOR;
+    None when the current depth already covers the slow batches."""
+    need = prefetch_depth(info, klass, workers)
+    if need is None:
         return None
+    a = klass.anatomy
+    slow, compute = a["slow_fetch_ms"], a["compute_ms_per_batch"]
+    now = info.prefetch_factor if info and info.prefetch_factor else None
+    current = _prefetch_now(info)
     depth = min(need, MAX_PREFETCH_FACTOR)
     capped = (f" (capped at {MAX_PREFETCH_FACTOR}: {need} would cover it; the rest needs "
               "the slow samples made cheaper or cached)" if need > depth else "")
@@ -541,7 +750,7 @@ def _prefetch_advice(info: LoaderInfo | None, klass: LoaderClass, workers: int,
                                                  "wait_ms_p90")
                    if isinstance(a.get(k), int | float)},
                 **klass.evidence()}
-    return _Advice(
+    return Advice(
         recommendation,
         snippet,
         f"Memory for {depth * workers} batches in flight{memory}; slow batches spread over the "
@@ -598,7 +807,7 @@ class BackgroundLoader:
 """
 
 
-def _background_advice(info: LoaderInfo | None, klass: LoaderClass, wait: float) -> _Advice:
+def _background_advice(info: LoaderInfo | None, klass: LoaderClass, wait: float) -> Advice:
     """Main-process-bound on a GPU run: receiving the batches (unpickling, shared-memory
     mapping, pinning) sits between the steps on the stepping thread; a thread that iterates
     the loader overlaps it with the GPU's work (the BackgroundGenerator / DataLoaderX
@@ -622,7 +831,7 @@ def _background_advice(info: LoaderInfo | None, klass: LoaderClass, wait: float)
     call = f"  # {info.call_site}" if info else ""
     snippet = (BACKGROUND_SNIPPET + f"loader = BackgroundLoader(torch.utils.data.DataLoader(...))"
                f"{call}")
-    return _Advice(
+    return Advice(
         recommendation,
         snippet,
         "A GPU step long enough to hide the receiving (the stepping thread then waits on the GPU, "

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from stallscope.replay.graph import Graph
-from stallscope.replay.loader import NotModelled, with_workers
+from stallscope.replay.loader import PAGE_BYTES, NotModelled, with_workers
 from stallscope.replay.models.common import (
     HTOD_PAGEABLE,
     ONE_THREAD,
@@ -29,7 +29,6 @@ from stallscope.replay.threads import one_thread
 # 3.4-5.7 GB/s: 1.3-4.8 ms per step more for 25 MB), of which this accounts for 0.9 ms: busy
 # hosts pay more (memory bandwidth shared with 8 workers), which the replay does not model.
 SHM_FIRST_TOUCH_US = 0.14
-PAGE_BYTES = 4096.0
 NO_PROBE = ("the trace has no steps timed at one intra-op thread (stallscope run times them "
             "before recording a CPU run of one process with 2+ threads)")
 
