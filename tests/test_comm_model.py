@@ -35,18 +35,17 @@ def _model(path: Path):
 
 def test_per_tensor_all_reduce_leads_the_plan_with_its_replayed_saving() -> None:
     # v100 rank 1 of 2: 404 per-tensor all-reduces per step, issued after backward, 0.32 ms of
-    # host calls each; comm=overlap (buckets through backward, host calls gone) is replayed at
-    # 332.3 -> 309.7 ms (6.8%) and leads the plan, before zero_grad's 2.3%.
+    # host calls each; comm=overlap (buckets through backward, host calls gone) is replayed,
+    # second in the plan after CUDA graphs (the host launches hold the larger share of the
+    # plan's saving, and the two pay off together), before zero_grad's.
     report = report_of(real_trace(V100_DF))
-    entry = report.plan_entry(report.top_finding)
-    assert report.top_finding.id == "comm-bound"
-    assert "comm=overlap" in report.verdict
+    order = [e["id"] for e in report.plan["entries"]]
+    assert order[:2] == ["gpu-idle", "comm-bound"]
+    (comm,) = [f for f in report.findings if f.id == "comm-bound"]
     before = report.plan["baseline_step_us"]
-    assert before == pytest.approx(332_300, rel=0.02)
-    # 3% either side: the replay is deterministic; the margin is for the calibrations (the
-    # profiler's cost, the graph's slacks) that other changes move by a few ms on this trace.
-    assert entry["predicted_step_us"] == pytest.approx(309_700, rel=0.03)
-    assert report.plan["floor_us"] < entry["predicted_step_us"] < 0.98 * before
+    # Alone, comm=overlap takes a few percent off; its share of the plan is larger.
+    assert report.plan["floor_us"] < comm.predicted_step_us < 0.98 * before
+    assert comm.estimated_saving_pct > 100 * (before - comm.predicted_step_us) / before
     (comm,) = [f for f in report.findings if f.id == "comm-bound"]
     assert comm.saving_kind == "replayed"
     ev = comm.evidence
@@ -69,7 +68,11 @@ def test_all_to_all_bound_and_exposed_share_are_two_named_numbers() -> None:
     assert ev["peer_wait_ms_per_step"] == 0.0
     assert comm.title == ("Collective communication is exposed for 27.4% of each step (at most "
                           "17.1% hideable under compute)")
-    assert comm.estimated_saving_pct == ev["hideable_share_pct"] == 17.1
+    assert ev["hideable_share_pct"] == 17.1  # of the recorded step
+    # The bound on the plan's base, the step without the profiler's cost: the same ms.
+    plan = report.plan
+    assert comm.estimated_saving_pct == pytest.approx(
+        17.1 * plan["measured_step_us"] / plan["baseline_step_us"], abs=0.05)
     assert comm.saving_kind == "upper_bound"
     assert "rank-imbalance" in comm.recommendation
     assert "all-to-all" in report.plan["not_replayed"]["comm-bound"]
@@ -89,7 +92,10 @@ def test_queue_len_all_reduce_is_labelled_by_its_host_range_and_replayed() -> No
     # All-to-all moves what each batch routes, so it is not compared across steps; the
     # all-reduces take the same time every step: no waiting on peers is claimed.
     assert ev["peer_wait_ms_per_step"] == 0.0
-    assert report.top_finding.id == "comm-bound" and comm.saving_kind == "replayed"
+    # Replayed, and the plan's first change; the host's waits held behind other streams (an
+    # upper bound the replay cannot model) lead the report.
+    assert comm.saving_kind == "replayed" and report.plan["entries"][0]["id"] == "comm-bound"
+    assert report.top_finding.id == "host-device-sync"
     entry = report.plan_entry(comm)
     assert report.plan["baseline_step_us"] == pytest.approx(215_300, rel=0.02)
     # 3%: as for the v100 trace above.

@@ -45,14 +45,14 @@ def test_launch_bound_gp100_leads_with_cuda_graphs_replayed() -> None:
 def test_v100_launch_overhead_comes_before_zero_grad() -> None:
     """V100 rank 1 of 2: 3,874 kernels of 8 us median per step, the GPU idle 42% waiting for
     launches, and 404 per-tensor all-reduces after backward. zero_grad (3.4%) used to lead;
-    now the plan starts with the two causes that matter, CUDA graphs and overlapped
-    communication (each about 310 ms from 332 alone), and zero_grad comes after both."""
+    now the plan starts with the two causes that matter, CUDA graphs first (the largest share
+    of the plan's saving) and overlapped communication, and zero_grad comes after both."""
     rep = report(PUBLIC / "hta/v100_rank1of2_df_index_resolver.pt.trace.json.gz")
     order = [e["id"] for e in rep.plan["entries"]]
-    assert set(order[:2]) == {"gpu-idle", "comm-bound"}
+    assert order[:2] == ["gpu-idle", "comm-bound"]
     assert order.index("zero-grad-kernels") > 1
     idle = next(f for f in rep.findings if f.id == "gpu-idle")
-    assert 290e3 < idle.predicted_step_us < 325e3  # CUDA graphs alone
+    assert idle.predicted_step_us < 0.9 * rep.plan["baseline_step_us"]  # CUDA graphs alone
 
 
 def test_old_torch_gets_no_cuda_graphs_and_says_why() -> None:
@@ -200,7 +200,9 @@ def test_a_step_that_launches_cuda_graphs_gets_no_cuda_graphs() -> None:
     step_ms = 100 * ev["idle_ms_per_step"] / ev["idle_share_pct"]
     outside = ev["idle_share_pct"] * (1 - ev["idle_during_dataloader_pct"] / 100)
     assert graphed > 0.5
-    assert f.estimated_saving_pct < outside - 100 * graphed / step_ms + 1.0  # was 76.3%
+    # The bound, in ms on the plan's base, leaves out the graphed part (it was 76.3%).
+    bound_ms = f.estimated_saving_pct * rep.plan["baseline_step_us"] / 1e5
+    assert bound_ms < outside * step_ms / 100 - graphed + 0.1
     asked = report(SAMPLES / "real-h200-r5-hostbound-graphs.pt.trace.json.gz",
                    "cuda_graphs=true")
     assert asked.what_if["predicted_step_us"] is None

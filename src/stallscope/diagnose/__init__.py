@@ -87,18 +87,13 @@ def _attribute_causes(findings: list[Finding]) -> None:
 
 
 def ranked_findings(assessments: list[Assessment]) -> list[Finding]:
-    """Findings by what fixing each saves on one base: a cause the replay could not model
-    whose bound (capped to what the step has left, see plan.py) beats the first change of its
-    trace's fix plan comes first; then the plan in its order (each change's share of its
-    saving); then the other bounds, largest first; ties by id and trace."""
+    """Findings by what fixing each saves on one base: a cause the replay could not model that
+    outranks its trace's fix plan (`Finding.leads_plan`, see plan.py) comes first; then the plan
+    in its order (each change's share of its saving); then the other bounds, largest first; ties
+    by id and trace."""
     found = [a.finding for a in assessments if a.finding is not None]
-    first = {f.trace: f.estimated_saving_pct for f in found if f.plan_rank == 1}
-
-    def leads(f: Finding) -> bool:
-        return (f.saving_kind == "upper_bound" and not f.caused_by and f.trace in first
-                and f.estimated_saving_pct > first[f.trace])
-
-    return sorted(found, key=lambda f: (not leads(f), -f.estimated_saving_pct if leads(f) else 0,
+    return sorted(found, key=lambda f: (not f.leads_plan,
+                                        -f.estimated_saving_pct if f.leads_plan else 0,
                                         f.plan_rank is None, f.plan_rank or 0,
                                         -f.estimated_saving_pct, f.id, f.trace))
 

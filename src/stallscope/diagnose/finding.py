@@ -47,6 +47,9 @@ class Finding:
     # left on top of it), "counted" (an effect whose cause's fix wins this time back), or
     # "upper_bound" (the rule's own bound: the replay could not model the change).
     saving_kind: str = "upper_bound"
+    # An unreplayed cause whose bound outranks its trace's fix plan (diagnose/plan.py
+    # `_leads`): the report leads with it.
+    leads_plan: bool = False
 
     def __post_init__(self) -> None:
         if not self.severity:

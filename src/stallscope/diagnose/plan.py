@@ -246,11 +246,11 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
             del scenario
     start = Scenario(graph, unprofiled, plan.baseline_step_us, [])
     final = _greedy(plan, start, options, predict, first, used)
-    final = _by_share(plan, start, final, options, predict, used)
+    final, dropped = _by_share(plan, start, final, options, predict, used)
     plan.floor_us = _floor(final.graph, final.replay, used)
     if what_if:
         plan.what_if = _what_if(plan, graph, what_if, predict, used)
-    _rank(plan, findings, options)
+    _rank(plan, findings, options, dropped)
     return plan
 
 
@@ -357,10 +357,11 @@ MAX_SHARED = 6
 
 
 def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, list[Change]],
-              predict: Any, used: slice) -> Scenario:
+              predict: Any, used: slice) -> tuple[Scenario, dict[str, float]]:
     """Each entry's `saving_pct` its share of the plan's saving, the plan in that order, and
     the path (each entry's predicted step, with it and every change above it made) replayed
-    again in that order; returns the scenario at the path's end.
+    again in that order; returns the scenario at the path's end, and the changes left out of
+    the plan for a share under MIN_GAIN_PCT (id -> share, % of the baseline).
 
     The greedy picks each round's change by what it saves on top of the last, so a change that
     pays off most beside others (an optimizer's launches that bind only once mixed precision
@@ -368,11 +369,13 @@ def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, l
     change's share is its Shapley value: what it adds, averaged over every order of making the
     plan's changes. The shares add up to the plan's saving and do not depend on the order the
     changes are listed in, so the first entry is the change that saves the most on the whole.
+    A change whose share is under MIN_GAIN_PCT (one that costs time alone and wins a little
+    only after another) leaves the plan, and the others share its saving again.
     """
     entries = plan.entries
     base = plan.baseline_step_us
     if len(entries) < 2 or base <= 0:
-        return final
+        return final, {}
     shared = entries[:MAX_SHARED]
     ids = [e.id for e in shared]
     # The greedy's path gives its prefixes: every other subset is replayed once.
@@ -386,15 +389,23 @@ def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, l
             memo[subset] = predict(start.graph, [], changes).step_us
         return memo[subset]
 
+    dropped: dict[str, float] = {}
+    kept = list(ids)
     try:
-        share = _shapley(ids, step)
+        share = _shapley(kept, step)
+        while len(kept) > 1 and min(share.values()) < MIN_GAIN_PCT * base / 100.0:
+            least = min(kept, key=lambda i: (share[i], kept.index(i)))
+            dropped[least] = round(100.0 * share[least] / base, 2)
+            kept.remove(least)
+            share = _shapley(kept, step)
     except NotModelled:  # a subset the replay cannot make: keep the greedy's order
-        return final
+        return final, {}
     for e in shared:
-        e.saving_pct = round(100.0 * share[e.id] / base, 2)
-    order = sorted(shared, key=lambda e: -e.saving_pct) + entries[MAX_SHARED:]
+        e.saving_pct = round(100.0 * share.get(e.id, 0.0) / base, 2)
+    order = sorted((e for e in shared if e.id in share), key=lambda e: -e.saving_pct)
+    order += entries[MAX_SHARED:]
     if [e.id for e in order] == [e.id for e in entries]:
-        return final
+        return final, dropped
     current, applied, path = start, list[str](), list[PlanEntry]()
     for e in order:
         s = predict(current.graph, applied, options[e.id])
@@ -403,7 +414,7 @@ def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, l
         applied += [c.key for c in options[e.id]]
         current = s
     plan.entries = path
-    return current
+    return current, dropped
 
 
 def _shapley(ids: list[str], step: Any) -> dict[str, float]:
@@ -452,10 +463,12 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any,
     return out
 
 
-def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]]) -> None:
+def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]],
+          dropped: dict[str, float]) -> None:
     """Savings from the plan: a finding in it claims its share of the plan's saving; one the
     replay cannot model keeps its rule's upper bound, labelled so, and capped so that savings
-    and bounds together fit in the step (`_cap_bounds`)."""
+    and bounds together fit in the step (`_cap_bounds`). `dropped`: changes the plan left out
+    for their share (`_by_share`)."""
     measured = plan.baseline_step_us
     by_id = {e.id: (i, e) for i, e in enumerate(plan.entries)}
     bounds = []
@@ -476,7 +489,11 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
                            if set(options[f.id]) <= set(options.get(e.id, []))), None)
             f.estimated_saving_pct = 0.0
             f.saving_kind = "replayed"
-            if shared and options[f.id] == options.get(shared.id):
+            if f.id in dropped:
+                why = (f"its share of the fix plan's saving (what it adds, averaged over every "
+                       f"order of making the plan's changes) is {percent(dropped[f.id])}, "
+                       f"under {MIN_GAIN_PCT}% of the step")
+            elif shared and options[f.id] == options.get(shared.id):
                 why = f"the same change as {shared.id}, counted there"
             elif shared:
                 why = f"its change is part of {shared.id}'s ({shared.change}), counted there"
@@ -502,6 +519,23 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]])
             continue
         f.severity = severity_for(f.estimated_saving_pct)
     _cap_bounds(plan, bounds)
+    for f in bounds:
+        f.leads_plan = _leads(plan, f)
+
+
+def _leads(plan: Plan, f: Finding) -> bool:
+    """Whether an unreplayed cause outranks the fix plan: its bound (capped, on the plan's
+    base) is larger than the plan's first share, and the replay does not say that change saves
+    more: its range reaches the step unchanged (it may save nothing), or even its best case
+    (the range's low end) saves less than the bound. A bound is a most, a prediction a median:
+    where the prediction is sure to save and its best case beats the bound, it keeps the lead."""
+    if f.caused_by or not plan.entries or plan.baseline_step_us <= 0:
+        return False
+    first, base = plan.entries[0], plan.baseline_step_us
+    if f.estimated_saving_pct <= first.saving_pct:
+        return False
+    low, high = first.predicted_range_us or [first.predicted_step_us] * 2
+    return high >= base or f.estimated_saving_pct > 100.0 * (base - low) / base
 
 
 # The step without the profiler's cost is "at its GPU work" within this much: then the idle the

@@ -101,6 +101,10 @@ class Finding(msgspec.Struct, forbid_unknown_fields=True):
     caused_by: str | None
     predicted_step_us: float | None
     plan_rank: int | None
+    # An unreplayed cause whose upper bound outranks its trace's fix plan: the report leads
+    # with it (its bound beats the plan's first change, whose own range reaches the step
+    # unchanged or stays under the bound).
+    leads_plan: bool = False
 
 
 class Assessment(msgspec.Struct, forbid_unknown_fields=True):
