@@ -223,6 +223,7 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
 
     findings = [a.finding for a in assessments if a.finding is not None]
     options: dict[str, list[Change]] = {}
+    alone: dict[str, float] = {}  # each change's step replayed alone
     # The greedy's first round is each change alone; of those only the best is kept whole:
     # a scenario holds a copy of the graph's changeable arrays and its replay (23 MB on a
     # 300 MB trace), and the others are never used again. A list, so that the greedy can take
@@ -242,11 +243,12 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
             if not first or scenario.step_us < first[0][1].step_us:
                 first[:] = [(f.id, scenario)]
             f.predicted_step_us = round(scenario.step_us, 1)
+            alone[f.id] = scenario.step_us
             options[f.id] = changes
             del scenario
     start = Scenario(graph, unprofiled, plan.baseline_step_us, [])
     final = _greedy(plan, start, options, predict, first, used)
-    final, dropped = _by_share(plan, start, final, options, predict, used)
+    final, dropped = _by_share(plan, start, final, options, predict, used, alone)
     plan.floor_us = _floor(final.graph, final.replay, used)
     if what_if:
         plan.what_if = _what_if(plan, graph, what_if, predict, used)
@@ -351,17 +353,30 @@ def _greedy(plan: Plan, start: Scenario, options: dict[str, list[Change]], predi
     return current
 
 
-# The plan's first this many changes share its saving exactly (every subset of them replayed);
-# a change after them keeps what it adds on top of them (a plan that long is rare).
-MAX_SHARED = 6
+# The plan's first this many changes share its saving exactly (every subset of them replayed:
+# at most 2^4 - 1, of which the greedy already replayed the prefixes and the changes alone); a
+# change after them keeps what it adds on top of them (the smallest: the greedy found them last).
+MAX_SHARED = 4
+
+
+@dataclass
+class _Outcome:
+    """A set of changes replayed: its median step and, once a path needs them, its range and
+    the assumptions of its changes (no graph: a subset's replay is let go at once)."""
+
+    step_us: float
+    range_us: list[float] | None = None
+    notes: list[str] | None = None
 
 
 def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, list[Change]],
-              predict: Any, used: slice) -> tuple[Scenario, dict[str, float]]:
+              predict: Any, used: slice, alone: dict[str, float]
+              ) -> tuple[Scenario, dict[str, float]]:
     """Each entry's `saving_pct` its share of the plan's saving, the plan in that order, and
-    the path (each entry's predicted step, with it and every change above it made) replayed
-    again in that order; returns the scenario at the path's end, and the changes left out of
-    the plan for a share under MIN_GAIN_PCT (id -> share, % of the baseline).
+    the path (each entry's predicted step, with it and every change above it made) in that
+    order; returns the scenario at the path's end, and the changes left out of the plan for a
+    share under MIN_GAIN_PCT (id -> share, % of the baseline). `alone`: each change's step
+    replayed alone (the greedy's first round).
 
     The greedy picks each round's change by what it saves on top of the last, so a change that
     pays off most beside others (an optimizer's launches that bind only once mixed precision
@@ -370,51 +385,56 @@ def _by_share(plan: Plan, start: Scenario, final: Scenario, options: dict[str, l
     plan's changes. The shares add up to the plan's saving and do not depend on the order the
     changes are listed in, so the first entry is the change that saves the most on the whole.
     A change whose share is under MIN_GAIN_PCT (one that costs time alone and wins a little
-    only after another) leaves the plan, and the others share its saving again.
+    only after another) leaves the plan, and the others share its saving again. The replay's
+    changes commute (graph.py `_find_joins`), so a set's step does not depend on the order its
+    changes were made in.
     """
     entries = plan.entries
     base = plan.baseline_step_us
     if len(entries) < 2 or base <= 0:
         return final, {}
-    shared = entries[:MAX_SHARED]
+    shared, rest = entries[:MAX_SHARED], entries[MAX_SHARED:]
     ids = [e.id for e in shared]
-    # The greedy's path gives its prefixes: every other subset is replayed once.
-    memo: dict[frozenset[str], float] = {frozenset(): start.step_us}
-    for i, e in enumerate(shared):
-        memo[frozenset(ids[:i + 1])] = e.predicted_step_us
+    # Replayed already: the greedy's prefixes (with their ranges) and each change alone.
+    memo: dict[frozenset[str], _Outcome] = {frozenset(): _Outcome(start.step_us)}
+    memo.update({frozenset([i]): _Outcome(alone[i]) for i in ids if i in alone})
+    for n, e in enumerate(shared, 1):
+        memo[frozenset(ids[:n])] = _Outcome(e.predicted_step_us, e.predicted_range_us,
+                                            e.assumptions)
 
-    def step(subset: frozenset[str]) -> float:
-        if subset not in memo:
-            changes = [c for i in ids if i in subset for c in options[i]]
-            memo[subset] = predict(start.graph, [], changes).step_us
-        return memo[subset]
+    def outcome(subset: frozenset[str], whole: bool = False) -> _Outcome:
+        known = memo.get(subset)
+        if known is None or (whole and known.range_us is None):
+            s = predict(start.graph, [], [c for i in ids if i in subset for c in options[i]])
+            known = memo[subset] = _Outcome(s.step_us, _range(s, used), s.notes)
+        return known
 
     dropped: dict[str, float] = {}
     kept = list(ids)
     try:
-        share = _shapley(kept, step)
+        share = _shapley(kept, lambda subset: outcome(subset).step_us)
         while len(kept) > 1 and min(share.values()) < MIN_GAIN_PCT * base / 100.0:
             least = min(kept, key=lambda i: (share[i], kept.index(i)))
             dropped[least] = round(100.0 * share[least] / base, 2)
             kept.remove(least)
-            share = _shapley(kept, step)
+            share = _shapley(kept, lambda subset: outcome(subset).step_us)
+        order = sorted(kept, key=lambda i: -share[i])
+        path = [outcome(frozenset(order[:n]), whole=True) for n in range(1, len(order) + 1)]
     except NotModelled:  # a subset the replay cannot make: keep the greedy's order
         return final, {}
-    for e in shared:
-        e.saving_pct = round(100.0 * share.get(e.id, 0.0) / base, 2)
-    order = sorted((e for e in shared if e.id in share), key=lambda e: -e.saving_pct)
-    order += entries[MAX_SHARED:]
-    if [e.id for e in order] == [e.id for e in entries]:
-        return final, dropped
-    current, applied, path = start, list[str](), list[PlanEntry]()
-    for e in order:
-        s = predict(current.graph, applied, options[e.id])
-        path.append(PlanEntry(e.id, e.change, round(s.step_us, 1), e.saving_pct, s.notes,
-                              _range(s, used)))
-        applied += [c.key for c in options[e.id]]
-        current = s
-    plan.entries = path
-    return current, dropped
+    by_id = {e.id: e for e in entries}
+    plan.entries = [
+        PlanEntry(i, by_id[i].change, round(o.step_us, 1), round(100.0 * share[i] / base, 2),
+                  list(o.notes or []), list(o.range_us or []))
+        for i, o in zip(order, path, strict=True)] + rest
+    if dropped:  # a smaller set: its end state, and the rest's path on top of it, replayed
+        final = predict(start.graph, [], [c for i in order for c in options[i]])
+        for e in rest:
+            s = predict(final.graph, [c.key for i in order for c in options[i]],
+                        options[e.id])
+            e.predicted_step_us, e.predicted_range_us = round(s.step_us, 1), _range(s, used)
+            final = s
+    return final, dropped
 
 
 def _shapley(ids: list[str], step: Any) -> dict[str, float]:
