@@ -514,18 +514,7 @@ def _find_releases(host: dict[str, np.ndarray]) -> None:
     """A thread back from idling within WAKE_US of another thread ending a stretch was released
     by it: the fork into backward, the join after it. Its idle time stops being fixed."""
     heads = np.flatnonzero(~np.isnan(host["resume"]))
-    enders = np.flatnonzero(host["ender"])
-    if not len(heads) or not len(enders):
-        return
-    idx = _latest_other(host["end"][enders], host["thread"][enders], host["resume"][heads],
-                        host["thread"][heads], WAKE_US)  # ended by the resume: replay order
-    found = np.where(idx >= 0, enders[np.clip(idx, 0, None)], -1)
-    has = found >= 0
-    h, r = heads[has], found[has]
-    host["release"][h] = r
-    # The idle time is now explained by the release: it no longer holds the head back.
-    host["delay"][h] = host["ts"][h] - host["end"][r]
-    host["lead"][h] = 0.0
+    _release(host, heads, np.flatnonzero(host["ender"]), WAKE_US)
 
 
 def _find_joins(host: dict[str, np.ndarray]) -> None:
@@ -537,12 +526,19 @@ def _find_joins(host: dict[str, np.ndarray]) -> None:
     queue that frees sooner) would never reach the step."""
     heads = np.flatnonzero(~np.isnan(host["resume"]) & (host["thread"] == 0)
                            & (host["release"] < 0) & (host["lead"] > 0))
-    others = np.flatnonzero(host["thread"] != 0)
-    if not len(heads) or not len(others):
+    _release(host, heads, np.flatnonzero(host["thread"] != 0), host["lead"][heads])
+
+
+def _release(host: dict[str, np.ndarray], heads: np.ndarray, by: np.ndarray,
+             within: float | np.ndarray) -> None:
+    """Each of `heads` (nodes back from idling) released by the latest of `by` on another
+    thread that ended at most `within` before it resumed (ended by the resume: replay order).
+    Its idle time is then explained by the release and no longer holds it back."""
+    if not len(heads) or not len(by):
         return
-    idx = _latest_other(host["end"][others], host["thread"][others], host["resume"][heads],
-                        host["thread"][heads], host["lead"][heads])
-    found = np.where(idx >= 0, others[np.clip(idx, 0, None)], -1)
+    idx = _latest_other(host["end"][by], host["thread"][by], host["resume"][heads],
+                        host["thread"][heads], within)
+    found = np.where(idx >= 0, by[np.clip(idx, 0, None)], -1)
     has = found >= 0
     h, r = heads[has], found[has]
     host["release"][h] = r
