@@ -62,6 +62,10 @@ NOT_CAPPED = {
     "dataparallel": "it removes peer copies and broadcasts, GPU work the floor counts",
     "worker-startup": "its saving is per epoch, in the re-spawn steps the median step leaves out",
 }
+# Bounds on a base of their own: a cost paid once an epoch, in steps the median step (the
+# plan's base) leaves out, is a share of the run's time over an epoch (the rule says so), not
+# of a step that does not hold it. They neither take nor are capped by the step's room.
+PER_EPOCH = frozenset({"worker-startup"})
 _FLOOR_WORDS = {"gpu": "the busiest GPU's work once the plan's changes are made",
                 "host": "the stepping thread's own work once the plan's changes are made"}
 
@@ -594,7 +598,7 @@ def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
     above = max(base - plan.floor_us - planned, 0.0)  # ...and of it, above the floor
     # Causes before their effects (an effect's time is its cause's first), then largest first.
     for f in sorted(bounds, key=lambda f: (bool(f.caused_by), -f.estimated_saving_pct, f.id)):
-        if f.estimated_saving_pct is None or not_estimated(f):
+        if f.estimated_saving_pct is None or not_estimated(f) or f.id in PER_EPOCH:
             continue
         claimed = f.estimated_saving_pct * step / 100.0
         room = left if f.id in NOT_CAPPED else min(left, above)

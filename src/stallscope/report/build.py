@@ -15,7 +15,7 @@ import numpy as np
 from stallscope import __version__
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.knobs import as_written
-from stallscope.diagnose.plan import Plan, profiler_bound_note
+from stallscope.diagnose.plan import PER_EPOCH, Plan, profiler_bound_note
 from stallscope.diagnose.rules.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.report import job_scale
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
@@ -171,8 +171,8 @@ class Report:
                     f"({self._less(top, entry)}).")
         return (
             f"{top.title}; fixing it can save up to {share_text(top.estimated_saving_pct)} "
-            f"of {self._step_named()} (an upper bound: the replay could not model this change)"
-            + self._first_change(top) + "."
+            f"of {self._step_named(top)} (an upper bound: the replay could not model this "
+            "change)" + self._first_change(top) + "."
         )
 
     def _less(self, top: Finding, entry: dict[str, Any]) -> str:
@@ -193,9 +193,12 @@ class Report:
                 f"{share_text(share)} of the step: all {len(entries)} of its changes, about "
                 f"{ms(end, 'tenths')} ms, {share_text(100.0 * (base - end) / base)} less")
 
-    def _step_named(self) -> str:
-        """The step a lead's bound is a share of: the plan's baseline, said as such."""
+    def _step_named(self, top: Finding) -> str:
+        """What a lead's bound is a share of: the plan's baseline, said as such, or for a cost
+        paid once an epoch the run's time over an epoch (diagnose/plan.py PER_EPOCH)."""
         plan = self.plan
+        if top.id in PER_EPOCH:
+            return "the run's time (it is paid once an epoch, in steps the median step leaves out)"
         if not plan or not plan.get("baseline_step_us"):
             return "step time"
         base, step = plan["baseline_step_us"], plan["measured_step_us"]
