@@ -51,12 +51,9 @@ def ids(session: str, name: str) -> list[str]:
 # With 4 workers each batch takes a worker 83-90 ms (measured inside them), one batch every
 # 21-22 ms, against about 14 ms of other step work: the step waits once a round of the workers,
 # which the median step hides, and the plain runs measured w4 -> w8 15-36% faster in each
-# session. dataloader-bound leads w4 in r1 and r2 (it read 0.0% on the median step before). In
-# r3 the host was slower: the GPU idles 50.6% of the step, with 2-5 ms of it after each fetch
-# no thread spent launching, and that upper bound (36.3% of the step without the profiler)
-# outranks the workers' replayed 14.8%, whose own range reaches the step unchanged: it leads,
-# and the verdict names num_workers as the first change the replay models.
-FIRST_IN: dict[tuple[str, str], str] = {("r3", "w4"): "gpu-idle"}
+# session. dataloader-bound leads w4 everywhere (it read 0.0% on the median step before): the
+# GPU's idle, whatever else holds it, cannot take the step below the workers' pace.
+FIRST_IN: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize("session", SESSIONS)

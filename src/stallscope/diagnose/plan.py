@@ -33,7 +33,14 @@ from stallscope.diagnose.fixes import Change, apply
 from stallscope.diagnose.registry import changes_for, no_change_reason
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
-from stallscope.replay.loader import LoaderFacts, NotModelled, Rounds, paced
+from stallscope.replay.loader import (
+    LoaderFacts,
+    NotModelled,
+    Rounds,
+    pace_note,
+    paced,
+    workers_pace,
+)
 from stallscope.replay.models.common import (
     ONE_THREAD,
     ONE_THREAD_WHY,
@@ -54,6 +61,9 @@ from stallscope.units import ms, percent
 MODEL_ERROR = 0.15
 # A change that saves less than this share of the step on top of the plan ends it.
 MIN_GAIN_PCT = 0.5
+# The workers' pace holds the step without the profiler's cost back when it adds at least this
+# share of it (less is the replay's own jitter, not a loader that cannot keep up).
+PACE_MIN_SHARE = 0.005
 # Unreplayed bounds the floor does not cap, and why: changes that remove or overlap GPU work
 # the floor counts (collectives, DataParallel's peer copies and broadcasts), and a saving per
 # epoch that lives in the re-spawn steps the median step leaves out.
@@ -66,6 +76,12 @@ NOT_CAPPED = {
 # plan's base) leaves out, is a share of the run's time over an epoch (the rule says so), not
 # of a step that does not hold it. They neither take nor are capped by the step's room.
 PER_EPOCH = frozenset({"worker-startup"})
+# Findings whose change is the loader's own (more or other workers): the workers' pace does not
+# bound them.
+LOADER_RULES = frozenset({"dataloader-bound", "worker-startup"})
+# --what-if keys that change the loader's own pace (its workers, the threads they share cores
+# with): the workers' pace does not bound them, their replay models it.
+LOADER_KEYS = frozenset({"num_workers", "torch_threads"})
 _FLOOR_WORDS = {"gpu": "the busiest GPU's work once the plan's changes are made",
                 "host": "the stepping thread's own work once the plan's changes are made"}
 
@@ -183,12 +199,23 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     rounds = Rounds.of(steps[used], facts, model.loader_kind)
     rounds_us = 0.0
     as_recorded = (graph, unprofiled)  # the one-thread probe's scales are of these
-    if rounds is not None:
-        graph = paced(graph, rounds, facts.batch_bytes if facts.batch_bytes is not None
-                      else h2d_bytes_per_step(model))
-        at_pace = replay(graph)
-        rounds_us = _median(at_pace, used) - _median(unprofiled, used)
-        unprofiled = at_pace
+    batch = facts.batch_bytes if facts.batch_bytes is not None else h2d_bytes_per_step(model)
+    pace = rounds.pace_us if rounds is not None else workers_pace(facts, model.loader_kind)
+    pace_said: dict[str, Any] = {}
+    if pace is not None:
+        # The workers deliver no faster than their pace: a lagging round's, or one the step
+        # without the profiler's cost would outrun (a recording never met it).
+        at_pace_graph = paced(graph, pace, batch)
+        at_pace = replay(at_pace_graph)
+        added = _median(at_pace, used) - _median(unprofiled, used)
+        if rounds is not None:
+            pace_said = {**rounds.to_dict(), "note": rounds.note()}
+        elif added > PACE_MIN_SHARE * _median(unprofiled, used):
+            pace_said = {"workers": facts.workers, "pace_us": round(pace, 1),
+                         "worker_load_us": round(facts.worker_load_us or 0.0, 1),
+                         "note": pace_note(facts, pace)}
+        if pace_said:
+            graph, unprofiled, rounds_us = at_pace_graph, at_pace, added
     plan = Plan(
         trace=model.trace.label,
         measured_step_us=measured,
@@ -204,8 +231,7 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
                   "ops_per_step": round(float(counts.sum()) / graph.steps, 1),
                   "step_cost_us": round(profiler_us, 1)},
         load={**others.to_dict(), "step_cost_us": round(load_us, 1)} if others else {},
-        rounds={**rounds.to_dict(), "added_us": round(rounds_us, 1), "note": rounds.note()}
-        if rounds else {},
+        rounds={**pace_said, "added_us": round(rounds_us, 1)} if pace_said else {},
     )
     memo: dict[str, Any] = {}
     one = OneThread.of(model)
@@ -222,8 +248,15 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
         g2, notes = apply(g, ctx, changes)
         r = replay(g2)
         quartiles = np.percentile(r.paced_step_us[used], [25, 75])
-        return Scenario(g2, r, _median(r, used), notes,
-                        (float(quartiles[0]), float(quartiles[1])))
+        # The workers deliver no faster than their pace, however fast the host gets, until a
+        # change to the loader itself (which replays its own pace, replay/loader.py).
+        least = 0.0 if pace is None or LOADER_KEYS & {*applied, *(c.key for c in changes)} \
+            else pace
+        if least > _median(r, used):
+            notes = [*notes, f"the DataLoader's workers deliver a batch no faster than every "
+                             f"{ms(least, 'tenths')} ms, so the step is no shorter"]
+        return Scenario(g2, r, max(_median(r, used), least), notes,
+                        (max(float(quartiles[0]), least), max(float(quartiles[1]), least)))
 
     findings = [a.finding for a in assessments if a.finding is not None]
     options: dict[str, list[Change]] = {}
@@ -256,7 +289,7 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
     plan.floor_us = _floor(final.graph, final.replay, used)
     if what_if:
         plan.what_if = _what_if(plan, graph, what_if, predict, used)
-    _rank(plan, findings, options, dropped)
+    _rank(plan, findings, options, dropped, pace or 0.0)
     return plan
 
 
@@ -488,11 +521,11 @@ def _what_if(plan: Plan, graph: Graph, changes: list[Change], predict: Any,
 
 
 def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]],
-          dropped: dict[str, float]) -> None:
+          dropped: dict[str, float], pace_us: float = 0.0) -> None:
     """Savings from the plan: a finding in it claims its share of the plan's saving; one the
     replay cannot model keeps its rule's upper bound, labelled so, and capped so that savings
     and bounds together fit in the step (`_cap_bounds`). `dropped`: changes the plan left out
-    for their share (`_by_share`)."""
+    for their share (`_by_share`); `pace_us`: the loader's workers deliver a batch no faster."""
     measured = plan.baseline_step_us
     by_id = {e.id: (i, e) for i, e in enumerate(plan.entries)}
     bounds = []
@@ -542,7 +575,7 @@ def _rank(plan: Plan, findings: list[Finding], options: dict[str, list[Change]],
             bounds.append(f)
             continue
         f.severity = severity_for(f.estimated_saving_pct)
-    _cap_bounds(plan, bounds)
+    _cap_bounds(plan, bounds, pace_us)
     for f in bounds:
         f.leads_plan = _leads(plan, f)
 
@@ -583,7 +616,7 @@ def profiler_bound_note(plan: dict[str, Any]) -> str | None:
             f"{ms(floor, 'tenths')} ms of GPU work: that idle is the profiler's own")
 
 
-def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
+def _cap_bounds(plan: Plan, bounds: list[Finding], pace_us: float = 0.0) -> None:
     """Unreplayed bounds on the plan's base (the baseline step), causes first and then largest
     first, each capped to what the step has left: together with the plan's savings, no more
     than the step (one lost millisecond, one owner) and, but for NOT_CAPPED's, no more than its
@@ -596,12 +629,18 @@ def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
     planned = sum(e.saving_pct for e in plan.entries) * base / 100.0
     left = max(base - planned, 0.0)  # the step's time no saving has claimed
     above = max(base - plan.floor_us - planned, 0.0)  # ...and of it, above the floor
+    # The loader's workers deliver a batch no faster than their pace: no change but the
+    # loader's own takes the step below it (the plan's end state already made its changes).
+    end = plan.entries[-1].predicted_step_us if plan.entries else base
+    paced = max(min(base, end) - pace_us, 0.0)
     # Causes before their effects (an effect's time is its cause's first), then largest first.
     for f in sorted(bounds, key=lambda f: (bool(f.caused_by), -f.estimated_saving_pct, f.id)):
         if f.estimated_saving_pct is None or not_estimated(f) or f.id in PER_EPOCH:
             continue
         claimed = f.estimated_saving_pct * step / 100.0
         room = left if f.id in NOT_CAPPED else min(left, above)
+        if pace_us and f.id not in LOADER_RULES:
+            room = min(room, paced)
         us = min(claimed, room)
         pct = round(100.0 * us / base, 2)
         if pct < round(100.0 * claimed / base, 2):
@@ -618,6 +657,8 @@ def _cap_bounds(plan: Plan, bounds: list[Finding]) -> None:
         left -= us
         if f.id not in NOT_CAPPED:
             above -= us
+        if f.id not in LOADER_RULES:
+            paced = max(paced - us, 0.0)
 
 
 def not_estimated(f: Finding) -> bool:

@@ -265,19 +265,37 @@ class Rounds:
                 "max_wait_us": round(self.max_wait_us, 1)}
 
 
-def paced(g: Graph, rounds: Rounds, batch_bytes: float) -> Graph:
+def paced(g: Graph, pace_us: float, batch_bytes: float) -> Graph:
     """A copy of `g` whose batches arrive at the workers' pace, as `with_workers` replays
     workers: each fetch takes what it took, at most receiving a batch of `batch_bytes`
     (`receive_us`: a fetch that waited for the round is mostly that wait), and ends no sooner
-    than `rounds.pace_us` after the one before."""
+    than `pace_us` after the one before."""
     loads = np.flatnonzero(g.h_kind == LOADER)
     if len(loads) < 2:
         return g
     g = g.copy()
     g.h_dur[loads] = np.minimum(g.h_dur[loads], receive_us(batch_bytes))
     g.h_after[loads[1:]] = loads[:-1]
-    g.h_ret[loads[1:]] = rounds.pace_us
+    g.h_ret[loads[1:]] = pace_us
     return g
+
+
+def workers_pace(facts: LoaderFacts, loader_kind: str | None) -> float | None:
+    """One batch every this many us: W workers that each take what `run` measured inside them
+    per batch (fetch and collate) deliver no faster. None without both figures. A recording
+    slower than that (the profiler's own host time) never met the pace; a run without the
+    profiler, or after a change that speeds the host, waits for it."""
+    if loader_kind != "multi-process" or not facts.workers or not facts.worker_load_us:
+        return None
+    return facts.worker_load_us / facts.workers
+
+
+def pace_note(facts: LoaderFacts, pace_us: float) -> str:
+    """The workers' pace, in the report's words, where it holds the step back."""
+    return (f"{plural(facts.workers or 0, 'worker')} each take "
+            f"{ms(facts.worker_load_us or 0.0, 'tenths')} ms a batch (fetch and collate, "
+            f"measured inside them): one batch every {ms(pace_us, 'tenths')} ms, which the step "
+            "without the profiler's cost would outrun, so it is replayed at that pace")
 
 
 def receive_us(batch_bytes: float) -> float:

@@ -161,9 +161,21 @@ class Report:
             how = f" ({entry['change']}: {replayed.removeprefix('the replay predicts ')})" if (
                 replayed and entry is not None) else ""
             why = profiler_bound_note(self.plan) if self.plan is not None else None
+            largest = (f"the largest finding ({top.title.lower()}) {said} "
+                       f"{share_text(top.estimated_saving_pct)} of step time{how}")
+            plan = self.plan or {}
+            pace = plan.get("rounds") or {}
+            if pace.get("note") and not pace.get("waited_steps"):
+                return (
+                    f"The DataLoader sets the pace once the profiler's cost is gone: its "
+                    f"{plural(pace['workers'], 'worker')} each take "
+                    f"{ms(pace['worker_load_us'], 'tenths')} ms a batch, one batch every "
+                    f"{ms(pace['pace_us'], 'tenths')} ms, and the step without the profiler "
+                    f"({ms(plan['baseline_step_us'], 'tenths')} ms) waits for them; only a "
+                    "change to the loader (more workers where cores are free, cheaper loading "
+                    f"per batch) takes it lower, and {largest}.")
             return (
-                f"No bottleneck worth fixing: the largest finding ({top.title.lower()}) "
-                f"{said} {share_text(top.estimated_saving_pct)} of step time{how}"
+                f"No bottleneck worth fixing: {largest}"
                 + (f"; {why}." if why and top.id == "gpu-idle" else ".")
             )
         if replayed and entry is not None:  # replayed: there is an entry
