@@ -304,9 +304,13 @@ def _alone(predict: Any, graph: Graph, changes: list[Change]
         rest = changes[1:] if len(changes) > 1 and changes[0].key == "torch_threads" else []
         if rest:
             try:
-                return predict(graph, [], rest), rest, ""
+                s = predict(graph, [], rest)
             except NotModelled:
                 pass
+            else:  # the finding advises both: the prediction says what it left out, and why
+                left = f"{changes[0].text} is not replayed ({exc}): the workers alone"
+                s.notes = [left, *s.notes]
+                return s, rest, ""
         return None, changes, str(exc)
 
 
