@@ -277,6 +277,10 @@ def _make_plan(model: TraceModel, assessments: list[Assessment],
             if scenario is None:
                 plan.not_replayed[f.id] = why
                 continue
+            if _threads_left_out(f, changes, scenario.notes):
+                scenario.notes = [
+                    "torch_threads=1 is not replayed (`run` timed no steps at one intra-op "
+                    "thread to scale the step by): the workers alone", *scenario.notes]
             if not first or scenario.step_us < first[0][1].step_us:
                 first[:] = [(f.id, scenario)]
             f.predicted_step_us = round(scenario.step_us, 1)
@@ -329,6 +333,14 @@ def _steady(recorded: np.ndarray, base: Replay) -> tuple[np.ndarray, np.ndarray]
     filling = need > FILLING_RATIO * recorded
     return (np.where(filling, np.fmax(base.paced_step_us, recorded), recorded),
             np.where(filling, need, np.nan))
+
+
+def _threads_left_out(f: Finding, changes: list[Change], notes: list[str]) -> bool:
+    """The finding advises one intra-op thread beside its change, which the replay left out
+    and no note says so yet: the prediction must not read as the advice's."""
+    advised = (f.evidence or {}).get("suggested_torch_threads") == 1
+    return (advised and all(c.key != "torch_threads" for c in changes)
+            and not any(n.startswith("torch_threads=1 is not replayed") for n in notes))
 
 
 def _steps_note(n: int, window: slice, used: slice, filled: np.ndarray) -> str | None:
