@@ -128,9 +128,11 @@ class Plan:
     # Other tenants' share of the host's run-queue wait, taken out before the profiler's cost
     # (replay/unload.py); {} when the trace has no scheduler figures.
     load: dict[str, Any] = field(default_factory=dict)
-    # A loader whose workers lag, waited for once a round (replay/loader.py Rounds): the steps
-    # replayed at the workers' pace, and what that adds to the median step (added_us, negative
-    # where the median step waited more than the pace); {} otherwise.
+    # The loader's workers' pace where it holds the baseline: a loader whose workers lag,
+    # waited for once a round (replay/loader.py Rounds), or one the step without the profiler's
+    # cost would outrun (`workers_pace`; no waited_steps). The steps replayed at that pace, and
+    # what it adds to the median step (added_us, negative where the median step waited more
+    # than the pace); {} otherwise.
     rounds: dict[str, Any] = field(default_factory=dict)
     # Why some recorded steps are not in the medians, or None when all are.
     steps_note: str | None = None
