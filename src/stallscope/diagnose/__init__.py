@@ -87,14 +87,20 @@ def _attribute_causes(findings: list[Finding]) -> None:
 
 
 def ranked_findings(assessments: list[Assessment]) -> list[Finding]:
-    """Findings by what fixing each saves on one base: a cause the replay could not model that
-    outranks its trace's fix plan (`Finding.leads_plan`, see plan.py) comes first; then the plan
-    in its order (each change's share of its saving); then the other bounds, largest first; ties
-    by id and trace."""
+    """Findings by what fixing each saves on one base: in each trace, a cause the replay could
+    not model that outranks the trace's fix plan (`Finding.leads_plan`, see plan.py) first, then
+    the plan in its order (each change's share of its saving), then the other bounds, largest
+    first. Across the traces of one report, places are compared alike (each trace's lead, then
+    each one's second, ...), the larger saving first; ties by id and trace."""
     found = [a.finding for a in assessments if a.finding is not None]
-    return sorted(found, key=lambda f: (not f.leads_plan,
-                                        -f.estimated_saving_pct if f.leads_plan else 0,
-                                        f.plan_rank is None, f.plan_rank or 0,
+    led = {f.trace for f in found if f.leads_plan}
+
+    def place(f: Finding) -> int | None:
+        if f.leads_plan:
+            return 1
+        return None if f.plan_rank is None else f.plan_rank + (f.trace in led)
+
+    return sorted(found, key=lambda f: (place(f) is None, place(f) or 0,
                                         -f.estimated_saving_pct, f.id, f.trace))
 
 
