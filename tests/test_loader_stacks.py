@@ -104,7 +104,7 @@ def _line_of(text: str) -> int:
 
 def _images(folder: Path) -> Path:
     """Eight 512x512 JPEGs of noise (slow to decode: nothing compresses away; ~4 ms each, so
-    that a quiet machine's short recording still holds enough 20 ms samples)."""
+    that a quiet machine's short recording still holds enough samples)."""
     image_mod = pytest.importorskip("PIL.Image")
     import random
 
@@ -183,7 +183,9 @@ def test_pil_decode_in_workers_is_named_with_its_fix(tmp_path: Path, ctx: str) -
 @pytest.mark.slow
 def test_num_workers_0_samples_the_training_process(tmp_path: Path) -> None:
     _images(tmp_path / "images")
-    report = _run(tmp_path, "pil", "0", "fork", "16", steps=12)
+    # The training process samples every SAMPLE_S_MAIN (50 ms): 32 batches of 16 decodes are
+    # ~1.2 s of fetching here, ~24 samples, and still MIN_SAMPLES on a machine twice as fast.
+    report = _run(tmp_path, "pil", "0", "fork", "16", steps=32)
     loader = _assert_pil_decode(report)
     assert loader["anatomy"]["where"] == "main process"
 
