@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stallscope.capture.metadata import patch_head
 from stallscope.capture.quiet import usdt_filtered
 from stallscope.errors import os_error_text
 
@@ -28,11 +29,17 @@ _KINETO_WRITE_FAILED = b"Failed to write to log file"
 # Bytes written to find why Kineto could not write (an assumption, not measured: more than the
 # last free blocks of a disk Kineto just filled, small enough to write in a moment).
 _PROBE_BYTES = 1 << 20
+# Bytes read to find stallscope's metadata line among the trace's top-level keys (an
+# assumption, not measured: Kineto writes a few short keys and our line before the events; the
+# line holds each loader's anatomy, a few KB per loader).
+_HEAD_BYTES = 1 << 20
 
 
-def export_trace(prof: Any, trace_dir: Path, worker: str, steps: int) -> str | None:
+def export_trace(prof: Any, trace_dir: Path, worker: str, steps: int,
+                 metadata: dict[str, Any] | None = None) -> str | None:
     """Export `prof` as `<worker>.<ns>.pt.trace.json.gz` in `trace_dir` (the names TensorBoard
-    and torch's handler use); None when written, else what was lost, where, and why."""
+    and torch's handler use); None when written, else what was lost, where, and why.
+    `metadata`'s keys are set in stallscope's metadata as the trace is compressed."""
     name = f"{worker}.{time.time_ns()}.pt.trace.json.gz"
     raw = trace_dir / f".{name}.partial.json"
     tmp = trace_dir / f".{name}.partial.gz"
@@ -47,6 +54,9 @@ def export_trace(prof: Any, trace_dir: Path, worker: str, steps: int) -> str | N
         except OSError as exc:  # Kineto's own failure: find its cause by writing there
             raise _write_error(trace_dir) or exc from None
         with raw.open("rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            if metadata:
+                head = src.read(_HEAD_BYTES)
+                dst.write(patch_head(head, metadata) or head)
             shutil.copyfileobj(src, dst, 1 << 20)
         os.replace(tmp, trace_dir / name)
     except (OSError, RuntimeError) as exc:

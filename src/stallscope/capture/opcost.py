@@ -1,4 +1,4 @@
-"""What the profiler adds to each op it records, measured on this machine before the script runs.
+"""What the profiler adds to each op it records, measured in the run once its recording stopped.
 
 The recorded steps ran under the profiler, and every op the host recorded paid its bookkeeping
 (the RecordFunction callbacks, Kineto's event, the input shapes when they are recorded). Where

@@ -179,7 +179,8 @@ class LaterCaptures:
         pattern = f"{worker}.*.pt.trace.json*"
         before = set(folder.glob(pattern)) if folder.is_dir() else set()
         held = max(0, min(prof.step_num, self.warmup + self.steps) - self.warmup)
-        failed = export_trace(prof, folder, worker, held)
+        failed = export_trace(prof, folder, worker, held,
+                              {"profiler_cost": self.session.measure_profiler_cost()})
         if failed is not None:
             self._line({"index": self.index, "failed": failed})
         self._written = sorted(set(folder.glob(pattern)) - before)

@@ -174,8 +174,10 @@ class CaptureSession:
             activities.append(ProfilerActivity.CUDA)
         self.activities = [a.name for a in activities]
         self.profiler_activities = activities
-        # What one recorded op costs the host under this profiler (capture/opcost.py),
-        # measured by start(): the replay takes it out of the recorded steps.
+        # What one recorded op costs the host under this profiler (capture/opcost.py): the
+        # replay takes it out of the recorded steps. Measured once the recording has stopped,
+        # never before: a finished profiler session leaves the process slower (CUPTI stays
+        # attached), and the unprofiled steps timed before recording are the run's baseline.
         self.profiler_cost: dict[str, Any] = {}
         self.export_failed: str | None = None  # what was lost when the export failed
         with warnings.catch_warnings():  # warmup 0 is the user's explicit choice
@@ -191,8 +193,6 @@ class CaptureSession:
 
     def start(self) -> None:
         quiet_profiler_warnings()
-        with usdt_filtered():  # before any hook: the calibration's ops are no script's
-            self.profiler_cost = opcost.session_costs(self.profiler_activities, self.record_shapes)
         self.watcher.install()
         self._started_at = time.monotonic()  # `--duration` counts from here: the script's start
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
@@ -634,7 +634,7 @@ class CaptureSession:
             "step_source": self.driver.source,
             "incomplete_step": self.incomplete_step,
             "window": self.window,
-            # The profiler's settings, and what one op cost under them (measured at start).
+            # The profiler's settings, and what one op cost under them (measured after recording).
             "record_shapes": self.record_shapes,
             "profiler_cost": self.profiler_cost,
         }
@@ -681,6 +681,16 @@ class CaptureSession:
             ]
         return meta
 
+    def measure_profiler_cost(self) -> dict[str, Any]:
+        """What one recorded op costs under this session's profiler, measured on first call:
+        when the recording has stopped (from `_on_trace_ready`, the session's profiler is off
+        and another may run), so that no profiler session comes before the unprofiled steps."""
+        if not self.profiler_cost:
+            with usdt_filtered():
+                self.profiler_cost = opcost.session_costs(self.profiler_activities,
+                                                          self.record_shapes)
+        return self.profiler_cost
+
     def _on_trace_ready(self, prof: Any) -> None:
         if self._discard:
             return
@@ -689,7 +699,8 @@ class CaptureSession:
         before = set(self.trace_dir.glob(pattern)) if self.trace_dir.is_dir() else set()
         held = self.recorded or max(0, min(self.prof.step_num, self.sched.profiled)
                                     - self.sched.warmup)
-        failed = export_trace(prof, self.trace_dir, self.worker, held)
+        failed = export_trace(prof, self.trace_dir, self.worker, held,
+                              {"profiler_cost": self.measure_profiler_cost()})
         if failed is not None:
             self.export_failed = failed
         written = sorted(set(self.trace_dir.glob(pattern)) - before)

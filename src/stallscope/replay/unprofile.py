@@ -46,14 +46,14 @@ class ProfilerCost:
 
     @classmethod
     def of(cls, model: TraceModel) -> ProfilerCost:
-        """The cost `run` measured at its start (trace metadata), else the stated default."""
+        """The cost `run` measured (trace metadata), else the stated default."""
         # The trace's metadata is the file's, not ours: any field may hold anything.
         cost = model.trace.capture.get("profiler_cost")
         cpu = cost.get("cpu_op") if isinstance(cost, dict) else None
         added = cpu.get("added_us") if isinstance(cpu, dict) else None
         if isinstance(added, int | float) and 0 <= added < 1000:
-            return cls(float(added), True, f"measured: {added:.1f} us per recorded op at the "
-                                             "start of this run (capture/opcost.py)")
+            return cls(float(added), True, f"measured: {added:.1f} us per recorded op in "
+                                             "this run, on tiny ops (capture/opcost.py)")
         return cls(DEFAULT_OP_US, False, DEFAULT_SOURCE)
 
 
@@ -63,9 +63,8 @@ def from_run(model: TraceModel, cost: ProfilerCost, recorded_us: float, ops_per_
     processes' load) against the steps `run` timed without the profiler just before, per
     recorded op; never above the tiny-op measurement, never below zero. A CPU step is host
     work through and through, so the difference is the profiler's, and it holds for these ops
-    (nested C++ ops cost the profiler less than the Python-called `aten::add` measured at the
-    start: on this 2-core VM, 0.8-1.5 us per op on examples/python_heavy.py and 1.8-2.0 us on
-    examples/loader_bound.py, against 2.7-7.6 us for the tiny op). A GPU trace keeps `cost`: its
+    (nested C++ ops cost the profiler less than the Python-called `aten::add` opcost measures;
+    docs/replay.md has the figures). A GPU trace keeps `cost`: its
     host may be off the critical path, where the difference says nothing of the host's cost.
     `keep` is the share the load correction kept of the recorded host time; the unprofiled
     steps ran under the same load."""
@@ -77,16 +76,16 @@ def from_run(model: TraceModel, cost: ProfilerCost, recorded_us: float, ops_per_
     except (TypeError, ValueError):
         return cost
     per_op = max(0.0, recorded_us - quiet_plain) / ops_per_step
-    # The start-up figure bounds it, but one round of it can read low on a busy VM (0.6 us in
+    # The tiny-op figure bounds it, but one round of it can read low on a busy VM (0.6 us in
     # one of three recordings where the others read 3.1 and 5.7 us, and the run's own steps
     # said 2.3 us): the bound is never below the stated default.
     bound = max(cost.op_us, DEFAULT_OP_US)
     if per_op >= bound:
         return cost if cost.op_us >= DEFAULT_OP_US else ProfilerCost(
             DEFAULT_OP_US, False, f"{DEFAULT_SOURCE}; the run's own steps said more")
-    start = (f"the start-up measurement of {cost.op_us:.1f} us on tiny Python-called ops is "
+    start = (f"the measurement of {cost.op_us:.1f} us on tiny Python-called ops is "
              "an upper bound" if per_op < cost.op_us else
-             f"above the start-up measurement of {cost.op_us:.1f} us on tiny ops, which read "
+             f"above the measurement of {cost.op_us:.1f} us on tiny ops, which read "
              f"low; never above {DEFAULT_OP_US:g} us")
     return ProfilerCost(per_op, True, (
         f"measured: {per_op:.2f} us per recorded op, the recorded steps against the "

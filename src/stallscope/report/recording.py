@@ -107,8 +107,8 @@ def recording_text(rec: dict[str, Any] | None, median_us: float | None) -> str |
                      "group-by-input-shape view)"}.get(rec.get("record_shapes") is True) \
         if isinstance(rec.get("record_shapes"), bool) else None
     text = f"Recorded {shapes}. " if shapes else ""
-    text += (f"The profiler added {rec['op_us']:.2f} us per tiny `torch.add` call, measured at "
-             "the start of this run")
+    text += (f"The profiler added {rec['op_us']:.2f} us per tiny `torch.add` call, measured by "
+             "this run")
     if rec.get("op_us_per_event") is not None:
         text += f" ({rec['op_us_per_event']:.2f} us per op event it recorded)"
     if rec.get("launch_op_us") is not None:

@@ -234,7 +234,7 @@ class Rank(msgspec.Struct, forbid_unknown_fields=True):
 class Recording(msgspec.Struct, forbid_unknown_fields=True):
     """What recording the trace cost (report/recording.py), from `stallscope run`'s metadata:
     `record_shapes`, whether input shapes were recorded; `op_us`, what the profiler added per
-    tiny `torch.add` call, measured at the run's start (the figure the replay takes out per
+    tiny `torch.add` call, measured by the run (the figure the replay takes out per
     recorded op), `op_us_per_event` the same per op event that call recorded (it records
     several on the CPU), `launch_op_us` per kernel-launching call (with CUDA); `ops_per_step`,
     the host ops recorded per judged step; `estimated_step_cost_us` and `estimated_share_pct`
