@@ -53,6 +53,8 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 import numpy as np
 
+from stallscope.trace.header import LONE_SURROGATE as _LONE_SURROGATE
+from stallscope.trace.header import MAX_VALUE_BYTES, KeyFinder, read_metadata
 from stallscope.units import binary_size
 
 # Text per decoded chunk: large enough to amortise each decode call, small enough that the
@@ -186,12 +188,6 @@ _LOOSE_EVENTS = msgspec.json.Decoder(list[LooseEvent], strict=False)
 _LOOSE_EVENT = msgspec.json.Decoder(LooseEvent, strict=False)
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 _ANY = msgspec.json.Decoder()
-_META = msgspec.json.Decoder(Metadata)
-_LONE_SURROGATE = re.compile(
-    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
-    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
-)
-_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _WS = b" \t\r\n"
 _BOUNDARY = re.compile(rb"\}[ \t\r\n]*(,)[ \t\r\n]*\{")
 _AT_BYTE = re.compile(r"\(byte (\d+)\)")
@@ -285,6 +281,7 @@ class Decoded:
     truncated: bool = False  # the text ended inside `traceEvents`; the events before were kept
     array: bool = False  # the array form: a top-level list of events, no metadata
     unclosed: bool = False  # an array form without its closing `]`; every event in it was read
+    notes: list[str] = field(default_factory=list)  # what reading the metadata left out
 
 
 class Read1(Protocol):
@@ -306,12 +303,12 @@ def stream_decode(fh: Read1, on_progress: Any = None,
     blocks = iter(reader)
     head = bytearray()
     start = None
+    finder = KeyFinder()
     with depth_allowed(limits.max_depth):
         try:
             for block in blocks:
-                search_from = max(0, len(head) - 32)
                 head += block
-                start = _find_events(head, search_from)
+                start = _find_events(head, finder)
                 if start is not None:
                     break
                 if len(head) > limits.max_buffer_bytes:
@@ -319,21 +316,27 @@ def stream_decode(fh: Read1, on_progress: Any = None,
                         "no event list in its first "
                         f"{binary_size(limits.max_buffer_bytes)} of text (the limit on text held "
                         "at once; --max-buffer-mb raises it)")
+            else:
+                start = _find_events(head, finder, final=True)
         except _NotStreamable:
             return None
         if start is None:
             return None
-        # The object form's text before `"traceEvents": [` is kept to read its metadata at the
-        # end; the array form has none (prefix None).
-        prefix = None if start.array else bytes(head[: start.prefix_end])
+        if finder.deepest > limits.max_depth:
+            raise LimitExceeded(_too_deep("its keys before the event list"))
+        cols = columns or Columns()
+        # The object form's metadata is read once, here; the array form has none (None).
+        header = None if start.array else _Header.read(bytes(head[finder.start:start.prefix_end]))
         buf = bytearray(b"[")
         buf += head[start.events:]
         del head, block  # not held through the whole read (two blocks: 16 MB of its peak)
-        return _decode_events_from(buf, start.events, prefix, blocks, reader, limits,
-                                   columns or Columns())
+        decoded = _decode_events_from(buf, start.events, header, blocks, reader, limits, cols)
+        if finder.bom:
+            decoded.notes.insert(0, "starts with a UTF-8 byte-order mark, which was skipped")
+        return decoded
 
 
-def _decode_events_from(buf: bytearray, at: int, prefix: bytes | None,
+def _decode_events_from(buf: bytearray, at: int, header: _Header | None,
                         blocks: Iterator[bytearray], reader: _Reader, limits: Limits,
                         cols: Columns) -> Decoded:
     """The events of `buf` (`[` and the text after the list's own `[`, which is at text
@@ -351,13 +354,18 @@ def _decode_events_from(buf: bytearray, at: int, prefix: bytes | None,
                 raise LimitExceeded(
                     f"{binary_size(limits.max_buffer_bytes)} of text at byte {at:,} without an "
                     "event boundary (the limit on text held at once; --max-buffer-mb raises it)")
-            retry_at = 2 * len(buf)  # geometric: every byte is decoded a bounded number of times
+            # Geometric (every byte is decoded a bounded number of times), but never more read
+            # in than the limit allows: it holds before the memory is taken.
+            retry_at = min(2 * len(buf), limits.max_buffer_bytes + 1)
             continue
         buf[cut] = 0x5B  # `[` in place of the comma, and the text before it let go, in place
         del buf[:cut]  # (a new buffer of the rest would hold both for a moment)
         at += cut
         retry_at = CHUNK_BYTES
-    decoded = _finish(buf, prefix, cols, at)
+    decoded = _finish(buf, header, cols, at)
+    if header is not None:
+        decoded.notes.extend(header.notes)
+        cols.repaired += header.mended
     if reader.damaged:
         decoded.truncated = True
     return decoded
@@ -418,26 +426,48 @@ class _Start:
     array: bool = False
 
 
-def _find_events(head: bytearray, search_from: int) -> _Start | None:
+def _find_events(head: bytearray, finder: KeyFinder, final: bool = False) -> _Start | None:
     """The start of the event list in the text read so far, or None if not read yet.
 
-    Object form: the top-level `"traceEvents": [`. Array form: the `[` that opens the file.
+    Object form: the top-level `"traceEvents": [` (trace/header.py scans for it). Array form:
+    the `[` that opens the file. A UTF-8 byte-order mark before either is skipped.
     """
-    lead = bytes(head[:64]).lstrip(_WS)
-    if lead.startswith(b"["):
-        return _Start(events=head.index(b"[") + 1, array=True)
-    if lead and not lead.startswith(b"{"):
-        raise _NotStreamable
-    for match in _KEY.finditer(head, search_from):
-        prefix = bytes(head[: match.start()])
-        try:  # the key is top level exactly when the text before it is an open object
-            _ANY.decode(prefix + b'"traceEvents":null}')
-        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
-            continue
-        except RecursionError:
-            raise LimitExceeded(_too_deep("its keys before the event list")) from None
-        return _Start(events=match.end(), prefix_end=match.start())
-    return None
+    if not finder.opened:
+        first = finder.open(head)
+        if first is None:
+            return None  # only whitespace so far
+        if head[first] == ord("["):
+            return _Start(events=first + 1, array=True)
+        if head[first] != ord("{"):
+            raise _NotStreamable
+    match = finder.find(head, final)
+    if match is None:
+        return None
+    return _Start(events=match.end(), prefix_end=match.start())
+
+
+@dataclass
+class _Header:
+    """The object form's metadata, read once from the text before the event list."""
+
+    values: dict[str, Any]
+    notes: list[str]
+    mended: bool
+
+    @classmethod
+    def read(cls, prefix: bytes) -> _Header:
+        meta = read_metadata(prefix + b'"traceEvents":null}')
+        notes = []
+        if meta.unreadable:
+            notes.append("its keys before the event list are not JSON: the trace's metadata "
+                         "(devices, ranks, stallscope's own figures) was not read")
+        if meta.dropped:
+            notes.append(f"its metadata {', '.join(meta.dropped)} was not read (over "
+                         f"{binary_size(MAX_VALUE_BYTES)}, or not JSON)")
+        return cls(meta.values, notes, meta.mended)
+
+    def metadata(self, tail: dict[str, Any] | None = None) -> Metadata:
+        return Metadata(**{**self.values, **(tail or {})})
 
 
 class _NotStreamable(Exception):
@@ -811,9 +841,9 @@ def _last_boundary(buf: bytearray, before: int, floor: int = 0) -> int:
         width *= 4
 
 
-def _finish(buf: bytearray, prefix: bytes | None, cols: Columns, at: int) -> Decoded:
+def _finish(buf: bytearray, header: _Header | None, cols: Columns, at: int) -> Decoded:
     """The end of the file: the last events, the closing `]` and any keys after the array."""
-    if prefix is None:
+    if header is None:
         return _finish_array(buf, cols, at)
     last = _end_of_text(buf, len(buf))
     if last and buf[last - 1] == ord("}"):
@@ -824,13 +854,12 @@ def _finish(buf: bytearray, prefix: bytes | None, cols: Columns, at: int) -> Dec
             body = tail[1:] if tail.startswith(b",") else tail
             if not (body == b"}" or (tail.startswith(b",") and body.endswith(b"}"))):
                 continue
-            try:
-                meta = _META.decode(prefix + b'"traceEvents":null' + (b"," if body != b"}"
-                                                                     else b"") + body)
-            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
-                continue
+            try:  # only the keys after the list: the header was read once, at its end
+                after = read_metadata(b"{" + body)
             except RecursionError:
                 raise LimitExceeded(_too_deep("its keys after the event list")) from None
+            if after.unreadable:
+                continue
             if close > 1:
                 # Most often the list is whole up to here: one decode reads it. Else, unless an
                 # earlier `]` ends the list (this one is in the keys after it), read what reads.
@@ -840,10 +869,10 @@ def _finish(buf: bytearray, prefix: bytes | None, cols: Columns, at: int) -> Dec
                     continue
                 else:
                     _drain(buf, close, cols, at)
-            return Decoded(cols, meta)
+            return Decoded(cols, header.metadata(after.values))
     # No closing bracket: the file was cut off. Keep every whole event before the cut.
     _keep_whole_events(buf, cols, at)
-    return Decoded(cols, _prefix_metadata(prefix), truncated=True)
+    return Decoded(cols, header.metadata(), truncated=True)
 
 
 def _list_ends_backwards(buf: bytearray, lo: int, most: int) -> Iterator[int]:
@@ -944,10 +973,3 @@ def _end_of_text(buf: bytearray, end: int) -> int:
 def _too_deep(where: str) -> str:
     return (f"{where} nest deeper than the limit (--max-depth raises it; the default is "
             f"{Limits().max_depth:,} levels)")
-
-
-def _prefix_metadata(prefix: bytes) -> Metadata:
-    try:
-        return _META.decode(prefix + b'"traceEvents":null}')
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, RecursionError):
-        return Metadata()

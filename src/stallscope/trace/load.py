@@ -338,6 +338,7 @@ def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int,
     if far:
         notes.append(f"{_events(far)} of {path.name} were left out: they start more than a "
                      "day away from the rest of the recording (a corrupt time).")
+    notes.extend(f"{path.name} {note}." for note in decoded.notes)
     if cols.repaired:
         notes.append(f"{path.name} holds text that is not valid UTF-8 (stray bytes, or half of "
                      "a surrogate pair); it was replaced by U+FFFD, so some names show \ufffd.")

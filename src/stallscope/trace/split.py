@@ -42,6 +42,7 @@ from stallscope.trace.decode import (
     _find_events,
     stream_decode,
 )
+from stallscope.trace.header import KeyFinder
 
 # Smallest file read in parts: below it the processes' start and the join of their columns are
 # not repaid (a whole attempt that stopped at damage cost 0.08-0.10 s on 64 MB, sequential read
@@ -103,7 +104,7 @@ def plan_parts(path: Path, size: int, count: int) -> list[Part] | None:
     with path.open("rb") as fh:
         head = bytearray(fh.read(min(size, BLOCK_BYTES)))
         try:
-            start = _find_events(head, 0)
+            start = _find_events(head, KeyFinder(), final=len(head) == size)
         except Exception:  # not shaped like a trace: the sequential reader says why
             return None
         if start is None:
@@ -337,8 +338,9 @@ def join(parts: list[Decoded]) -> Decoded:
     first, last = parts[0], parts[-1]
     meta = Metadata(**{f: _first(getattr(last.metadata, f), getattr(first.metadata, f))
                        for f in Metadata.__struct_fields__})
+    notes = [*first.notes, *(n for n in last.notes if n not in first.notes)]
     return Decoded(cols, meta, truncated=last.truncated, array=first.array,
-                   unclosed=last.unclosed)
+                   unclosed=last.unclosed, notes=notes)
 
 
 def _recode(into: Interner, own: Interner, codes: np.ndarray) -> np.ndarray:
