@@ -26,10 +26,12 @@ EXIT_NO_STEPS = 4
 # `analyze` of a job: some trace files could not be read and were left out; the report covers
 # the rest (a partial result, as `tune`'s own 5 says only its baseline ran).
 EXIT_PARTIAL = 5
-# `compare --fail-on`: AFTER measurably slower, a new finding, a finding worse by its measure
+# `compare --fail-on`: AFTER measurably slower, a new cause, the step slower or a cause worse by
+# more than the step gained, any cause worse by its measure
 EXIT_SLOWER = 6
 EXIT_NEW = 7
 EXIT_WORSE = 8
+EXIT_CAUSE_WORSE = 9
 EXIT_TIMEOUT = 124  # `run --timeout`: the script was still running and was stopped
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM

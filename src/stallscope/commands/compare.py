@@ -13,12 +13,21 @@ since two recordings of one unchanged script differ by more than either shows in
 A change that does not clear both is "no measurable difference"; so is any change when either
 side was recorded on a busy machine (`_step_time` says why).
 
-Findings on both sides are worse, better or unchanged by what each measures (its time per step:
-`commands/compare_metrics.py`), never by severity or saving, which are shares of the step and
-grow when the step shrinks.
+Findings are matched by cause (rule, device, rank: `commands/compare_causes.py`), never by
+file, so each cause appears once; a side of several recordings pools a cause's figure as the
+median over them. A cause on both sides is worse, better or unchanged by what it measures (its
+time per step: `commands/compare_metrics.py`), never by severity or saving, which are shares of
+the step and grow when the step shrinks.
 
-`--fail-on slower|new|worse` turns the comparison into a CI gate: exit EXIT_SLOWER (6),
-EXIT_NEW (7) or EXIT_WORSE (8), the first that applies in that order, after writing the files.
+The step-time verdict reads the mean step (throughput) and the median step, each with its
+interval, and names the one step that decides the mean when one does
+(`commands/compare_steps.py`).
+
+`--fail-on slower|new|worse|cause-worse` turns the comparison into a CI gate: exit EXIT_SLOWER
+(6), EXIT_NEW (7), EXIT_WORSE (8: the step measurably slower, or a cause's time per step grown
+by more than the step gained) or EXIT_CAUSE_WORSE (9: any cause worse), the first that applies
+in that order, after writing the files; stderr names the line that fired, and compare.json's
+`gates` holds each gate's line.
 """
 
 from __future__ import annotations
@@ -27,20 +36,32 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stallscope import __version__
-from stallscope.commands import COMMANDS, stats
+from stallscope.commands import COMMANDS, compare_steps, stats
+from stallscope.commands.compare_causes import (
+    Key,
+    SideCause,
+    absent_cause,
+    how_pooled,
+    place,
+    pooled,
+    side_causes,
+)
 from stallscope.commands.compare_metrics import (
     BETTER,
+    MS,
     WORSE,
     change_text,
     judge,
-    measure,
+    metric_of,
 )
 from stallscope.errors import (
+    EXIT_CAUSE_WORSE,
     EXIT_NEW,
     EXIT_OK,
     EXIT_SLOWER,
@@ -48,19 +69,23 @@ from stallscope.errors import (
     InputError,
     OutputError,
 )
+from stallscope.text import plain as plain_text
 from stallscope.text import speedup_range_text, speedup_text
 from stallscope.trace.otherload import OTHER_LOAD_PCT
-from stallscope.units import percent
+from stallscope.units import ms, percent
 
 NAME = "compare"
 TAKES_SCRIPT = False
 # 3: findings judged by their measured quantity (`metric`, `judged`, the `better` group),
 # rows in AFTER's words, `speedup` of the mean step (the verdict's) with `speedup_text`.
-SCHEMA_VERSION = 3
+# 4: rows are causes (rule, device, rank) pooled over recordings, the `unsteady` group; the
+# median step's reading, the outlier and `decided_by`; `gates` with each gate's line.
+SCHEMA_VERSION = 4
 COMPARE_FILES = ("compare.json", "compare.html", "compare.md")
 # The groups of compare.json's `findings`, in the order every view lists them.
-GROUPS = ("resolved", "new", "worse", "better", "unchanged", "not_assessed")
-FAIL_ON = {"slower": EXIT_SLOWER, "new": EXIT_NEW, "worse": EXIT_WORSE}
+GROUPS = ("resolved", "new", "worse", "better", "unchanged", "unsteady", "not_assessed")
+FAIL_ON = {"slower": EXIT_SLOWER, "new": EXIT_NEW, "worse": EXIT_WORSE,
+           "cause-worse": EXIT_CAUSE_WORSE}
 # The least speedup (or slowdown) claimed between two recordings, in percent. One recording's
 # halves see the drift of a second or so, not the machine's between two runs: nine pairs of
 # `run`s of one unchanged script (examples/loader_bound.py, the acceptance test's) on this
@@ -126,11 +151,11 @@ def step_stats(durations: list[float]) -> dict[str, float]:
     }
 
 
-def _durations(side: Side) -> list[float]:
-    durations = [float(s["duration_us"]) for s in side.data.get("steps", [])]
-    if not durations:
+def _steps(side: Side) -> list[dict[str, Any]]:
+    steps = [s for s in side.data.get("steps", []) if isinstance(s, dict)]
+    if not steps:
         raise InputError(f"{side.path} has no recorded training step: nothing to compare")
-    return durations
+    return steps
 
 
 def _workers(data: dict[str, Any]) -> int:
@@ -178,26 +203,78 @@ def _noise(db: list[float], da: list[float],
     return max(nb, na), f"{which}: the first half of its steps against its second half", sides
 
 
-def _step_time(before: dict[str, float], after: dict[str, float], db: list[float],
-               da: list[float], blocks: tuple[int, int], busy: bool,
+def _mean_said(blocks: tuple[int, int], floor: float) -> compare_steps.Said:
+    """The mean step's verdict for two lists of steps: its interval against the larger of
+    the two sides' A/A noise, its point against the floor."""
+    def said(db: Sequence[float], da: Sequence[float]) -> str:
+        interval = stats.speedup_interval([db], [da], *blocks)
+        noise, _, _ = _noise(list(db), list(da), blocks)
+        return stats.classify(interval, noise, floor)
+    return said
+
+
+def _median_reading(db: list[float], da: list[float], blocks: tuple[int, int],
+                    floor: float) -> dict[str, Any]:
+    """The median step's speedup, its seeded bootstrap interval, its A/A noise (each side's
+    halves' medians, the larger) and its verdict."""
+    interval = stats.median_interval(db, da, *blocks)
+    nb, _ = stats.aa_noise([db], blocks[0], "median")
+    na, _ = stats.aa_noise([da], blocks[1], "median")
+    noise = max(nb, na)
+    return {
+        "speedup": stats.rnd(interval.point),
+        "speedup_text": speedup_text(interval.point),
+        "interval": interval.as_json(),
+        "aa_noise": stats.noise_json(noise),
+        "verdict": stats.classify(interval, noise, floor),
+    }
+
+
+def _outlier_json(found: compare_steps.Outlier | None, names: tuple[list[str], list[str]],
+                  traces: tuple[list[str], list[str]]) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    k = 0 if found.side == "before" else 1
+    return {
+        "side": found.side,
+        "step": names[k][found.index],
+        "trace": traces[k][found.index],
+        "duration_us": round(found.duration_us, 1),
+        "median_us": round(found.median_us, 1),
+        "speedup_without": stats.rnd(found.speedup_without),
+        "speedup_without_text": speedup_text(found.speedup_without),
+        "decides": found.decides,
+    }
+
+
+def _step_time(before: dict[str, float], after: dict[str, float], sb: list[dict[str, Any]],
+               sa: list[dict[str, Any]], blocks: tuple[int, int], busy: bool,
                floor: float = NOISE_FLOOR_PCT / 100) -> dict[str, Any]:
     """Ratio after/before of the medians (and means), the ratio's range when the two p10-p90
-    spreads are set against each other, and the verdict: the bootstrap interval of the mean
-    step's speedup against the A/A noise (`_noise`), and the speedup itself against the
-    run-to-run floor. Ratios to stats.RATIO_DIGITS.
+    spreads are set against each other, and the verdict: the mean step's and the median step's
+    readings (each a seeded bootstrap interval against its A/A noise, `_noise`, and its point
+    against the run-to-run floor), combined by commands/compare_steps.py, which names the one
+    step that decides the mean when there is one. Ratios to stats.RATIO_DIGITS.
 
     With one recording per side, the interval and the noise see only step-to-step variation,
     not what changes between two runs; on a busy machine that is the larger part (measured:
     two runs of one unchanged script, 37 ms and 650 ms mean steps, under other helpers'
-    load), so there a difference is not claimed: `interval_verdict` keeps what the interval
+    load), so there a difference is not claimed: `interval_verdict` keeps what the readings
     alone said."""
+    db, da = [float(s["duration_us"]) for s in sb], [float(s["duration_us"]) for s in sa]
     interval = stats.speedup_interval([db], [da], *blocks)
     noise, how, sides = _noise(db, da, blocks)
-    said = stats.classify(interval, noise, floor)
+    mean_said = stats.classify(interval, noise, floor)
+    median = _median_reading(db, da, blocks, floor)
+    found = compare_steps.find_outlier(db, da, floor, _mean_said(blocks, floor),
+                                       median["verdict"], median["speedup"])
+    said, decided_by = compare_steps.combine(mean_said, median["verdict"], found)
     r = stats.rnd
+    names = ([str(s.get("name")) for s in sb], [str(s.get("name")) for s in sa])
+    traces = ([str(s.get("trace")) for s in sb], [str(s.get("trace")) for s in sa])
     return {
         "ratio": r(after["median"] / before["median"]),
-        # The one speedup every view states: the mean step's (throughput), the verdict's.
+        # The mean step's speedup (throughput); the median's is `median.speedup`.
         "speedup": interval.as_json()["speedup"],
         "speedup_text": speedup_text(interval.point),
         "ratio_mean": r(after["mean"] / before["mean"]),
@@ -208,6 +285,10 @@ def _step_time(before: dict[str, float], after: dict[str, float], db: list[float
         "aa_noise_from": how,
         "aa_noise_sides": sides,  # BEFORE's and AFTER's halves, as fractions
         "noise_floor": r(floor),
+        "mean_verdict": mean_said,
+        "median": median,
+        "outlier": _outlier_json(found, names, traces),
+        "decided_by": decided_by,
         "verdict": stats.SAME if busy else said,
         "interval_verdict": said,
         "ratio_digits": stats.RATIO_DIGITS,
@@ -254,62 +335,46 @@ def _gpu(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _trace_keys(data: dict[str, Any]) -> dict[str, str]:
-    """Trace label -> the key findings are matched on. One trace per side: the labels are file
-    names that differ between runs, so the single trace matches the other side's single trace.
-    Several: by rank when known, else by label. Job-level findings keep `job`."""
-    traces = data.get("traces", [])
-    keys = {"job": "job"}
-    for t in traces:
-        label = str(t.get("label"))
-        if len(traces) == 1:
-            keys[label] = "trace"
-        elif t.get("rank") is not None:
-            keys[label] = f"rank {t['rank']}"
-        else:
-            keys[label] = label
-    return keys
-
-
-def _indexed_findings(data: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
-    keys = _trace_keys(data)
-    return {
-        (f["id"], keys.get(str(f.get("trace")), str(f.get("trace")))): f
-        for f in data.get("findings", [])
+def _side_fields(rule: str, cause: SideCause | None, data: dict[str, Any], key: Key,
+                 side: str) -> tuple[tuple[float | None, float | None], dict[str, Any]]:
+    """One side of a cause's row: its pooled figure and share, and the row's fields for that
+    side (the quoted recording, its severity and saving, how the figure was pooled)."""
+    cause = cause or absent_cause(key, data)
+    figure, share, words, each = pooled(rule, cause)
+    fields = {
+        f"trace_{side}": words.get("trace") if words else None,
+        f"severity_{side}": words.get("severity") if words else None,
+        f"saving_{side}_pct": words.get("estimated_saving_pct") if words else None,
+        # replayed / counted / upper_bound (reports before schema 2: upper bounds)
+        f"saving_{side}_kind": (words.get("saving_kind") or "upper_bound") if words else None,
+        f"caused_by_{side}": (words.get("caused_by") or None) if words else None,
+        f"found_{side}": cause.count,
+        f"recordings_{side}": len(cause.assessed),
+        f"pooled_{side}": how_pooled(cause.count, len(cause.assessed)) if words else None,
+        f"figures_{side}": each,
     }
+    return (figure, share), {**fields, "_words": words}
 
 
-def _assessment_status(data: dict[str, Any], rule: str, key: str) -> str | None:
-    keys = _trace_keys(data)
-    for a in data.get("assessments", []):
-        if a.get("rule") == rule and keys.get(str(a.get("trace")), str(a.get("trace"))) == key:
-            return str(a.get("status"))
-    return None
-
-
-def _row(key: tuple[str, str], b: dict[str, Any] | None,
-         a: dict[str, Any] | None) -> dict[str, Any]:
-    """One finding's row: AFTER's words and figures where AFTER has the finding (a resolved
-    one has only BEFORE's), each side's severity and saving beside them."""
-    ref = a or b
+def _row(key: Key, b: SideCause | None, a: SideCause | None, before: dict[str, Any],
+         after: dict[str, Any]) -> dict[str, Any]:
+    """One cause's row: AFTER's words where AFTER found it (a resolved one has only BEFORE's),
+    each side's figure pooled over its recordings (compare_causes.py)."""
+    rule = key[0]
+    fig_b, side_b = _side_fields(rule, b, before, key, "before")
+    fig_a, side_a = _side_fields(rule, a, after, key, "after")
+    wb, wa = side_b.pop("_words"), side_a.pop("_words")
+    ref = wa or wb
     assert ref is not None
     return {
-        "id": key[0],
-        "trace": key[1],
-        "trace_before": b.get("trace") if b else None,
-        "trace_after": a.get("trace") if a else None,
+        "id": rule,
+        "trace": place(key),
+        "device": key[1] or None,
+        "rank": int(key[2]) if key[2].isdigit() else None,
         "title": ref.get("title"),
-        "title_before": b.get("title") if b else None,
-        "severity_before": b.get("severity") if b else None,
-        "severity_after": a.get("severity") if a else None,
-        "saving_before_pct": b.get("estimated_saving_pct") if b else None,
-        "saving_after_pct": a.get("estimated_saving_pct") if a else None,
-        # replayed / counted / upper_bound (reports before schema 2: upper bounds)
-        "saving_before_kind": (b.get("saving_kind") or "upper_bound") if b else None,
-        "saving_after_kind": (a.get("saving_kind") or "upper_bound") if a else None,
-        "caused_by_before": (b.get("caused_by") or None) if b else None,
-        "caused_by_after": (a.get("caused_by") or None) if a else None,
-        "metric": measure(key[0], b, a),
+        "title_before": wb.get("title") if wb else None,
+        **side_b, **side_a,
+        "metric": metric_of(rule, fig_b, fig_a),
         "judged": None,  # worse / better / same / not measured, on both sides only
         "change": "",
         "worse_because": [],
@@ -317,7 +382,7 @@ def _row(key: tuple[str, str], b: dict[str, Any] | None,
 
 
 def _judged(row: dict[str, Any], floor: float, step_ms: float) -> str:
-    """The group of a finding found on both sides, by its measured quantity
+    """The group of a cause found on both sides, by its measured quantity
     (commands/compare_metrics.py); its severity, saving and cause are said, not judged."""
     judged = judge(row["metric"], floor, step_ms)
     row["judged"] = judged
@@ -330,65 +395,110 @@ def _judged(row: dict[str, Any], floor: float, step_ms: float) -> str:
     return {WORSE: "worse", BETTER: "better"}.get(judged, "unchanged")
 
 
+def _one_sided(row: dict[str, Any], cause: SideCause, other: SideCause, before: bool) -> str:
+    """The group of a cause one side found and the other did not: resolved or new when the
+    side that found it did so in most of its recordings; not_assessed when the other side
+    could not check the rule; unsteady when it was found in some recordings only."""
+    row["change"] = change_text(row["metric"])
+    if not other.assessed and other.not_assessed:
+        return "not_assessed"
+    if not cause.majority:
+        return "unsteady"
+    return "resolved" if before else "new"
+
+
 def _findings(before: dict[str, Any], after: dict[str, Any], floor: float = 0.0,
               step_ms: float = 0.0) -> dict[str, list[dict[str, Any]]]:
-    """Resolved: found before, assessed clear after. New: found after only. On both sides:
-    worse, better or unchanged by the finding's measured quantity (`_judged`). A finding gone
-    because the rule could not be assessed on the other side is `not_assessed`, not resolved."""
-    fb, fa = _indexed_findings(before), _indexed_findings(after)
+    """Each cause once. Resolved: found before, assessed clear after. New: found after only.
+    On both sides: worse, better or unchanged by its measured quantity (`_judged`). A cause
+    gone because the rule could not be assessed on the other side is `not_assessed`; one found
+    in only some recordings of one side and none of the other's is `unsteady`."""
+    cb, ca = side_causes(before), side_causes(after)
     out: dict[str, list[dict[str, Any]]] = {k: [] for k in GROUPS}
-    for key in dict.fromkeys([*fb, *fa]):
-        b, a = fb.get(key), fa.get(key)
-        row = _row(key, b, a)
+    for key in dict.fromkeys([*cb, *ca]):
+        b, a = cb.get(key), ca.get(key)
+        row = _row(key, b, a, before, after)
         if b and a:
             out[_judged(row, floor, step_ms)].append(row)
-            continue
-        row["change"] = change_text(row["metric"])
-        other, rule = (after, key[0]) if b else (before, key[0])
-        status = _assessment_status(other, rule, key[1])
-        out["not_assessed" if status == "not_assessed" else
-            ("resolved" if b else "new")].append(row)
+        elif b:
+            out[_one_sided(row, b, absent_cause(key, after), True)].append(row)
+        elif a:
+            out[_one_sided(row, a, absent_cause(key, before), False)].append(row)
     return out
+
+
+def _reading_text(st: dict[str, Any]) -> str:
+    """Both readings with their intervals and noise, and the floor."""
+    iv, med = st["interval"], st["median"]
+    miv = med["interval"]
+    return (f"mean step {speedup_text(iv['speedup'])}, 95% interval "
+            f"{speedup_range_text(iv['low'], iv['high'])}, A/A noise "
+            f"{stats.noise_text(st['aa_noise'])}; median step {speedup_text(med['speedup'])}, "
+            f"95% interval {speedup_range_text(miv['low'], miv['high'])}, A/A noise "
+            f"{stats.noise_text(med['aa_noise'])}; run-to-run floor "
+            f"{percent(100 * st['noise_floor'], None)}")
+
+
+def outlier_text(st: dict[str, Any]) -> str:
+    """The one step that decides or pulls the mean, in words; "" when there is none, or when
+    the mean and the median disagree for more than one step (said too)."""
+    o = st.get("outlier")
+    if st.get("decided_by") == compare_steps.DISAGREE:
+        return (f"the mean ({st['mean_verdict']}) and the median ({st['median']['verdict']}) "
+                "disagree and no single step explains it: slow steps recur, so no difference "
+                "is claimed")
+    if not o:
+        return ""
+    side = o["side"].upper()
+    what = "decides" if o["decides"] else "pulls"
+    return (f"one step {what} the mean: {side}'s {o['step']} ({o['trace']}) took "
+            f"{ms(o['duration_us'], 'tenths')} ms against {side}'s median step of "
+            f"{ms(o['median_us'], 'tenths')} ms; without it the mean step is "
+            f"{o['speedup_without_text']}")
 
 
 def verdict(step: dict[str, Any], findings: dict[str, list[dict[str, Any]]],
             busy: bool = False) -> str:
-    """One sentence: faster, slower or no measurable difference (the mean step's speedup and
-    its interval against the A/A noise), and what the findings did."""
-    iv = step["interval"]
-    figures = (f"mean step {speedup_text(iv['speedup'])}, 95% interval "
-               f"{speedup_range_text(iv['low'], iv['high'])}, A/A noise "
-               f"{stats.noise_text(step['aa_noise'])}, run-to-run floor "
-               f"{percent(100 * step['noise_floor'], None)}")
+    """One sentence: faster, slower or no measurable difference, with the mean and the median
+    step's speedups and intervals, the one step that decided the mean when one did, and what
+    the causes did."""
+    figures = _reading_text(step)
     if step["verdict"] == stats.FASTER:
         head = f"Faster: {figures}"
     elif step["verdict"] == stats.SLOWER:
         head = f"Slower: {figures}"
     elif busy and step["interval_verdict"] != stats.SAME:
         head = (f"No measurable difference in step time: the machine was busy, so the "
-                f"{step['interval_verdict']} interval is not claimed ({figures})")
+                f"{step['interval_verdict']} reading is not claimed ({figures})")
     else:
         head = f"No measurable difference in step time ({figures})"
+    extra = step.get("note") or ""
+    if extra:
+        head += f"; {extra}"
     if busy:
         head += "; busy machine, see the inputs"
-    kinds = ("resolved", "new", "worse", "better", "unchanged")
-    parts = [f"{len(findings[k])} {k}" for k in kinds if findings[k]]
-    tail = "; findings: " + ", ".join(parts) if parts else "; no findings on either side"
+    kinds = ("resolved", "new", "worse", "better", "unchanged", "unsteady")
+    words = {"unsteady": "in some recordings"}
+    parts = [f"{len(findings[k])} {words.get(k, k)}" for k in kinds if findings[k]]
+    tail = "; causes: " + ", ".join(parts) if parts else "; no findings on either side"
     return head + tail + "."
 
 
 def compare_data(before: Side, after: Side,
                  noise_floor_pct: float = NOISE_FLOOR_PCT) -> dict[str, Any]:
     """The whole comparison as JSON-ready data: what compare.json holds."""
-    db, da = _durations(before), _durations(after)
+    sb, sa = _steps(before), _steps(after)
+    db = [float(s["duration_us"]) for s in sb]
+    da = [float(s["duration_us"]) for s in sa]
     info_b, info_a = _side_info(before, db), _side_info(after, da)
     busy = bool(info_b["busy"] or info_a["busy"])
-    step = _step_time(info_b["step_time_us"], info_a["step_time_us"], db, da,
+    step = _step_time(info_b["step_time_us"], info_a["step_time_us"], sb, sa,
                       (_workers(before.data), _workers(after.data)), busy,
                       noise_floor_pct / 100)
+    step["note"] = outlier_text(step)
     longest_ms = max(info_b["step_time_us"]["median"], info_a["step_time_us"]["median"]) / 1e3
     findings = _findings(before.data, after.data, noise_floor_pct / 100, longest_ms)
-    return {
+    data = {
         "schema_version": SCHEMA_VERSION,
         "stallscope_version": __version__,
         "before": info_b,
@@ -399,19 +509,65 @@ def compare_data(before: Side, after: Side,
         "findings": findings,
         "verdict": verdict(step, findings, busy),
     }
+    data["gates"] = gates(data)
+    return data
 
 
-def gate(data: dict[str, Any], fail_on: list[str]) -> tuple[int, str | None]:
-    """The exit status `--fail-on` asks for, and why; (EXIT_OK, None) when none applies."""
-    hits = {
-        "slower": data["step_time"]["verdict"] == stats.SLOWER,
-        "new": bool(data["findings"]["new"]),
-        "worse": bool(data["findings"]["worse"]),
+def _step_line(data: dict[str, Any]) -> str:
+    tb, ta, st = data["before"]["step_time_us"], data["after"]["step_time_us"], data["step_time"]
+    return (f"step time: mean {ms(tb['mean'], 'tenths')} -> {ms(ta['mean'], 'tenths')} ms "
+            f"({st['speedup_text']}, 95% interval "
+            f"{speedup_range_text(st['interval']['low'], st['interval']['high'])}), median "
+            f"{ms(tb['median'], 'tenths')} -> {ms(ta['median'], 'tenths')} ms "
+            f"({st['median']['speedup_text']})")
+
+
+def _cause_line(row: dict[str, Any]) -> str:
+    where = "" if row["trace"] == "all recordings" else f" ({row['trace']})"
+    return f"{row['id']}{where}: {row['change'] or 'not measured'}"
+
+
+def step_gain_ms(data: dict[str, Any]) -> float:
+    """What the step gained, ms: BEFORE's mean step less AFTER's (negative when slower)."""
+    return (data["before"]["step_time_us"]["mean"] - data["after"]["step_time_us"]["mean"]) / 1e3
+
+
+def _worse_than_gain(data: dict[str, Any]) -> list[str]:
+    """The worse causes whose time per step grew by more than the mean step gained."""
+    gain, lines = step_gain_ms(data), []
+    for row in data["findings"]["worse"]:
+        m = row["metric"]
+        if m and m["unit"] == MS and m["after"] - m["before"] > gain:
+            grew = m["after"] - m["before"]
+            gained = (f"the step gained {ms(gain * 1e3, 'tenths')} ms" if gain > 0 else
+                      f"the step lost {ms(-gain * 1e3, 'tenths')} ms")
+            lines.append(f"{_cause_line(row)}: +{ms(grew * 1e3, 'tenths')} ms per step, more "
+                         f"than {gained}")
+    return lines
+
+
+def gates(data: dict[str, Any]) -> dict[str, str | None]:
+    """For each `--fail-on` gate, the line that fires it (None when it would pass): the
+    step's figures for `slower`, the cause and its figures before -> after for the others."""
+    st, f = data["step_time"], data["findings"]
+    slower = _step_line(data) if st["verdict"] == stats.SLOWER else None
+    worse = slower or next(iter(_worse_than_gain(data)), None)
+    return {
+        "slower": slower,
+        "new": "; ".join(_cause_line(r) for r in f["new"]) or None,
+        "worse": worse,
+        "cause-worse": "; ".join(_cause_line(r) for r in f["worse"]) or None,
     }
+
+
+def gate(data: dict[str, Any], fail_on: list[str]) -> tuple[int, str | None, str | None]:
+    """The exit status `--fail-on` asks for, the gate and the line that fired it;
+    (EXIT_OK, None, None) when none applies."""
+    lines = data["gates"]
     for cond in FAIL_ON:  # fixed order: the status does not depend on the flags' order
-        if cond in fail_on and hits[cond]:
-            return FAIL_ON[cond], cond
-    return EXIT_OK, None
+        if cond in fail_on and lines[cond]:
+            return FAIL_ON[cond], cond, lines[cond]
+    return EXIT_OK, None, None
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
@@ -420,12 +576,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         NAME,
         help=COMMANDS[NAME],
         description="Compare BEFORE and AFTER, each a stallscope output folder (holding "
-        "report.json) or traces (a trace file or a folder of traces, analysed now): step-time "
-        "ratio with its spread and a bootstrap interval (no measurable difference unless it "
-        "clears both sides' own noise and the run-to-run floor), where the step's time went, "
-        "and which findings were resolved, are new, got worse or better (by what each "
-        "measures) or remain. Writes compare.json, "
-        "compare.html and compare.md.",
+        "report.json) or traces (a trace file or a folder of traces, analysed now): the mean "
+        "and the median step's speedups with their bootstrap intervals (no measurable "
+        "difference unless one clears both sides' own noise and the run-to-run floor, and the "
+        "other agrees or one named step explains why not), where the step's time went, and "
+        "which causes (rule, device, rank) were resolved, are new, got worse or better (by "
+        "what each measures) or remain. Writes compare.json, compare.html and compare.md. "
+        "Exit status: 0, or the --fail-on gate's (6 slower, 7 new, 8 worse, 9 cause-worse); "
+        "2 for unreadable input.",
     )
     cmp.add_argument("before", type=Path, metavar="BEFORE", help="report folder or traces")
     cmp.add_argument("after", type=Path, metavar="AFTER", help="report folder or traces")
@@ -439,12 +597,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                      f"{NOISE_FLOOR_PCT:g}: what two runs of one unchanged script differed "
                      "by on shared machines; lower it on a quiet, dedicated one)")
     cmp.add_argument("--fail-on", action="append", choices=list(FAIL_ON), default=[],
-                     metavar="{slower,new,worse}",
-                     help="CI gate, may be repeated: after writing the files, exit "
-                     f"{EXIT_SLOWER} when AFTER is measurably slower (its interval below the "
-                     f"A/A noise), {EXIT_NEW} when a finding is new, {EXIT_WORSE} when one got "
-                     "worse by what it measures, its time per step, not its severity (the "
-                     "first that applies, in that order)")
+                     metavar="{slower,new,worse,cause-worse}",
+                     help="CI gate, may be repeated; after writing the files, exit "
+                     f"{EXIT_SLOWER} (slower) when AFTER's step is measurably slower, "
+                     f"{EXIT_NEW} (new) when a cause is new, {EXIT_WORSE} (worse) when the step "
+                     "is measurably slower or a cause's time per step grew by more than the "
+                     f"mean step gained, {EXIT_CAUSE_WORSE} (cause-worse) when any cause got "
+                     "worse by what it measures, however much the step gained; the first that "
+                     "applies in that order, with the line that fired on stderr")
     return cmp
 
 
@@ -498,7 +658,7 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     write_files(out, rendered)  # all three or none: a full disk never mixes old and new
     if not args.quiet:
         sys.stdout.write(render_compare_terminal(data, {k: str(out / k) for k in rendered}))
-    status, why = gate(data, args.fail_on)
+    status, why, line = gate(data, args.fail_on)
     if why is not None:
-        sys.stderr.write(f"stallscope: --fail-on {why}: exit {status}\n")
+        sys.stderr.write(f"stallscope: --fail-on {why}: exit {status}: {plain_text(line)}\n")
     return status

@@ -138,27 +138,39 @@ def _figure(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def measure(rule: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> \
-        dict[str, Any] | None:
-    """The rule's quantity on each side (None for a side without the finding); None when the
+def figure_of(rule: str, finding: dict[str, Any] | None) -> tuple[float | None, float | None]:
+    """One finding's quantity and its share of the step, from its evidence (None when the rule
+    has no known quantity or the evidence lacks it)."""
+    metric = METRICS.get(rule)
+    ev = finding.get("evidence") if finding else None
+    if metric is None or not isinstance(ev, dict):
+        return None, None
+    share = _key(metric.share_key)(ev) if metric.share_key else None
+    return metric.get(ev), share
+
+
+def metric_of(rule: str, before: tuple[float | None, float | None],
+              after: tuple[float | None, float | None]) -> dict[str, Any] | None:
+    """The rule's quantity and share on each side, as compare.json holds them; None when the
     rule has no known quantity (a report from another stallscope version)."""
     metric = METRICS.get(rule)
     if metric is None:
         return None
-
-    def read(f: dict[str, Any] | None, get: Getter) -> float | None:
-        ev = f.get("evidence") if f else None
-        return get(ev) if isinstance(ev, dict) else None
-
-    share = _key(metric.share_key) if metric.share_key else None
     return {
         "what": metric.what,
         "unit": metric.unit,
-        "before": _figure(read(before, metric.get)),
-        "after": _figure(read(after, metric.get)),
-        "share_before_pct": _figure(read(before, share)) if share else None,
-        "share_after_pct": _figure(read(after, share)) if share else None,
+        "before": _figure(before[0]),
+        "after": _figure(after[0]),
+        "share_before_pct": _figure(before[1]) if metric.share_key else None,
+        "share_after_pct": _figure(after[1]) if metric.share_key else None,
     }
+
+
+def measure(rule: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> \
+        dict[str, Any] | None:
+    """The rule's quantity on each side (None for a side without the finding); None when the
+    rule has no known quantity (a report from another stallscope version)."""
+    return metric_of(rule, figure_of(rule, before), figure_of(rule, after))
 
 
 def judge(metric: dict[str, Any] | None, floor: float, step_ms: float) -> str:

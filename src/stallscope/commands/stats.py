@@ -66,16 +66,22 @@ def centre(runs: Sequence[Sequence[float]]) -> float:
     return float(np.median(run_means(runs)))
 
 
-def _boot_run_means(steps: Sequence[float], block: int, rng: np.random.Generator,
-                    n: int) -> np.ndarray:
-    """`n` resampled means of one run: its steps drawn in circular blocks of `block`."""
+def _boot_samples(steps: Sequence[float], block: int, rng: np.random.Generator,
+                  n: int) -> np.ndarray:
+    """`n` resamples of one run, one a row: its steps drawn in circular blocks of `block`."""
     x = np.asarray(steps, dtype=float)
     size = len(x)
     block = max(1, min(block, size))
     blocks = -(-size // block)
     starts = rng.integers(0, size, size=(n, blocks))
     idx = (starts[:, :, None] + np.arange(block)[None, None, :]) % size
-    return x[idx].reshape(n, -1).mean(axis=1)
+    return x[idx].reshape(n, -1)
+
+
+def _boot_run_means(steps: Sequence[float], block: int, rng: np.random.Generator,
+                    n: int) -> np.ndarray:
+    """`n` resampled means of one run: its steps drawn in circular blocks of `block`."""
+    return _boot_samples(steps, block, rng, n).mean(axis=1)
 
 
 def _boot_centres(runs: Sequence[Sequence[float]], block: int, rng: np.random.Generator,
@@ -102,12 +108,30 @@ def speedup_interval(before: Sequence[Sequence[float]], after: Sequence[Sequence
     return Interval(centre(before) / centre(after), float(low), float(high))
 
 
-def aa_noise(runs: Sequence[Sequence[float]], block: int = 1) -> tuple[float, str]:
+def median_interval(before: Sequence[float], after: Sequence[float], block_before: int = 1,
+                    block_after: int = 1, resamples: int = RESAMPLES,
+                    seed: int = SEED) -> Interval:
+    """Speedup of the median step (BEFORE's median over AFTER's) with a seeded percentile
+    bootstrap interval, the steps resampled in whole rounds as for the mean. The robust
+    reading: one odd step moves a median by at most one rank, a mean by its whole excess.
+    Medians and percentiles pick and interpolate values, they sum nothing, so the interval is
+    the same on any CPU."""
+    rng = np.random.default_rng(seed)
+    b = np.median(_boot_samples(before, block_before, rng, resamples), axis=1)
+    a = np.median(_boot_samples(after, block_after, rng, resamples), axis=1)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(b / a, [tail, 100 - tail])
+    return Interval(float(np.median(before) / np.median(after)), float(low), float(high))
+
+
+def aa_noise(runs: Sequence[Sequence[float]], block: int = 1,
+             statistic: str = "mean") -> tuple[float, str]:
     """How far apart two measurements of the same configuration were, as a fraction, and how
     it was measured. Several runs: slowest run mean / fastest - 1 (tune's baseline repeats).
     One run: its first half of whole rounds against its second half (compare, or a baseline
     that ran once), the nearest thing to two runs inside one recording. Infinite when neither
-    can be measured (one run of fewer than two rounds): then no difference is ever claimed."""
+    can be measured (one run of fewer than two rounds): then no difference is ever claimed.
+    `statistic` "median" compares the halves' medians (for the median step's reading)."""
     means = run_means(runs)
     if len(means) >= 2:
         return max(means) / min(means) - 1.0, f"{len(means)} runs of the same configuration"
@@ -116,7 +140,11 @@ def aa_noise(runs: Sequence[Sequence[float]], block: int = 1) -> tuple[float, st
     half = (rounds // 2) * max(block, 1)
     if half == 0:
         return math.inf, "one run too short to split in two: not measured"
-    first, second = steps[:half].mean(), steps[half:2 * half].mean()
+    first_half, second_half = steps[:half], steps[half:2 * half]
+    if statistic == "median":
+        first, second = float(np.median(first_half)), float(np.median(second_half))
+    else:
+        first, second = float(first_half.mean()), float(second_half.mean())
     return (float(max(first, second) / min(first, second)) - 1.0,
             "the first half of one run's steps against its second half")
 

@@ -100,7 +100,7 @@ def findings_chart(data: dict[str, Any]) -> dict[str, Any] | None:
             if not m or m["unit"] != "ms per step" or (m["before"] is None and m["after"] is None):
                 continue
             full, shown = _label(f"{r['id']} ({r['trace']})" if r["trace"] not in
-                                 ("trace", "job") else r["id"])
+                                 ("trace", "job", "all recordings") else r["id"])
             items.append({"group": group, "full": full, "label": shown, "what": m["what"],
                           "before_us": None if m["before"] is None else m["before"] * 1000.0,
                           "after_us": None if m["after"] is None else m["after"] * 1000.0})

@@ -12,9 +12,10 @@ Rules the schema states, and `commands/compare.py` keeps:
   rounded to `step_time.ratio_digits` digits; `aa_noise` and `noise_floor` are fractions.
 - `step_time.speedup` is the one speedup every view states (the mean step's, before / after:
   above 1 is faster), `speedup_text` its words ("3.79x faster", "1.25x slower").
-- Findings on both sides are `worse`, `better` or `unchanged` by `metric` (the quantity each
-  rule measures, mostly its time per step), never by severity or saving; each row quotes
-  AFTER's title (BEFORE's for a resolved finding).
+- Findings are matched by cause (rule, device, rank), each cause once. On both sides they are
+  `worse`, `better` or `unchanged` by `metric` (the quantity each rule measures, mostly its
+  time per step, pooled as the median over a side's recordings), never by severity or saving;
+  each row quotes AFTER's title (BEFORE's for a resolved finding).
 """
 
 from __future__ import annotations
@@ -65,11 +66,41 @@ class Interval(msgspec.Struct, forbid_unknown_fields=True):
     confidence: float
 
 
+class MedianReading(msgspec.Struct, forbid_unknown_fields=True):
+    """The median step's speedup (before / after), its seeded bootstrap interval, its A/A
+    noise (each side's halves' medians, the larger; null when a side is too short) and its
+    verdict, judged as the mean's."""
+
+    speedup: float
+    speedup_text: str
+    interval: Interval
+    aa_noise: float | None
+    verdict: StepVerdict
+
+
+class Outlier(msgspec.Struct, forbid_unknown_fields=True):
+    """The one step that decides the mean's verdict (`decides`) or alone keeps the mean's
+    speedup on the other side of the run-to-run floor from the median's: its side, step name,
+    recording, its time and its side's median step, and the mean's speedup without it."""
+
+    side: Literal["before", "after"]
+    step: str
+    trace: str
+    duration_us: float
+    median_us: float
+    speedup_without: float
+    speedup_without_text: str
+    decides: bool
+
+
 class StepTime(msgspec.Struct, forbid_unknown_fields=True):
     """`ratio`/`ratio_mean`: after / before of the medians and means (below 1 is faster);
-    `ratio_range`: after's p10-p90 against before's p90-p10; `verdict`: the interval against
-    the A/A noise and the run-to-run floor (`no measurable difference` on a busy machine,
-    where `interval_verdict` keeps what the interval alone said)."""
+    `ratio_range`: after's p10-p90 against before's p90-p10; `speedup`, `interval` and
+    `aa_noise` are the mean step's, `mean_verdict` what they say, `median` the median step's
+    reading; `verdict` combines the two (`decided_by`: `both` agreed, `median` because
+    `outlier` decided the mean, `disagree`: no difference claimed; `note` says so in words, ""
+    when both agree and no one step pulls the mean), `no measurable difference`
+    on a busy machine, where `interval_verdict` keeps what the readings said."""
 
     ratio: float
     speedup: float
@@ -82,6 +113,11 @@ class StepTime(msgspec.Struct, forbid_unknown_fields=True):
     aa_noise_from: str
     aa_noise_sides: list[float | None]
     noise_floor: float
+    mean_verdict: StepVerdict
+    median: MedianReading
+    outlier: Outlier | None
+    decided_by: Literal["both", "median", "disagree"]
+    note: str
     verdict: StepVerdict
     interval_verdict: StepVerdict
     ratio_digits: int
@@ -122,15 +158,28 @@ class Metric(msgspec.Struct, forbid_unknown_fields=True):
     share_after_pct: float | None
 
 
+class RecordingFigure(msgspec.Struct, forbid_unknown_fields=True):
+    """What one recording of a side measured for a cause (null when not measured)."""
+
+    trace: str
+    figure: float | None
+    share_pct: float | None
+
+
 class FindingRow(msgspec.Struct, forbid_unknown_fields=True):
-    """A finding, matched across the sides by rule and trace (`trace`: `trace` when each side
-    is one trace, `rank N`, a label, or `job`). `title` is AFTER's (BEFORE's when resolved);
+    """A cause, matched across the sides by rule, device and rank, once (`trace`: where it is,
+    `rank N`, `device N`, both, `job`, or `all recordings`). Each side's `metric` figure is
+    the median over the recordings that found it (`pooled_*` says so, `figures_*` lists each
+    recording's; `found_*` of `recordings_*` found it); its words come from one recording,
+    `trace_before` / `trace_after`. `title` is AFTER's (BEFORE's when resolved);
     `metric` null for a rule compare has no quantity for; `judged`: worse, better, same or
     `not measured` for a finding on both sides, null otherwise; `change` the quantity in words;
     `worse_because` why a worse row is worse ([] otherwise)."""
 
     id: str
     trace: str
+    device: str | None
+    rank: int | None
     trace_before: str | None
     trace_after: str | None
     title: str | None
@@ -143,6 +192,14 @@ class FindingRow(msgspec.Struct, forbid_unknown_fields=True):
     saving_after_kind: str | None
     caused_by_before: str | None
     caused_by_after: str | None
+    found_before: int
+    found_after: int
+    recordings_before: int
+    recordings_after: int
+    pooled_before: str | None
+    pooled_after: str | None
+    figures_before: list[RecordingFigure]
+    figures_after: list[RecordingFigure]
     metric: Metric | None
     judged: Literal["worse", "better", "same", "not measured"] | None
     change: str
@@ -151,14 +208,26 @@ class FindingRow(msgspec.Struct, forbid_unknown_fields=True):
 
 class Findings(msgspec.Struct, forbid_unknown_fields=True):
     """Resolved (before only, clear after), new (after only), worse / better / unchanged (both
-    sides, by `metric`), not_assessed (one side only, the rule not assessable on the other)."""
+    sides, by `metric`), unsteady (found in some recordings of one side, not most, and in none
+    of the other's: no gate counts it), not_assessed (one side only, the rule not assessable on
+    the other)."""
 
     resolved: list[FindingRow]
     new: list[FindingRow]
     worse: list[FindingRow]
     better: list[FindingRow]
     unchanged: list[FindingRow]
+    unsteady: list[FindingRow]
     not_assessed: list[FindingRow]
+
+
+class Gates(msgspec.Struct, forbid_unknown_fields=True):
+    """Each `--fail-on` gate's line, the one it prints when it fires; null when it passes."""
+
+    slower: str | None
+    new: str | None
+    worse: str | None
+    cause_worse: str | None = msgspec.field(name="cause-worse")
 
 
 class Compare(msgspec.Struct, forbid_unknown_fields=True):
@@ -173,6 +242,7 @@ class Compare(msgspec.Struct, forbid_unknown_fields=True):
     gpu: list[GpuRow]
     findings: Findings
     verdict: str
+    gates: Gates
 
 
 def compare_schema() -> dict[str, Any]:

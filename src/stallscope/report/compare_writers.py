@@ -16,9 +16,18 @@ from stallscope.text import md, plain, speedup_range_text, speedup_text
 from stallscope.units import ms, percent, points
 
 # How each group is judged; the rule in full is in README ("compare") and compare_metrics.py.
-JUDGED_BY = ("Judged by what each finding measures (its time per step), not by its severity or "
-             "saving: those are shares of the step, and grow for every finding a faster step "
-             "leaves behind.")
+JUDGED_BY = ("Each cause (rule, device, rank) once, whatever the files are called. Judged by "
+             "what it measures (its time per step), not by its severity or saving: those are "
+             "shares of the step, and grow for every finding a faster step leaves behind. A "
+             "side of several recordings gives the median over the recordings that found it.")
+# The `--fail-on` gates in their order, with their exit status and what fires them.
+GATES = (
+    ("slower", 6, "AFTER's step is measurably slower"),
+    ("new", 7, "a cause is new"),
+    ("worse", 8, "the step is measurably slower, or a cause's time per step grew by more than "
+     "the mean step gained"),
+    ("cause-worse", 9, "any cause got worse by what it measures, however much the step gained"),
+)
 GROUPS = (
     ("resolved", "Resolved", "found before, assessed clear after"),
     ("new", "New", "found after only"),
@@ -26,6 +35,8 @@ GROUPS = (
     ("better", "Better", "found on both sides; what it measures fell past the run-to-run floor"),
     ("unchanged", "Unchanged", "found on both sides; what it measures moved less than the "
      "run-to-run floor (or was not measured)"),
+    ("unsteady", "In some recordings", "found in some of one side's recordings, not most, and "
+     "in none of the other's: near its threshold; no gate counts it"),
     ("not_assessed", "Not comparable", "found on one side, not assessable on the other"),
 )
 
@@ -53,9 +64,10 @@ def render_compare_html(data: dict[str, Any]) -> str:
                        pct=percent, signed_pct=points, spread=spread, category=category_name,
                        noise=noise_text, speedup=speedup_text)
     env.globals.update(saving_cell=saving_cell, speedup_range=speedup_range_text,
-                       severity_cell=severity_cell)
+                       severity_cell=severity_cell, pooled_cell=pooled_cell,
+                       step_reading=step_reading, gate_lines=gate_lines)
     return env.get_template("compare.html.j2").render(
-        c=data, groups=GROUPS, judged_by=JUDGED_BY, colors=COLORS, legend=LEGEND,
+        c=data, groups=GROUPS, gates=GATES, judged_by=JUDGED_BY, colors=COLORS, legend=LEGEND,
         step_chart=step_chart(data), breakdown_chart=breakdown_chart(data),
         findings_chart=findings_chart(data))
 
@@ -66,6 +78,22 @@ def severity_cell(row: dict[str, Any]) -> str:
     if a is None:
         return f"gone (was {b})" if b else "-"
     return a if b in (None, a) else f"{a} (was {b})"
+
+
+def pooled_cell(row: dict[str, Any]) -> str:
+    """How each side's figure was made: "median over 2 recordings", "one recording of 2",
+    "found in 0 of 2" for a side that did not find the cause; with several recordings, the
+    one whose words (title, severity, saving) the row quotes."""
+    parts = []
+    for side in ("before", "after"):
+        how = row.get(f"pooled_{side}")
+        n = row.get(f"recordings_{side}") or 0
+        words = row.get(f"trace_{side}")
+        if how and len(row.get(f"figures_{side}") or []) + n > 2 and words:
+            how += f", words from {words}"  # several recordings: say whose title is quoted
+        parts.append(f"{side}: {how}" if how else f"{side}: found in 0 of {n}" if n else
+                     f"{side}: not found")
+    return "; ".join(parts)
 
 
 def saving_cell(value: float | None, kind: str | None) -> str:
@@ -86,7 +114,36 @@ def _finding_line(row: dict[str, Any]) -> str:
     # md() writes every ">" as an entity; an arrow cannot open a tag, so it stays plain.
     measured = md(row.get("change") or "not measured").replace("-&gt;", "->")
     return (f"| `{md(row['id'])}` {md(row['title'])} | {md(row['trace'])} | {measured} | "
-            f"{md(severity_cell(row))} | {_saves(row)} |")
+            f"{md(pooled_cell(row))} | {md(severity_cell(row))} | {_saves(row)} |")
+
+
+def step_reading(st: dict[str, Any]) -> str:
+    """Both readings of the step with their intervals, what decided the verdict, and the one
+    step that decides or pulls the mean (plain text; the callers escape it)."""
+    iv, med = st["interval"], st["median"]
+    text = (f"Mean step (throughput): {speedup_text(st['speedup'])}, 95% bootstrap interval "
+            f"{speedup_range_text(iv['low'], iv['high'])}, A/A noise "
+            f"{noise_text(st['aa_noise'])} ({st['aa_noise_from']}): {st['mean_verdict']}. "
+            f"Median step: {med['speedup_text']}, 95% bootstrap interval "
+            f"{speedup_range_text(med['interval']['low'], med['interval']['high'])}, A/A noise "
+            f"{noise_text(med['aa_noise'])} (halves' medians): {med['verdict']}. Seeded, steps "
+            "resampled in whole rounds of the loader's workers; a reading counts only when its "
+            "interval clears its A/A noise and its speedup the run-to-run floor of "
+            f"{percent(100 * st['noise_floor'], None)}. Verdict: {st['verdict']}")
+    decided = {"both": "both readings agree",
+               "median": "the median's, since one step decided the mean",
+               "disagree": "the readings disagree"}[st["decided_by"]]
+    text += f" ({decided})."
+    if st.get("note"):
+        note = st["note"]
+        text += f" {note[0].upper()}{note[1:]}."
+    return text
+
+
+def gate_lines(data: dict[str, Any]) -> list[tuple[str, int, str, str | None]]:
+    """(gate, exit status, what fires it, the line that fires it or None) for each gate."""
+    lines = data.get("gates") or {}
+    return [(name, status, what, lines.get(name)) for name, status, what in GATES]
 
 
 def _side_text(side: dict[str, Any]) -> str:
@@ -118,12 +175,7 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
         f"| p10-p90 | {ms(tb['p10'])}-{ms(tb['p90'])} ms | {ms(ta['p10'])}-{ms(ta['p90'])} ms |",
         f"| min-max | {ms(tb['min'])}-{ms(tb['max'])} ms | {ms(ta['min'])}-{ms(ta['max'])} ms |",
         "",
-        f"Mean step (throughput): **{speedup_text(st['speedup'])}**, 95% bootstrap interval "
-        f"{speedup_range_text(st['interval']['low'], st['interval']['high'])} (seeded; steps "
-        f"resampled in whole rounds of the loader's workers): **{st['verdict']}**. A change counts "
-        f"only when the interval clears the A/A noise of {noise_text(st['aa_noise'])} "
-        f"({md(st['aa_noise_from'])}) and the speedup the run-to-run floor of "
-        f"{percent(100 * st['noise_floor'], None)}.",
+        md(step_reading(st)),
         "",
         "## Where the step's time goes",
         "",
@@ -149,12 +201,18 @@ def render_compare_markdown(data: dict[str, Any]) -> str:
             continue
         lines += [f"### {title} ({len(rows)})", "", f"*{meaning}*", ""]
         if rows:
-            lines += ["| finding (as AFTER states it) | trace | measured, before -> after | "
-                      "severity | saves (after) |", "|---|---|---|---|---:|"]
+            lines += ["| cause (as AFTER states it) | where | measured, before -> after | "
+                      "each side's figure | severity | saves (after) |",
+                      "|---|---|---|---|---|---:|"]
             lines += [_finding_line(r) for r in rows]
         else:
             lines.append("None.")
         lines.append("")
+    lines += ["## CI gates (`--fail-on`)", "", "| gate | exit | fires when | now |",
+              "|---|---:|---|---|"]
+    for name, status, what, line in gate_lines(data):
+        now = f"fires: {md(line)}".replace("-&gt;", "->") if line else "passes"
+        lines.append(f"| `{name}` | {status} | {what} | {now} |")
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -175,5 +233,9 @@ def render_compare_terminal(data: dict[str, Any], outputs: dict[str, str]) -> st
             ids = ", ".join(plain(r["id"]) for r in f[key])
             lines.append(f"  {title.lower()}: {ids}")
     lines += [f"    {plain(r['id'])}: {plain(r['change'])}" for r in f["worse"]]
+    if data["step_time"].get("note"):
+        lines.append(f"  {plain(data['step_time']['note'])}")
+    lines += [f"  --fail-on {name} would exit {status}: {plain(line)}"
+              for name, status, _, line in gate_lines(data) if line]
     lines += [f"  {name}: {plain(path)}" for name, path in outputs.items()]
     return "\n".join(lines) + "\n"
