@@ -42,7 +42,8 @@ def boundaries(model: TraceModel) -> pd.DataFrame | None:
     span_lo, span_hi = model.steps[0].start_us, model.steps[-1].end_us
     tid = ev["tid"].astype(str) == str(model.main_tid)
     inside = (ev["ts"] >= span_lo) & (ev["ts"] < span_hi)
-    loader = ev[tid & inside & name_matches(ev["name"], LOADER_NAME)].sort_values("ts")
+    loader = ev[tid & inside & name_matches(ev["name"], LOADER_NAME)]
+    loader = loader.sort_values("ts", kind="stable")
     if loader.empty:
         return None
     l_ts, l_end = loader["ts"].to_numpy(), loader["end"].to_numpy()

@@ -253,7 +253,7 @@ def _loader_intervals(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
 # cost, and give the same bits: a report must not change by one ulp.
 
 # GAP_KINDS code -> its rank among the sorted kind names (groupby("kind") labels).
-KIND_SORT_LABEL = np.argsort(np.argsort(np.array(GAP_KINDS)))
+KIND_SORT_LABEL = np.argsort(np.argsort(np.array(GAP_KINDS), kind="stable"), kind="stable")
 
 
 def _group_min(values: np.ndarray, label: np.ndarray, ngroups: int) -> np.ndarray:

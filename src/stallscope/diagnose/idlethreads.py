@@ -222,7 +222,7 @@ def _launched(ops: _Events, calls: _Events) -> np.ndarray:
 
 def _near(hw: HostWaitGaps):  # noqa: ANN202 - a filter over _Events
     """A filter keeping the events that overlap some host-wait gap (the gaps are disjoint)."""
-    order = np.argsort(hw.start)
+    order = np.argsort(hw.start, kind="stable")
     starts, ends = hw.start[order], hw.end[order]
 
     def keep(ev: _Events) -> _Events:

@@ -366,7 +366,7 @@ def _host_nodes(ev: pd.DataFrame, ev_rows: np.ndarray, ev_kind: np.ndarray,
         mine = _code_is(ev_tid, ev_tids, t) & (busy_cat | is_loader) & ~is_step
         on_thread = _code_is(rt_tid, rt_tids, t)
         lrows = np.flatnonzero(mine & is_loader) if t == main_tid else np.zeros(0, np.intp)
-        lrows = lrows[_nargsort(ev_ts[lrows])]  # as sort_values("ts")
+        lrows = lrows[_nargsort(ev_ts[lrows])]
         l_ts, l_end = ev_ts[lrows], ev_end[lrows]
         poi_ts = [rt_ts[on_thread], l_ts]
         poi_end = [rt_end[on_thread], l_end]
@@ -428,11 +428,11 @@ def _subset(rows: np.ndarray, within: np.ndarray) -> np.ndarray:
 
 
 def _nargsort(values: np.ndarray) -> np.ndarray:
-    """The order DataFrame.sort_values gives one float column (pandas' nargsort): numpy's
-    default (unstable) argsort of the non-NaN values, then the NaNs in row order."""
+    """The non-NaN values in order, ties in row order, then the NaNs in row order (a stable
+    sort: numpy's default one orders ties by the CPU's vector width)."""
     nan = np.isnan(values)
     idx = np.arange(len(values))
-    return np.concatenate([idx[~nan][values[~nan].argsort(kind="quicksort")], idx[nan]])
+    return np.concatenate([idx[~nan][values[~nan].argsort(kind="stable")], idx[nan]])
 
 
 def _inside(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -27,7 +27,7 @@ def loader_spans(model: TraceModel) -> tuple[np.ndarray, np.ndarray]:
         ev["cat"], ("user_annotation", "cpu_op"))
     rows = np.flatnonzero(on_main & name_matches(ev["name"], LOADER_NAME).to_numpy())
     ts = ev["ts"].to_numpy(float)[rows]
-    order = np.argsort(ts, kind="quicksort")
+    order = np.argsort(ts, kind="stable")
     return ts[order], ev["end"].to_numpy(float)[rows][order]
 
 

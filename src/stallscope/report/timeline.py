@@ -150,7 +150,8 @@ def _merge(
     dur = te - ts
     longest = pd.Series(dur).groupby(group).idxmax().to_numpy()
     widths = g_end - g_start
-    named = set(np.argsort(-widths)[:NAMED_PER_LANE].tolist()) if names is not None else set()
+    widest = np.argsort(-widths, kind="stable")[:NAMED_PER_LANE]
+    named = set(widest.tolist()) if names is not None else set()
     out = []
     for i in range(n):
         rect: dict[str, Any] = {

@@ -443,7 +443,7 @@ def _gpu_table(
     # The first runtime call of each correlation id launched it.
     call = first_match(runtime["correlation"].to_numpy(), gpu.correlation)
     launch_ts = pick(runtime["ts"].to_numpy(), call, np.nan)
-    order = np.argsort(gpu.ts, kind="quicksort")
+    order = np.argsort(gpu.ts, kind="stable")
     rows = gpu.pos[order]
     return _table({
         "kind": pd.array(gpu.kind[order], dtype="str"),
@@ -550,7 +550,7 @@ def _step_windows(
     rows = np.flatnonzero(is_step)
     if len(rows):
         all_ts = ev["ts"].to_numpy()
-        rows = rows[np.argsort(all_ts[rows], kind="quicksort")]  # as sort_values("ts") orders
+        rows = rows[np.argsort(all_ts[rows], kind="stable")]  # ties in row order
         names = ev["name"].iloc[rows]
         numbers = per_name(names, _step_number).to_numpy().astype(np.int64)
         first = np.zeros(len(rows), dtype=bool)

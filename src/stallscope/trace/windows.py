@@ -305,7 +305,7 @@ def startup_calls(runtime: pd.DataFrame, before_us: float | None = None) -> pd.D
     long = long[~waits.to_numpy()]
     if before_us is not None:
         long = long[long["ts"] < before_us]
-    return long.sort_values("ts")
+    return long.sort_values("ts", kind="stable")
 
 
 def describe_startup(calls: pd.DataFrame, first_call_ts: float, gap_us: float) -> tuple[

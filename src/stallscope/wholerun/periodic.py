@@ -210,7 +210,7 @@ def outliers(v: Valid, explained: np.ndarray, top: int = 10) -> dict[str, Any]:
     """Spikes nothing explains: count, cost, and the costliest few."""
     idx = np.flatnonzero(v.spikes.mask & ~explained)
     excess = v.spikes.excess_ms[idx]
-    order = idx[np.argsort(-excess)[:top]]
+    order = idx[np.argsort(-excess, kind="stable")[:top]]
     cost = float(excess.sum())
     return {
         "count": int(idx.size),

@@ -168,7 +168,7 @@ def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessmen
 
 def _top_kernels(kernels: pd.DataFrame, kernel_us: float, n: int) -> list[dict]:
     top = kernels.groupby("name", observed=True)["dur"].agg(["sum", "count"])
-    top = top.sort_values("sum", ascending=False).head(TOP_KERNELS)
+    top = top.sort_values("sum", ascending=False, kind="stable").head(TOP_KERNELS)
     return [
         {"name": str(name)[:120], "ms_per_step": ms(r["sum"] / n),
          "share_pct": pct(r["sum"], kernel_us), "calls_per_step": round(r["count"] / n, 1)}

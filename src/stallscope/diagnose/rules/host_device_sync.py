@@ -509,7 +509,7 @@ def _sources(waits: dict, keep: np.ndarray) -> list[dict]:
     grouped = both.groupby(["kind", "call", "op", "top_op"], dropna=False).agg(
         count=("us", "size"), total=("us", "sum"), max=("us", "max"),
         bytes_max=("bytes", "max"), gpu_max=("gpu_us", "max"))
-    grouped = grouped.sort_values("total", ascending=False).head(MAX_SOURCES)
+    grouped = grouped.sort_values("total", ascending=False, kind="stable").head(MAX_SOURCES)
     out = []
     for (kind, call, op, top_op), row in grouped.iterrows():
         item = {"kind": kind, "call": call, "op": op, "top_op": top_op,

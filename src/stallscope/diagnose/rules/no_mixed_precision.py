@@ -126,7 +126,8 @@ def no_mixed_precision(model: TraceModel, context: RunContext | None = None) -> 
     after_us = float(np.nansum(dur[compute] * factor.astype(float)))
     saved = min(max(compute_us - after_us, 0.0), busiest)
     saving = pct(saved, total)
-    top = gpu[fp32].groupby("name")["dur"].agg(["sum", "count"]).sort_values("sum", ascending=False)
+    top = gpu[fp32].groupby("name")["dur"].agg(["sum", "count"]).sort_values("sum", ascending=False,
+                                                                          kind="stable")
     top_kernels = [
         {"name": str(name)[:120], "ms_per_step": ms(r["sum"] / n), "share_pct": pct(r["sum"],
                                                                                      compute_us)}

@@ -112,7 +112,7 @@ def _covered(starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarra
     """Length of [lo, hi) covered by the union of the intervals, per query."""
     if len(starts) == 0:
         return np.zeros(len(lo))
-    order = np.argsort(starts)
+    order = np.argsort(starts, kind="stable")
     s, e = starts[order], np.maximum.accumulate(ends[order])
     # Merge into disjoint intervals: a new one starts where it begins after all before it end.
     new = np.r_[True, s[1:] > e[:-1]]
