@@ -41,6 +41,8 @@ class Session(Protocol):
 
     def metadata(self) -> dict[str, Any]: ...
 
+    def measure_profiler_cost(self) -> dict[str, Any]: ...
+
 
 class LaterCaptures:
     """Owned by the session once its first capture is written; fed every step boundary."""
