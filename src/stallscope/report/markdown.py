@@ -18,6 +18,7 @@ from stallscope.report.labels import (
     category_name,
     floor_phrase,
     loader_story,
+    measured_phrase,
     not_estimated,
     pct_of,
     plan_of,
@@ -68,8 +69,8 @@ def _plan_lines(report: Report) -> list[str]:
         f"this order, each on top of the ones before; the order is each change's share of the "
         f"plan's saving (what it adds, averaged over every order of making the changes). "
         f"Medians over "
-        f"{prose(steps_phrase(report, plan))}; measured {ms(plan['measured_step_us'])} ms per "
-        f"step (the unchanged replay: {ms(plan['replayed_step_us'])} ms)"
+        f"{prose(steps_phrase(report, plan))}; {prose(measured_phrase(report, plan))} (the "
+        f"unchanged replay: {ms(plan['replayed_step_us'])} ms)"
         + (f"; {prose(cost)}." if cost else ".") + (f" {prose(ranges)}." if ranges else ""))
     for i, (e, before) in enumerate(with_before(plan), 1):
         lines += wrap(f"{code(e['change'])} ({code(e['id'])}): {ms(before)} -> "
