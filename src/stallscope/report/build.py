@@ -208,10 +208,18 @@ class Report:
         if replayed and entry is not None:  # replayed: there is an entry
             return (f"{top.title}. Fix first: {entry['change']}; {replayed} "
                     f"({self._less(top, entry)}).")
+        change = first_change_line(top.snippet)
+        named = f". Try first: {change} (its card has the whole change)" if change else ""
+        plan = self.plan or {}
+        if top.id == "gpu-idle" and plan.get("floor_us") and not plan.get("entries"):
+            # Its bound is the idle time itself: said as the floor the step cannot pass.
+            return (f"{top.title}{named}; the replay could not model it, so there is no "
+                    f"prediction: no change takes {self._step_named(top)} below the GPU's own "
+                    f"work, {ms(plan['floor_us'], 'tenths')} ms (the floor).")
         return (
-            f"{top.title}; fixing it can save up to {share_text(top.estimated_saving_pct)} "
-            f"of {self._step_named(top)} (an upper bound: the replay could not model this "
-            "change)" + self._first_change(top) + "."
+            f"{top.title}{named}; fixing it can save up to "
+            f"{share_text(top.estimated_saving_pct)} of {self._step_named(top)} (an upper "
+            "bound: the replay could not model this change)" + self._first_change(top) + "."
         )
 
     def _less(self, top: Finding, entry: dict[str, Any]) -> str:
@@ -372,6 +380,21 @@ def report_from(
         plan=lead_plan,
         what_if=lead_plan.get("what_if") if lead_plan else None,
     )
+
+
+CHANGE_CHARS = 70  # a change named in the verdict; its card has it whole
+
+
+def first_change_line(snippet: str) -> str:
+    """The first line of a finding's snippet that changes code (not a comment), without its
+    trailing comment, cut to CHANGE_CHARS: the change a verdict names for an unreplayed lead."""
+    for line in snippet.splitlines():
+        if line.startswith("-"):  # a diff's removed line; its added lines are the change
+            continue
+        code = line.removeprefix("+").split("  #")[0].strip()
+        if code and not code.startswith(("#", "...")):
+            return code if len(code) <= CHANGE_CHARS else code[: CHANGE_CHARS - 1] + "\u2026"
+    return ""
 
 
 def world_size(traces: list[dict[str, Any]]) -> int | None:

@@ -388,9 +388,12 @@ def render_markdown(report: Report) -> str:
         lines += paragraph(f"**Recorded with:** {prose('; '.join(versions))}")
     if report.workload_note:
         lines += paragraph(f"*{prose(report.workload_note)}*")
-    lines += _run_lines(report) + _summary_lines(report)
+    # A job leads with its ranks (each one's step and shares), then the plan of one of them.
+    ranks = _trace_lines(report) if report.ranks else []
+    lines += _run_lines(report) + _summary_lines(report) + ranks
     lines += _plan_lines(report) + _what_if_lines(report) + _finding_lines(report)
-    lines += _anatomy_lines(report) + _trace_lines(report) + _recording_lines(report)
+    lines += _anatomy_lines(report) + ([] if ranks else _trace_lines(report))
+    lines += _recording_lines(report)
     lines += _reproduce_lines(report)
     lines += _not_assessed_lines(report)
     lines += [f"*stallscope {report.stallscope_version}*", ""]

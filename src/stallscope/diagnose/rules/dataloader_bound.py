@@ -567,7 +567,7 @@ def _workers_advice(e: LoaderEvidence, s: Sizing) -> Advice:
     threads_text, threads_code = _threads_text(e, s)
     return Advice(
         f"{_where(e.info, change)}{where}: {_why(e, s)}."
-        f"{' Keep the workers alive across epochs.' if e.workers_now == 0 else ''}"
+        f"{_keep_alive(e) if e.workers_now == 0 else ''}"
         f"{_rounds_sentence(e)}{threads_text}{e.klass.sentence(e.cores)}",
         _snippet(e.info, change) + threads_code,
         _workers_precondition(e, s, "pin_memory" in change),
@@ -575,6 +575,15 @@ def _workers_advice(e: LoaderEvidence, s: Sizing) -> Advice:
         _workers_basis(e, s),
         evidence,
     )
+
+
+def _keep_alive(e: LoaderEvidence) -> str:
+    """Why persistent_workers: a trainer re-creates its loader's iterator each epoch; a
+    server's loop makes one and keeps it, unless it loops over the loader again."""
+    if e.inference:
+        return (" Keep the workers alive between passes over the loader (each new iterator "
+                "starts them again).")
+    return " Keep the workers alive across epochs."
 
 
 def _why(e: LoaderEvidence, s: Sizing) -> str:
