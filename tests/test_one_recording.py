@@ -30,8 +30,8 @@ QUANTITIES = {
                   rf"[Ss]tep mean {NUM} ms"],
     "mean step": [rf"\bmean {NUM} ms"],
     "time in the loader": [rf"[Tt]ime in the loader:? {NUM}%", rf"[Ll]oader share {NUM}%"],
-    "loader wait": [rf"loader wait \(no GPU work\):? {NUM}%", rf"waits on the DataLoader for {NUM}%",
-                    rf"(?<!\w )Wait share {NUM}%"],
+    "loader wait": [rf"loader wait \(no GPU work\):? {NUM}%",
+                    rf"waits on the DataLoader for {NUM}%", rf"(?<!\w )Wait share {NUM}%"],
     # ("Host wait of idle 97.9%", "unexplained idle share": shares of the idle time, named so)
     "GPU idle": [rf"(?<!of )\b[Ii]dle {NUM}%", rf"GPU is idle {NUM}%", rf"GPU idle {NUM}%",
                  rf"(?<!\w )Idle share {NUM}%"],

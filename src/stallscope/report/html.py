@@ -380,6 +380,7 @@ def _headline(report: Report) -> dict[str, Any]:
         "top": top,
         "top_saving": _saving_view(report, top) if top else None,
         "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
+        "gpu_idle_pct": round(100.0 - sum(busy) / len(busy), 1) if busy else None,
         "whose": whose(report),
         # The step without the profiler's cost (diagnose/plan.py), when it differs.
         "unprofiled_ms": ms(baseline(report.plan), missing="") if report.plan and profiler_phrase(

@@ -61,7 +61,8 @@ def measured_phrase(report: Report, plan: dict[str, Any], arrow_free: bool = Tru
     step carrying earlier GPU work, so its median can differ from the recording's median step,
     which the page quotes as its step time; then both are said, each by its window."""
     measured = plan["measured_step_us"]
-    summary = next((t["summary"] for t in report.traces if t["label"] == plan["trace"]), {})
+    summary: dict[str, Any] = next(
+        (t["summary"] for t in report.traces if t["label"] == plan["trace"]), {})
     median = (summary.get("step_time_us") or {}).get("median")
     if median is None or ms(median) == ms(measured):
         return f"measured {ms(measured)} ms per step"
