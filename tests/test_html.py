@@ -216,7 +216,9 @@ def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resne
     # The measured step, the step without the profiler's cost (where the changes start), then
     # each change on top of the ones before.
     assert [kind for kind, _, _ in bars] == ["measured"] + ["predicted"] * (n + 1)
-    assert bars[0][1:] == ("measured", f"{ms(plan['measured_step_us'])} ms")
+    # The replayed steps leave the first out: their median (176.5 ms) is not the recording's
+    # median step (176.3 ms), so the bar says whose median it is.
+    assert bars[0][1:] == ("replayed steps, measured", f"{ms(plan['measured_step_us'])} ms")
     assert bars[1][1] == "without the profiler"
     assert bars[1][2].startswith(f"{ms(plan['baseline_step_us'])} ms (")
     # Each bar's label is the drop the bar draws: the step before it less the step after.
@@ -234,15 +236,27 @@ def test_fix_plan_waterfall_draws_each_replayed_step_as_report_json_has_it(resne
     entries = html_text.unescape(section(html, "plan-entries", "</ol>"))
     assert entries.count("<li><code>") == n
     alone = {f.id: f.predicted_step_us for f in report.findings}
-    for e in plan["entries"]:
+    base = plan["baseline_step_us"]
+    for i, e in enumerate(plan["entries"], 1):
         assert all(f"assumes: {a}" in entries for a in e["assumptions"])
-        assert f"this change alone: {ms(alone[e['id']])} ms" in entries
+        item = entries.split("<li><code>")[i]
+        # The first change's line is its step alone; a later one says its step alone as such,
+        # and where alone it saves nothing, says that rather than beside its saving.
+        if i == 1:
+            assert "alone" not in item
+        elif alone[e["id"]] < base * 0.995:
+            assert f"this change alone: {ms(base)} \u2192 {ms(alone[e['id']])} ms" in item
+        else:
+            assert (f"this change alone saves nothing ({ms(base)} \u2192 "
+                    f"{ms(alone[e['id']])} ms)") in item
     not_replayed = html_text.unescape(section(html, "plan-not-replayed", "</ul>"))
     assert f"gpu-idle</code></a>: {plan['not_replayed']['gpu-idle']}" in not_replayed
     basis = section(html, "plan-basis", "</p>")
     assert "replaying the recorded steps" in basis
     assert "ProfilerStep#6 ... ProfilerStep#10 (5 of 6 recorded steps" in basis
-    assert f"measured {ms(plan['measured_step_us'])} ms" in basis
+    assert (f"those steps' own median {ms(plan['measured_step_us'])} ms (measured; the median "
+            f"step, {ms(report.summary['step_time_us']['median'])} ms, is over all 6 recorded "
+            "steps)") in html_text.unescape(basis)
     assert f"without the profiler about {ms(plan['baseline_step_us'])} ms (predicted" in basis
     assert 'id="what-if"' not in html  # no --what-if given
 
@@ -261,9 +275,13 @@ def test_summary_table_tile_and_cards_say_replayed_or_upper_bound(resnet_html):
             f"its share of the plan: \u2212{pct})") in tile
     assert "replayed prediction" in tile and "up to" not in tile
     table = section(html, "findings-summary", "</table>")
-    assert "can save (upper bound)" not in table and "predicted step alone" in table
+    # The plan's figures: its step before and after the change, and the change's share.
+    assert "can save (upper bound)" not in table and "fix plan: predicted step" in table
+    assert "alone" not in table
     rows = table.split("<tr>")[2:]
-    assert f"{pct} (replayed)" in rows[0] and f"{ms(top.predicted_step_us)} ms" in rows[0]
+    assert f"{pct} (replayed)" in rows[0]
+    assert (f"1. {ms(plan['baseline_step_us'])} \u2192 {ms(first['predicted_step_us'])} ms"
+            in rows[0])
     caused = next(i for i, f in enumerate(report.findings) if f.caused_by)  # gpu-idle
     assert "counted in dataloader-bound" in rows[caused] and "0.0%" not in rows[caused]
     card = section(html, "finding-1", "Evidence")
@@ -344,37 +362,44 @@ def test_the_kineto_pair_names_its_traces_by_a_short_label():
     html = render_html(report)
     table = section(html, "findings-summary", "</table>")
     names = [Path(k).name for k in KINETO_PAIR]
-    assert all(f'title="{n}"' in table for n in names)  # whole on hover
+    lead = report.figures_from
+    assert lead in names and f'title="{lead}"' in table  # whole on hover
     assert not any(f">{n}<" in table for n in names)  # not printed whole in a narrow column
     assert '<details class="change" open>' in section(html, "finding-1", "</details>")
-    # one card per cause (6 for 12 findings), each change folded but the first's; the other
-    # recording's finding sits inside its cause's card, with its own anchor
+    # One finding per cause, each change folded but the first's; the other recording's
+    # figures sit inside its cause's card, named.
     causes = {f.id for f in report.findings}
+    assert len(causes) == len(report.findings) == 6
     cards = re.findall(r'<div class="card(?: caused)?" id="finding-', html)
-    assert len(cards) == len(causes) < len(report.findings)
+    assert len(cards) == len(causes)
     assert html.count('<details class="change">') == len(causes) - 1
-    assert all(f'id="finding-{i}"' in html for i in range(1, len(report.findings) + 1))
-    assert html.count('<p class="also"') == len(report.findings) - len(causes)
+    other = next(n for n in names if n != lead)
+    assert html.count('<p class="also"') == len(causes)
+    assert all(f'<b>Also in <span class="clip" title="{other}">' in part
+               for part in html.split('<p class="also">')[1:])
     rows = section(html, "findings-summary", "</table>").count("<tr>")
     assert rows == len(causes) + 1  # the header row, then one per cause
 
 
-def test_two_recordings_of_different_speed_are_pooled_only_where_said():
-    # The kineto pair's recordings ran 176.3 and 152.5 ms per step: the median card's 161.8 ms
-    # pools them, so its label says so and lists each recording's own median; the terminal
-    # says the same, and report.md too.
+def test_two_recordings_of_different_speed_quote_one_and_name_it():
+    # The kineto pair's recordings ran 176.3 and 152.5 ms per step: pooled, they gave a
+    # 161.8 ms step no recording had. The page, the terminal and report.md quote the fix plan's
+    # recording, name it, and leave the other's figures to the per-trace table.
     from stallscope.report.terminal import render_terminal
 
     report = report_of(*(real_trace(k) for k in KINETO_PAIR))
-    medians = [t["summary"]["step_time_us"]["median"] / 1000 for t in report.traces]
-    assert abs(medians[0] - medians[1]) > 0.1 * min(medians)  # they differ in speed
+    medians = {t["label"]: t["summary"]["step_time_us"]["median"] / 1000
+               for t in report.traces}
+    assert abs(min(medians.values()) - max(medians.values())) > 0.1 * min(medians.values())
+    lead = report.figures_from
+    assert lead == report.plan["trace"]
     page = render_html(report)
-    card = page[page.index('<div class="tile">'):page.index("Main bottleneck")]
-    assert "2 recordings together" in card
-    assert all(f"{m:.1f} ms" in card for m in medians), card
-    assert "12 steps" in card and "step(s)" not in card
-    assert "traces together" in render_terminal(report)
-    assert "recordings' 12 steps together" in " ".join(render_markdown(report).split())
-    # one recording alone: nothing pooled, nothing said
-    alone = render_html(report_of(real_trace(RESNET)))
-    assert "together" not in alone[alone.index('<div class="tile">'):alone.index("Main bottleneck")]
+    card = section(page, "tile-step", "</div>\n")
+    assert f"{medians[lead]:.1f} ms" in card and f'title="{lead}"' in card
+    other = next(label for label in medians if label != lead)
+    assert f"{medians[other]:.1f} ms" not in card
+    assert "together" not in card and "6 steps" in card
+    assert "together" not in render_terminal(report)
+    md = " ".join(render_markdown(report).split())
+    assert "together" not in md and f"In `{lead}`" in md
+    assert f"median {medians[lead]:.1f} ms" in md

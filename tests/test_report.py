@@ -125,8 +125,10 @@ def test_markdown_shows_the_fix_plan_what_if_and_labelled_savings(planned):
     assert f"- num_workers=4 alone: {about(together['each'][0])}," in what_if
     found = text[text.index("## Findings"): text.index("### Top recommendation")]
     top = report.findings[0]
-    assert (f"saves {top.estimated_saving_pct:.1f}% (replayed); the step with this change alone: "
-            f"{ms(top.predicted_step_us)} ms") in found
+    first = report.plan["entries"][0]
+    assert (f"saves {top.estimated_saving_pct:.1f}% (replayed), step 1 of the fix plan: "
+            f"{ms(report.plan['baseline_step_us'])} -> {ms(first['predicted_step_us'])} ms"
+            ) in found
     assert "counted in dataloader-bound's fix" in found
     assert "*Estimate (replayed prediction):* step 1 of the fix plan" in text
 

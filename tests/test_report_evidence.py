@@ -71,7 +71,9 @@ def test_evidence_keys_read_as_words_with_the_key_on_hover():
     assert label_of("aten::copy_") == "aten::copy_"  # a name used as a key stays whole
     assert label_of("kind") == "kind"
     assert str(key_text("wait_ms_per_step")) == (
-        '<span title="wait_ms_per_step">Wait per step</span>')
+        '<span title="wait_ms_per_step">Loader wait (no GPU work) per step</span>')
+    assert str(key_text("host_wait_ms_per_step")) == (
+        '<span title="host_wait_ms_per_step">Host wait per step</span>')
     # no snake_case key left in the visible text of a real report's evidence
     html = render_html(report_of(real_trace(QUEUE)))
     html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)  # the page's data

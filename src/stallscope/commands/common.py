@@ -163,6 +163,10 @@ def gate(report: Any, fail_on: str | None) -> int:
 
     if fail_on:
         limit = severity_rank(fail_on)
-        if any(severity_rank(f.severity) <= limit for f in report.findings):
+        # A cause seen in several recordings gates on each one's severity, not only the
+        # recording the report leads with.
+        severities = [r["severity"] for f in report.findings for r in f.recordings]
+        if any(severity_rank(s) <= limit
+               for s in [*(f.severity for f in report.findings), *severities]):
             return EXIT_FINDINGS
     return EXIT_OK

@@ -50,6 +50,11 @@ class Finding:
     # An unreplayed cause whose bound outranks its trace's fix plan (diagnose/plan.py
     # `_leads`): the report leads with it.
     leads_plan: bool = False
+    # The same cause (rule, device, rank) in each recording of a report over several: each
+    # one's trace, title, severity, saving and evidence (report/rank_groups.py
+    # `merge_recordings`); empty when one recording shows it. The finding's own fields are
+    # those of the recording the report leads with.
+    recordings: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.severity:

@@ -21,7 +21,7 @@ from stallscope.report import job_scale
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals, summed, top_rows
 from stallscope.report.kernel_mix import busiest
-from stallscope.report.rank_groups import group_findings
+from stallscope.report.rank_groups import group_findings, merge_recordings
 from stallscope.report.timeline import step_timeline
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
@@ -116,6 +116,33 @@ class Report:
                      and f.trace == top.trace), None)
 
     @property
+    def lead_trace(self) -> dict[str, Any] | None:
+        """The trace the page's figures come from: the one whose fix plan it shows (the lead
+        finding's), else the first. A page over several recordings quotes this one's step,
+        shares and GPU time beside its plan and cards, and names it; the others' figures are
+        in the per-trace table, each under its own name."""
+        label = (self.plan or {}).get("trace") or (self.lead.trace if self.lead else None)
+        return next((t for t in self.traces if t["label"] == label),
+                    self.traces[0] if self.traces else None)
+
+    @property
+    def figures_from(self) -> str | None:
+        """The lead trace's label when the report covers several traces (the page must say
+        whose figures it quotes), else None."""
+        lead = self.lead_trace
+        return lead["label"] if lead is not None and len(self.traces) > 1 else None
+
+    @property
+    def shown_summary(self) -> dict[str, Any]:
+        """The step-time summary the page quotes: the lead trace's own when there are several
+        (pooling recordings of different speed gave a step no recording had), else the
+        report's."""
+        lead = self.lead_trace
+        if self.figures_from is None or lead is None or not lead.get("summary"):
+            return self.summary
+        return dict(lead["summary"])
+
+    @property
     def verdict_id(self) -> str:
         """What the verdict line speaks of, for machines: a finding id, or one of
         `too-little-to-judge`, `no-finding`, `no-bottleneck` (every finding is minor)."""
@@ -181,10 +208,18 @@ class Report:
         if replayed and entry is not None:  # replayed: there is an entry
             return (f"{top.title}. Fix first: {entry['change']}; {replayed} "
                     f"({self._less(top, entry)}).")
+        change = first_change_line(top.snippet)
+        named = f". Try first: {change} (its card has the whole change)" if change else ""
+        plan = self.plan or {}
+        if top.id == "gpu-idle" and plan.get("floor_us") and not plan.get("entries"):
+            # Its bound is the idle time itself: said as the floor the step cannot pass.
+            return (f"{top.title}{named}; the replay could not model it, so there is no "
+                    f"prediction: no change takes {self._step_named(top)} below the GPU's own "
+                    f"work, {ms(plan['floor_us'], 'tenths')} ms (the floor).")
         return (
-            f"{top.title}; fixing it can save up to {share_text(top.estimated_saving_pct)} "
-            f"of {self._step_named(top)} (an upper bound: the replay could not model this "
-            "change)" + self._first_change(top) + "."
+            f"{top.title}{named}; fixing it can save up to "
+            f"{share_text(top.estimated_saving_pct)} of {self._step_named(top)} (an upper "
+            "bound: the replay could not model this change)" + self._first_change(top) + "."
         )
 
     def _less(self, top: Finding, entry: dict[str, Any]) -> str:
@@ -293,12 +328,15 @@ def report_from(
         if t["rank"] is not None
     ]
     world = world_size(traces)
-    # One card per finding across the ranks of a job (report/rank_groups.py), causes first.
-    found = causes_first(group_findings(ranked, {t["label"]: t["rank"] for t in traces},
-                                        world))
-    top = next((f for f in found if not f.caused_by), found[0] if found else None)
+    top = next((f for f in ranked if not f.caused_by), ranked[0] if ranked else None)
     lead = next((t for t in traces if top and t["label"] == top.trace), traces[0] if traces
                 else None)
+    lead_label = lead["label"] if lead else None
+    # One card per finding across the ranks of a job, and one finding per cause across
+    # recordings of one process (report/rank_groups.py), the lead trace's first, causes first.
+    rank_of = {t["label"]: t["rank"] for t in traces}
+    found = causes_first(merge_recordings(
+        group_findings(ranked, rank_of, world, lead_label), rank_of, lead_label))
     lead_plan = lead["plan"] if lead else None
     drawn = pick_drawn(digests)
     checks = [{"rule": a.rule, "trace": a.trace, "status": a.status, "detail": a.detail}
@@ -342,6 +380,21 @@ def report_from(
         plan=lead_plan,
         what_if=lead_plan.get("what_if") if lead_plan else None,
     )
+
+
+CHANGE_CHARS = 70  # a change named in the verdict; its card has it whole
+
+
+def first_change_line(snippet: str) -> str:
+    """The first line of a finding's snippet that changes code (not a comment), without its
+    trailing comment, cut to CHANGE_CHARS: the change a verdict names for an unreplayed lead."""
+    for line in snippet.splitlines():
+        if line.startswith("-"):  # a diff's removed line; its added lines are the change
+            continue
+        code = line.removeprefix("+").split("  #")[0].strip()
+        if code and not code.startswith(("#", "...")):
+            return code if len(code) <= CHANGE_CHARS else code[: CHANGE_CHARS - 1] + "\u2026"
+    return ""
 
 
 def world_size(traces: list[dict[str, Any]]) -> int | None:

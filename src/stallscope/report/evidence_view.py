@@ -84,10 +84,35 @@ WORDS = {"gpu": "GPU", "cpu": "CPU", "h2d": "host-to-device", "d2h": "device-to-
          "fp16": "fp16", "fp32": "fp32", "io": "I/O", "os": "OS"}
 
 
+# Keys whose figure the page names elsewhere: the same name here (one name per quantity on a
+# page), or a name that says how it differs from a figure it resembles.
+LABELS = {
+    "loader_share_pct": "Time in the loader",
+    "wait_share_pct": "Loader wait (no GPU work)",
+    "loader_ms_per_step": "Time in the loader per step",
+    "wait_ms_per_step": "Loader wait (no GPU work) per step",
+    "projected_step_ms": "Step with the loading hidden (the rule's projection)",
+    "loader_fetch_ms_per_batch": "Dataset fetch per batch (collate aside)",
+    "loader_collate_ms_per_batch": "Collate per batch",
+    "loader_main_cpu_ms_per_batch": "The training process's CPU per batch",
+    "idle_share_pct": "GPU idle",
+}
+# Keys the page does not repeat in a card: the mean step is the step-time line's, over the same
+# recording (report.json keeps the key).
+PAGE_DROPPED = frozenset({"step_ms_mean"})
+
+
+def evidence_rows(evidence: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A card's evidence as the page lists it: every key but those it says elsewhere."""
+    return [(k, v) for k, v in evidence.items() if k not in PAGE_DROPPED]
+
+
 def label_of(key: str) -> str:
     """An evidence key in words: `gpu_idle_share_of_step_pct` -> "GPU idle share of step",
     `host_blocked_ms_per_step` -> "host blocked per step". A key that is not snake_case (a
     kernel's or an op's name used as a key) is kept as it is."""
+    if key in LABELS:
+        return LABELS[key]
     if not key or not key.replace("_", "").isalnum() or key != key.lower() or "_" not in key:
         return key
     words = [WORDS.get(w, w) for w in key.split("_")]

@@ -24,15 +24,23 @@ from markupsafe import Markup, escape
 from stallscope.diagnose.finding import Finding
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
-from stallscope.report.evidence_view import NAME_RUN, evidence_value, key_text, text_cell
+from stallscope.report.evidence_view import (
+    NAME_RUN,
+    evidence_rows,
+    evidence_value,
+    key_text,
+    text_cell,
+)
 from stallscope.report.json_writer import report_data
 from stallscope.report.kernel_view import gpu_summary_rows, host_rows, kernel_chart
 from stallscope.report.labels import (
+    alone_phrase,
     baseline,
     baseline_name,
     category_name,
     floor_phrase,
     loader_story,
+    measured_phrase,
     others_taken_out,
     path_drop,
     pct_of,
@@ -227,6 +235,7 @@ def render_html(report: Report) -> str:
     env.filters["diff_lines"] = diff_lines
     env.filters["pretty_json"] = pretty_json
     env.globals["evidence_value"] = evidence_value
+    env.globals["evidence_rows"] = evidence_rows
     env.filters["key"] = key_text
     env.filters["cell"] = lambda text: text_cell(str(text), MAX_TEXT)
     env.filters["delta"] = delta
@@ -248,7 +257,7 @@ def render_html(report: Report) -> str:
         watch_chart=watch_chart(report.watch) if report.watch else None,
         what_if=_what_if(report.what_if, report.plan),
         savings=[_saving_view(report, f) for f in report.findings],
-        cause=same_cause(report.findings),
+        others=[others_of(report, f) for f in report.findings],
         reproduce=report.reproduce_command,
         trace_files=[t["path"] for t in report.traces],
         gpus=_gpu_lines(report.environment.get("devices", [])),
@@ -341,44 +350,54 @@ def saved(pct: float) -> str:
     return delta(-pct)
 
 
-def same_cause(findings: list[Finding]) -> dict[str, list[Any]]:
-    """Each cause once on the page: `first[i]` is the index of the first finding with finding
-    i's id (its card), `others[i]` the later ones (other recordings' figures, shown inside that
-    card, each keeping its own anchor so every link to it still lands)."""
-    seen: dict[str, int] = {}
-    first: list[int] = []
-    others: list[list[int]] = [[] for _ in findings]
-    for i, f in enumerate(findings):
-        j = seen.setdefault(f.id, i)
-        first.append(j)
-        if j != i:
-            others[j].append(i)
-    return {"first": first, "others": others}
+def others_of(report: Report, f: Finding) -> list[dict[str, Any]]:
+    """The other recordings' figures of a cause (Finding.recordings, less the one shown),
+    each with its saving as the table says it."""
+    return [{**r, "saving": saving_label(_as_finding(f, r))[1]}
+            for r in f.recordings if r["trace"] != f.trace]
+
+
+def _as_finding(f: Finding, r: dict[str, Any]) -> Finding:
+    """One recording's figures of `f` as a Finding, for the labels that read one."""
+    return Finding(id=f.id, title=r["title"], evidence=r["evidence"], recommendation="",
+                   snippet="", precondition="", estimated_saving_pct=r["estimated_saving_pct"],
+                   saving_basis="", trace=r["trace"], severity=r["severity"],
+                   caused_by=r.get("caused_by") or "", saving_kind=r["saving_kind"],
+                   predicted_step_us=r["predicted_step_us"], plan_rank=r["plan_rank"])
 
 
 def _headline(report: Report) -> dict[str, Any]:
     """The figures of the summary strip: step time, main finding, what fixing it can save and
-    how busy the GPUs were."""
+    how busy the GPUs were, all of one trace (Report.shown_summary): the lead's, named, when
+    the page covers several."""
     top = report.lead
-    gpu = report.summary.get("gpu_pct") or {}
+    shown = report.shown_summary
+    gpu = shown.get("gpu_pct") or {}
     busy = [100.0 - parts.get("idle", 0.0) for parts in gpu.values()]
     return {
-        "step_ms": ms(report.summary["step_time_us"]["median"], missing="")
-        if report.summary.get("step_time_us") else None,
+        "step_ms": ms(shown["step_time_us"]["median"], missing="")
+        if shown.get("step_time_us") else None,
         "top": top,
         "top_saving": _saving_view(report, top) if top else None,
         "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
-        # Several recordings (not ranks of one job) may differ in speed: the median card pools
-        # their steps and says so, with each recording's own median (report.md says the same).
-        "pooled": [(trace_label(t["label"]),
-                    ms(t["summary"]["step_time_us"]["median"], missing=""))
-                   for t in report.traces if t["summary"].get("step_time_us")]
-        if len(report.traces) > 1 and not report.ranks else [],
+        "gpu_idle_pct": round(100.0 - sum(busy) / len(busy), 1) if busy else None,
+        "whose": whose(report),
         # The step without the profiler's cost (diagnose/plan.py), when it differs.
         "unprofiled_ms": ms(baseline(report.plan), missing="") if report.plan and profiler_phrase(
             report.plan) else None,
         "unloaded": bool(report.plan and others_taken_out(report.plan)),
     }
+
+
+def whose(report: Report) -> dict[str, Any] | None:
+    """Whose figures the page quotes when it covers several traces: the lead trace (its label,
+    and its rank in a job), and where the others' are."""
+    label = report.figures_from
+    if label is None:
+        return None
+    lead = report.lead_trace or {}
+    return {"label": label, "rank": lead.get("rank") if report.ranks else None,
+            "others": len(report.traces) - 1}
 
 
 def _saving_view(report: Report, f: Finding) -> dict[str, Any]:
@@ -402,6 +421,7 @@ def _saving_view(report: Report, f: Finding) -> dict[str, Any]:
         "plan_size": len(plan["entries"]) if plan else 0,
         "steps_used": len(plan["steps_used"]) if plan else 0,
         "min_gain_pct": plan["min_gain_pct"] if plan else None,
+        "alone": alone_phrase(plan, f, "\u2192"),
     }
 
 
@@ -413,18 +433,20 @@ def _fix_plan(report: Report) -> dict[str, Any] | None:
         return None
     mine = [(i, f) for i, f in enumerate(report.findings, 1) if f.trace == plan["trace"]]
     card = {f.id: i for i, f in mine}
-    alone = {f.id: f.predicted_step_us for _, f in mine}
+    alone = {f.id: alone_phrase(plan, f, "\u2192") for _, f in mine}
     entries = [{**e, "before_us": before, "card": card.get(e["id"]),
-                "alone_us": alone.get(e["id"]),
+                "alone": alone.get(e["id"], ""),
                 "saving_text": shared_saving(plan, e, before, "\u2212", " of the step")}
                for e, before in with_before(plan)]
     floor = floor_phrase(plan)
     return {
         "plan": plan,
         "entries": entries,
-        "chart": _plan_chart(plan, floor),
+        "chart": _plan_chart(plan, floor, "measured" if measured_phrase(report, plan)
+                             .startswith("measured") else "replayed steps, measured"),
         "floor": floor,
         "steps": steps_phrase(report, plan),
+        "measured": measured_phrase(report, plan),
         "multi": len(report.traces) > 1,
         "not_replayed": [(k, v, card.get(k)) for k, v in plan["not_replayed"].items()],
         "left_out": [(f.id, f.predicted_step_us, i) for i, f in mine
@@ -435,11 +457,12 @@ def _fix_plan(report: Report) -> dict[str, Any] | None:
     }
 
 
-def _plan_chart(plan: dict[str, Any], floor: str) -> dict[str, Any]:
-    """A waterfall in SVG units: the measured step, then each change's cumulative predicted
-    step, the time it takes off drawn beside it, and the floor as a dashed line."""
+def _plan_chart(plan: dict[str, Any], floor: str, measured: str = "measured") -> dict[str, Any]:
+    """A waterfall in SVG units: the measured step (`measured` names it: the replayed steps'
+    median where it differs from the recording's median step), then each change's cumulative
+    predicted step, the time it takes off drawn beside it, and the floor as a dashed line."""
     rows: list[tuple[str, float, float | None, float | None]] = [
-        ("measured", plan["measured_step_us"], None, None)]
+        (measured, plan["measured_step_us"], None, None)]
     if profiler_phrase(plan):  # the profiler's cost taken out: the step the fixes start from
         rows.append((baseline_name(plan), baseline(plan), plan["measured_step_us"],
                      round(100 * (plan["measured_step_us"] - baseline(plan))

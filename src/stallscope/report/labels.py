@@ -56,6 +56,20 @@ def steps_phrase(report: Report, plan: dict[str, Any]) -> str:
     return f"{names} ({len(used)} step{'s' if len(used) != 1 else ''})"
 
 
+def measured_phrase(report: Report, plan: dict[str, Any], arrow_free: bool = True) -> str:
+    """The replayed steps' measured median, named as what it is: the plan leaves out a first
+    step carrying earlier GPU work, so its median can differ from the recording's median step,
+    which the page quotes as its step time; then both are said, each by its window."""
+    measured = plan["measured_step_us"]
+    summary: dict[str, Any] = next(
+        (t["summary"] for t in report.traces if t["label"] == plan["trace"]), {})
+    median = (summary.get("step_time_us") or {}).get("median")
+    if median is None or ms(median) == ms(measured):
+        return f"measured {ms(measured)} ms per step"
+    return (f"those steps' own median {ms(measured)} ms (measured; the median step, "
+            f"{ms(median)} ms, is over all {summary['steps']} recorded steps)")
+
+
 def baseline(plan: dict[str, Any]) -> float:
     """The step the plan's fixes start from: the measured one without the profiler's cost
     (diagnose/plan.py), or the measured one in a report written before that existed."""
@@ -85,6 +99,25 @@ def shared_saving(plan: dict[str, Any], entry: dict[str, Any], before: float,
     if abs(share - drop) < SAME_SHARE_PCT:
         return f"{minus}{percent(share)}{unit}"
     return f"{minus}{percent(drop)}{unit} here; its share of the plan: {minus}{percent(share)}"
+
+
+def alone_phrase(plan: dict[str, Any] | None, f: Finding, arrow: str = "->") -> str:
+    """The step with a finding's change alone, labelled as such; "" for the plan's first
+    change (alone is its plan line) or where nothing was replayed. Where alone it saves nothing
+    (it pays off only once the plan's earlier changes are made: workers first, then the
+    copies), that is said, so the figure never reads as contradicting its saving in the plan."""
+    us = f.predicted_step_us
+    if us is None or not plan or f.plan_rank == 1:
+        return ""
+    base = baseline(plan)
+    drop = 100.0 * (base - us) / base if base > 0 else 0.0
+    said = f"{ms(base)} {arrow} {ms(us)} ms"
+    if drop >= SAME_SHARE_PCT:
+        return f"this change alone: {said} ({share_text(drop)} less)"
+    if f.plan_rank is None:
+        return f"this change alone saves nothing ({said})"
+    return (f"this change alone saves nothing ({said}): it pays off once the plan's changes "
+            "before it are made")
 
 
 def span(item: dict[str, Any], dash: str = "-") -> str:

@@ -14,10 +14,12 @@ from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
 from stallscope.report.kernel_mix import busiest
 from stallscope.report.labels import (
+    alone_phrase,
     baseline,
     category_name,
     floor_phrase,
     loader_story,
+    measured_phrase,
     not_estimated,
     pct_of,
     plan_of,
@@ -68,8 +70,8 @@ def _plan_lines(report: Report) -> list[str]:
         f"this order, each on top of the ones before; the order is each change's share of the "
         f"plan's saving (what it adds, averaged over every order of making the changes). "
         f"Medians over "
-        f"{prose(steps_phrase(report, plan))}; measured {ms(plan['measured_step_us'])} ms per "
-        f"step (the unchanged replay: {ms(plan['replayed_step_us'])} ms)"
+        f"{prose(steps_phrase(report, plan))}; {prose(measured_phrase(report, plan))}; the "
+        f"unchanged replay gives {ms(plan['replayed_step_us'])} ms"
         + (f"; {prose(cost)}." if cost else ".") + (f" {prose(ranges)}." if ranges else ""))
     for i, (e, before) in enumerate(with_before(plan), 1):
         lines += wrap(f"{code(e['change'])} ({code(e['id'])}): {ms(before)} -> "
@@ -130,8 +132,8 @@ def _estimate_line(report: Report, f: Finding) -> str:
     plan = plan_of(report, f.trace)
     basis = prose(f.saving_basis)
     if kind == "replayed" and entry is not None and plan is not None:
-        alone = f"; this change alone: {ms(f.predicted_step_us)} ms" if (
-            f.predicted_step_us is not None) else ""
+        alone = alone_phrase(plan, f)
+        alone = f"; {alone}" if alone else ""
         before = next(b for e, b in with_before(plan) if e is entry)
         of_step = f" of the {ms(baseline(plan))} ms step"
         return (f"*Estimate (replayed prediction):* step {f.plan_rank} of the fix plan, "
@@ -153,59 +155,58 @@ def _trace_name(label: str) -> str:
     return label if label.startswith("rank ") and label[5:].isdigit() else code(label)
 
 
-def _saves(f: Finding) -> str:
-    """What fixing a finding saves, as the findings list says it."""
+def _saves(report: Report, f: Finding) -> str:
+    """What fixing a finding saves, as the findings list says it: its share of the fix plan,
+    with its step in the plan; the step with its change alone only labelled as such."""
     kind, text = saving_label(f)
     if kind == "counted":
         return f"counted in {code(f.caused_by)}'s fix"
-    alone = (f"; the step with this change alone: {ms(f.predicted_step_us)} ms"
-             if f.predicted_step_us is not None else "")
-    return f"saves {text}{alone}" if text != "not estimated" else f"saving {text}"
-
-
-def _causes(report: Report) -> list[list[Finding]]:
-    """The findings grouped by cause (each id once for the whole input), in the fix plan's
-    order, then in the report's own order (severity and saving)."""
-    groups: dict[str, list[Finding]] = {}
-    for f in report.findings:
-        groups.setdefault(f.id, []).append(f)
-    plan_trace = report.plan["trace"] if report.plan else None
-    first = {fid: i for i, fid in enumerate(groups)}
-
-    def rank(fid: str) -> tuple[float, int]:
-        ranks = [f.plan_rank for f in groups[fid]
-                 if f.plan_rank is not None and f.trace == plan_trace]
-        return (min(ranks) if ranks else float("inf"), first[fid])
-
-    return [groups[fid] for fid in sorted(groups, key=rank)]
+    if text == "not estimated":
+        return f"saving {text}"
+    plan = plan_of(report, f.trace)
+    entry = report.plan_entry(f)
+    if plan is not None and entry is not None:
+        before = next(b for e, b in with_before(plan) if e is entry)
+        return (f"saves {text}, step {f.plan_rank} of the fix plan: {ms(before)} -> "
+                f"{ms(entry['predicted_step_us'])} ms")
+    alone = alone_phrase(plan, f)
+    return f"saves {text}" + (f"; {alone}" if alone else "")
 
 
 def _finding_lines(report: Report) -> list[str]:
-    """One item per cause; with several recordings, one sub-item per recording that has it."""
+    """One item per cause (report.findings holds each once), in the fix plan's order, with the
+    lead recording's figures; where other recordings show it too, one sub-item each."""
     lines = ["## Findings", ""]
     if not report.findings:
         return [*lines, "No findings.", ""]
     multi = len(report.traces) > 1
-    lines += paragraph("In the fix plan's order, each cause once; the saving is a replayed "
-                       "prediction or, where the replay could not model the change, an upper "
-                       "bound.")
-    order = {t["label"]: i for i, t in enumerate(report.traces)}
-    for i, group in enumerate(_causes(report), 1):
-        group = sorted(group, key=lambda g: order.get(g.trace, len(order)))
-        f = group[0]
+    whose = (f", with the figures of {_trace_name(report.figures_from)} (the fix plan's)"
+             if report.figures_from and not report.ranks else "")
+    lines += paragraph(f"In the fix plan's order{whose}; the saving is the change's share of "
+                       "the fix plan's saving (a replayed prediction) or, where the replay "
+                       "could not model the change, an upper bound.")
+    for i, f in enumerate(report.findings, 1):
         caused = f" (an effect of {code(f.caused_by)})" if f.caused_by else ""
-        if len(group) == 1:
-            # A finding grouped over ranks (job_scale's `seen_on`) names its ranks in its title.
-            where = f" In {_trace_name(f.trace)}." if multi and "seen_on" not in f.evidence else ""
-            lines += wrap(f"**{f.severity}** {code(f.id)}{caused}: {prose(f.title)}; "
-                          f"{_saves(f)}.{where}", first=f"{i}. ", indent="    ")
-            continue
-        lines += wrap(f"{code(f.id)}{caused}: in {plural(len(group), 'recording')}",
-                      first=f"{i}. ", indent="    ")
-        lines += bullets([f"{_trace_name(g.trace)}: **{g.severity}**, {prose(g.title)}; {_saves(g)}"
-                          for g in group], level=1)
+        # A finding grouped over ranks (`seen_on`) names its ranks in its title.
+        where = (f" In {_trace_name(f.trace)}." if multi and "seen_on" not in f.evidence
+                 and f.trace != report.figures_from else "")
+        lines += wrap(f"**{f.severity}** {code(f.id)}{caused}: {prose(f.title)}; "
+                      f"{_saves(report, f)}.{where}", first=f"{i}. ", indent="    ")
+        others = [r for r in f.recordings if r["trace"] != f.trace]
+        lines += bullets([f"also in {_trace_name(r['trace'])}: **{r['severity']}**, "
+                          f"{prose(r['title'])}; {_other_saving(r)}" for r in others],
+                         level=1)
     lines.append("")
     return lines + _top_lines(report)
+
+
+def _other_saving(r: dict[str, Any]) -> str:
+    """Another recording's saving of a cause, as the findings list says it."""
+    if r["saving_kind"] == "counted":
+        return f"counted in {code(r.get('caused_by') or '')}'s fix"
+    kind = "replayed" if r["saving_kind"] == "replayed" else "upper bound"
+    return (f"saves {share_text(r['estimated_saving_pct'])} ({kind}) of that recording's own "
+            "step, by its own plan")
 
 
 def _top_lines(report: Report) -> list[str]:
@@ -227,19 +228,21 @@ def _top_lines(report: Report) -> list[str]:
 
 def _summary_lines(report: Report) -> list[str]:
     """Step time, where it goes, the GPU's busy and idle shares, the loader's two figures."""
-    s = report.summary
+    s = report.shown_summary
     t = s["step_time_us"]
     if not t:
         return []
     cost = profiler_phrase(report.plan) if report.plan else ""
-    n = len(report.traces)
     figures = f"median {ms(t['median'])} ms, mean {ms(t['mean'])} ms, p90 {ms(t['p90'])} ms"
-    if n > 1:  # pooled steps of recordings that may differ in speed: said so, and where to look
-        lines = paragraph(f"Step time over the {n} recordings' {plural(s['steps'], 'step')} "
-                          f"together (each recording's own below): {figures}.")
-    else:
-        lines = paragraph(f"Step time: {figures} over {plural(s['steps'], 'step')}"
-                          + (f", recorded under the profiler; {prose(cost)}." if cost else "."))
+    lead = report.figures_from
+    # Several recordings: one recording's figures (the fix plan's), named; the others' are
+    # under "Per trace" / "Per rank", each under its own name.
+    whose = "" if lead is None else (
+        f"In {_whose(report)} (the {'rank' if report.ranks else 'recording'} of the fix plan; "
+        f"the others under {'Per rank' if report.ranks else 'Per trace'}): ")
+    lines = paragraph(f"{whose}{'step' if whose else 'Step'} time: {figures} over "
+                      f"{plural(s['steps'], 'step')}"
+                      + (f", recorded under the profiler; {prose(cost)}." if cost else "."))
     lines += ["Where the step's time goes:", ""]
     lines += bullets([f"{category_name(k)}: {percent(v)}" for k, v in s["breakdown_pct"].items()])
     lines.append("")
@@ -251,10 +254,16 @@ def _summary_lines(report: Report) -> list[str]:
                            f"{percent(parts.get('idle', 0.0))}.")
     story = loader_story(report)
     if story:
-        loader = next(f for f in report.findings if f.id == "dataloader-bound")
-        where = f"In {_trace_name(loader.trace)}: " if n > 1 else ""
-        lines += paragraph(where + prose(story))
+        lines += paragraph(prose(story))
     return lines
+
+
+def _whose(report: Report) -> str:
+    """The lead trace as the page names it: "rank 3" in a job, else its file name."""
+    lead = report.lead_trace or {}
+    if report.ranks and lead.get("rank") is not None:
+        return f"rank {lead['rank']}"
+    return _trace_name(str(report.figures_from))
 
 
 def _run_lines(report: Report) -> list[str]:
@@ -379,9 +388,12 @@ def render_markdown(report: Report) -> str:
         lines += paragraph(f"**Recorded with:** {prose('; '.join(versions))}")
     if report.workload_note:
         lines += paragraph(f"*{prose(report.workload_note)}*")
-    lines += _run_lines(report) + _summary_lines(report)
+    # A job leads with its ranks (each one's step and shares), then the plan of one of them.
+    ranks = _trace_lines(report) if report.ranks else []
+    lines += _run_lines(report) + _summary_lines(report) + ranks
     lines += _plan_lines(report) + _what_if_lines(report) + _finding_lines(report)
-    lines += _anatomy_lines(report) + _trace_lines(report) + _recording_lines(report)
+    lines += _anatomy_lines(report) + ([] if ranks else _trace_lines(report))
+    lines += _recording_lines(report)
     lines += _reproduce_lines(report)
     lines += _not_assessed_lines(report)
     lines += [f"*stallscope {report.stallscope_version}*", ""]

@@ -82,9 +82,27 @@ class Step(msgspec.Struct, forbid_unknown_fields=True):
     trace: str | None = None  # the trace's label, when the report covers several
 
 
+class FindingRecording(msgspec.Struct, forbid_unknown_fields=True):
+    """One recording's own figures of a cause seen in several recordings of one process or
+    rank: its trace, title, severity, saving (of its own step) and evidence."""
+
+    trace: str
+    title: str
+    severity: Severity
+    estimated_saving_pct: float
+    saving_kind: str
+    predicted_step_us: float | None
+    plan_rank: int | None
+    caused_by: str | None
+    evidence: Json
+
+
 class Finding(msgspec.Struct, forbid_unknown_fields=True):
-    """One diagnosed bottleneck. `estimated_saving_pct` is of step time; `saving_kind` says
-    whether it was replayed (`replayed`) or is an upper bound (`upper_bound`)."""
+    """One diagnosed bottleneck: one per cause (rule, device, rank), however many recordings
+    show it. `estimated_saving_pct` is of step time; `saving_kind` says whether it was
+    replayed (`replayed`) or is an upper bound (`upper_bound`). Its fields are the recording
+    the report leads with (`trace`, whose plan is `plan`); `recordings` holds each recording's
+    own figures when several show the cause, else it is empty."""
 
     id: str
     title: str
@@ -105,6 +123,7 @@ class Finding(msgspec.Struct, forbid_unknown_fields=True):
     # with it (its bound beats the plan's first change, whose own range reaches the step
     # unchanged or stays under the bound).
     leads_plan: bool = False
+    recordings: list[FindingRecording] = []
 
 
 class Assessment(msgspec.Struct, forbid_unknown_fields=True):

@@ -11,6 +11,7 @@ from stallscope.report.labels import (
     category_name,
     floor_phrase,
     loader_story,
+    measured_phrase,
     not_estimated,
     pct_of,
     predicted,
@@ -34,16 +35,18 @@ def _p(text: object) -> str:
 
 def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> str:
     """The summary lines, newline-terminated; trace text made inert and cut per line."""
-    s = report.summary
+    s = report.shown_summary
     # The verdict whole (up to MAX_VERDICT): its end holds the fix and the predicted step,
     # what the user acts on (up to 525 characters on the committed traces).
     out = [f"stallscope: {plain(report.verdict, MAX_VERDICT)}"]
     if s["step_time_us"]:
         t = s["step_time_us"]
         across = ""
-        if len(report.traces) > 1:  # pooled: said so (each trace's own median is listed below)
-            across = (f" across {len(report.traces)} ranks" if report.ranks else
-                      f" of {len(report.traces)} traces together (each trace's own below)")
+        if report.figures_from:  # one trace's (the fix plan's), named; each one's own below
+            lead = report.lead_trace or {}
+            who = (f"rank {lead['rank']}" if report.ranks and lead.get("rank") is not None
+                   else _p(report.figures_from))
+            across = f" in {who} (the fix plan's; each trace's own below)"
         shares = ", ".join(f"{category_name(k)} {percent(v)}" for k, v in s["breakdown_pct"].items()
                            if v >= 0.5)
         out.append(
@@ -71,7 +74,9 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
                 )
     out += _plan_lines(report) + _what_if_lines(report)
     for f in report.findings[:MAX_FINDINGS]:
-        where = f" [{_p(f.trace)}]" if len(report.traces) > 1 else ""
+        others = len([r for r in f.recordings if r["trace"] != f.trace])
+        where = (f" [{_p(f.trace)}" + (f" and {others} more" if others else "") + "]"
+                 if len(report.traces) > 1 else "")
         out.append(f"  {f.severity.upper():<6} {f.id}{where}: {_p(f.title)} ({_saving(f)})")
     if len(report.findings) > MAX_FINDINGS:
         out.append(f"  ... and {len(report.findings) - MAX_FINDINGS} more in the report")
@@ -108,7 +113,7 @@ def _plan_lines(report: Report) -> list[str]:
         return []
     of = f" for {_p(plan['trace'])}" if len(report.traces) > 1 else ""
     out = [f"  fix plan{of} (replayed predictions, medians of {len(plan['steps_used'])} "
-           f"step(s), measured {ms(plan['measured_step_us'])} ms"
+           f"step(s), {measured_phrase(report, plan)}"
            + (f"; {profiler_phrase(plan)}" if profiler_phrase(plan) else "") + "):"]
     for i, (e, before) in enumerate(with_before(plan)[:MAX_PLAN_ENTRIES], 1):
         out.append(f"    {i}. {_p(e['change'])} ({e['id']}): {ms(before)} -> {predicted(e)} "

@@ -17,7 +17,7 @@ from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import Knobs
 from stallscope.diagnose.spec import Change, RuleSpec
-from stallscope.replay.loader import LoaderFacts, Rounds, worker_batch_us
+from stallscope.replay.loader import LoaderFacts, Rounds, shm_write_us, worker_batch_us
 from stallscope.replay.models.common import h2d_bytes_per_step
 from stallscope.replay.threads import OneThread
 from stallscope.runfacts import LoaderInfo, RunContext
@@ -444,8 +444,9 @@ class LoaderClass:
                       "saturated)" if isinstance(runq, int | float) and runq >= 0.1 else "")
             on = 1.0 - a["blocked_share"] if isinstance(a.get("blocked_share"), int | float) \
                 else (share or 1.0)
-            return (f" Loading computes: measured {where}, a batch's {millis(fetch, 'tenths')} ms "
-                    f"fetch is {percent(100 * on, 0)} on a core or queued for one{queued}, so "
+            return (f" Loading computes: measured {where}, a batch's dataset fetch "
+                    f"({millis(fetch, 'tenths')} ms, collate aside) is "
+                    f"{percent(100 * on, 0)} on a core or queued for one{queued}, so "
                     f"workers beyond {cap} only contend."
                     + (sampled or " Make samples cheaper: decode at the target size "
                        "(pillow-simd for PIL decode), lighter or GPU-side augmentation, or "
@@ -566,7 +567,7 @@ def _workers_advice(e: LoaderEvidence, s: Sizing) -> Advice:
     threads_text, threads_code = _threads_text(e, s)
     return Advice(
         f"{_where(e.info, change)}{where}: {_why(e, s)}."
-        f"{' Keep the workers alive across epochs.' if e.workers_now == 0 else ''}"
+        f"{_keep_alive(e) if e.workers_now == 0 else ''}"
         f"{_rounds_sentence(e)}{threads_text}{e.klass.sentence(e.cores)}",
         _snippet(e.info, change) + threads_code,
         _workers_precondition(e, s, "pin_memory" in change),
@@ -576,12 +577,27 @@ def _workers_advice(e: LoaderEvidence, s: Sizing) -> Advice:
     )
 
 
+def _keep_alive(e: LoaderEvidence) -> str:
+    """Why persistent_workers: a trainer re-creates its loader's iterator each epoch; a
+    server's loop makes one and keeps it, unless it loops over the loader again."""
+    if e.inference:
+        return (" Keep the workers alive between passes over the loader (each new iterator "
+                "starts them again).")
+    return " Keep the workers alive across epochs."
+
+
 def _why(e: LoaderEvidence, s: Sizing) -> str:
     """Load against the other work, and the count it gives, with its cap."""
     waiting = e.klass.bound == "waiting"
     at = " at one intra-op thread" if s.script_compute_us is not None else ""
+    shm = shm_write_us(e.batch_bytes) if e.workers_now == 0 else 0.0
+    load = (f"each batch would take a worker {millis(ms(s.per_batch_us), 'tenths')} ms (its "
+            f"{millis(ms(s.per_batch_us - shm), 'tenths')} ms of "
+            f"{'loading at one intra-op thread' if at else 'time in the loader per step'}, plus "
+            f"{millis(ms(shm), 'tenths')} ms writing it into shared memory)" if shm >= 50.0
+            else f"each batch takes {millis(ms(s.per_batch_us), 'tenths')} ms of loading")
     why = (
-        f"each batch takes {millis(ms(s.per_batch_us), 'tenths')} ms of loading against "
+        f"{load} against "
         f"{millis(ms(s.compute_us), 'tenths')} ms of other step work{at}, so "
         f"{plural(s.ideal, 'worker process', 'worker processes')} (load/compute rounded "
         f"up{', plus one spare' if e.workers_now == 0 else ''}) can prepare batches ahead of "

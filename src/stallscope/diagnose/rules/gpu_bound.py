@@ -302,10 +302,17 @@ def verdict_line(finding: Finding) -> str:
     return said + f" Only faster GPU work shortens it: {levers or 'faster top kernels'}."
 
 
-def short_kernel(name: str, width: int = 70) -> str:
-    """A kernel name a sentence can hold: no `void`, no argument list, at most `width` chars."""
+def short_kernel(name: str, width: int = 40) -> str:
+    """A kernel name a headline can hold: no `void`, no argument list, template arguments
+    collapsed to `<…>` where it is too long, then at most `width` characters, ending in an
+    ellipsis (the whole name is in the evidence's top kernels)."""
     name = name.removeprefix("void ").split("(", 1)[0].strip()
-    return name if len(name) <= width else name[: width - 3] + "..."
+    if len(name) > width:
+        previous = None
+        while previous != name:  # innermost template arguments first
+            previous, name = name, re.sub(r"<[^<>]*>", "\x00", name)
+        name = name.replace("\x00", "<\u2026>")
+    return name if len(name) <= width else name[: width - 1] + "\u2026"
 
 
 SPEC = RuleSpec(

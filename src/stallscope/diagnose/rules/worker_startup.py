@@ -57,7 +57,8 @@ def worker_startup(model: TraceModel, context: RunContext | None = None) -> Asse
     if bounds is None or not bounds["multi"].any():
         return Assessment(
             RULE_ID, "clear",
-            f"The DataLoader is {model.loader_kind}: no worker processes are started per epoch.",
+            f"The DataLoader is {model.loader_kind}: no worker processes are started "
+            + ("per pass over it." if model.workload == "inference" else "per epoch."),
         )
     respawns = bounds[bounds["new_iter"] & bounds["counted"]]
     n_boundaries = int(bounds["boundary"].sum())
