@@ -66,11 +66,21 @@ def side_causes(data: dict[str, Any]) -> dict[Key, SideCause]:
     """Every cause found on one side, with its recordings, in the order first found."""
     ranks = _ranks(data)
     causes: dict[Key, SideCause] = {}
-    for f in data.get("findings", []):
+    for f in _per_recording(data.get("findings", [])):
         causes.setdefault(_key(f, ranks), SideCause()).found.append((str(f.get("trace")), f))
     for key, cause in causes.items():
         _assess(cause, key, data, ranks)
     return causes
+
+
+def _per_recording(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each recording's own finding: a report over several recordings holds one finding per
+    cause, with every recording's figures in its `recordings`."""
+    out = []
+    for f in findings:
+        recordings = f.get("recordings") or []
+        out += [{**f, **r, "recordings": []} for r in recordings if isinstance(r, dict)] or [f]
+    return out
 
 
 def _assess(cause: SideCause, key: Key, data: dict[str, Any], ranks: dict[str, str]) -> None:
