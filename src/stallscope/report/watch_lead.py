@@ -69,10 +69,10 @@ def _capture_of(stretch: dict[str, Any], captures: list[dict[str, Any]]) -> int 
                  and _inside(c, first - reach, last + reach)]
     else:
         order = {"regime": 0, "first": 1} if stretch["kind"] == "regime" else {"first": 0}
-        found = sorted((order.get(c.get("kind") or "", 2), i)
-                       for i, c in enumerate(captures, 1)
-                       if c.get("kind") != "periodic" and _inside(c, first, last))
-        found = [i for _, i in found]
+        ranked = sorted((order.get(c.get("kind") or "", 2), i)
+                        for i, c in enumerate(captures, 1)
+                        if c.get("kind") != "periodic" and _inside(c, first, last))
+        found = [i for _, i in ranked]
     return found[0] if found else None
 
 
