@@ -142,7 +142,7 @@ def diagnosed(section: dict[str, Any]) -> int:
 
 
 def _time(ms_: float) -> str:
-    return f"{ms_ / 1000:.1f} s" if ms_ >= 1000 else f"{ms_:.0f} ms"
+    return f"{ms_ / 1000:.1f} s" if ms_ >= 1000 else millis(ms_, "whole", unit=True)
 
 
 def _what(section: dict[str, Any], lead: dict[str, Any]) -> str:
