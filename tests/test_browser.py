@@ -565,3 +565,70 @@ def test_severity_badges_meet_wcag_aa_contrast(browser: Any, tmp_path: Path):
     ratios = browser.execute_script(CONTRAST_JS)
     assert set(ratios) == {"high", "medium", "low", "info"}
     assert all(r >= 4.5 for r in ratios.values()), ratios
+
+
+OVERLAP_JS = r"""
+const boxes = [];
+for (const t of document.querySelectorAll(arguments[0] + ' text')) {
+  if (!t.checkVisibility() || !t.textContent.trim()) continue;
+  const r = t.getBoundingClientRect();
+  boxes.push([t.firstChild.textContent.trim(), r.left, r.top, r.right, r.bottom]);
+}
+const over = [];
+for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+  const [a, b] = [boxes[i], boxes[j]];
+  const w = Math.min(a[3], b[3]) - Math.max(a[1], b[1]);
+  const h = Math.min(a[4], b[4]) - Math.max(a[2], b[2]);
+  if (w > 0.5 && h > 0.5) over.push(a[0] + ' / ' + b[0]);
+}
+return [boxes.length, over];
+"""
+WATCH_CHART_TEXT_PX = 9  # issue 45: the watch chart's text fell to 7.6 px at 800 px
+
+
+def watch_pages(folder: Path) -> dict[str, Path]:
+    """Watch pages to read: a run whose loader slows after its first capture (two captures),
+    the committed H100 run with a blocking save every 25 steps (its recurring-stall marks),
+    and the same slowed run cut into eight regimes, four of them the machine's load and some a
+    few steps wide, with a stall marked every 2 steps (what a loaded machine made of one run)."""
+    from tests.test_watch_page import committed, slows_later, write_pages
+
+    pages = {"watch-slows-later": slows_later(folder / "slows"),
+             "watch-h100-save": committed("save", folder / "save")}
+    crowded = slows_later(folder / "crowded")
+    assert crowded.watch is not None
+    bounds = [1, 300, 305, 312, 330, 400, 404, 450, 601]
+    crowded.watch["regimes"] = [
+        {"first_step": a, "last_step": b - 1, "steps": b - a, "median_step_ms": 9.0 + i,
+         "loader_wait_share": 0.2, "share_of_wall": (b - a) / 600, "change": None,
+         "load": i % 2 == 1} for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False))]
+    crowded.watch["periodic"] = [{"kind": "periodic", "every_steps": 2, "first_step": 2,
+                                  "last_step": 600, "count": 300, "steps": list(range(2, 601, 2)),
+                                  "median_excess_ms": 3.0, "cost_ms": 900.0,
+                                  "share_of_wall": 0.15}]
+    pages["watch-crowded"] = crowded
+    return {name: write_pages(report, folder / name) / "report.html"
+            for name, report in pages.items()}
+
+
+def test_the_watch_page_reads_at_800_1280_1920(browser: Any, tmp_path: Path, artifacts: Path):
+    """At 800, 1280 and 1920 px: no text on the whole-run chart over another, chart text 9 px
+    or more, nothing wider than the window, and at 800 and 1280 px what the page leads with
+    (the costliest stretch, then its capture's verdict) on the first screen."""
+    for name, page in watch_pages(tmp_path).items():
+        console, requests = open_page(browser, page)
+        assert not severe(console) and not external(requests, page), name
+        for width in WIDTHS:
+            set_viewport(browser, width)
+            assert_chart_visible(browser, "svg#watch-chart")
+            count, over = browser.execute_script(OVERLAP_JS, "svg#watch-chart")
+            assert count >= 5 and not over, f"{name} at {width} px: {len(over)} overlaps {over[:6]}"
+            smallest, text = browser.execute_script(CHART_TEXT_JS)
+            assert smallest >= WATCH_CHART_TEXT_PX, (
+                f"{name} at {width} px: chart text {text!r} is {smallest:.1f} px")
+            assert_fits(browser, f"{name} at {width} px")
+            if width in (NARROW, VIEWPORT[0]):
+                for what in ("#watch-lead", "#verdict"):
+                    assert bottom_of(browser, what) <= VIEWPORT[1], f"{name}: {what} at {width}"
+            save_full_page(browser, artifacts, f"{name}-{width}", width)
+    browser.set_window_size(*VIEWPORT)

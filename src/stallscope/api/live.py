@@ -176,9 +176,9 @@ class ProfileSession:
         attach_run(report, [ctx], self.trace_dir, self.trace_dir.parent)
         if self.step_log is not None:
             from stallscope.commands.run import later_captures
-            from stallscope.report.watch_view import watch_section
+            from stallscope.report.watch_view import watch_report
 
-            report.watch = watch_section(self.step_log, report, later_captures(self.step_log))
+            report = watch_report(self.step_log, report, later_captures(self.step_log))
         self.report = Report(report)
         if self.out_dir is not None:
             self.report.save(self.out_dir)

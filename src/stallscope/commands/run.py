@@ -262,7 +262,8 @@ def step_log_path(out: Path, launch: Launch) -> Path:
 
 def later_captures(log: Path) -> list[dict[str, Any]]:
     """`watch`'s captures after the first (capture/recapture.py wrote one line each beside the
-    step log), each diagnosed from its own trace; the skipped and failed ones as they are."""
+    step log), each diagnosed from its own trace (its report kept in `report`, for the page to
+    lead with when its stretch lost the most); the skipped and failed ones as they are."""
     from stallscope.capture.steplog import captures_path
     from stallscope.commands.pipeline import analyze_paths
     from stallscope.report.json_writer import verdict_data
@@ -283,6 +284,7 @@ def later_captures(log: Path) -> list[dict[str, Any]]:
                 rec["failed"] = f"not analysed: {exc}"
             else:
                 rec["verdict"] = verdict_data(report)
+                rec["report"] = report
                 if rec.get("kind") == "periodic":
                     rec["stall"] = longest_step(report.steps)
         out.append(rec)
@@ -395,10 +397,10 @@ def _analyse(plan: RunPlan, launch: Launch, quiet: bool, fail_on: str | None, ct
     try:
         report = analyze_run(contexts, missing, plan)
         if plan.watch:
-            from stallscope.report.watch_view import watch_section
+            from stallscope.report.watch_view import watch_report
 
             log = step_log_path(plan.out, launch)
-            report.watch = watch_section(log, report, later_captures(log))
+            report = watch_report(log, report, later_captures(log))
     except NoStepsError as exc:
         seen = write_unrecorded(plan, contexts[0])
         if ctx.exit_status:

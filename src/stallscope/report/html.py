@@ -57,6 +57,9 @@ from stallscope.report.labels import (
 from stallscope.report.rank_table import ROWS_SHOWN, check_rows, rank_view
 from stallscope.report.recording import recording_lines
 from stallscope.report.watch_chart import watch_chart
+from stallscope.report.watch_lead import counts as watch_counts
+from stallscope.report.watch_lead import regime_labels
+from stallscope.report.watch_lead import title as watch_title
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
 from stallscope.units import fixed_size, millis, ms, percent, share_text
@@ -133,6 +136,7 @@ def jinja_env() -> jinja2.Environment:
     env.filters["millis"] = millis
     env.globals["clipped"] = clipped
     env.globals["category_name"] = category_name
+    env.globals["regime_names"] = regime_labels
     return env
 
 
@@ -255,6 +259,8 @@ def render_html(report: Report) -> str:
         headline=_headline(report),
         fix_plan=_fix_plan(report),
         watch_chart=watch_chart(report.watch) if report.watch else None,
+        watch_title=watch_title(report.watch, _lead_title(report)) if report.watch else None,
+        watch_counts=watch_counts(report.watch) if report.watch else None,
         what_if=_what_if(report.what_if, report.plan),
         savings=[_saving_view(report, f) for f in report.findings],
         others=[others_of(report, f) for f in report.findings],
@@ -270,6 +276,13 @@ def render_html(report: Report) -> str:
         trace_rows=report.traces[:ROWS_SHOWN],
         recording=_recording(report),
     )
+
+
+def _lead_title(report: Report) -> str | None:
+    """The finding a watch page's title names: the lead, unless every finding is minor."""
+    if report.lead is None or report.verdict_id in ("no-bottleneck", "no-finding"):
+        return None
+    return report.lead.title
 
 
 def _recording(report: Report) -> dict[str, Any] | None:

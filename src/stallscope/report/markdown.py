@@ -33,6 +33,7 @@ from stallscope.report.labels import (
 )
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
 from stallscope.report.recording import recording_lines
+from stallscope.report.watch_lead import capture_items, counts, periodic_items, regime_items
 from stallscope.text import md_code, plural
 from stallscope.units import millis, ms, percent, share_text
 
@@ -266,6 +267,27 @@ def _whose(report: Report) -> str:
     return _trace_name(str(report.figures_from))
 
 
+def _watch_lines(report: Report) -> list[str]:
+    """`stallscope watch`: the whole run (report/watch_lead.py): its steps, regimes, captures
+    with each one's verdict and plan, and recurring stalls; which capture the rest describes."""
+    w = report.watch
+    if not w:
+        return []
+    lines = ["## The whole run", ""]
+    lines += paragraph(
+        f"{plural(w['n_steps'], 'step')} timed over {w['wall_ms'] / 1000:.1f} s, median step "
+        f"{millis(w['median_step_ms'], 'tenths', missing='n/a')} ms (measured, outside the "
+        f"recorded windows). The findings and fix plan below are capture "
+        f"{w.get('diagnosed') or 1}'s; every step is in report.json ({code('watch.steps')}).")
+    for label, items, ordered in (("Regimes", regime_items(w) if len(w["regimes"]) > 1
+                                   else [], False),
+                                  ("Captures", capture_items(w), True),
+                                  ("Recurring stalls", periodic_items(w), False)):
+        if items:
+            lines += [f"{label}:", "", *bullets([prose(i) for i in items], ordered), ""]
+    return lines
+
+
 def _run_lines(report: Report) -> list[str]:
     """What the run itself says about its recording: forced settings, its own profiler, an
     early end."""
@@ -381,7 +403,10 @@ def _anatomy_lines(report: Report) -> list[str]:
 
 def render_markdown(report: Report) -> str:
     """The whole report.md: plain Markdown a ticket system renders, trace text inert."""
-    lines = ["# stallscope report", ""]
+    lines = ["# stallscope watch" if report.watch else "# stallscope report", ""]
+    if report.watch and report.watch.get("headline"):
+        lines += paragraph(f"**The whole run:** {counts(report.watch)}. "
+                           f"{prose(report.watch['headline']['text'])}")
     lines += paragraph(f"**Verdict:** {prose(report.verdict)}")
     versions: list[Any] = report.environment.get("torch_versions") or []
     if versions:
@@ -390,7 +415,7 @@ def render_markdown(report: Report) -> str:
         lines += paragraph(f"*{prose(report.workload_note)}*")
     # A job leads with its ranks (each one's step and shares), then the plan of one of them.
     ranks = _trace_lines(report) if report.ranks else []
-    lines += _run_lines(report) + _summary_lines(report) + ranks
+    lines += _run_lines(report) + _watch_lines(report) + _summary_lines(report) + ranks
     lines += _plan_lines(report) + _what_if_lines(report) + _finding_lines(report)
     lines += _anatomy_lines(report) + ([] if ranks else _trace_lines(report))
     lines += _recording_lines(report)

@@ -337,8 +337,9 @@ class WatchCapture(msgspec.Struct, forbid_unknown_fields=True):
     (`kind`: `first`, the report's own window; `regime`, a change in the step-time mix;
     `periodic`, a recurring stall; `why` in words), its trace (`trace`; null for the first,
     whose trace is the report's) and, for a periodic capture, the stall it holds (`stall`: its
-    longest recorded step, against their median, and that step's breakdown in percent).
-    Defaults and bounds: docs/watch.md."""
+    longest recorded step, against their median, and that step's breakdown in percent), and
+    its fix plan (`plan`: each change with the step before it and the replay's prediction
+    after it, in microseconds). Defaults and bounds: docs/watch.md."""
 
     first_step: int | None
     verdict: Verdict
@@ -346,6 +347,7 @@ class WatchCapture(msgspec.Struct, forbid_unknown_fields=True):
     why: str | None = None
     trace: str | None = None
     stall: WatchStall | None = None
+    plan: list[Json] | None = None
 
 
 class WatchStall(msgspec.Struct, forbid_unknown_fields=True):
@@ -360,7 +362,10 @@ class WatchStall(msgspec.Struct, forbid_unknown_fields=True):
 class Watch(msgspec.Struct):
     """`stallscope watch` only: the whole run step by step, where its step-time mix changed
     (`regimes`), its recurring stalls (`periodic`: at epoch starts, every N steps), the stalls
-    nothing explains (`outliers`), and the windows recorded under the profiler (`captures`).
+    nothing explains (`outliers`), and the windows recorded under the profiler (`captures`);
+    the stretch the report leads with (`headline`: the regime, recurring stall or best level
+    that lost the most time, what it lost and on what basis, the capture recorded in it, the
+    sentence) and the capture the report's findings and plan describe (`diagnosed`, 1-based).
     Method and thresholds: docs/watch.md."""
 
     n_steps: int
@@ -376,6 +381,8 @@ class Watch(msgspec.Struct):
     method: Json
     notes: list[str]
     step_log: str
+    headline: Json | None = None
+    diagnosed: int | None = None
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):

@@ -20,6 +20,7 @@ from stallscope.report.labels import (
     shared_saving,
     with_before,
 )
+from stallscope.report.watch_lead import capture_items, counts
 from stallscope.text import MAX_TERMINAL, plain
 from stallscope.units import ms, percent, share_text
 
@@ -38,7 +39,7 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
     s = report.shown_summary
     # The verdict whole (up to MAX_VERDICT): its end holds the fix and the predicted step,
     # what the user acts on (up to 525 characters on the committed traces).
-    out = [f"stallscope: {plain(report.verdict, MAX_VERDICT)}"]
+    out = [f"stallscope: {plain(report.verdict, MAX_VERDICT)}", *_watch_lines(report)]
     if s["step_time_us"]:
         t = s["step_time_us"]
         across = ""
@@ -90,6 +91,18 @@ def render_terminal(report: Report, outputs: dict[str, str] | None = None) -> st
     return "\n".join(out) + "\n"
 
 
+
+
+def _watch_lines(report: Report) -> list[str]:
+    """`stallscope watch`: the stretch the verdict speaks for, then the whole run: its counts
+    and each capture's verdict and plan."""
+    w = report.watch
+    if not w or not w.get("headline"):
+        return []
+    out = [f"  the whole run: {counts(w)}",
+           f"  {plain(w['headline']['text'], MAX_VERDICT)}"]
+    out += [f"  {_p(item.replace('`', ''))}" for item in capture_items(w, verdicts=False)]
+    return out
 
 
 def _saving(f: Finding) -> str:

@@ -4,6 +4,11 @@ wait under it, the regimes shaded, epochs, captures and periodic stalls marked.
 A run of days has millions of steps and the page must stay small: the steps are put in at most
 MAX_POINTS buckets, each drawn as its median (the line) and its slowest step (a faint line above:
 a stall every 500 steps still shows when 500 steps share a pixel).
+
+Every word on the chart stays readable where the page is narrowest (800 px shows the 920-unit
+chart about 0.8x: FONT units print at 9.6 px) and never covers another: the periodic stalls'
+marks sit in a band above the plot, one per MARK_GAP units; a regime's label is written only
+where its band holds it (its number alone where only that fits), its whole name in the tooltip.
 """
 
 from __future__ import annotations
@@ -13,11 +18,15 @@ from typing import Any
 
 from markupsafe import Markup
 
+from stallscope.report.watch_lead import is_load, regime_labels
 from stallscope.units import millis
 
-WIDTH, HEIGHT = 920.0, 240.0
-LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 14.0, 34.0
+WIDTH, HEIGHT = 920.0, 252.0
+LEFT, RIGHT, TOP, BOTTOM = 56.0, 12.0, 26.0, 36.0
 MAX_POINTS = 600
+FONT = 12.0  # every text on the chart, in chart units
+CHAR_W = 0.62 * FONT  # a generous width per character of the sans-serif face, for fitting
+MARK_GAP = 12.0  # least distance between two periodic-stall marks
 
 
 def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
@@ -63,14 +72,11 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
     profiled = [s["step"] for s in steps if s.get("profiled")]
     captures = [{"x": x_of(a), "w": _span(x_of, a, b, 2.0), "first": a, "last": b}
                 for a, b in _runs(profiled)]
-    regimes = [{"x": x_of(r["first_step"]), "w": _span(x_of, r["first_step"], r["last_step"]),
-                "label": f"regime {i + 1}", "odd": i % 2 == 1, "first": r["first_step"],
-                "last": r["last_step"], "median_ms": r.get("median_step_ms")}
-               for i, r in enumerate(watch.get("regimes") or [])
-               if r.get("first_step") is not None and r.get("last_step") is not None]
-    marks = [{"x": x_of(st), "every": p.get("every_steps"),
-              "what": "epoch start" if p.get("kind") == "epoch_start" else "periodic stall"}
-             for p in watch.get("periodic") or [] for st in (p.get("steps") or [])[:200]]
+    regimes = _regimes(watch.get("regimes") or [], x_of)
+    marks = _thinned([{"x": x_of(st), "every": p.get("every_steps"),
+                       "what": "epoch start" if p.get("kind") == "epoch_start"
+                       else "periodic stall"}
+                      for p in watch.get("periodic") or [] for st in (p.get("steps") or [])[:200]])
     ticks = [{"y": y_of(v), "ms": millis(v, "axis")} for v in (0, y_max / 2, y_max)]
     step_ticks = [{"x": x_of(v), "step": v} for v in _step_ticks(n)]
     return {"width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
@@ -79,8 +85,38 @@ def watch_chart(watch: dict[str, Any]) -> dict[str, Any] | None:
             "bottom": TOP + plot_h, "line": Markup(line), "peaks": Markup(peaks),
             "area": Markup(area),
             "epochs": epochs, "captures": captures, "regimes": regimes, "marks": marks,
-            "ticks": ticks, "step_ticks": step_ticks, "bucket": size, "steps": n,
+            "ticks": ticks, "step_ticks": step_ticks, "bucket": size, "steps": n, "font": FONT,
             "clipped": sum(1 for v in ordered if v > y_max)}
+
+
+def _fits(text: str, width: float) -> bool:
+    return len(text) * CHAR_W + 6.0 <= width
+
+
+def _regimes(found: list[dict[str, Any]], x_of: Any) -> list[dict[str, Any]]:
+    """Each regime's band; its label ("regime N", "machine load") where the band holds it, its
+    number (or "load") where only that fits, none where nothing does."""
+    out = []
+    for i, (r, name) in enumerate(zip(found, regime_labels(found), strict=True)):
+        if r.get("first_step") is None or r.get("last_step") is None:
+            continue
+        w = _span(x_of, r["first_step"], r["last_step"])
+        short = "load" if is_load(r) else name.split()[-1]
+        shown = next((t for t in (name, short) if _fits(t, w)), "")
+        out.append({"x": x_of(r["first_step"]), "w": w, "label": name, "shown": shown,
+                    "load": is_load(r), "odd": i % 2 == 1, "first": r["first_step"],
+                    "last": r["last_step"], "median_ms": r.get("median_step_ms")})
+    return out
+
+
+def _thinned(marks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """At most one mark per MARK_GAP units, left to right: stalls closer than that on the
+    chart would print one over another (every stall is in the list under the chart)."""
+    kept: list[dict[str, Any]] = []
+    for m in sorted(marks, key=lambda m: m["x"]):
+        if not kept or m["x"] - kept[-1]["x"] >= MARK_GAP:
+            kept.append(m)
+    return kept
 
 
 def _runs(steps: list[int]) -> list[tuple[int, int]]:
