@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stallscope import fanout, progress
+from stallscope.commands.one_job import mixed_jobs, refusal
 from stallscope.diagnose import Assessment, diagnose, diagnose_job
 from stallscope.diagnose.fixes import Change
 from stallscope.diagnose.plan import make_plan
@@ -105,6 +106,9 @@ def analyze_paths(
     results.sort(key=lambda r: (r[0].rank is None, r[0].rank or 0, r[0].path))
     _label_same_ranks(results)
     digests = [d for d, _ in results]
+    mixed = mixed_jobs(digests)
+    if mixed is not None:
+        raise InputError(refusal(mixed))
     if not any(d.steps for d in digests):
         unread = f" ({len(left_out):,} more could not be read)" if left_out else ""
         which = (f"{plain(files[0].name)} holds no" if len(files) == 1

@@ -9,7 +9,7 @@ report is built from digests alone, kilobytes per rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,8 @@ class TraceDigest:
     host_ops: HotTotals
     gpu_kernels: HotTotals
     timeline: dict[str, Any] | None = None  # drawn only where asked (see digest())
+    # The machine and the clock time of the first event: which recordings can be one job's.
+    origin: dict[str, Any] = field(default_factory=dict)
 
     def relabel(self, label: str) -> None:
         """Name the trace `label` everywhere this digest holds its name."""
@@ -106,6 +108,7 @@ def digest(model: TraceModel, plan: Plan | None, draw: bool) -> TraceDigest:
         notes=notes,
         devices=[{k: d.get(k) for k in DEVICE_KEYS if k in d} for d in trace.devices],
         distributed=dict(trace.distributed or {}),
+        origin={"host": trace.host, "start_us": trace.t0_us},
         schema=trace.schema,
         torch_label=trace.torch_info.label,
         work=rank_work(model),

@@ -178,6 +178,7 @@ class Metadata(msgspec.Struct):
     # machine (`cpus`: os.cpu_count()) they were recorded with.
     stallscope_sample: Any = None
     stallscope_recording: Any = None
+    host_name: Any = None  # Kineto's: the machine that recorded the trace
 
 
 _COMPLETE = "X".__eq__

@@ -181,6 +181,7 @@ class _RawMetadata(msgspec.Struct):
     stallscope: msgspec.Raw = _ABSENT
     stallscope_sample: msgspec.Raw = _ABSENT
     stallscope_recording: msgspec.Raw = _ABSENT
+    host_name: msgspec.Raw = _ABSENT
 
 
 _RAW_META = msgspec.json.Decoder(_RawMetadata)

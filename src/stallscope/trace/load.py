@@ -72,6 +72,7 @@ class Trace:
     # `args` fields of each event, same index as `events`: correlation, device, stream, bytes
     # (NaN where absent). They link runtime calls to GPU work and size the copies.
     args: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
+    host: str = ""  # the machine that recorded it, where the trace says (Kineto's host_name)
     # Set when another file of the job has the same rank: the label then names the file too,
     # so the two are kept apart (see commands/pipeline.py `_label_same_ranks`).
     alias: str = ""
@@ -302,6 +303,7 @@ def _build(path: Path, decoded: Decoded) -> Trace:
         skipped_events=cols.unreadable + cols.bad_times + implausible + far
         + cols.damage.events,
         truncated=decoded.truncated or decoded.unclosed,
+        host=meta.host_name if isinstance(meta.host_name, str) else "",
         notes=_load_notes(path, decoded, implausible, len(frame), far),
         args=args,
     )
