@@ -40,6 +40,7 @@ MIN_WINDOW_MS = 1000.0  # = wholerun.regimes.MIN_REGIME_MS: a shorter change is 
 LOAD_EXPLAINS = 0.5  # = wholerun.regimes.LOAD_EXPLAINS: a change the wait for a core explains
 LOAD_SHARE = 0.2  # = wholerun.regimes.LOAD_SHARE
 LOAD_SHARE_DELTA = 0.1  # = wholerun.regimes.LOAD_SHARE_DELTA
+LOAD_SPIN = 1.5  # = wholerun.regimes.LOAD_SPIN
 SPIKE_FACTOR = 2.0  # a step this many times the window's median is a stall
 MIN_PERIOD = 3  # a shorter gap is a slow loader round, not a periodic stall
 REPEATS = 4  # stalls one gap apart before a period is believed (3 made noise periods of 3)
@@ -66,12 +67,13 @@ class Start:
 
 @dataclass(frozen=True)
 class Level:
-    """A window's medians: step time (ms), loader-wait share, run-queue wait (ms; NaN: not
-    measured)."""
+    """A window's medians: step time (ms), loader-wait share, run-queue wait and process CPU
+    time (ms; NaN: not measured)."""
 
     step_ms: float
     share: float
     runq_ms: float
+    cpu_ms: float = math.nan
 
     def __iter__(self) -> Iterator[float]:
         return iter((self.step_ms, self.share, self.runq_ms))
@@ -86,7 +88,9 @@ def is_load(a: Level, b: Level) -> bool:
         return False
     grew = busy.step_ms - quiet.step_ms
     share_q, share_b = quiet.runq_ms / quiet.step_ms, busy.runq_ms / busy.step_ms
-    return grew > 0 and (busy.runq_ms - quiet.runq_ms >= LOAD_EXPLAINS * grew or (
+    spinning = (share_b >= LOAD_SHARE and quiet.cpu_ms > 0 and busy.cpu_ms > 0
+                and busy.cpu_ms / busy.step_ms >= LOAD_SPIN * quiet.cpu_ms / quiet.step_ms)
+    return grew > 0 and (busy.runq_ms - quiet.runq_ms >= LOAD_EXPLAINS * grew or spinning or (
         share_b >= LOAD_SHARE and share_b - share_q >= LOAD_SHARE_DELTA))
 
 
@@ -101,8 +105,8 @@ class Trigger:
     (`refused`)."""
 
     def __init__(self) -> None:
-        # step ms, loader share, run-queue wait ms (NaN: not measured)
-        self._recent: deque[tuple[float, float, float]] = deque(maxlen=MAX_SPAN)
+        # step ms, loader share, run-queue wait ms, CPU ms (NaN: not measured)
+        self._recent: deque[tuple[float, float, float, float]] = deque(maxlen=MAX_SPAN)
         self._ref: Level | None = None
         self._asked_ref: Level | None = None  # the reference a change was seen on
         self._spikes: deque[tuple[int, float]] = deque(maxlen=128)  # step, its time
@@ -113,19 +117,21 @@ class Trigger:
         self._every = EVERY  # steps between judgements
 
     def add(self, step: int, step_ms: float, wait_ms: float,
-            runq_ms: float = math.nan) -> Start | None:
-        """One unprofiled step (its number in the run, its wall time, loader wait and the
-        stepping thread's wait for a core, NaN where not measured)."""
+            runq_ms: float = math.nan, cpu_ms: float = math.nan) -> Start | None:
+        """One unprofiled step (its number in the run, its wall time, loader wait, the
+        stepping thread's wait for a core and the process's CPU time, NaN where not
+        measured)."""
         if not step_ms > 0:
             return None
         if self._median and step_ms >= SPIKE_FACTOR * self._median:
             self._spikes.append((step, step_ms))
         self._recent.append((step_ms, min(max(wait_ms, 0.0), step_ms) / step_ms,
-                             runq_ms if runq_ms >= 0 else math.nan))
+                             runq_ms if runq_ms >= 0 else math.nan,
+                             cpu_ms if cpu_ms >= 0 else math.nan))
         self._seen += 1
         if len(self._recent) < WINDOW or self._seen % self._every:
             return None
-        self._median = statistics.median(s for s, _, _ in self._last(WINDOW))
+        self._median = statistics.median(r[0] for r in self._last(WINDOW))
         span = self._span()
         # a quarter of the window between judgements: a second of 5 ms steps is 200 steps,
         # whose medians cost ~0.2 ms; judged every 5 steps that was 39 us a step
@@ -144,7 +150,7 @@ class Trigger:
         self._median = 0.0  # no spike is judged against the old pace
         self._every = EVERY
 
-    def _last(self, n: int) -> list[tuple[float, float, float]]:
+    def _last(self, n: int) -> list[tuple[float, float, float, float]]:
         """The last `n` steps (fewer while the window fills), without copying the rest."""
         return list(itertools.islice(reversed(self._recent), n))
 
@@ -156,12 +162,13 @@ class Trigger:
         """The last `n` steps' median step, loader share and run-queue wait, without their
         spikes."""
         rows = self._last(n)
-        cut = SPIKE_FACTOR * statistics.median(s for s, _, _ in rows)
+        cut = SPIKE_FACTOR * statistics.median(r[0] for r in rows)
         calm = [r for r in rows if r[0] < cut] or rows
-        runq = [q for _, _, q in calm if math.isfinite(q)]
-        return Level(statistics.median(s for s, _, _ in calm),
-                     statistics.median(w for _, w, _ in calm),
-                     statistics.median(runq) if len(runq) * 2 >= len(calm) else math.nan)
+        runq = [r[2] for r in calm if math.isfinite(r[2])]
+        cpu = [r[3] for r in calm if math.isfinite(r[3])]
+        return Level(statistics.median(r[0] for r in calm), statistics.median(r[1] for r in calm),
+                     statistics.median(runq) if len(runq) * 2 >= len(calm) else math.nan,
+                     statistics.median(cpu) if len(cpu) * 2 >= len(calm) else math.nan)
 
     def _change(self, step: int, now: Level) -> Start | None:
         assert self._ref is not None

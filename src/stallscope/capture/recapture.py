@@ -73,7 +73,7 @@ class LaterCaptures:
         return self.prof is not None and self.prof.step_num >= self.warmup
 
     def boundary(self, step: int, step_ms: float, wait_ms: float, profiled: bool,
-                 runq_ms: float = math.nan) -> None:
+                 runq_ms: float = math.nan, cpu_ms: float = math.nan) -> None:
         """Step `step` just ended after `step_ms` (it was recorded when `profiled`)."""
         if self.broken:
             return
@@ -83,7 +83,7 @@ class LaterCaptures:
                 return
             if not profiled:
                 self.plain.append(step_ms * 1e3)
-                start = self.trigger.add(step, step_ms, wait_ms, runq_ms)
+                start = self.trigger.add(step, step_ms, wait_ms, runq_ms, cpu_ms)
                 if start is not None:
                     self._consider(start, step)
             if self.pending is not None and step >= self.pending.at:

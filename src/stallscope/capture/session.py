@@ -348,7 +348,8 @@ class CaptureSession:
                                    profiled)
             if later is not None:
                 later.boundary(self.step_log.steps, self.step_log.last_step_ms,
-                               self.step_log.last_wait_ms, profiled, self.step_log.last_runq_ms)
+                               self.step_log.last_wait_ms, profiled, self.step_log.last_runq_ms,
+                               self.step_log.last_cpu_ms)
             if (self.max_seconds and not self.stop_requested
                     and time.monotonic() - self._started_at >= self.max_seconds
                     and threading.current_thread() is threading.main_thread()):

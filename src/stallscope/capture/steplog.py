@@ -61,6 +61,7 @@ class StepLog:
         self.steps = 0
         self.last_step_ms = self.last_wait_ms = 0.0  # the step logged last (capture/later.py)
         self.last_runq_ms = math.nan  # ... and its wait for a core (NaN: not measured)
+        self.last_cpu_ms = 0.0  # ... and the process's CPU time in it
         self._next_profiled = False  # the next step carries a trace's writing
         self._scalars = scalars  # a TensorBoard SummaryWriter, or None
         self._scalar_at = 0.0
@@ -85,11 +86,12 @@ class StepLog:
         profiled, self._next_profiled = profiled or self._next_profiled, False
         step_ms, wait_ms = (now - self._last) * 1e3, loader_wait_us / 1e3
         self.last_step_ms, self.last_wait_ms = step_ms, wait_ms
+        self.last_cpu_ms = (cpu - self._cpu) * 1e3
         self.last_runq_ms = runq - self._runq if runq >= 0 and self._runq >= 0 else math.nan
         runq_text = "null" if math.isnan(self.last_runq_ms) else f"{self.last_runq_ms:.4f}"
         # Formatted by hand: json.dumps of a dict costs several times as much, every step.
         line = (f'{{"step":{self.steps},"start_s":{self._last - self._first:.6f},'
-                f'"step_ms":{step_ms:.4f},"cpu_ms":{(cpu - self._cpu) * 1e3:.4f},'
+                f'"step_ms":{step_ms:.4f},"cpu_ms":{self.last_cpu_ms:.4f},'
                 f'"loader_wait_ms":{wait_ms:.4f},'
                 f'"runq_ms":{runq_text},'
                 f'"epoch":{"null" if epoch is None else int(epoch)},'

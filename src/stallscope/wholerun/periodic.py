@@ -145,6 +145,17 @@ def _slots(measured: np.ndarray | None, r: int, n: int, lo: int, hi: int, tol: i
     return int((right > left).sum())
 
 
+def _gaps(pos: np.ndarray, excess: np.ndarray) -> np.ndarray:
+    """Gaps between neighbouring spikes (next and next but one), among all spikes and among
+    the costlier ones: dozens of small spikes between 0.3 s saves must not hide the saves'
+    gap (it would be no gap between neighbours)."""
+    out = []
+    for cut in (-math.inf, float(np.median(excess)), 0.5 * float(excess.max())):
+        sub = pos[excess >= cut]
+        out += [np.diff(sub), sub[2:] - sub[:-2]]
+    return np.concatenate(out)
+
+
 def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
                  hi: int, measured: np.ndarray | None = None) -> tuple[int, np.ndarray] | None:
     """The period explaining most of `pos` (sorted step numbers of spikes costing `excess`),
@@ -156,7 +167,7 @@ def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
     """
     if pos.size < MIN_OCCURRENCES:
         return None
-    gaps = np.concatenate([np.diff(pos), pos[2:] - pos[:-2]])
+    gaps = _gaps(pos, excess)
     values, freq = np.unique(gaps[(gaps >= 2) & (gaps <= (hi - lo) // (MIN_OCCURRENCES - 1))],
                              return_counts=True)
     cands = values[np.lexsort((values, -freq))][:MAX_CANDIDATES]  # most frequent gaps first

@@ -36,6 +36,7 @@ REFINE_STEPS = 60  # steps each side of a boundary searched for where the median
 LOAD_EXPLAINS = 0.5  # the wait for a core explains this much of a slower stretch's growth ...
 LOAD_SHARE = 0.2  # ... or is this share of its step, at least ...
 LOAD_SHARE_DELTA = 0.1  # ... and this much more than the quieter neighbour's: machine load
+LOAD_SPIN = 1.5  # or CPU time per wall ms this many times the quieter's, with that wait
 NOISE_FLOOR = (0.02, 0.02)  # sd floors: log step time (2%), loader share (2 points)
 MAX_POINTS = 5000  # longer runs are searched on block means (the search is quadratic)
 
@@ -154,22 +155,36 @@ def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
     found = _merged(_describe_all(bounds, step_ms, wait_ms, drop, cpu_ms, runq_ms),
                     step_ms, wait_ms, drop, cpu_ms, runq_ms)
     bounds = refine(step_ms, wait_ms, spikes, [r.start for r in found] + [n])
-    found = _describe_all(bounds, step_ms, wait_ms, drop, cpu_ms, runq_ms)
-    found = label_load(found)
-    script = [r for r in found if r.load is None]
-    if len(script) == len(found):
-        return found
-    for r in found:
-        if r.load is not None:
+    script = _describe_all(bounds, step_ms, wait_ms, drop, cpu_ms, runq_ms)
+    loads: list[Regime] = []
+    for _ in range(len(bounds)):  # each round takes one stretch or more out: bounded
+        labelled = label_load(script)
+        new = [r for r in labelled if r.load is not None]
+        if not new:
+            break
+        loads += new
+        for r in new:
             drop[r.start:r.end] = True
-    # the script's stretches, each holding the load stretches after it (before it, at the
-    # start), described without them and merged while alike
-    starts = [r.start for r in script]
-    starts[0] = 0
-    merged = _merged(_describe_all(starts + [n], step_ms, wait_ms, drop, cpu_ms, runq_ms),
-                     step_ms, wait_ms, drop, cpu_ms, runq_ms)
-    return sorted(merged + [r for r in found if r.load is not None],
-                  key=lambda r: (r.start, r.load is not None))
+        # the script's stretches, each holding the load stretches after it (before it, at
+        # the start), described without them and merged while alike
+        starts = [r.start for r in labelled if r.load is None]
+        starts[0] = 0
+        script = _merged(_describe_all(starts + [n], step_ms, wait_ms, drop, cpu_ms, runq_ms),
+                         step_ms, wait_ms, drop, cpu_ms, runq_ms)
+    return sorted(script + _union(loads), key=lambda r: (r.start, r.load is not None))
+
+
+def _union(loads: list[Regime]) -> list[Regime]:
+    """Load stretches found in several rounds, overlapping ones joined (the longer's reason)."""
+    out: list[Regime] = []
+    for r in sorted(loads, key=lambda r: r.start):
+        if out and r.start <= out[-1].end:
+            last = out[-1]
+            keep = last if last.end - last.start >= r.end - r.start else r
+            out[-1] = replace(keep, start=last.start, end=max(last.end, r.end))
+        else:
+            out.append(r)
+    return out
 
 
 def _describe_all(bounds: list[int], step_ms: np.ndarray, wait_ms: np.ndarray,
@@ -262,9 +277,11 @@ def load_why(quiet: Regime, busy: Regime) -> str | None:
 
     Load is time the stepping thread spent runnable but waiting for a core: it waited that
     much more in each step (half the step's growth or more), or its wait's share of the step
-    grew by LOAD_SHARE_DELTA to at least LOAD_SHARE. The second catches intra-op threads
-    spinning while other processes hold the cores: the process then burns more CPU time for
-    the same work, so the step grows by more than the wait alone.
+    grew by LOAD_SHARE_DELTA to at least LOAD_SHARE, or it waited a material share
+    (LOAD_SHARE) while the process burned LOAD_SPIN times the CPU time per wall ms: intra-op
+    threads spinning while other processes hold the cores burn CPU without more work, so the
+    step grows by more than the wait alone. More work of the script's own on a busy machine
+    grows the step, the CPU time and the wait in proportion: none of the three.
     """
     if not (math.isfinite(quiet.median_runq_ms) and math.isfinite(busy.median_runq_ms)):
         return None
@@ -272,7 +289,11 @@ def load_why(quiet: Regime, busy: Regime) -> str | None:
     waited = busy.median_runq_ms - quiet.median_runq_ms
     share_q = quiet.median_runq_ms / quiet.median_step_ms
     share_b = busy.median_runq_ms / busy.median_step_ms
-    if grew <= 0 or not (waited >= LOAD_EXPLAINS * grew or (
+    cpu_q, cpu_b = quiet.median_cpu_ms, busy.median_cpu_ms
+    spinning = (share_b >= LOAD_SHARE and math.isfinite(cpu_q) and math.isfinite(cpu_b)
+                and cpu_q > 0
+                and cpu_b / busy.median_step_ms >= LOAD_SPIN * cpu_q / quiet.median_step_ms)
+    if grew <= 0 or not (waited >= LOAD_EXPLAINS * grew or spinning or (
             share_b >= LOAD_SHARE and share_b - share_q >= LOAD_SHARE_DELTA)):
         return None
     why = (f"the stepping thread waited for a core {millis(busy.median_runq_ms, 'tenths')} ms "
