@@ -136,28 +136,35 @@ def _slots(measured: np.ndarray | None, r: int, n: int, lo: int, hi: int, tol: i
     """The period's slots in [lo, hi] (phase `r`) where a stall could be seen: with a step
     measured within the tolerance (`measured`: sorted step numbers; None: all of them). A slot
     the profiler recorded (`watch`'s periodic capture takes one) was never judged."""
-    first, last = math.ceil((lo - r) / n), math.floor((hi - r) / n)
-    if measured is None or last < first:
-        return max(0, last - first + 1)
+    # a slot just past either end still counts when a step within the tolerance was measured
+    # (a hit there would otherwise outnumber the slots)
+    first, last = math.ceil((lo - tol - r) / n), math.floor((hi + tol - r) / n)
+    if measured is None:
+        measured = np.arange(lo, hi + 1)
+    if last < first:
+        return 0
     at = r + n * np.arange(first, last + 1)
     left = np.searchsorted(measured, at - tol, side="left")
     right = np.searchsorted(measured, at + tol, side="right")
     return int((right > left).sum())
 
 
-def _gaps(pos: np.ndarray, excess: np.ndarray) -> np.ndarray:
+def _gaps(pos: np.ndarray, excess: np.ndarray, levels: bool) -> np.ndarray:
     """Gaps between neighbouring spikes (next and next but one), among all spikes and among
     the costlier ones: dozens of small spikes between 0.3 s saves must not hide the saves'
-    gap (it would be no gap between neighbours)."""
+    gap (it would be no gap between neighbours). Without `levels`, among all spikes only."""
     out = []
-    for cut in (-math.inf, float(np.median(excess)), 0.5 * float(excess.max())):
+    cuts = (-math.inf, float(np.median(excess)), 0.5 * float(excess.max())) if levels else (
+        -math.inf,)
+    for cut in cuts:
         sub = pos[excess >= cut]
         out += [np.diff(sub), sub[2:] - sub[:-2]]
     return np.concatenate(out)
 
 
 def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
-                 hi: int, measured: np.ndarray | None = None) -> tuple[int, np.ndarray] | None:
+                 hi: int, measured: np.ndarray | None = None,
+                 levels: bool = True) -> tuple[int, np.ndarray] | None:
     """The period explaining most of `pos` (sorted step numbers of spikes costing `excess`),
     and which of them it explains.
 
@@ -167,7 +174,7 @@ def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
     """
     if pos.size < MIN_OCCURRENCES:
         return None
-    gaps = _gaps(pos, excess)
+    gaps = _gaps(pos, excess, levels)
     values, freq = np.unique(gaps[(gaps >= 2) & (gaps <= (hi - lo) // (MIN_OCCURRENCES - 1))],
                              return_counts=True)
     cands = values[np.lexsort((values, -freq))][:MAX_CANDIDATES]  # most frequent gaps first
@@ -229,7 +236,8 @@ def periodic_stalls(v: Valid, explained: np.ndarray, measured: np.ndarray | None
         idx = cand[hit]
         used[idx] = True
         big = idx[v.spikes.excess_ms[idx] > NESTED_FACTOR * np.median(v.spikes.excess_ms[idx])]
-        inner = _best_period(v.steps[big], v.spikes.excess_ms[big], lo, hi, measured)
+        inner = _best_period(v.steps[big], v.spikes.excess_ms[big], lo, hi, measured,
+                             levels=False)
         if inner is not None and inner[0] % n == 0 and inner[0] > n:
             outer = big[inner[1]]
             found.append(_entry(v, outer, kind="periodic", every_steps=int(inner[0])))
