@@ -25,6 +25,7 @@ import itertools
 import math
 import statistics
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from stallscope.units import millis, percent
@@ -36,6 +37,10 @@ EVERY = 5  # steps between two judgements at least
 STEP_RATIO = 1.15  # = wholerun.regimes.MIN_STEP_RATIO (tests/test_watch_later.py checks)
 SHARE_DELTA = 0.10  # = wholerun.regimes.MIN_SHARE_DELTA
 MIN_WINDOW_MS = 1000.0  # = wholerun.regimes.MIN_REGIME_MS: a shorter change is a blip
+LOAD_EXPLAINS = 0.5  # = wholerun.regimes.LOAD_EXPLAINS: a change the wait for a core explains
+LOAD_SHARE = 0.2  # = wholerun.regimes.LOAD_SHARE
+LOAD_SHARE_DELTA = 0.1  # = wholerun.regimes.LOAD_SHARE_DELTA
+LOAD_SPIN = 1.5  # = wholerun.regimes.LOAD_SPIN
 SPIKE_FACTOR = 2.0  # a step this many times the window's median is a stall
 MIN_PERIOD = 3  # a shorter gap is a slow loader round, not a periodic stall
 REPEATS = 4  # stalls one gap apart before a period is believed (3 made noise periods of 3)
@@ -60,6 +65,35 @@ class Start:
     every: int | None = None  # a periodic stall's gap, in steps
 
 
+@dataclass(frozen=True)
+class Level:
+    """A window's medians: step time (ms), loader-wait share, run-queue wait and process CPU
+    time (ms; NaN: not measured)."""
+
+    step_ms: float
+    share: float
+    runq_ms: float
+    cpu_ms: float = math.nan
+
+    def __iter__(self) -> Iterator[float]:
+        return iter((self.step_ms, self.share, self.runq_ms))
+
+
+def is_load(a: Level, b: Level) -> bool:
+    """The slower of two windows is the machine's load: the stepping thread's wait for a core
+    explains half its growth or more, or became a material share of its step (the rule of
+    wholerun/regimes.py `load_why`, so no capture is spent on what the report calls load)."""
+    quiet, busy = (a, b) if a.step_ms <= b.step_ms else (b, a)
+    if not (math.isfinite(quiet.runq_ms) and math.isfinite(busy.runq_ms)):
+        return False
+    grew = busy.step_ms - quiet.step_ms
+    share_q, share_b = quiet.runq_ms / quiet.step_ms, busy.runq_ms / busy.step_ms
+    spinning = (share_b >= LOAD_SHARE and quiet.cpu_ms > 0 and busy.cpu_ms > 0
+                and busy.cpu_ms / busy.step_ms >= LOAD_SPIN * quiet.cpu_ms / quiet.step_ms)
+    return grew > 0 and (busy.runq_ms - quiet.runq_ms >= LOAD_EXPLAINS * grew or spinning or (
+        share_b >= LOAD_SHARE and share_b - share_q >= LOAD_SHARE_DELTA))
+
+
 class Trigger:
     """Fed every step after the first capture; says when to begin the next one.
 
@@ -71,9 +105,10 @@ class Trigger:
     (`refused`)."""
 
     def __init__(self) -> None:
-        self._recent: deque[tuple[float, float]] = deque(maxlen=MAX_SPAN)
-        self._ref: tuple[float, float] | None = None  # median step ms, loader share
-        self._asked_ref: tuple[float, float] | None = None  # the reference a change was seen on
+        # step ms, loader share, run-queue wait ms, CPU ms (NaN: not measured)
+        self._recent: deque[tuple[float, float, float, float]] = deque(maxlen=MAX_SPAN)
+        self._ref: Level | None = None
+        self._asked_ref: Level | None = None  # the reference a change was seen on
         self._spikes: deque[tuple[int, float]] = deque(maxlen=128)  # step, its time
         self._periods_done: set[int] = set()
         self._seen = 0
@@ -81,17 +116,22 @@ class Trigger:
         self._median = 0.0  # the last WINDOW steps' median at the last judgement: spikes' yardstick
         self._every = EVERY  # steps between judgements
 
-    def add(self, step: int, step_ms: float, wait_ms: float) -> Start | None:
-        """One unprofiled step (its number in the run, its wall time and loader wait)."""
+    def add(self, step: int, step_ms: float, wait_ms: float,
+            runq_ms: float = math.nan, cpu_ms: float = math.nan) -> Start | None:
+        """One unprofiled step (its number in the run, its wall time, loader wait, the
+        stepping thread's wait for a core and the process's CPU time, NaN where not
+        measured)."""
         if not step_ms > 0:
             return None
         if self._median and step_ms >= SPIKE_FACTOR * self._median:
             self._spikes.append((step, step_ms))
-        self._recent.append((step_ms, min(max(wait_ms, 0.0), step_ms) / step_ms))
+        self._recent.append((step_ms, min(max(wait_ms, 0.0), step_ms) / step_ms,
+                             runq_ms if runq_ms >= 0 else math.nan,
+                             cpu_ms if cpu_ms >= 0 else math.nan))
         self._seen += 1
         if len(self._recent) < WINDOW or self._seen % self._every:
             return None
-        self._median = statistics.median(s for s, _ in self._last(WINDOW))
+        self._median = statistics.median(r[0] for r in self._last(WINDOW))
         span = self._span()
         # a quarter of the window between judgements: a second of 5 ms steps is 200 steps,
         # whose medians cost ~0.2 ms; judged every 5 steps that was 39 us a step
@@ -110,7 +150,7 @@ class Trigger:
         self._median = 0.0  # no spike is judged against the old pace
         self._every = EVERY
 
-    def _last(self, n: int) -> list[tuple[float, float]]:
+    def _last(self, n: int) -> list[tuple[float, float, float, float]]:
         """The last `n` steps (fewer while the window fills), without copying the rest."""
         return list(itertools.islice(reversed(self._recent), n))
 
@@ -118,27 +158,34 @@ class Trigger:
         """Steps in the judged window: a second's worth at the current pace."""
         return min(MAX_SPAN, max(WINDOW, math.ceil(MIN_WINDOW_MS / self._median)))
 
-    def _window(self, n: int) -> tuple[float, float]:
-        """The last `n` steps' median step, and median loader share, without their spikes."""
+    def _window(self, n: int) -> Level:
+        """The last `n` steps' median step, loader share and run-queue wait, without their
+        spikes."""
         rows = self._last(n)
-        cut = SPIKE_FACTOR * statistics.median(s for s, _ in rows)
-        calm = [(s, w) for s, w in rows if s < cut] or rows
-        return (statistics.median(s for s, _ in calm), statistics.median(w for _, w in calm))
+        cut = SPIKE_FACTOR * statistics.median(r[0] for r in rows)
+        calm = [r for r in rows if r[0] < cut] or rows
+        runq = [r[2] for r in calm if math.isfinite(r[2])]
+        cpu = [r[3] for r in calm if math.isfinite(r[3])]
+        return Level(statistics.median(r[0] for r in calm), statistics.median(r[1] for r in calm),
+                     statistics.median(runq) if len(runq) * 2 >= len(calm) else math.nan,
+                     statistics.median(cpu) if len(cpu) * 2 >= len(calm) else math.nan)
 
-    def _change(self, step: int, now: tuple[float, float]) -> Start | None:
+    def _change(self, step: int, now: Level) -> Start | None:
         assert self._ref is not None
-        (ref_ms, ref_share), (ms, share) = self._ref, now
+        (ref_ms, ref_share, _), (ms, share, _) = self._ref, now
         ratio = ms / ref_ms
         moved = abs(share - ref_share) >= SHARE_DELTA
-        if not (moved or ratio >= STEP_RATIO or ratio <= 1 / STEP_RATIO):
+        if not (moved or ratio >= STEP_RATIO or ratio <= 1 / STEP_RATIO) or is_load(
+                self._ref, now):
             self._held = 0
             return None
         self._held += 1
         if self._held < HOLD:
             return None
         n = self._span()
+        ref = self._ref
         self.rebase()
-        self._asked_ref = (ref_ms, ref_share)
+        self._asked_ref = ref
         return Start(step, "regime", (
             f"the median step went from {millis(ref_ms, 'tenths')} to {millis(ms, 'tenths')} ms "
             f"and the DataLoader wait from {percent(100 * ref_share, 0)} to "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections import deque
 from pathlib import Path
@@ -54,6 +55,9 @@ class LaterCaptures:
         self.bounds = Bounds(self.warmup + self.steps)
         self.bounds.last_end = first_end
         self.prof: Any = None
+        # every profiler this started, so the session never takes one for the script's
+        # (capture/foreign.py asks the session whose a starting profiler is)
+        self.started: list[Any] = []
         self.pending: Start | None = None
         self.started_at = 0
         self.index = 1  # the first capture is the session's own
@@ -70,7 +74,8 @@ class LaterCaptures:
         """Whether the step now starting is recorded (not the warm-up)."""
         return self.prof is not None and self.prof.step_num >= self.warmup
 
-    def boundary(self, step: int, step_ms: float, wait_ms: float, profiled: bool) -> None:
+    def boundary(self, step: int, step_ms: float, wait_ms: float, profiled: bool,
+                 runq_ms: float = math.nan, cpu_ms: float = math.nan) -> None:
         """Step `step` just ended after `step_ms` (it was recorded when `profiled`)."""
         if self.broken:
             return
@@ -80,7 +85,7 @@ class LaterCaptures:
                 return
             if not profiled:
                 self.plain.append(step_ms * 1e3)
-                start = self.trigger.add(step, step_ms, wait_ms)
+                start = self.trigger.add(step, step_ms, wait_ms, runq_ms, cpu_ms)
                 if start is not None:
                     self._consider(start, step)
             if self.pending is not None and step >= self.pending.at:
@@ -120,6 +125,7 @@ class LaterCaptures:
                             schedule=schedule(wait=0, warmup=self.warmup, active=self.steps,
                                               repeat=1),
                             on_trace_ready=self._ready, record_shapes=self.session.record_shapes)
+        self.started.append(self.prof)
         with usdt_filtered():
             self.prof.start()
         if self.warmup == 0:

@@ -269,7 +269,12 @@ class CaptureSession:
     # ------------------------------------------------------------ the script's own profiler
 
     def owns(self, prof: Any) -> bool:
-        return prof is self.prof or prof is self.prof.profiler
+        """`prof` is one of the profilers this session started: its first capture's, or a
+        later capture's (`watch`), either layer of it."""
+        mine = [self.prof]
+        if self.later is not None:
+            mine.extend(self.later.started)
+        return any(prof is p or prof is getattr(p, "profiler", None) for p in mine)
 
     def own_running(self) -> bool:
         return self._started and not self.done
@@ -343,7 +348,8 @@ class CaptureSession:
                                    profiled)
             if later is not None:
                 later.boundary(self.step_log.steps, self.step_log.last_step_ms,
-                               self.step_log.last_wait_ms, profiled)
+                               self.step_log.last_wait_ms, profiled, self.step_log.last_runq_ms,
+                               self.step_log.last_cpu_ms)
             if (self.max_seconds and not self.stop_requested
                     and time.monotonic() - self._started_at >= self.max_seconds
                     and threading.current_thread() is threading.main_thread()):

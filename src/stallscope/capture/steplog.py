@@ -7,10 +7,13 @@ is a perf_counter read, a few float operations and a string format (benchmarks/b
 measures it beside the hooks it rides on).
 
 A line: `{"step": 12, "start_s": 3.914, "step_ms": 41.2, "cpu_ms": 12.0, "loader_wait_ms":
-30.1, "epoch": 0, "profiled": false}`: the step's number (1-based, from the first boundary), when
-it began (seconds after the first boundary), its wall time, the process's CPU time in it (all
-threads: a step that got slower while its CPU time did not waited outside the process), the time
-the training process spent waiting in DataLoader `__next__` during it, the epoch of the loader
+30.1, "runq_ms": 0.2, "epoch": 0, "profiled": false}`: the step's number (1-based, from the
+first boundary), when it began (seconds after the first boundary), its wall time, the process's
+CPU time in it (all threads: a step that got slower while its CPU time did not waited outside
+the process), the time the training process spent waiting in DataLoader `__next__` during it,
+the stepping thread's time runnable but waiting for a core (schedstat, null where the kernel
+does not say: time other load held the core; a pread of a descriptor kept open, about as cheap
+as the clock reads), the epoch of the loader
 whose batch opened it (None without a torch DataLoader), and whether the profiler recorded it (a
 profiled step is slower: watch's analysis sets those aside). stallscope/wholerun/series.py reads
 it.
@@ -19,12 +22,15 @@ it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
+
+from stallscope.capture import schedstat
 
 FLUSH_S = 1.0  # a report read mid-run is at most this late
 SCALAR_S = 0.5  # TensorBoard gets a point (the mean of the steps since the last) this often
@@ -50,9 +56,12 @@ class StepLog:
         self._pid = os.getpid()
         self._started = False
         self._first = self._last = self._cpu = 0.0
+        self._runq = -1.0  # the stepping thread's run-queue wait so far (ms; < 0: unknown)
         self._flushed = time.perf_counter()
         self.steps = 0
         self.last_step_ms = self.last_wait_ms = 0.0  # the step logged last (capture/later.py)
+        self.last_runq_ms = math.nan  # ... and its wait for a core (NaN: not measured)
+        self.last_cpu_ms = 0.0  # ... and the process's CPU time in it
         self._next_profiled = False  # the next step carries a trace's writing
         self._scalars = scalars  # a TensorBoard SummaryWriter, or None
         self._scalar_at = 0.0
@@ -66,22 +75,28 @@ class StepLog:
         now, cpu = time.perf_counter(), time.process_time()
         if self._fh is None or os.getpid() != self._pid:
             return  # closed, or a process the script forked: never ours to write
+        sched = schedstat.thread_times_ns()
+        runq = -1.0 if sched is None else sched[1] / 1e6
         if not self._started:  # the first boundary: what came before it was start-up
             self._started = True
             self._first = self._last = now
-            self._cpu = cpu
+            self._cpu, self._runq = cpu, runq
             return
         self.steps += 1
         profiled, self._next_profiled = profiled or self._next_profiled, False
         step_ms, wait_ms = (now - self._last) * 1e3, loader_wait_us / 1e3
         self.last_step_ms, self.last_wait_ms = step_ms, wait_ms
+        self.last_cpu_ms = (cpu - self._cpu) * 1e3
+        self.last_runq_ms = runq - self._runq if runq >= 0 and self._runq >= 0 else math.nan
+        runq_text = "null" if math.isnan(self.last_runq_ms) else f"{self.last_runq_ms:.4f}"
         # Formatted by hand: json.dumps of a dict costs several times as much, every step.
         line = (f'{{"step":{self.steps},"start_s":{self._last - self._first:.6f},'
-                f'"step_ms":{step_ms:.4f},"cpu_ms":{(cpu - self._cpu) * 1e3:.4f},'
+                f'"step_ms":{step_ms:.4f},"cpu_ms":{self.last_cpu_ms:.4f},'
                 f'"loader_wait_ms":{wait_ms:.4f},'
+                f'"runq_ms":{runq_text},'
                 f'"epoch":{"null" if epoch is None else int(epoch)},'
                 f'"profiled":{"true" if profiled else "false"}}}\n')
-        self._last, self._cpu = now, cpu
+        self._last, self._cpu, self._runq = now, cpu, runq
         try:
             self._fh.write(line)
             if now - self._flushed >= FLUSH_S:

@@ -318,7 +318,9 @@ class WatchStep(msgspec.Struct):
     """One step of a watched run (capture/steplog.py): its wall time and the process's CPU time
     in it, its DataLoader wait, its loader's epoch, when it began (s after the first boundary),
     whether it was recorded under the profiler (then slower, set aside) and whether it stood
-    out as a stall (`spike`). Null where not measured."""
+    out as a stall (`spike`); the stepping thread's wait for a core in it (`runq_ms`) and
+    whether it lies in a stretch the machine's load explains (`load`). Null where not
+    measured."""
 
     step: int
     step_ms: float | None
@@ -329,6 +331,8 @@ class WatchStep(msgspec.Struct):
     start_s: float | None
     profiled: bool
     spike: bool
+    runq_ms: float | None = None
+    load: bool = False
 
 
 class WatchCapture(msgspec.Struct, forbid_unknown_fields=True):
@@ -362,10 +366,11 @@ class WatchStall(msgspec.Struct, forbid_unknown_fields=True):
 class Watch(msgspec.Struct):
     """`stallscope watch` only: the whole run step by step, where its step-time mix changed
     (`regimes`), its recurring stalls (`periodic`: at epoch starts, every N steps), the stalls
-    nothing explains (`outliers`), and the windows recorded under the profiler (`captures`);
-    the stretch the report leads with (`headline`: the regime, recurring stall or best level
-    that lost the most time, what it lost and on what basis, the capture recorded in it, the
-    sentence) and the capture the report's findings and plan describe (`diagnosed`, 1-based).
+    nothing explains (`outliers`), the windows recorded under the profiler (`captures`), the
+    stretches other load on the machine explains (`load`: no regime, no capture); the stretch
+    the report leads with (`headline`: the regime, recurring stall or best level that lost the
+    most time, what it lost and on what basis, the capture recorded in it, the sentence) and
+    the capture the report's findings and plan describe (`diagnosed`, 1-based).
     Method and thresholds: docs/watch.md."""
 
     n_steps: int
@@ -383,6 +388,7 @@ class Watch(msgspec.Struct):
     step_log: str
     headline: Json | None = None
     diagnosed: int | None = None
+    load: list[Json] = []
 
 
 class Report(msgspec.Struct, forbid_unknown_fields=True):

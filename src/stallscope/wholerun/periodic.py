@@ -132,8 +132,39 @@ def _chance(hits: int, slots: int, spikes: int, span: int, tol: int) -> float:
     return min(1.0, tail * spikes * (spikes - 1) / 2)
 
 
+def _slots(measured: np.ndarray | None, r: int, n: int, lo: int, hi: int, tol: int) -> int:
+    """The period's slots in [lo, hi] (phase `r`) where a stall could be seen: with a step
+    measured within the tolerance (`measured`: sorted step numbers; None: all of them). A slot
+    the profiler recorded (`watch`'s periodic capture takes one) was never judged."""
+    # a slot just past either end still counts when a step within the tolerance was measured
+    # (a hit there would otherwise outnumber the slots)
+    first, last = math.ceil((lo - tol - r) / n), math.floor((hi + tol - r) / n)
+    if measured is None:
+        measured = np.arange(lo, hi + 1)
+    if last < first:
+        return 0
+    at = r + n * np.arange(first, last + 1)
+    left = np.searchsorted(measured, at - tol, side="left")
+    right = np.searchsorted(measured, at + tol, side="right")
+    return int((right > left).sum())
+
+
+def _gaps(pos: np.ndarray, excess: np.ndarray, levels: bool) -> np.ndarray:
+    """Gaps between neighbouring spikes (next and next but one), among all spikes and among
+    the costlier ones: dozens of small spikes between 0.3 s saves must not hide the saves'
+    gap (it would be no gap between neighbours). Without `levels`, among all spikes only."""
+    out = []
+    cuts = (-math.inf, float(np.median(excess)), 0.5 * float(excess.max())) if levels else (
+        -math.inf,)
+    for cut in cuts:
+        sub = pos[excess >= cut]
+        out += [np.diff(sub), sub[2:] - sub[:-2]]
+    return np.concatenate(out)
+
+
 def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
-                 hi: int) -> tuple[int, np.ndarray] | None:
+                 hi: int, measured: np.ndarray | None = None,
+                 levels: bool = True) -> tuple[int, np.ndarray] | None:
     """The period explaining most of `pos` (sorted step numbers of spikes costing `excess`),
     and which of them it explains.
 
@@ -143,7 +174,7 @@ def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
     """
     if pos.size < MIN_OCCURRENCES:
         return None
-    gaps = np.concatenate([np.diff(pos), pos[2:] - pos[:-2]])
+    gaps = _gaps(pos, excess, levels)
     values, freq = np.unique(gaps[(gaps >= 2) & (gaps <= (hi - lo) // (MIN_OCCURRENCES - 1))],
                              return_counts=True)
     cands = values[np.lexsort((values, -freq))][:MAX_CANDIDATES]  # most frequent gaps first
@@ -164,7 +195,7 @@ def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
             hit = np.zeros(pos.size, dtype=bool)  # one spike per slot: the costliest
             hit[near[order[first]]] = True
             k = int(first.size)
-            slots = math.floor((hi - r) / n) - math.ceil((lo - r) / n) + 1
+            slots = _slots(measured, r, n, lo, hi, tol)
             if k < MIN_OCCURRENCES or slots <= 0 or k / slots < MIN_COVERAGE:
                 continue
             big = excess >= 0.5 * np.median(excess[hit])
@@ -180,23 +211,33 @@ def _best_period(pos: np.ndarray, excess: np.ndarray, lo: int,
     return best[1], best[2]
 
 
-def periodic_stalls(v: Valid, explained: np.ndarray) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Periodic stalls among the spikes not yet explained, and the positions they explain."""
+def periodic_stalls(v: Valid, explained: np.ndarray, measured: np.ndarray | None = None
+                    ) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """Periodic stalls among the spikes not yet explained, and the positions they explain.
+
+    The run's first step is never one: it holds the start-up (first batch, caches, workers)
+    and would otherwise pose as the first of any period it happens to fall in. `measured`:
+    the steps a stall could have been seen at (sorted; the valid steps when None).
+    """
     used = explained.copy()
     found: list[dict[str, Any]] = []
     if v.steps.size == 0:
         return found, used
     lo, hi = int(v.steps[0]), int(v.steps[-1])
+    startup = np.zeros(v.steps.size, dtype=bool)
+    startup[0] = True
+    measured = np.sort(v.steps) if measured is None else np.sort(measured)
     for _ in range(MAX_PERIODS):
-        cand = np.flatnonzero(v.spikes.mask & ~used)
-        got = _best_period(v.steps[cand], v.spikes.excess_ms[cand], lo, hi)
+        cand = np.flatnonzero(v.spikes.mask & ~used & ~startup)
+        got = _best_period(v.steps[cand], v.spikes.excess_ms[cand], lo, hi, measured)
         if got is None:
             break
         n, hit = got
         idx = cand[hit]
         used[idx] = True
         big = idx[v.spikes.excess_ms[idx] > NESTED_FACTOR * np.median(v.spikes.excess_ms[idx])]
-        inner = _best_period(v.steps[big], v.spikes.excess_ms[big], lo, hi)
+        inner = _best_period(v.steps[big], v.spikes.excess_ms[big], lo, hi, measured,
+                             levels=False)
         if inner is not None and inner[0] % n == 0 and inner[0] > n:
             outer = big[inner[1]]
             found.append(_entry(v, outer, kind="periodic", every_steps=int(inner[0])))

@@ -17,12 +17,12 @@ rate on steady runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import ruptures as rpt  # type: ignore[import-untyped]
 
-from stallscope.units import percent
+from stallscope.units import millis, percent
 from stallscope.wholerun.spikes import robust_sd, rolling_median
 
 MIN_STEPS = 20  # fewer valid steps: one regime, no search (nothing to split reliably)
@@ -31,7 +31,12 @@ PEN_BETA = 4.0  # penalty per change = PEN_BETA * log(n), in noise-sd units (2 f
 MIN_STEP_RATIO = 1.15  # adjacent regimes closer than this in median step time ...
 MIN_SHARE_DELTA = 0.10  # ... and closer than this in loader share are one regime
 NOISE_LAGS = (1, 5, 20)
-MIN_REGIME_MS = 1000.0  # a regime shorter than 1 s of wall time is a blip, not a regime
+MIN_REGIME_MS = 1000.0  # a change adding up to less over the shorter side's steps is a blip
+REFINE_STEPS = 60  # steps each side of a boundary searched for where the median switches
+LOAD_EXPLAINS = 0.5  # the wait for a core explains this much of a slower stretch's growth ...
+LOAD_SHARE = 0.2  # ... or is this share of its step, at least ...
+LOAD_SHARE_DELTA = 0.1  # ... and this much more than the quieter neighbour's: machine load
+LOAD_SPIN = 1.5  # or CPU time per wall ms this many times the quieter's, with that wait
 NOISE_FLOOR = (0.02, 0.02)  # sd floors: log step time (2%), loader share (2 points)
 MAX_POINTS = 5000  # longer runs are searched on block means (the search is quadratic)
 
@@ -46,6 +51,8 @@ class Regime:
     median_wait_ms: float
     wait_share: float
     median_cpu_ms: float = math.nan  # NaN when the process's CPU time was not measured
+    median_runq_ms: float = math.nan  # the stepping thread's wait for a core; NaN: not measured
+    load: str | None = None  # why the machine's load explains the stretch (then no regime)
 
 
 def _noise_sd(x: np.ndarray, floor: float) -> float:
@@ -79,7 +86,8 @@ def _flatten(x: np.ndarray, spikes: np.ndarray) -> np.ndarray:
 
 
 def _describe(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
-              start: int, end: int, cpu_ms: np.ndarray | None = None) -> Regime:
+              start: int, end: int, cpu_ms: np.ndarray | None = None,
+              runq_ms: np.ndarray | None = None) -> Regime:
     keep = ~spikes[start:end]
     if not keep.any():
         keep = np.ones(end - start, dtype=bool)
@@ -90,8 +98,13 @@ def _describe(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
         c = cpu_ms[start:end][keep]
         c = c[np.isfinite(c)]
         cpu = float(np.median(c)) if c.size >= max(3, keep.sum() // 2) else math.nan
+    runq = math.nan
+    if runq_ms is not None:
+        q = runq_ms[start:end][keep]
+        q = q[np.isfinite(q)]
+        runq = float(np.median(q)) if q.size >= max(3, keep.sum() // 2) else math.nan
     return Regime(start, end, float(np.median(s)), float(np.median(w)),
-                  float(np.median(w / s)), cpu)
+                  float(np.median(w / s)), cpu, runq)
 
 
 def _close(a: Regime, b: Regime) -> float | None:
@@ -123,49 +136,174 @@ def change_points(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
 
 
 def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
-                 beta: float = PEN_BETA, cpu_ms: np.ndarray | None = None) -> list[Regime]:
-    """Regimes over the valid steps, adjacent ones merged while too alike to act on.
+                 beta: float = PEN_BETA, cpu_ms: np.ndarray | None = None,
+                 runq_ms: np.ndarray | None = None) -> list[Regime]:
+    """Stretches over the valid steps: the script's regimes, and between them the stretches
+    the machine's load explains (`load` says why; they are no regime of the script's).
 
-    `cpu_ms` (optional) only describes the regimes: it never moves a boundary.
+    The penalised search proposes boundaries; adjacent stretches too alike to act on, or whose
+    difference adds up to less than MIN_REGIME_MS over the shorter one's steps, are merged;
+    each boundary left is moved to the step where the median level switches; stretches that
+    other load explains are labelled; and the script's stretches on either side of a load
+    stretch are merged when alike. `cpu_ms` and `runq_ms` never move a boundary.
     """
     n = step_ms.size
     if n == 0:
         return []
     bounds = [0] + change_points(step_ms, wait_ms, spikes, beta)
-    pairs = zip(bounds[:-1], bounds[1:], strict=True)
-    regimes = [_describe(step_ms, wait_ms, spikes, a, b, cpu_ms) for a, b in pairs]
-    while len(regimes) > 1:
-        i = _next_merge(regimes, step_ms)
+    drop = spikes.copy()
+    found = _merged(_describe_all(bounds, step_ms, wait_ms, drop, cpu_ms, runq_ms),
+                    step_ms, wait_ms, drop, cpu_ms, runq_ms)
+    bounds = refine(step_ms, wait_ms, spikes, [r.start for r in found] + [n])
+    script = _describe_all(bounds, step_ms, wait_ms, drop, cpu_ms, runq_ms)
+    loads: list[Regime] = []
+    for _ in range(len(bounds)):  # each round takes one stretch or more out: bounded
+        labelled = label_load(script)
+        new = [r for r in labelled if r.load is not None]
+        if not new:
+            break
+        loads += new
+        for r in new:
+            drop[r.start:r.end] = True
+        # the script's stretches, each holding the load stretches after it (before it, at
+        # the start), described without them and merged while alike
+        starts = [r.start for r in labelled if r.load is None]
+        starts[0] = 0
+        script = _merged(_describe_all(starts + [n], step_ms, wait_ms, drop, cpu_ms, runq_ms),
+                         step_ms, wait_ms, drop, cpu_ms, runq_ms)
+    return sorted(script + _union(loads), key=lambda r: (r.start, r.load is not None))
+
+
+def _union(loads: list[Regime]) -> list[Regime]:
+    """Load stretches found in several rounds, overlapping ones joined (the longer's reason)."""
+    out: list[Regime] = []
+    for r in sorted(loads, key=lambda r: r.start):
+        if out and r.start <= out[-1].end:
+            last = out[-1]
+            keep = last if last.end - last.start >= r.end - r.start else r
+            out[-1] = replace(keep, start=last.start, end=max(last.end, r.end))
+        else:
+            out.append(r)
+    return out
+
+
+def _describe_all(bounds: list[int], step_ms: np.ndarray, wait_ms: np.ndarray,
+                  drop: np.ndarray, cpu_ms: np.ndarray | None,
+                  runq_ms: np.ndarray | None) -> list[Regime]:
+    return [_describe(step_ms, wait_ms, drop, a, b, cpu_ms, runq_ms)
+            for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _merged(found: list[Regime], step_ms: np.ndarray, wait_ms: np.ndarray, drop: np.ndarray,
+            cpu_ms: np.ndarray | None, runq_ms: np.ndarray | None) -> list[Regime]:
+    """Adjacent stretches merged, the most alike pair first, while one is too alike to act on
+    or too small to matter."""
+    found = list(found)
+    while len(found) > 1:
+        i = _next_merge(found)
         if i is None:
             break
-        merged = _describe(step_ms, wait_ms, spikes, regimes[i].start, regimes[i + 1].end,
-                           cpu_ms)
-        regimes[i:i + 2] = [merged]
-    return regimes
+        found[i:i + 2] = [_describe(step_ms, wait_ms, drop, found[i].start, found[i + 1].end,
+                                    cpu_ms, runq_ms)]
+    return found
 
 
-def _next_merge(regimes: list[Regime], step_ms: np.ndarray) -> int | None:
-    """The pair to merge next: the most alike pair too close to act on, else the shortest
-    regime under MIN_REGIME_MS with its more alike neighbour; None when all may stay."""
-    scores = [_close(a, b) for a, b in zip(regimes[:-1], regimes[1:], strict=True)]
+def _next_merge(found: list[Regime]) -> int | None:
+    """The pair to merge next: the most alike pair too close to act on, else the pair whose
+    difference adds up to the least time over the shorter one's steps, when under
+    MIN_REGIME_MS; None when all may stay."""
+    pairs = list(zip(found[:-1], found[1:], strict=True))
+    scores = [_close(a, b) for a, b in pairs]
     candidates = [(s, i) for i, s in enumerate(scores) if s is not None]
     if candidates:
         return min(candidates)[1]
-    walls = [float(step_ms[r.start:r.end].sum()) for r in regimes]
-    k = int(np.argmin(walls))
-    if walls[k] >= MIN_REGIME_MS:
+    stakes = [_stake(a, b) for a, b in pairs]
+    k = int(np.argmin(stakes))
+    return k if stakes[k] < MIN_REGIME_MS else None
+
+
+def _stake(a: Regime, b: Regime) -> float:
+    """What the difference between two adjacent stretches adds up to over the shorter one's
+    steps (ms): 0.1 ms over 50 steps is no regime, 34 ms over 200 steps is."""
+    diff = max(abs(a.median_step_ms - b.median_step_ms), abs(a.median_wait_ms - b.median_wait_ms))
+    return diff * min(a.end - a.start, b.end - b.start)
+
+
+def refine(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
+           bounds: list[int]) -> list[int]:
+    """Each inner boundary (`bounds`: starts, then the end) moved to the step where the median
+    level switches: the split of the steps around it (at most REFINE_STEPS each side, within
+    the two stretches) with the least absolute deviation from each side's median. The l2
+    search places a boundary where its criterion first pays, which a ramp, a stall or noise
+    near the change can move by tens of steps."""
+    if len(bounds) <= 2:
+        return bounds
+    feats = [_flatten(np.log(step_ms), spikes), _flatten(wait_ms / step_ms, spikes)]
+    signal = [f / _noise_sd(f, floor) for f, floor in zip(feats, NOISE_FLOOR, strict=True)]
+    out = list(bounds)
+    for j in range(1, len(bounds) - 1):
+        lo = max(out[j - 1], bounds[j] - REFINE_STEPS)
+        hi = min(bounds[j + 1], bounds[j] + REFINE_STEPS)
+        best = (math.inf, 0, bounds[j])
+        for k in range(lo + 1, hi):
+            cost = sum(_l1(x[lo:k]) + _l1(x[k:hi]) for x in signal)
+            key = (cost, abs(k - bounds[j]), k)
+            if key < best:
+                best = key
+        out[j] = best[2]
+    return out
+
+
+def _l1(x: np.ndarray) -> float:
+    return float(np.abs(x - np.median(x)).sum())
+
+
+def label_load(found: list[Regime]) -> list[Regime]:
+    """Each stretch slower than a neighbour by what other load explains, labelled as load (the
+    fastest stretch never is: it is what the load is measured against)."""
+    out = list(found)
+    for j, cur in enumerate(found):
+        for i in (j - 1, j + 1):
+            if 0 <= i < len(found) and found[i].median_step_ms < cur.median_step_ms:
+                why = load_why(found[i], cur)
+                if why is not None:
+                    out[j] = replace(cur, load=why)
+                    break
+    return out
+
+
+def load_why(quiet: Regime, busy: Regime) -> str | None:
+    """Why `busy` (slower than `quiet`) is the machine's load, or None when it is not.
+
+    Load is time the stepping thread spent runnable but waiting for a core: it waited that
+    much more in each step (half the step's growth or more), or its wait's share of the step
+    grew by LOAD_SHARE_DELTA to at least LOAD_SHARE, or it waited a material share
+    (LOAD_SHARE) while the process burned LOAD_SPIN times the CPU time per wall ms: intra-op
+    threads spinning while other processes hold the cores burn CPU without more work, so the
+    step grows by more than the wait alone. More work of the script's own on a busy machine
+    grows the step, the CPU time and the wait in proportion: none of the three.
+    """
+    if not (math.isfinite(quiet.median_runq_ms) and math.isfinite(busy.median_runq_ms)):
         return None
-    if k == 0:
-        return 0
-    if k == len(regimes) - 1:
-        return k - 1
-    left, right = _distance(regimes[k - 1], regimes[k]), _distance(regimes[k], regimes[k + 1])
-    return k - 1 if left <= right else k
-
-
-def _distance(a: Regime, b: Regime) -> float:
-    ratio = abs(math.log(a.median_step_ms / b.median_step_ms)) / math.log(MIN_STEP_RATIO)
-    return max(ratio, abs(a.wait_share - b.wait_share) / MIN_SHARE_DELTA)
+    grew = busy.median_step_ms - quiet.median_step_ms
+    waited = busy.median_runq_ms - quiet.median_runq_ms
+    share_q = quiet.median_runq_ms / quiet.median_step_ms
+    share_b = busy.median_runq_ms / busy.median_step_ms
+    cpu_q, cpu_b = quiet.median_cpu_ms, busy.median_cpu_ms
+    spinning = (share_b >= LOAD_SHARE and math.isfinite(cpu_q) and math.isfinite(cpu_b)
+                and cpu_q > 0
+                and cpu_b / busy.median_step_ms >= LOAD_SPIN * cpu_q / quiet.median_step_ms)
+    if grew <= 0 or not (waited >= LOAD_EXPLAINS * grew or spinning or (
+            share_b >= LOAD_SHARE and share_b - share_q >= LOAD_SHARE_DELTA)):
+        return None
+    why = (f"the stepping thread waited for a core {millis(busy.median_runq_ms, 'tenths')} ms "
+           f"a step (from {millis(quiet.median_runq_ms, 'tenths')} ms): other processes held "
+           "the cores")
+    cpu = cpu_ratio(quiet, busy)
+    if cpu is not None and cpu >= 1.5:
+        why += (f"; the process's CPU time per step {cpu:.1f}x for the same work (threads "
+                "spinning while they wait)")
+    return why
 
 
 def what_changed(prev: Regime, cur: Regime) -> str:

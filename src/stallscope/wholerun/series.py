@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 FIELDS = ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "cpu_ms", "epoch", "start_s",
-          "profiled")
+          "runq_ms", "profiled")
 
 
 def _num(value: Any) -> float:
@@ -42,7 +42,8 @@ class StepSeries:
     not move): it stays in the series, so step numbers keep their meaning, and `valid` leaves
     it out of every statistic. `host_sync_ms` and `cpu_ms` (the process's CPU time in the step,
     all threads: it tells a step that waited outside the process, on other load or I/O, from
-    one that worked longer) are NaN where not measured; `epoch` is -1 where
+    one that worked longer) and `runq_ms` (the stepping thread's time runnable but waiting for
+    a core: time other load held it) are NaN where not measured; `epoch` is -1 where
     unknown; `start_s` (wall clock at the step's start) is NaN where unknown.
     """
 
@@ -57,10 +58,13 @@ class StepSeries:
     # Steps recorded under the profiler (`watch` records a window once steady): slower by the
     # profiler's own cost, so kept in the series and the wall time but out of every statistic.
     profiled: np.ndarray | None = None
+    runq_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.profiled is None:
             self.profiled = np.zeros(self.step.size, dtype=bool)
+        if self.runq_ms.size != self.step.size:  # not measured (an older step file)
+            self.runq_ms = np.full(self.step.size, np.nan)
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]],
@@ -93,8 +97,9 @@ class StepSeries:
         ok = np.isfinite(step_ms) & (step_ms > 0)
         step_ms[~ok] = np.nan
         wait = np.where(ok, np.minimum(wait, np.where(ok, step_ms, 0.0)), 0.0)
+        runq = np.where(cols["runq_ms"] >= 0, cols["runq_ms"], np.nan)
         return cls(step, step_ms, wait, cols["host_sync_ms"], cols["cpu_ms"], epoch,
-                   cols["start_s"], skipped_lines, profiled)
+                   cols["start_s"], skipped_lines, profiled, runq)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> StepSeries:
@@ -135,6 +140,7 @@ class StepSeries:
                 "cpu_ms": _opt(self.cpu_ms[i]),
                 "epoch": int(self.epoch[i]) if self.epoch[i] >= 0 else None,
                 "start_s": _opt(self.start_s[i]),
+                "runq_ms": _opt(self.runq_ms[i]),
                 "profiled": bool(self.profiled[i]),  # type: ignore[index]
             })
         return out
@@ -194,6 +200,7 @@ class _Line(msgspec.Struct, gc=False):
     cpu_ms: float | None = None
     epoch: float | None = None
     start_s: float | None = None
+    runq_ms: float | None = None
     profiled: bool | None = None
 
 

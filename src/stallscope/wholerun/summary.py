@@ -21,6 +21,10 @@ def _round(x: float | None) -> float | None:
 
 
 def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[str, Any]]:
+    """The script's regimes (machine-load stretches are `_load_dicts`'), each with the steps of
+    the load stretches inside its span (`load_steps`: left out of its medians)."""
+    loads = [r for r in found if r.load is not None]
+    found = [r for r in found if r.load is None]
     out: list[dict[str, Any]] = []
     for i, r in enumerate(found):
         seg = v.step_ms[r.start:r.end]
@@ -37,8 +41,36 @@ def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[s
             else None,
             "cpu_ratio": None if i == 0 else _round(regimes.cpu_ratio(found[i - 1], r)),
             "change": None if i == 0 else regimes.what_changed(found[i - 1], r),
+            "median_runq_ms": _finite(r.median_runq_ms),
+            "load_steps": sum(min(r.end, x.end) - max(r.start, x.start) for x in loads
+                              if x.start < r.end and x.end > r.start),
         })
     return out
+
+
+def _load_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[str, Any]]:
+    """The stretches other load on the machine explains: never a regime, never captured."""
+    out: list[dict[str, Any]] = []
+    for r in found:
+        if r.load is None:
+            continue
+        seg = v.step_ms[r.start:r.end]
+        out.append({
+            "first_step": int(v.steps[r.start]),
+            "last_step": int(v.steps[r.end - 1]),
+            "steps": int(r.end - r.start),
+            "median_step_ms": round(r.median_step_ms, 3),
+            "median_runq_ms": _finite(r.median_runq_ms),
+            "median_cpu_ms": _finite(r.median_cpu_ms),
+            "wall_ms": round(float(seg.sum()), 3),
+            "share_of_wall": round(float(seg.sum()) / v.wall_ms, 4) if v.wall_ms > 0 else 0.0,
+            "why": r.load,
+        })
+    return out
+
+
+def _finite(x: float) -> float | None:
+    return round(x, 3) if np.isfinite(x) else None
 
 
 def _kept(series: StepSeries) -> tuple[np.ndarray, str | None]:
@@ -101,8 +133,17 @@ def summarise(series: StepSeries) -> dict[str, Any]:
     if series.skipped_lines:
         notes.append(f"{series.skipped_lines} lines of the step file did not decode")
     epoch_entry, used = periodic.epoch_starts(v)
-    found_periodic, used = periodic.periodic_stalls(v, used)
+    found_periodic, used = periodic.periodic_stalls(v, used, series.step[series.valid])
     stalls = ([epoch_entry] if epoch_entry else []) + found_periodic
+    stretches = regimes.find_regimes(step_ms, v.wait_ms, found_spikes.mask,
+                                     cpu_ms=series.cpu_ms[ok], runq_ms=series.runq_ms[ok])
+    in_load = np.zeros(len(keep), dtype=bool)
+    for r in stretches:
+        if r.load is not None:
+            in_load |= (series.step[keep] >= v.steps[r.start]) & (
+                series.step[keep] <= v.steps[r.end - 1])
+    for rec, flag in zip(steps, in_load.tolist(), strict=True):
+        rec["load"] = flag
     return {
         "n_steps": len(series),
         "measured_steps": n_valid,
@@ -112,17 +153,27 @@ def summarise(series: StepSeries) -> dict[str, Any]:
                               if step_ms.size and step_ms.sum() > 0 else None),
         "median_step_ms": round(float(np.median(step_ms)), 3) if step_ms.size else None,
         "steps": steps,
-        "regimes": _regime_dicts(v, regimes.find_regimes(
-            step_ms, v.wait_ms, found_spikes.mask, cpu_ms=series.cpu_ms[ok])),
+        "regimes": _regime_dicts(v, stretches),
+        "load": _load_dicts(v, stretches),
         "periodic": stalls,
         "outliers": periodic.outliers(v, used),
         "captures": [],
         "method": {
             "regimes": "penalised l2 change points (ruptures KernelCPD, linear kernel) on "
-                       "log step time and loader-wait share, spikes "
+                       "log step time and loader-wait share, spikes and periodic stalls "
                        f"flattened, penalty {regimes.PEN_BETA} x log(n) in noise sd; regimes "
                        f"closer than {regimes.MIN_STEP_RATIO}x in step time and "
-                       f"{round(100 * regimes.MIN_SHARE_DELTA)} points in loader share merged",
+                       f"{round(100 * regimes.MIN_SHARE_DELTA)} points in loader share merged, "
+                       "and those whose difference adds up to under "
+                       f"{regimes.MIN_REGIME_MS / 1000:g} s over the shorter one's steps; each "
+                       "boundary moved to where the median level switches (least absolute "
+                       f"deviation within {regimes.REFINE_STEPS} steps)",
+            "load": "a stretch slower than its neighbour is the machine's load when the "
+                    "stepping thread's run-queue wait (schedstat) grew by at least "
+                    f"{round(100 * regimes.LOAD_EXPLAINS)}% of the step's growth, or is at "
+                    f"least {round(100 * regimes.LOAD_SHARE)}% of the step and "
+                    f"{round(100 * regimes.LOAD_SHARE_DELTA)} points more than the "
+                    "neighbour's",
             "spikes": f"log step time > {spikes.SPIKE_Z} robust sd and "
                       f"{round(100 * spikes.MIN_EXCESS)}% over the {spikes.WINDOW}-step "
                       "rolling median",
