@@ -227,3 +227,32 @@ def test_the_chart_never_prints_a_label_over_another() -> None:
     xs = [m["x"] for m in chart["marks"]]
     assert all(b - a >= MARK_GAP for a, b in zip(xs, xs[1:], strict=False))
     assert chart["font"] >= 12  # 9.6 px where the page is 800 px wide
+
+
+def test_the_machines_load_is_listed_apart_on_the_page_and_in_report_md(tmp_path: Path) -> None:
+    """Steps 201-350 wait for a core (other processes held them): the whole-run analysis puts
+    them in `watch.load`, and every surface lists them as the machine's, not a regime."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    log = folder / "steps.jsonl"
+    rng = random.Random(1)
+    start = 0.0
+    with log.open("w") as fh:
+        for i in range(1, 601):
+            busy = 200 < i <= 350
+            runq = (12.0 if busy else 0.2) * rng.uniform(0.95, 1.05)
+            ms = 8.5 * rng.uniform(0.97, 1.03) + (runq if busy else 0.0)
+            fh.write(json.dumps({"step": i, "start_s": start, "step_ms": ms, "runq_ms": runq,
+                                 "loader_wait_ms": 0.3, "cpu_ms": 8.0, "epoch": 0,
+                                 "profiled": 20 <= i < 25}) + "\n")
+            start += ms / 1000
+    report = watch_report(log, _with_run(analyze_paths([FAST]), 20, folder))
+    w = report.watch
+    assert w is not None and len(w["regimes"]) == 1, w["regimes"]
+    [load] = w["load"]
+    assert abs(load["first_step"] - 201) <= 5 and abs(load["last_step"] - 350) <= 5, load
+    out = write_pages(report, tmp_path / "out")
+    html = (out / "report.html").read_text()
+    assert 'id="watch-load"' in html and "Not the script: no regime, no capture" in html
+    md = (out / "report.md").read_text()
+    assert "The machine's load:" in md and f"Steps {load['first_step']}–" in md

@@ -58,7 +58,7 @@ from stallscope.report.rank_table import ROWS_SHOWN, check_rows, rank_view
 from stallscope.report.recording import recording_lines
 from stallscope.report.watch_chart import watch_chart
 from stallscope.report.watch_lead import counts as watch_counts
-from stallscope.report.watch_lead import regime_labels
+from stallscope.report.watch_lead import load_items, regime_labels
 from stallscope.report.watch_lead import title as watch_title
 from stallscope.text import MAX_CODE, MAX_TEXT, bounded, clean, clip
 from stallscope.trace.model import HOST_CATEGORIES
@@ -137,6 +137,7 @@ def jinja_env() -> jinja2.Environment:
     env.globals["clipped"] = clipped
     env.globals["category_name"] = category_name
     env.globals["regime_names"] = regime_labels
+    env.globals["load_items"] = load_items
     return env
 
 

@@ -33,7 +33,13 @@ from stallscope.report.labels import (
 )
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
 from stallscope.report.recording import recording_lines
-from stallscope.report.watch_lead import capture_items, counts, periodic_items, regime_items
+from stallscope.report.watch_lead import (
+    capture_items,
+    counts,
+    load_items,
+    periodic_items,
+    regime_items,
+)
 from stallscope.text import md_code, plural
 from stallscope.units import millis, ms, percent, share_text
 
@@ -282,7 +288,8 @@ def _watch_lines(report: Report) -> list[str]:
     for label, items, ordered in (("Regimes", regime_items(w) if len(w["regimes"]) > 1
                                    else [], False),
                                   ("Captures", capture_items(w), True),
-                                  ("Recurring stalls", periodic_items(w), False)):
+                                  ("Recurring stalls", periodic_items(w), False),
+                                  ("The machine's load", load_items(w), False)):
         if items:
             lines += [f"{label}:", "", *bullets([prose(i) for i in items], ordered), ""]
     return lines

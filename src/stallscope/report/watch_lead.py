@@ -252,6 +252,15 @@ def regime_items(section: dict[str, Any]) -> list[str]:
     return items
 
 
+def load_items(section: dict[str, Any]) -> list[str]:
+    """Each stretch other load on the machine explains (`watch.load`): no regime, no capture."""
+    return [f"Steps {s['first_step']}–{s['last_step']}: median "
+            f"{millis(s['median_step_ms'], 'tenths')} ms, "
+            f"{percent(100 * (s.get('share_of_wall') or 0.0), 0)} of the run's time (measured); "
+            f"{str(s.get('why') or 'other load on the machine').rstrip('.')}. Not the script: "
+            "no regime, no capture." for s in section.get("load") or []]
+
+
 def periodic_items(section: dict[str, Any]) -> list[str]:
     """Each recurring stall in a line, with what it cost the run (measured)."""
     items = []
