@@ -178,6 +178,7 @@ COW_SCRIPT = textwrap.dedent(
 
 def _run(tmp_path: Path, script: str, *args: str, env: dict[str, str] | None = None
          ) -> dict[str, Any]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     target = tmp_path / "train.py"
     target.write_text(script)
     out = tmp_path / "out"
@@ -241,7 +242,6 @@ def test_the_advised_worker_count_fits_a_faked_container_limit(tmp_path: Path):
     limit_file = tmp_path / "memory.max"
     job = _job_bytes(tmp_path / "free")
     limit_file.write_text(str(int(job / 0.9) + 1))
-    (tmp_path / "tight").mkdir()
     tight = _run(tmp_path / "tight", LAGGING_SCRIPT, "--skip", "12", "--steps", "6",
                  env={"STALLSCOPE_MEMORY_LIMIT_FILE": str(limit_file)})
     f = _finding(tight, "dataloader-bound")
