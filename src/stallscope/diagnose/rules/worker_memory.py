@@ -64,11 +64,11 @@ def measure(model: TraceModel, context: RunContext | None = None
     """The trace's memory facts, or why the rule cannot judge."""
     got = memory.facts(model.trace.capture)
     if isinstance(got, str):
-        return Assessment(RULE_ID, "not_assessed", f"Not assessed: {got}.")
+        return Assessment(RULE_ID, "not_assessed", f"{got[0].upper()}{got[1:]}.")
     if not got.workers:
         return Assessment(RULE_ID, "not_assessed",
-                          "Not assessed: no DataLoader worker process was sampled during the "
-                          "run (num_workers=0, or the workers ran between the samples).")
+                          "No DataLoader worker process was sampled during the run "
+                          "(num_workers=0, or the workers ran between the samples).")
     return got
 
 
