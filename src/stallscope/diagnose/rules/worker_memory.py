@@ -88,6 +88,7 @@ def finding(e: memory.MemoryFacts, j: Judgement) -> Finding:
     evidence = {
         "workers": j.workers,
         "worker_unique_mb": [memory.mb(w.last_uss) for w in e.workers],
+        "max_worker_unique_mb": max(memory.mb(w.last_uss) for w in e.workers),
         "worker_unique_start_mb": [memory.mb(w.first_uss) for w in e.workers],
         "worker_growth_mb": [memory.mb(w.growth) for w in e.workers],
         "worker_growth_mb_per_s": [w.mb_per_s for w in e.workers],
