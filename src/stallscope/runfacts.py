@@ -68,6 +68,9 @@ class LoaderInfo:
     configured_in: str = "DataLoader"
     settings_site: str | None = None
     built_at: str | None = None
+    # The dataset's large attributes and what holds their items (capture/memory.py
+    # describe_storage): Python objects that workers copy as they touch them, or arrays.
+    dataset_storage: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def measured(self) -> dict[str, float] | None:

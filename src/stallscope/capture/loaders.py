@@ -29,7 +29,7 @@ from typing import Any
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
-from stallscope.capture import anatomy, frameworks, sampler, transfer
+from stallscope.capture import anatomy, frameworks, memory, sampler, transfer
 from stallscope.runfacts import LoaderInfo
 
 _ATTR = "_stallscope_loader"
@@ -319,6 +319,21 @@ class LoaderWatcher:
         self._worker_iters = weakref.WeakSet()
         self.current = None
 
+    def worker_processes(self) -> list[tuple[str, int, str | None, int | None]]:
+        """("worker", pid, loader call site, worker id) of every worker alive now (read from
+        the memory sampler's thread: a set changed meanwhile gives [] this once)."""
+        out: list[tuple[str, int, str | None, int | None]] = []
+        try:
+            for it in list(self._worker_iters):
+                info = it.__dict__.get(_ATTR)
+                site = info.call_site if isinstance(info, LoaderInfo) else None
+                for wid, proc in enumerate(list(getattr(it, "_workers", []))):
+                    if proc.pid is not None:
+                        out.append(("worker", int(proc.pid), site, wid))
+        except Exception:  # the script's loop changed the set meanwhile: next sweep
+            return []
+        return out
+
     def uninstall(self) -> None:
         for cls, name, fn in reversed(self._saved):
             setattr(cls, name, fn)
@@ -372,6 +387,7 @@ class LoaderWatcher:
             configured_in=origin.configured_in,
             settings_site=origin.settings_site,
             built_at=origin.built_at,
+            dataset_storage=memory.describe_storage(dataset),
         )
         # DataLoader refuses a few attributes after construction, not a private one.
         object.__setattr__(loader, _ATTR, info)

@@ -14,6 +14,7 @@ only one profiler can run in a process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -29,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from stallscope import __version__, marker, progress
-from stallscope.capture import budget, hostload, opcost, steady, threadprobe
+from stallscope.capture import budget, hostload, memory, opcost, steady, threadprobe
 from stallscope.capture.export import export_trace
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import ForeignProfilers
@@ -190,6 +191,27 @@ class CaptureSession:
             record_shapes=record_shapes,
         )
         self.foreign = ForeignProfilers(self, trace_dir, worker)
+        # Memory over the run (capture/memory.py): the processes' on a thread of its own, the
+        # device's at each boundary once the profiler runs.
+        self.memory = (memory.MemorySampler(self._memory_procs, memory.container_limit())
+                       if memory.sampling_on() else None)
+        self.device_memory = memory.DeviceSteps()
+
+    def _memory_procs(self) -> list[memory.Proc]:
+        """The training process and the DataLoader workers alive now (the sampler's thread)."""
+        return [("main", self._pid, None, None), *self.watcher.worker_processes()]
+
+    def memory_metadata(self) -> dict[str, Any]:
+        """The trace metadata's `memory`: the sampled series, the device's steps, and each
+        recorded loader's dataset storage (what copy-on-write growth is judged against)."""
+        out: dict[str, Any] = (self.memory.snapshot() if self.memory is not None
+                               else {"off": f"{memory.OFF_ENV}=0"})
+        out["device"] = list(self.device_memory.steps)
+        out["pinned"] = self.device_memory.pinned
+        out["loaders"] = [{"call_site": d.call_site, "num_workers": d.num_workers,
+                           "dataset": d.dataset, "storage": d.dataset_storage}
+                          for d in self.watcher.loaders if d.batches]
+        return out
 
     def start(self) -> None:
         quiet_profiler_warnings()
@@ -197,6 +219,8 @@ class CaptureSession:
         self._started_at = time.monotonic()  # `--duration` counts from here: the script's start
         self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
         marker.install(self.on_marker)
+        if self.memory is not None:
+            self.memory.start()
         self.foreign.install()
         if self._no_step_s:
             self._no_step_timer = threading.Timer(self._no_step_s, self._no_step_yet)
@@ -234,6 +258,8 @@ class CaptureSession:
             return
         if self._no_step_timer is not None:
             self._no_step_timer.cancel()
+        if self.memory is not None:
+            self.memory.stop()
         self.budget.end()
         if self._started and not self.done:
             # The script ended mid-recording (its epoch ran out): read the workers' files now,
@@ -393,6 +419,7 @@ class CaptureSession:
                 self.prof.start()
         else:
             self._report_progress(self.prof.step_num)
+            self.device_memory.boundary(self.prof.step_num - self.sched.warmup)
             last = False
             if self.sched.is_recording(self.prof.step_num):
                 last = self.prof.step_num + 1 >= self.sched.profiled
@@ -685,6 +712,7 @@ class CaptureSession:
                  "fetch_bytes": d.fetch_bytes, "anatomy": self.watcher.anatomy_of(d)}
                 for d in self.watcher.loaders if d.batches_recorded
             ]
+        meta["memory"] = self.memory_metadata()
         return meta
 
     def measure_profiler_cost(self) -> dict[str, Any]:
@@ -705,8 +733,12 @@ class CaptureSession:
         before = set(self.trace_dir.glob(pattern)) if self.trace_dir.is_dir() else set()
         held = self.recorded or max(0, min(self.prof.step_num, self.sched.profiled)
                                     - self.sched.warmup)
-        failed = export_trace(prof, self.trace_dir, self.worker, held,
-                              {"profiler_cost": self.measure_profiler_cost()})
+        extra = {"profiler_cost": self.measure_profiler_cost()}
+        if self.memory is not None:  # one last sweep, now that no recorded step pays for it
+            with contextlib.suppress(Exception):
+                self.memory.sweep()
+            extra["memory"] = self.memory_metadata()
+        failed = export_trace(prof, self.trace_dir, self.worker, held, extra)
         if failed is not None:
             self.export_failed = failed
         written = sorted(set(self.trace_dir.glob(pattern)) - before)

@@ -113,6 +113,8 @@ METRICS: dict[str, Metric] = {
                                 "zero_grad_share_pct"),
     "worker-startup": Metric("DataLoader worker start-up", "ms per epoch",
                              _key("startup_ms_per_epoch")),
+    "worker-memory": Metric("largest DataLoader worker's own memory", "MB",
+                            _key("max_worker_unique_mb")),
     "dataparallel": Metric("DataParallel replicate/scatter/gather", MS,
                            _key("replicate_scatter_gather_ms_per_step"),
                            "replicate_scatter_gather_share_pct"),

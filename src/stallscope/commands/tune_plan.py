@@ -43,11 +43,15 @@ class Baseline:
     bound: str | None = None  # the loader's class measured by `run` (capture/anatomy.py)
     torch_threads: int | None = None  # the training process's intra-op threads, as run saw
     suggested_torch_threads: int | None = None  # dataloader-bound's, with its worker count
+    # The most workers the memory holds (diagnose/memory.py, from run's samples); None: unknown.
+    memory_fit: int | None = None
 
     @property
     def max_workers(self) -> int:
-        """The most workers worth trying: the cores, or beyond them for a waiting loader."""
-        return self.cores * (WAITING_WORKERS_PER_CORE if self.bound == "waiting" else 1)
+        """The most workers worth trying: the cores, or beyond them for a waiting loader; never
+        more than the memory holds."""
+        most = self.cores * (WAITING_WORKERS_PER_CORE if self.bound == "waiting" else 1)
+        return most if self.memory_fit is None else max(1, min(most, self.memory_fit))
 
     @property
     def call_site(self) -> str:
@@ -94,6 +98,11 @@ def baseline_from_report(report: dict[str, Any]) -> Baseline:
         )
     bound = loader.get("bound") if isinstance(loader.get("bound"), str) else None
     threads = cpu.get("torch_threads")
+    fit = memory_fit(report)
+    if fit is not None:
+        notes.append(f"the baseline's memory holds at most {fit} worker(s) (run's samples of "
+                     "each worker's memory against the memory the job may use): no candidate "
+                     "has more")
     if bound == "waiting":
         a = loader.get("anatomy") or {}
         blocked = a.get("blocked_share")
@@ -114,7 +123,20 @@ def baseline_from_report(report: dict[str, Any]) -> Baseline:
         bound=bound,
         torch_threads=threads if isinstance(threads, int) and threads > 0 else None,
         suggested_torch_threads=suggested_threads,
+        memory_fit=fit,
     )
+
+
+def memory_fit(report: dict[str, Any]) -> int | None:
+    """The most workers memory holds, as the baseline's findings measured it (dataloader-bound's
+    or worker-memory's evidence); None where memory was not assessed."""
+    for f in report.get("findings") or []:
+        evidence = f.get("evidence") or {}
+        for key in ("memory_fit_num_workers", "workers_fit"):
+            value = evidence.get(key)
+            if f.get("id") in ("dataloader-bound", "worker-memory") and isinstance(value, int):
+                return value
+    return None
 
 
 def worker_counts(base: Baseline) -> list[int]:
@@ -130,6 +152,7 @@ def worker_counts(base: Baseline) -> list[int]:
         counts = {2**k for k in range(cores.bit_length()) if 2**k <= cores} | {cores}
     if base.max_workers > cores:
         counts |= {2 * cores, base.max_workers}
+    counts = {n for n in counts if n <= base.max_workers}
     first = []
     if base.suggested_num_workers and base.suggested_num_workers > 0:
         first = [min(base.suggested_num_workers, base.max_workers)]

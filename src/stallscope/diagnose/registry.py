@@ -24,6 +24,7 @@ from stallscope.diagnose.rules import (
     pageable_h2d_copy,
     rank_imbalance,
     single_tensor_optimizer,
+    worker_memory,
     worker_startup,
     zero_grad_kernels,
 )
@@ -46,6 +47,7 @@ TRACE_RULES: tuple[RuleSpec, ...] = (
     single_tensor_optimizer.SPEC,
     zero_grad_kernels.SPEC,
     worker_startup.SPEC,
+    worker_memory.SPEC,
     cpu_oversubscription.SPEC,
     gpu_bound.SPEC,
     compile_in_steps.SPEC,

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from stallscope.diagnose import memory as mem
 from stallscope.diagnose.common import busiest_gpu_us, judged_steps, ms, pct
 from stallscope.diagnose.epochs import respawn_loader_us
 from stallscope.diagnose.finding import Assessment, Finding
@@ -106,6 +107,12 @@ class LoaderEvidence:
     # Of the wait, what the epochs' worker re-spawns hold: worker-startup's (persistent
     # workers, not more of them, remove it: one lost millisecond, one owner).
     respawn_us: float = 0.0
+    # `run`'s memory figures (diagnose/memory.py), or why there are none: the workers that fit.
+    memory: mem.MemoryFacts | str | None = None
+
+    @property
+    def memory_fit(self) -> int | None:
+        return self.memory.workers_fit() if isinstance(self.memory, mem.MemoryFacts) else None
 
     @property
     def has_gpu(self) -> bool:
@@ -131,6 +138,7 @@ class Sizing:
     # own threads, and the count it would have given.
     script_compute_us: float | None = None
     script_workers: int | None = None
+    memory_cap: int | None = None  # the most workers memory holds, where it lowered the count
 
 
 @dataclass(frozen=True)
@@ -201,7 +209,8 @@ def measure(model: TraceModel, context: RunContext | None = None
         batch_bytes=facts.batch_bytes if facts.batch_bytes is not None
         else h2d_bytes_per_step(model) or None,
         busy=other_load(model, context),
-        respawn_us=min(respawn_loader_us(model, context) / n, wait))
+        respawn_us=min(respawn_loader_us(model, context) / n, wait),
+        memory=mem.facts(model.trace.capture))
 
 
 def judge(e: LoaderEvidence) -> Judgement:
@@ -262,10 +271,14 @@ def _fit(e: LoaderEvidence, per_batch: float, compute: float, share: float) -> S
     ideal = math.ceil(per_batch / compute) + (1 if e.workers_now == 0 else 0)
     cap = None if e.cores is None else e.cores * (WAITING_WORKERS_PER_CORE if waiting else 1)
     workers = ideal if cap is None else max(1, min(ideal, cap))
-    projected = max(compute, per_batch / workers)
+    fit = e.memory_fit  # never advise more workers than the memory holds
+    memory_cap = fit if fit is not None and fit < workers else None
+    if memory_cap is not None:
+        workers = memory_cap
+    projected = max(compute, per_batch / max(workers, 1))
     if e.cores is not None and not e.has_gpu:
         projected = max(projected, (compute + share * per_batch) / e.cores)
-    return Sizing(per_batch, compute, ideal, workers, cap, projected)
+    return Sizing(per_batch, compute, ideal, workers, cap, projected, memory_cap=memory_cap)
 
 
 def finding(e: LoaderEvidence, j: Judgement, advice: Advice) -> Finding:
@@ -519,7 +532,30 @@ def _sizing_evidence(e: LoaderEvidence, s: Sizing) -> dict[str, Any]:
                            **e.klass.evidence()}
     if e.cores is not None:
         out["cores_per_process"] = e.cores
+    if e.memory_fit is not None:
+        out["memory_fit_num_workers"] = e.memory_fit
+    else:
+        out["memory_fit"] = _memory_unassessed(e)
     return out
+
+
+def _memory_unassessed(e: LoaderEvidence) -> str:
+    """Why the worker count was not checked against memory."""
+    if isinstance(e.memory, str):
+        return f"not assessed: {e.memory}"
+    return ("not assessed: no worker's memory was measured (num_workers=0, or no worker "
+            "sampled), so what one more worker takes is unknown")
+
+
+def _memory_sentence(e: LoaderEvidence, s: Sizing) -> str:
+    """How the memory capped the count, or that it was not checked."""
+    if s.memory_cap is not None and isinstance(e.memory, mem.MemoryFacts):
+        asked = s.ideal if s.cap is None else max(1, min(s.ideal, s.cap))
+        return (f" Capped at {plural(s.memory_cap, 'worker')} by memory (not {asked}): "
+                f"{e.memory.fit_text(asked)}.")
+    if e.memory_fit is not None:
+        return ""
+    return f" Memory for the workers: {_memory_unassessed(e)}."
 
 
 def _cores_busy_advice(e: LoaderEvidence, s: Sizing) -> Advice:
@@ -535,7 +571,7 @@ def _cores_busy_advice(e: LoaderEvidence, s: Sizing) -> Advice:
         "than overlap. Make each sample cheaper (lighter or GPU-side transforms and "
         "decoding, caching decoded samples), read from faster storage, or give the process "
         f"more cores (fewer processes per host).{_rounds_sentence(e)}"
-        f"{e.klass.sentence(e.cores)}",
+        f"{e.klass.sentence(e.cores)}{_memory_sentence(e, s)}",
         f"# {info.call_site if info else 'the DataLoader'}: loading competes with the step "
         f"for {held}\n"
         "# - cache decoded samples, or move augmentation to the GPU\n"
@@ -568,7 +604,8 @@ def _workers_advice(e: LoaderEvidence, s: Sizing) -> Advice:
     return Advice(
         f"{_where(e.info, change)}{where}: {_why(e, s)}."
         f"{_keep_alive(e) if e.workers_now == 0 else ''}"
-        f"{_rounds_sentence(e)}{threads_text}{e.klass.sentence(e.cores)}",
+        f"{_rounds_sentence(e)}{threads_text}{e.klass.sentence(e.cores)}"
+        f"{_memory_sentence(e, s)}",
         _snippet(e.info, change) + threads_code,
         _workers_precondition(e, s, "pin_memory" in change),
         max(e.step_us - s.projected_us, 0.0),
