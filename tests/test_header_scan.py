@@ -135,7 +135,9 @@ def test_a_header_of_tiny_objects_takes_no_memory_to_skip(tmp_path: Path) -> Non
                                           + tiny + b"{}], ", ), compresslevel=1))
     events, peak_mb = _in_subprocess(path)
     assert int(events) == len(EVENTS)
-    assert int(peak_mb) < 900, peak_mb  # the 96 MB of text, held while read; not 30x it
+    # The 96 MB of text, held while it is read, and copies of it (about 0.4 GB in a quiet
+    # process); the objects decoded took 2.1 GB.
+    assert int(peak_mb) < 1500, peak_mb
     trace = load_trace(path)
     assert any("metadata deviceProperties was not read" in n for n in trace.notes), trace.notes
 

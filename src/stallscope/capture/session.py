@@ -180,6 +180,7 @@ class CaptureSession:
         # never before: a finished profiler session leaves the process slower (CUPTI stays
         # attached), and the unprofiled steps timed before recording are the run's baseline.
         self.profiler_cost: dict[str, Any] = {}
+        self._calibrating = False
         self.export_failed: str | None = None  # what was lost when the export failed
         with warnings.catch_warnings():  # warmup 0 is the user's explicit choice
             warnings.simplefilter("ignore", UserWarning)
@@ -297,13 +298,15 @@ class CaptureSession:
     def owns(self, prof: Any) -> bool:
         """`prof` is one of the profilers this session started: its first capture's, or a
         later capture's (`watch`), either layer of it."""
+        if self._calibrating:  # opcost's sessions, after the recording: ours too
+            return True
         mine = [self.prof]
         if self.later is not None:
             mine.extend(self.later.started)
         return any(prof is p or prof is getattr(p, "profiler", None) for p in mine)
 
     def own_running(self) -> bool:
-        return self._started and not self.done
+        return self._started and not self.done and not self._calibrating
 
     def wants_script_trace(self) -> bool:
         return self.recorded < self.sched.steps
@@ -720,9 +723,13 @@ class CaptureSession:
         when the recording has stopped (from `_on_trace_ready`, the session's profiler is off
         and another may run), so that no profiler session comes before the unprofiled steps."""
         if not self.profiler_cost:
-            with usdt_filtered():
-                self.profiler_cost = opcost.session_costs(self.profiler_activities,
-                                                          self.record_shapes)
+            self._calibrating = True  # its profiler sessions are not the script's
+            try:
+                with usdt_filtered():
+                    self.profiler_cost = opcost.session_costs(self.profiler_activities,
+                                                              self.record_shapes)
+            finally:
+                self._calibrating = False
         return self.profiler_cost
 
     def _on_trace_ready(self, prof: Any) -> None:
