@@ -16,7 +16,7 @@ import numpy as np
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import enclosing_ops, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec, fixed
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_sum, fixed
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -173,4 +173,7 @@ SPEC = RuleSpec(
     thresholds={"CHURN_THRESHOLD_PCT": CHURN_THRESHOLD_PCT},
     what_if=("allocator",),
     changes=fixed(Change("allocator", "steady")),
+    order=90,
+    metric=Metric("cudaMalloc/cudaFree calls", MS, evidence_sum("malloc_ms_per_step",
+                  "free_ms_per_step"), "churn_share_pct"),
 )

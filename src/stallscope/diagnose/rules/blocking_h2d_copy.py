@@ -31,7 +31,7 @@ from stallscope.diagnose.common import (
     pinned_copy_changes,
 )
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import first_match, missing_last, pick
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
@@ -221,4 +221,7 @@ SPEC = RuleSpec(
     thresholds={"BLOCKED_THRESHOLD_PCT": BLOCKED_THRESHOLD_PCT, "FOLLOW_GAP_US": FOLLOW_GAP_US},
     what_if=("pin_memory", "non_blocking"),
     changes=pinned_copy_changes,
+    order=50,
+    metric=Metric("host blocked in host-to-device copies", MS, evidence_key("blocked_ms_per_step"),
+                  "blocked_share_pct"),
 )

@@ -19,7 +19,7 @@ import pandas as pd
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import MS, Cause, Change, Metric, RuleSpec, evidence_key
 from stallscope.replay.models.comm_bound import (
     PEER_FACTOR,
     PEER_MIN_STEPS,
@@ -504,4 +504,10 @@ SPEC = RuleSpec(
     what_if=("comm",),
     changes=changes,
     no_change=no_change,
+    order=70,
+    metric=Metric("communication not hidden under compute", MS,
+                  evidence_key("exposed_ms_per_step"), "exposed_share_pct"),
+    causes=(Cause("dataparallel"),),
+    not_capped="it overlaps or removes collective kernels, GPU work the floor counts",
+    per_device=True,
 )

@@ -19,7 +19,7 @@ import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -224,4 +224,7 @@ SPEC = RuleSpec(
             "runs the frame eagerly",
     check=compile_in_steps,
     thresholds={"RECOMPILE_LIMIT": RECOMPILE_LIMIT},
+    order=170,
+    metric=Metric("compiling inside the recorded steps", "ms in the steps",
+                  evidence_key("compile_ms_in_steps"), "compile_share_pct"),
 )

@@ -14,7 +14,7 @@ from stallscope import units
 from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import Change, Metric, RuleSpec, evidence_key
 from stallscope.replay.threads import OneThread
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
@@ -181,6 +181,13 @@ def changes(finding: Finding, model: TraceModel) -> list[Change]:
     return [Change("torch_threads", str(int(n)))] if isinstance(n, int) and n > 0 else []
 
 
+def threads_over(evidence: dict[str, Any]) -> float | None:
+    """Compare's quantity: the threads wanted beyond the cores."""
+    wanted = evidence_key("threads_wanted")(evidence)
+    cores = evidence_key("cores_per_process")(evidence)
+    return None if wanted is None or cores is None else wanted - cores
+
+
 SPEC = RuleSpec(
     id=RULE_ID,
     title="intra-op threads plus loader workers want more cores than the process has",
@@ -190,4 +197,7 @@ SPEC = RuleSpec(
     what_if=("torch_threads",),
     changes=changes,
     reads=("dataloader-bound",),
+    order=150,
+    metric=Metric("threads wanted beyond the cores", "threads", threads_over,
+                  reads=("threads_wanted", "cores_per_process")),
 )

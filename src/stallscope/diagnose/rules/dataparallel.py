@@ -22,7 +22,7 @@ import pandas as pd
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array
@@ -173,4 +173,9 @@ SPEC = RuleSpec(
     title="torch.nn.DataParallel re-copies the model and batch every step",
     summary="`torch.nn.DataParallel` replicate/scatter/gather in the step",
     check=dataparallel,
+    order=80,
+    metric=Metric("DataParallel replicate/scatter/gather", MS,
+                  evidence_key("replicate_scatter_gather_ms_per_step"),
+                  "replicate_scatter_gather_share_pct"),
+    not_capped="it removes peer copies and broadcasts, GPU work the floor counts",
 )

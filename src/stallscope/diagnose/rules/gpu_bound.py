@@ -38,7 +38,7 @@ from stallscope.diagnose.common import (
     pct,
 )
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.kernels import COMM_NAME, classify_kernels
@@ -326,4 +326,9 @@ SPEC = RuleSpec(
                 "FUSION_SHARE_PCT": FUSION_SHARE_PCT, "MIN_FP32_SHARE_PCT": MIN_FP32_SHARE_PCT},
     # Offered to --what-if (its fusion advice); the plan does not replay it on its own.
     what_if=("compile",),
+    order=160,
+    metric=Metric("GPU busy", MS, evidence_key("gpu_busy_ms_per_step"), "gpu_busy_share_pct"),
+    verdict_metric=("gpu_busy_share_pct", "gpu_busy_pct"),
+    bound=True,
+    per_device=True,
 )

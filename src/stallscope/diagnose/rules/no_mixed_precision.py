@@ -42,7 +42,7 @@ from stallscope.diagnose.common import (
     pct,
 )
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_key
 from stallscope.replay.models.no_mixed_precision import AMP_VALUES, amp_factor
 from stallscope.runfacts import RunContext
 from stallscope.trace.kernels import (
@@ -284,4 +284,7 @@ SPEC = RuleSpec(
     thresholds={"MIN_COMPUTE_MAJOR": MIN_COMPUTE_MAJOR, "MIN_FP32_SHARE_PCT": MIN_FP32_SHARE_PCT},
     what_if=("amp",),
     changes=changes,
+    order=100,
+    metric=Metric("fp32 GEMM/convolution kernels", MS, evidence_key("fp32_gemm_conv_ms_per_step"),
+                  "fp32_gemm_conv_share_pct"),
 )

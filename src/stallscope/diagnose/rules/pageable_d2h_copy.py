@@ -13,7 +13,7 @@ import numpy as np
 
 from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, nansum, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
@@ -170,4 +170,7 @@ SPEC = RuleSpec(
             "by the queue they waited on (that is `host-device-sync`)",
     check=pageable_d2h_copy,
     thresholds={"COPY_SHARE_THRESHOLD_PCT": COPY_SHARE_THRESHOLD_PCT},
+    order=30,
+    metric=Metric("host in device-to-host copies into pageable memory", MS,
+                  evidence_key("host_copy_ms_per_step"), "host_copy_share_pct"),
 )

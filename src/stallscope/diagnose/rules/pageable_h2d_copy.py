@@ -15,7 +15,7 @@ from stallscope.diagnose.common import (
 )
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.units import fixed_size
@@ -116,4 +116,8 @@ SPEC = RuleSpec(
     thresholds={"MIN_BYTES_PER_STEP": MIN_BYTES_PER_STEP},
     what_if=("pin_memory", "non_blocking"),
     changes=pinned_copy_changes,
+    order=20,
+    metric=Metric("host blocked in pageable host-to-device copies", MS,
+                  evidence_key("host_blocked_ms_per_step")),
+    loader_setting=True,
 )

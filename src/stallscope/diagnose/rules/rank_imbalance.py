@@ -10,6 +10,7 @@ CPU (gloo) it includes the time a fast rank blocks in the all-reduce waiting for
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec
 from stallscope.trace.grouped import exact_sums
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_matches
@@ -249,6 +250,17 @@ def _work(model: TraceModel) -> dict:
     }
 
 
+def excess_ms(evidence: dict[str, Any]) -> float | None:
+    """Compare's quantity: the slowest rank's excess over the median rank, on the quantity that
+    differs most."""
+    spreads = evidence.get("excess_ms_over_median")
+    if not isinstance(spreads, dict):
+        return None
+    values = [float(v) for v in spreads.values()
+              if isinstance(v, int | float) and math.isfinite(v)]
+    return max(values) if values else None
+
+
 SPEC = RuleSpec(
     id=RULE_ID,
     title="one rank does more work per step and the others wait for it",
@@ -256,4 +268,8 @@ SPEC = RuleSpec(
     check=rank_imbalance,
     thresholds={"SPREAD_THRESHOLD_PCT": SPREAD_THRESHOLD_PCT},
     job=True,
+    order=180,
+    metric=Metric("slowest rank's excess over the median rank", MS, excess_ms,
+                  reads=("excess_ms_over_median",)),
+    names_traces="stragglers",
 )

@@ -18,6 +18,7 @@ host (during the optimizer itself, or later, e.g. while the next batch loads).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,7 @@ import pandas as pd
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec, fixed
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_key, fixed
 from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import inner_join, missing_last
 from stallscope.trace.model import TraceModel
@@ -338,6 +339,15 @@ def _foreach_advice(model: TraceModel, name: str) -> tuple[str, str]:
     return snippet, how
 
 
+def optimizer_ms(evidence: dict[str, Any]) -> float | None:
+    """The optimizer's host time per training step, compare's quantity: its share of the step
+    times the step (its own `host_ms_per_optimizer_step` is per optimizer call, and a step may
+    make several)."""
+    share = evidence_key("optimizer_share_of_step_pct")(evidence)
+    step = evidence_key("step_ms_mean")(evidence)
+    return None if share is None or step is None else share * step / 100.0
+
+
 SPEC = RuleSpec(
     id=RULE_ID,
     title="the optimizer launches per-parameter kernels",
@@ -346,4 +356,7 @@ SPEC = RuleSpec(
     thresholds={"MIN_KERNELS_PER_STEP": MIN_KERNELS_PER_STEP},
     what_if=("optimizer",),
     changes=fixed(Change("optimizer", "foreach")),
+    order=110,
+    metric=Metric("optimizer host time", MS, optimizer_ms, "optimizer_share_of_step_pct",
+                  ("step_ms_mean",)),
 )

@@ -23,7 +23,7 @@ from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.epochs import BOUNDARY_BUSY_FRACTION, boundaries, in_loader_us
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import Metric, RuleSpec, evidence_key
 from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -238,4 +238,11 @@ SPEC = RuleSpec(
     check=worker_startup,
     thresholds={"STARTUP_MATERIAL_PCT": STARTUP_MATERIAL_PCT,
                 "BOUNDARY_BUSY_FRACTION": BOUNDARY_BUSY_FRACTION},
+    order=130,
+    metric=Metric("DataLoader worker start-up", "ms per epoch",
+                  evidence_key("startup_ms_per_epoch")),
+    not_capped="its saving is per epoch, in the re-spawn steps the median step leaves out",
+    per_epoch=True,
+    loader_pace=True,
+    loader_setting=True,
 )

@@ -3,8 +3,8 @@
 Before torch 2.0 `zero_grad()` defaulted to `set_to_none=False`: one fill/zero kernel per
 parameter every step, each a launch the host pays for while the GPU waits for real work. With
 `set_to_none=True` (the default since 2.0) the gradients are dropped instead and the next
-backward writes them fresh: no kernels at all. The real ResNet50 traces (torch 1.8) spend 3-5%
-of every step here; GUIDE §4's list does not cover it.
+backward writes them fresh: no kernels at all. The public ResNet50 traces (torch 1.8) pay it
+every step (their report snapshots in tests/__snapshots__ show the share).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec, fixed
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_key, fixed
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -142,4 +142,7 @@ SPEC = RuleSpec(
     thresholds={"MIN_LAUNCHES": MIN_LAUNCHES, "MIN_SHARE_PCT": MIN_SHARE_PCT},
     what_if=("zero_grad",),
     changes=fixed(Change("zero_grad", "none")),
+    order=120,
+    metric=Metric("zero_grad kernels", MS, evidence_key("zero_grad_ms_per_step"),
+                  "zero_grad_share_pct"),
 )
