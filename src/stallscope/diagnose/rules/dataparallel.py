@@ -16,6 +16,8 @@ Generated nodes such as `GatherBackward0` (backward of `aten::gather`, common in
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -68,7 +70,7 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
     moved = _union_us(dp_ops["ts"].to_numpy(), dp_ops["end"].to_numpy())
     share = pct(moved, total)
     counts = dp_ops["name"].astype(str).value_counts()
-    evidence = {
+    evidence: dict[str, Any] = {
         "gpus_with_kernels": devices,
         "dataparallel_forward_calls": len(annotated),
         "dataparallel_forward_ms_per_step": ms(float(annotated["dur"].sum()) / n),
@@ -77,6 +79,12 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
         "ops": {name: int(c) for name, c in counts.items()},
         "peer_copy_mb_per_step": round(_peer_bytes(model) / n / 1e6, 2),
     }
+    return Assessment.found(advise(model, evidence))
+
+
+def advise(model: TraceModel, evidence: dict[str, Any]) -> Finding:
+    """The finding: DistributedDataParallel, one process per GPU (or no wrapper on one GPU)."""
+    devices, share = evidence["gpus_with_kernels"], evidence["replicate_scatter_gather_share_pct"]
     if len(devices) < 2:
         title = f"DataParallel wraps a model running on one GPU ({percent(share)} of step time)"
         recommendation = (
@@ -97,7 +105,7 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
             "place and overlaps the gradient all-reduce with backward; PyTorch recommends it "
             "over DataParallel even on a single machine."
         )
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
@@ -131,7 +139,6 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _dataparallel_name(name: str) -> bool:

@@ -9,6 +9,8 @@ every step (their report snapshots in tests/__snapshots__ show the share).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -52,7 +54,7 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
     host_us = float(np.nansum(ops["dur"].to_numpy()[calls]))  # = pandas' sum, same order
     share = pct(host_us, model.total_step_us)
     optimizer = str(ops["name"].iloc[calls[0]]).removeprefix(ZERO_GRAD).split(".")[0]
-    evidence = {
+    evidence: dict[str, Any] = {
         "optimizer": optimizer,
         "launches_per_zero_grad": per_call,
         "zero_grad_ms_per_step": ms(host_us / n),
@@ -68,36 +70,41 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
         )
     room = max(model.total_step_us - busiest_gpu_us(model), 0.0)
     saving = pct(min(host_us, room), model.total_step_us)
-    return Assessment.found(
-        Finding(
-            id=RULE_ID,
-            title=(
-                f"{optimizer}.zero_grad() launches {per_call} kernels per step "
-                f"({millis(ms(host_us / n), 'tenths')} ms)"
-            ),
-            evidence=evidence,
-            recommendation=(
-                f"zero_grad() fills the gradients with zeros ({per_call} kernel launches per call, "
-                f"{percent(share)} of the step). Setting the gradients to None instead costs no "
-                "kernel at all: the next backward allocates and writes them "
-                "fresh. " + _default_said(model)
-            ),
-            snippet=(
-                f"{for_torch(model)}\n"
-                "optimizer.zero_grad(set_to_none=True)  # the default since torch 2.0"
-            ),
-            precondition=(
-                "No code reads .grad between zero_grad() and backward() expecting zeros (a "
-                "None gradient raises there), and no optimizer step runs on parameters "
-                "without gradients expecting them to be zero."
-            ),
-            estimated_saving_pct=saving,
-            saving_basis=(
-                "upper bound: the host time of the zero_grad() calls, never more than the "
-                "step minus the busiest GPU's busy time"
-            ),
-            docs=DOCS,
-        )
+    return Assessment.found(advise(model, evidence, saving))
+
+
+def advise(model: TraceModel, evidence: dict[str, Any], saving: float) -> Finding:
+    """The finding: set the gradients to None rather than fill them with zeros."""
+    optimizer, per_call = evidence["optimizer"], evidence["launches_per_zero_grad"]
+    share = evidence["zero_grad_share_pct"]
+    return Finding(
+        id=RULE_ID,
+        title=(
+            f"{optimizer}.zero_grad() launches {per_call} kernels per step "
+            f"({millis(evidence['zero_grad_ms_per_step'], 'tenths')} ms)"
+        ),
+        evidence=evidence,
+        recommendation=(
+            f"zero_grad() fills the gradients with zeros ({per_call} kernel launches per call, "
+            f"{percent(share)} of the step). Setting the gradients to None instead costs no "
+            "kernel at all: the next backward allocates and writes them "
+            "fresh. " + _default_said(model)
+        ),
+        snippet=(
+            f"{for_torch(model)}\n"
+            "optimizer.zero_grad(set_to_none=True)  # the default since torch 2.0"
+        ),
+        precondition=(
+            "No code reads .grad between zero_grad() and backward() expecting zeros (a "
+            "None gradient raises there), and no optimizer step runs on parameters "
+            "without gradients expecting them to be zero."
+        ),
+        estimated_saving_pct=saving,
+        saving_basis=(
+            "upper bound: the host time of the zero_grad() calls, never more than the "
+            "step minus the busiest GPU's busy time"
+        ),
+        docs=DOCS,
     )
 
 
