@@ -371,13 +371,15 @@ def test_the_verdicts_change_is_spelled_in_training_arguments_under_trainer() ->
     from dataclasses import asdict
 
     from stallscope.diagnose.knobs import as_written
+    from stallscope.diagnose.registry import BY_ID
 
     trainer = [asdict(d) for d in _trainer_context().dataloaders]
-    assert as_written("num_workers=4 + pin_memory=true", "dataloader-bound", trainer) == (
+    assert as_written("num_workers=4 + pin_memory=true", BY_ID["dataloader-bound"], trainer) == (
         "TrainingArguments(..., dataloader_num_workers=4, dataloader_pin_memory=True) "
         "at train.py:31")
-    assert as_written("pin_memory=true + non_blocking=true", "pageable-h2d-copy", trainer) == (
+    pageable = BY_ID["pageable-h2d-copy"]
+    assert as_written("pin_memory=true + non_blocking=true", pageable, trainer) == (
         "TrainingArguments(..., dataloader_pin_memory=True) at train.py:31 + non_blocking=true")
-    assert as_written("sync=off", "host-device-sync", trainer) == "sync=off"
+    assert as_written("sync=off", BY_ID["host-device-sync"], trainer) == "sync=off"
     plain = [{**trainer[0], "configured_in": None, "framework": None}]
-    assert as_written("num_workers=4", "dataloader-bound", plain) == "num_workers=4"
+    assert as_written("num_workers=4", BY_ID["dataloader-bound"], plain) == "num_workers=4"

@@ -51,9 +51,9 @@ COMPILE_WAIT_MAX = 3
 # `run --no-step-warning`: seconds without a step boundary before stallscope says so.
 NO_STEP_S = 60.0
 # Input shapes ("Input Dims") are not recorded by default: no rule reads them (they feed only
-# TensorBoard's "group by input shape" view), and they cost every recorded op (on this 2-core VM
-# 1.7-2.0 us added per op without them, 2.7-3.7 us with; 3.6 vs 4.5 us on an H100 host:
-# benchmarks/bench_profiler_cost.py). `run --record-shapes` turns them on.
+# TensorBoard's "group by input shape" view), and they add to every recorded op's cost
+# (benchmarks/bench_profiler_cost.py; the figures are in docs/replay.md). `run --record-shapes`
+# turns them on.
 RECORD_SHAPES = False
 
 

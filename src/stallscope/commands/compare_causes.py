@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stallscope.commands.compare_metrics import METRICS, figure_of
+from stallscope.diagnose.registry import ALL_RULES
 
 # Rules whose evidence "device" names the device index the finding is about (one finding per
 # device); other rules' "device", where present, names the GPU model and is no place.
-PER_DEVICE = frozenset({"gpu-idle", "gpu-bound", "comm-bound"})
+# Each rule declares it (RuleSpec.per_device).
+PER_DEVICE = frozenset(spec.id for spec in ALL_RULES if spec.per_device)
 
 Key = tuple[str, str, str]  # (rule, device or "", rank or "job" or "")
 

@@ -1,4 +1,5 @@
-"""Rules: small pure functions from a TraceModel to an Assessment (GUIDE §4 ids)."""
+"""Rules: small pure functions from a TraceModel to an Assessment, one module each
+(diagnose/rules/, collected by diagnose/registry.py)."""
 
 from __future__ import annotations
 
@@ -22,15 +23,13 @@ RULES: list[Rule] = [spec.check for spec in TRACE_RULES]
 # (diagnose/rules/rank_imbalance.py), not its model: a job's models do not fit in one process.
 JOB_RULES: list[Callable[[list[RankWork | None]], Assessment]] = [s.check for s in JOB_SPECS]
 
-# (effect, evidence key, cause): when the effect's evidence says that at least CAUSE_SHARE_PCT
-# of its lost time coincides with the cause's, and the cause was found on the same trace, the
-# effect is reported as caused by it (one lost millisecond, one owner).
-# A None key: the effect is always the cause's when both are found (DataParallel's broadcasts
-# and reductions are the exposed collectives).
+# (effect, evidence key, cause), from each rule's SPEC `causes` (diagnose/spec.py Cause): when
+# the effect's evidence says that at least CAUSE_SHARE_PCT of its lost time coincides with the
+# cause's, and the cause was found on the same trace, the effect is reported as caused by it
+# (one lost millisecond, one owner). A None key: the effect is always the cause's when both are
+# found.
 CAUSES: list[tuple[str, str | None, str]] = [
-    ("gpu-idle", "idle_during_dataloader_pct", "dataloader-bound"),
-    ("gpu-idle", "idle_during_sync_pct", "host-device-sync"),
-    ("comm-bound", None, "dataparallel"),
+    (spec.id, cause.share_key, cause.rule) for spec in TRACE_RULES for cause in spec.causes
 ]
 CAUSE_SHARE_PCT = 50.0
 

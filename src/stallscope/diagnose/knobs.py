@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stallscope.diagnose.spec import RuleSpec
 from stallscope.runfacts import LoaderInfo
 
 TRAINING_ARGUMENTS = "TrainingArguments"
@@ -150,17 +151,14 @@ class Knobs:
         return f" The DataLoader is built at {self.where}."
 
 
-# The rules whose replayed change is a DataLoader setting (diagnose/fixes.py's --what-if keys).
-LOADER_RULES = frozenset({"dataloader-bound", "pageable-h2d-copy", "worker-startup"})
-
-
-def as_written(change: str, rule: str, loaders: list[dict[str, Any]]) -> str:
+def as_written(change: str, rule: RuleSpec | None, loaders: list[dict[str, Any]]) -> str:
     """A plan entry's change (`num_workers=4 + pin_memory=true`, the --what-if vocabulary) as
     the user writes it when Trainer builds the training loader:
     `TrainingArguments(..., dataloader_num_workers=4, dataloader_pin_memory=True) at
-    train.py:31`. Unchanged for every other rule and loader: a DataLoader user writes
-    `num_workers=4` in their own call, which the finding names."""
-    if rule not in LOADER_RULES or not loaders:
+    train.py:31`, for a rule whose replayed change is a DataLoader setting
+    (`RuleSpec.loader_setting`). Unchanged for every other rule and loader: a DataLoader user
+    writes `num_workers=4` in their own call, which the finding names."""
+    if rule is None or not rule.loader_setting or not loaders:
         return change
     loader = max(loaders, key=lambda d: (d.get("batches_recorded") or 0, d.get("batches") or 0))
     knobs = Knobs.of(loader)

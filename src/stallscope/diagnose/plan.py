@@ -11,11 +11,10 @@ Intervals: each prediction is a median with a range. The range runs from the fir
 quartile of the replayed steps used (the recorded steps' own spread, carried through the
 change; not the extremes, which one slow step of a worker round sets), widened by MODEL_ERROR
 (the replay's error against plain after-timings, measured), and never below the GPU work the
-scenario keeps. The greedy still picks each round's change by its median: ranked by the ranges'
-middles, which penalise a change whose steps scatter, the H200 recording with a sync every step
-led with sync=off over pinned copies, while the pinned change measured the larger saving
-(real-h200-measured.json: w8 -> w8-pinned, 17.1-17.9 -> 12.9-13.0 ms). Where two medians sit
-inside each other's range, their order is within the noise.
+scenario keeps. The greedy still picks each round's change by its median: ranking by the ranges'
+middles penalises a change whose steps scatter, and on a recorded pair that put the change
+measured to save less first (docs/replay.md, "Ranges"). Where two medians sit inside each
+other's range, their order is within the noise.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import numpy as np
 from stallscope.diagnose.common import MAX_REPLAY_STEPS, judged_steps, replay_window
 from stallscope.diagnose.finding import Assessment, Finding, severity_for
 from stallscope.diagnose.fixes import Change, apply
-from stallscope.diagnose.registry import changes_for, no_change_reason
+from stallscope.diagnose.registry import ALL_RULES, changes_for, flagged, no_change_reason
 from stallscope.replay.engine import Replay, ReplayOrderError, replay
 from stallscope.replay.graph import CALL, FILL, Graph, build_graph
 from stallscope.replay.loader import (
@@ -56,8 +55,8 @@ from stallscope.trace.model import TraceModel
 from stallscope.units import ms, percent
 
 # The replay's error against the plain, unprofiled after-timing of the same change, measured on
-# the lent GPUs' before/after pairs (docs/replay.md: median |error| 13.8% on an H200, 15.9% on
-# an H100): every predicted range is widened by it on both sides.
+# recorded before/after pairs (benchmarks/bench_gpu_pairs.py; the figures are in docs/replay.md,
+# "Ranges"): every predicted range is widened by it on both sides.
 MODEL_ERROR = 0.15
 # A change that saves less than this share of the step on top of the plan ends it.
 MIN_GAIN_PCT = 0.5
@@ -67,18 +66,15 @@ PACE_MIN_SHARE = 0.005
 # Unreplayed bounds the floor does not cap, and why: changes that remove or overlap GPU work
 # the floor counts (collectives, DataParallel's peer copies and broadcasts), and a saving per
 # epoch that lives in the re-spawn steps the median step leaves out.
-NOT_CAPPED = {
-    "comm-bound": "it overlaps or removes collective kernels, GPU work the floor counts",
-    "dataparallel": "it removes peer copies and broadcasts, GPU work the floor counts",
-    "worker-startup": "its saving is per epoch, in the re-spawn steps the median step leaves out",
-}
+# Each rule declares its reason (RuleSpec.not_capped).
+NOT_CAPPED = {spec.id: spec.not_capped for spec in ALL_RULES if spec.not_capped}
 # Bounds on a base of their own: a cost paid once an epoch, in steps the median step (the
 # plan's base) leaves out, is a share of the run's time over an epoch (the rule says so), not
 # of a step that does not hold it. They neither take nor are capped by the step's room.
-PER_EPOCH = frozenset({"worker-startup"})
+PER_EPOCH = frozenset(spec.id for spec in ALL_RULES if spec.per_epoch)
 # Findings whose change is the loader's own (more or other workers): the workers' pace does not
 # bound them.
-LOADER_RULES = frozenset({"dataloader-bound", "worker-startup"})
+LOADER_RULES = frozenset(spec.id for spec in ALL_RULES if spec.loader_pace)
 # --what-if keys that change the loader's own pace (its workers, the threads they share cores
 # with): the workers' pace does not bound them, their replay models it.
 LOADER_KEYS = frozenset({"num_workers", "torch_threads"})
@@ -682,7 +678,7 @@ def _cap_bounds(plan: Plan, bounds: list[Finding], pace_us: float = 0.0) -> None
 def not_estimated(f: Finding) -> bool:
     """A finding that claims no saving of its own (the GPU bound: only faster GPU work helps,
     and its levers' gains are other findings' to replay)."""
-    return f.id == "gpu-bound" and f.saving_kind == "upper_bound"
+    return flagged(f.id, "bound") and f.saving_kind == "upper_bound"
 
 
 def _range(s: Scenario, used: slice) -> list[float]:

@@ -1,61 +1,57 @@
-"""The one list of rules: each rule module's `SPEC` (diagnose/spec.py), in the order they run
-and are reported. Everything said about the rules as a set is read from here: which run on a
-trace and which over a job, the `--what-if` vocabulary, each finding's change for the fix plan
-and why a finding has none, and the generated docs (diagnose/docgen.py).
+"""The one list of rules: each rule module's `SPEC` (diagnose/spec.py), found in the rules
+package (diagnose/rules/) and put in the order they run and are reported (`RuleSpec.order`).
+Everything said about the rules as a set is read from here: which run on a trace and which over
+a job, the `--what-if` vocabulary, each finding's change for the fix plan and why a finding has
+none, compare's quantities, the causes, and the generated docs (diagnose/docgen.py). A new rule
+is a new module: nothing here names one.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from types import ModuleType
 from typing import Any
 
-from stallscope.diagnose.rules import (
-    allocator_churn,
-    blocking_h2d_copy,
-    comm_bound,
-    compile_in_steps,
-    cpu_oversubscription,
-    dataloader_bound,
-    dataparallel,
-    gpu_bound,
-    gpu_idle,
-    host_device_sync,
-    no_mixed_precision,
-    pageable_d2h_copy,
-    pageable_h2d_copy,
-    rank_imbalance,
-    single_tensor_optimizer,
-    worker_memory,
-    worker_startup,
-    zero_grad_kernels,
-)
+from stallscope.diagnose import rules as rules_package
 from stallscope.diagnose.spec import NO_CHANGE, Change, RuleSpec
 from stallscope.trace.model import TraceModel
 
+
+def discover(package: ModuleType = rules_package) -> tuple[RuleSpec, ...]:
+    """Every module's SPEC in `package`, by `order` then id. A module without one is an error:
+    a rule the registry did not see would never run."""
+    specs = []
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        spec = getattr(module, "SPEC", None)
+        if not isinstance(spec, RuleSpec):
+            raise TypeError(f"{module.__name__} declares no SPEC (diagnose/spec.py RuleSpec)")
+        specs.append(spec)
+    return tuple(sorted(specs, key=lambda s: (s.order, s.id)))
+
+
+ALL_RULES: tuple[RuleSpec, ...] = discover()
 # The order rules run in on one trace, which is the order the report lists their assessments.
 # A rule that reads another's finding (`reads`) comes after it.
-TRACE_RULES: tuple[RuleSpec, ...] = (
-    dataloader_bound.SPEC,
-    pageable_h2d_copy.SPEC,
-    pageable_d2h_copy.SPEC,
-    host_device_sync.SPEC,
-    blocking_h2d_copy.SPEC,
-    gpu_idle.SPEC,
-    comm_bound.SPEC,
-    dataparallel.SPEC,
-    allocator_churn.SPEC,
-    no_mixed_precision.SPEC,
-    single_tensor_optimizer.SPEC,
-    zero_grad_kernels.SPEC,
-    worker_startup.SPEC,
-    worker_memory.SPEC,
-    cpu_oversubscription.SPEC,
-    gpu_bound.SPEC,
-    compile_in_steps.SPEC,
-)
+TRACE_RULES: tuple[RuleSpec, ...] = tuple(s for s in ALL_RULES if not s.job)
 # Rules over all the traces of one job (several ranks) at once.
-JOB_RULES: tuple[RuleSpec, ...] = (rank_imbalance.SPEC,)
-ALL_RULES: tuple[RuleSpec, ...] = TRACE_RULES + JOB_RULES
+JOB_RULES: tuple[RuleSpec, ...] = tuple(s for s in ALL_RULES if s.job)
 BY_ID: dict[str, RuleSpec] = {spec.id: spec for spec in ALL_RULES}
+
+
+def spec_of(rule_id: str) -> RuleSpec | None:
+    """The rule's declaration; None for an id this stallscope does not know (a report.json
+    from another version)."""
+    return BY_ID.get(rule_id)
+
+
+def flagged(rule_id: str, flag: str) -> bool:
+    """Whether the rule declares `flag` (a boolean RuleSpec field); False for an unknown id."""
+    spec = BY_ID.get(rule_id)
+    return bool(getattr(spec, flag)) if spec is not None else False
 
 
 def what_if_keys() -> list[str]:

@@ -16,6 +16,7 @@ from stallscope import __version__
 from stallscope.diagnose import Assessment, Finding, ranked_findings
 from stallscope.diagnose.knobs import as_written
 from stallscope.diagnose.plan import PER_EPOCH, Plan, profiler_bound_note
+from stallscope.diagnose.registry import flagged, spec_of
 from stallscope.diagnose.rules.gpu_bound import verdict_line as gpu_bound_verdict
 from stallscope.report import job_scale
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
@@ -112,7 +113,7 @@ class Report:
     def _gpu_bound(self, top: Finding) -> Finding | None:
         """The gpu-bound finding of the headline's trace: when the GPU is the bound, the first
         line says so before naming the first fix."""
-        return next((f for f in self.findings if f.id == "gpu-bound" and not f.caused_by
+        return next((f for f in self.findings if flagged(f.id, "bound") and not f.caused_by
                      and f.trace == top.trace), None)
 
     @property
@@ -151,8 +152,9 @@ class Report:
             whole = [t for t in self.traces if t.get("too_little")]
             return ("too-little-to-judge" if whole and len(whole) == len(self.traces)
                     else "no-finding")
-        if self._gpu_bound(top) is not None:
-            return "gpu-bound"
+        bound = self._gpu_bound(top)
+        if bound is not None:
+            return bound.id
         return "no-bottleneck" if top.severity == "info" else top.id
 
     @property
@@ -166,7 +168,8 @@ class Report:
             return "No bottleneck found by the rules that could be assessed."
         entry = self.plan_entry(top)
         if entry is not None:  # the change as the user writes it (TrainingArguments' fields)
-            entry = {**entry, "change": as_written(entry["change"], top.id, self.dataloaders)}
+            entry = {**entry, "change": as_written(entry["change"], spec_of(top.id),
+                                                      self.dataloaders)}
         start = self.plan.get("baseline_step_us") or self.plan["measured_step_us"] if (
             self.plan is not None) else 0.0
         rng = (entry or {}).get("predicted_range_us")
@@ -203,7 +206,7 @@ class Report:
                     f"per batch) takes it lower, and {largest}.")
             return (
                 f"No bottleneck worth fixing: {largest}"
-                + (f"; {why}." if why and top.id == "gpu-idle" else ".")
+                + (f"; {why}." if why and flagged(top.id, "idle_time") else ".")
             )
         if replayed and entry is not None:  # replayed: there is an entry
             return (f"{top.title}. Fix first: {entry['change']}; {replayed} "
@@ -211,7 +214,7 @@ class Report:
         change = first_change_line(top.snippet)
         named = f". Try first: {change} (its card has the whole change)" if change else ""
         plan = self.plan or {}
-        if top.id == "gpu-idle" and plan.get("floor_us") and not plan.get("entries"):
+        if flagged(top.id, "idle_time") and plan.get("floor_us") and not plan.get("entries"):
             # Its bound is the idle time itself: said as the floor the step cannot pass.
             return (f"{top.title}{named}; the replay could not model it, so there is no "
                     f"prediction: no change takes {self._step_named(top)} below the GPU's own "

@@ -22,6 +22,7 @@ import jinja2.bccache
 from markupsafe import Markup, escape
 
 from stallscope.diagnose.finding import Finding
+from stallscope.diagnose.registry import flagged
 from stallscope.report.anatomy_view import loader_views
 from stallscope.report.build import Report
 from stallscope.report.evidence_view import (
@@ -392,6 +393,8 @@ def _headline(report: Report) -> dict[str, Any]:
         "step_ms": ms(shown["step_time_us"]["median"], missing="")
         if shown.get("step_time_us") else None,
         "top": top,
+        # The step's bound (gpu-bound): the saving card says only faster GPU work helps.
+        "top_is_bound": bool(top and flagged(top.id, "bound")),
         "top_saving": _saving_view(report, top) if top else None,
         "gpu_busy_pct": round(sum(busy) / len(busy), 1) if busy else None,
         "gpu_idle_pct": round(100.0 - sum(busy) / len(busy), 1) if busy else None,

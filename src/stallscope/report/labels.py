@@ -10,6 +10,7 @@ from typing import Any
 
 from stallscope.diagnose.finding import Finding
 from stallscope.diagnose.plan import not_estimated
+from stallscope.diagnose.registry import flagged
 from stallscope.report.build import SAME_SHARE_PCT, Report
 from stallscope.text import plural
 from stallscope.units import ms, percent, share_text
@@ -235,7 +236,7 @@ def category_name(key: str) -> str:
 def loader_story(report: Report) -> str | None:
     """One sentence relating the two loader figures, where a reader sees both: the breakdown's
     time in the loader and the dataloader-bound finding's loader wait (no GPU work)."""
-    f = next((f for f in report.findings if f.id == "dataloader-bound"), None)
+    f = next((f for f in report.findings if flagged(f.id, "loader_story")), None)
     if f is None:
         return None
     time_pct, wait_pct = f.evidence.get("loader_share_pct"), f.evidence.get("wait_share_pct")

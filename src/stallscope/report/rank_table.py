@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from stallscope.diagnose.registry import spec_of
 from stallscope.report.build import Report, world_size
 from stallscope.report.rank_groups import rank_span
 
@@ -40,8 +41,8 @@ def rank_view(report: Report) -> dict[str, Any]:
                 "world": world}
     order = np.argsort(np.where(np.isnan(medians), -np.inf, medians), kind="stable")
     keep = set(order[::-1][:SLOWEST].tolist()) | set(order[:FASTEST].tolist())
-    named = {b.get("trace") for f in report.findings if f.id == "rank-imbalance"
-             for b in f.evidence.get("stragglers", [])}
+    named = {b.get("trace") for f in report.findings if (key := _names_traces(f.id))
+             for b in f.evidence.get(key, [])}
     keep |= {i for i, r in enumerate(rows) if r["label"] in named}
     return {"rows": [rows[i] for i in sorted(keep)], "total": len(rows), "summarised": True,
             "spread": spread, "world": world}
@@ -69,3 +70,9 @@ def check_rows(report: Report) -> list[dict[str, Any]]:
         out.append({"rule": rule, "trace": rows[0]["trace"], "status": status,
                     "detail": detail, "where": where})
     return out
+
+
+def _names_traces(rule_id: str) -> str:
+    """The evidence key a rule lists the traces it names under ("" when it names none)."""
+    spec = spec_of(rule_id)
+    return spec.names_traces if spec is not None else ""

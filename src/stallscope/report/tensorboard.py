@@ -46,6 +46,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from stallscope.diagnose.registry import ALL_RULES, flagged
 from stallscope.errors import OutputError
 from stallscope.report.build import Report
 from stallscope.report.labels import baseline, saving_label
@@ -66,14 +67,10 @@ EVENT_SUFFIX = ".stallscope"
 FINDINGS_TAG = "stallscope/findings"
 VERDICT_TAG = "stallscope/verdict/"
 PLAN_TAG = "stallscope/plan/"
-# The figure each verdict states, by finding id: (the finding's evidence key, the tag's name).
-# A verdict on another finding states its saving (estimated_saving_pct).
-VERDICT_METRIC = {
-    "dataloader-bound": ("wait_share_pct", "dataloader_wait_pct"),
-    "gpu-bound": ("gpu_busy_share_pct", "gpu_busy_pct"),
-    "gpu-idle": ("idle_share_pct", "gpu_idle_pct"),
-    "host-device-sync": ("sync_share_pct", "sync_wait_pct"),
-}
+# The figure each verdict states, by finding id: (the finding's evidence key, the tag's name),
+# as each rule declares it (RuleSpec.verdict_metric). A verdict on another finding states its
+# saving (estimated_saving_pct).
+VERDICT_METRIC = {spec.id: spec.verdict_metric for spec in ALL_RULES if spec.verdict_metric}
 # The plugin's Average Step Time is said to be the report's mean when within this (us): the
 # report's times are rounded to 1 ns, the plugin's figure to 1 us.
 SAME_STEP_US = 1.0
@@ -199,8 +196,8 @@ def verdict_metric(report: Report) -> tuple[str, float] | None:
     lead = report.lead
     if lead is None:
         return None
-    if report.verdict_id == "gpu-bound":
-        lead = next((f for f in report.findings if f.id == "gpu-bound" and not f.caused_by
+    if flagged(report.verdict_id, "bound"):
+        lead = next((f for f in report.findings if f.id == report.verdict_id and not f.caused_by
                      and f.trace == lead.trace), lead)
     # "No bottleneck worth fixing" states the largest finding's saving, not its own figure.
     key, name = (VERDICT_METRIC.get(lead.id, ("", "")) if report.verdict_id != "no-bottleneck"

@@ -11,12 +11,14 @@ growing because tensor shapes keep changing.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import enclosing_ops, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec, fixed
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_sum, fixed
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -42,18 +44,7 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
     is_call = is_alloc | is_free
     dur = rt["dur"].to_numpy()
     if model.steps_source != "ProfilerStep" or len(model.steps) < 2:
-        seen = (
-            f" The trace has {int((is_call & ~is_free).sum())} malloc and {int(is_free.sum())} "
-            f"free calls ({millis(ms(float(np.nansum(dur[is_call]))), 'tenths')} ms) "
-            "in that window." if is_call.any() else ""
-        )
-        return Assessment(
-            RULE_ID,
-            "not_assessed",
-            "Needs at least two ProfilerStep#N steps: the first step is where the caching "
-            "allocator legitimately grows, so churn can only be judged in the steps after it."
-            + seen,
-        )
+        return _too_few_steps(is_call, is_free, dur)
     step = rt["step"].to_numpy()
     is_steady = is_call & (step >= 1)
     steady_steps = model.steps[1:]
@@ -81,7 +72,7 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
             "occasional cache growth.",
         )
     steps_with = int(steady["step"].nunique())
-    evidence = {
+    evidence: dict[str, Any] = {
         "steady_state_steps": n,
         "malloc_calls": len(allocs),
         "free_calls": len(frees),
@@ -92,7 +83,31 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
         "longest_call_ms": ms(float(steady["dur"].max())),
         "ops": enclosing_ops(model, allocs),
     }
-    if len(frees):
+    return Assessment.found(advise(model, evidence, spent, total, steady_steps))
+
+
+def _too_few_steps(is_call: np.ndarray, is_free: np.ndarray, dur: np.ndarray) -> Assessment:
+    """Not assessed: no steady-state steps to judge churn in; what calls the window holds."""
+    seen = (
+        f" The trace has {int((is_call & ~is_free).sum())} malloc and {int(is_free.sum())} "
+        f"free calls ({millis(ms(float(np.nansum(dur[is_call]))), 'tenths')} ms) "
+        "in that window." if is_call.any() else ""
+    )
+    return Assessment(
+        RULE_ID,
+        "not_assessed",
+        "Needs at least two ProfilerStep#N steps: the first step is where the caching "
+        "allocator legitimately grows, so churn can only be judged in the steps after it."
+        + seen,
+    )
+
+
+def advise(model: TraceModel, evidence: dict[str, Any], spent: float, total: float,
+           steady_steps: list[Any]) -> Finding:
+    """The finding: why memory churns (empty_cache, or changing shapes) and what steadies it."""
+    share = evidence["churn_share_pct"]
+    n_allocs, n_frees = evidence["malloc_calls"], evidence["free_calls"]
+    if n_frees:
         cause = (
             "Device memory is freed inside the steps (cudaFree) and allocated again "
             "(cudaMalloc): the cache is being emptied in the loop, typically by "
@@ -106,10 +121,10 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
             "batch, dynamic shapes), so cached blocks do not fit and the cache grows."
         )
     title = (
-        f"Device memory is freed and re-allocated inside steady-state steps: {len(allocs)} "
-        f"cudaMalloc / {len(frees)} cudaFree, {percent(share)} of step time"
+        f"Device memory is freed and re-allocated inside steady-state steps: {n_allocs} "
+        f"cudaMalloc / {n_frees} cudaFree, {percent(share)} of step time"
     )
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
@@ -145,7 +160,6 @@ def allocator_churn(model: TraceModel, context: RunContext | None = None) -> Ass
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _is_alloc(name: str) -> bool:
@@ -173,4 +187,7 @@ SPEC = RuleSpec(
     thresholds={"CHURN_THRESHOLD_PCT": CHURN_THRESHOLD_PCT},
     what_if=("allocator",),
     changes=fixed(Change("allocator", "steady")),
+    order=90,
+    metric=Metric("cudaMalloc/cudaFree calls", MS, evidence_sum("malloc_ms_per_step",
+                  "free_ms_per_step"), "churn_share_pct"),
 )

@@ -18,6 +18,7 @@ a blocking copy starts belongs to `host-device-sync`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,7 +32,7 @@ from stallscope.diagnose.common import (
     pinned_copy_changes,
 )
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import first_match, missing_last, pick
 from stallscope.trace.model import CLOCK_TOLERANCE_US, SYNC_CALLS, TraceModel
@@ -83,7 +84,7 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     via_sync = float(np.nansum(blocked_us[is_hit][hit_via != "copy call"]))
     kinds = sorted(hit["src"].unique())
     unknown = [k for k in kinds if k != "Pinned"]
-    evidence = {
+    evidence: dict[str, Any] = {
         "blocked_share_pct": share,
         "blocked_ms_per_step": ms(blocked / n),
         "blocking_copies": len(hit),
@@ -98,16 +99,24 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     }
     # Overlapping the copy cannot make the step shorter than the busiest GPU's kernel time.
     saving = pct(min(blocked, max(total - _busiest_kernel_us(model), 0.0)), total)
+    return Assessment.found(advise(model, evidence, unknown, deferred, saving))
+
+
+def advise(model: TraceModel, evidence: dict[str, Any], unknown: list[str], deferred: str,
+           saving: float) -> Finding:
+    """The finding: copy with non_blocking=True (from pinned memory) so the transfer overlaps."""
+    share = evidence["blocked_share_pct"]
     pin = (
         f" The trace names the source memory {', '.join(unknown)}, not Pinned: pin it too "
         "(pin_memory=True), or non_blocking=True cannot overlap."
         if unknown else ""
     )
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=(
             f"The host blocks for host-to-device copies {percent(share)} of each "
-            f"{step_word(model.workload)} ({millis(ms(blocked / n), 'hundredths')} ms) although "
+            f"{step_word(model.workload)} "
+            f"({millis(evidence['blocked_ms_per_step'], 'hundredths')} ms) although "
             "they could overlap"
         ),
         evidence=evidence,
@@ -132,7 +141,6 @@ def blocking_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 @dataclass
@@ -221,4 +229,7 @@ SPEC = RuleSpec(
     thresholds={"BLOCKED_THRESHOLD_PCT": BLOCKED_THRESHOLD_PCT, "FOLLOW_GAP_US": FOLLOW_GAP_US},
     what_if=("pin_memory", "non_blocking"),
     changes=pinned_copy_changes,
+    order=50,
+    metric=Metric("host blocked in host-to-device copies", MS, evidence_key("blocked_ms_per_step"),
+                  "blocked_share_pct"),
 )

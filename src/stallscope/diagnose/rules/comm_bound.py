@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ import pandas as pd
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import MS, Cause, Change, Metric, RuleSpec, evidence_key
 from stallscope.replay.models.comm_bound import (
     PEER_FACTOR,
     PEER_MIN_STEPS,
@@ -150,7 +151,7 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
     # Time spent waiting for slower ranks is not hidden by overlap: it is set apart.
     peer = min(r.get("peer_wait", 0.0), exposed)
     hideable = min(exposed - peer, compute)
-    evidence = {
+    evidence: dict[str, Any] = {
         "where": where,
         "backend": backend,
         "device": r.get("device"),
@@ -176,6 +177,14 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
             f"{percent(evidence['overlap_pct'], 0)} of it overlapped with compute; exposed "
             f"{percent(share)} (threshold {percent(EXPOSED_THRESHOLD_PCT, 0)}).",
         )
+    return Assessment.found(advise(model, r, evidence, place, backend, peer, hideable))
+
+
+def advise(model: TraceModel, r: dict, evidence: dict[str, Any], place: str, backend: str,
+           peer: float, hideable: float) -> Finding:
+    """The finding: the collectives' pattern's advice, the waiting on peers, and the bound."""
+    total, n = model.total_step_us, len(model.steps)
+    exposed, compute, share = r["exposed"], r["compute"], evidence["exposed_share_pct"]
     pattern = _pattern([c["collective"] for c in r["top"]])
     evidence["pattern"] = pattern
     rec, snippet = ADVICE[pattern](backend)
@@ -212,7 +221,7 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
     )
     title = _title(share, evidence["peer_wait_share_pct"], pct(saving, total),
                    halved=saving != hideable)
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
@@ -229,7 +238,6 @@ def _assess(model: TraceModel, r: dict, where: str, backend: str) -> Assessment:
         saving_basis=basis,
         docs=COMM_DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _all_reduce_advice(backend: str) -> tuple[str, str]:
@@ -504,4 +512,10 @@ SPEC = RuleSpec(
     what_if=("comm",),
     changes=changes,
     no_change=no_change,
+    order=70,
+    metric=Metric("communication not hidden under compute", MS,
+                  evidence_key("exposed_ms_per_step"), "exposed_share_pct"),
+    causes=(Cause("dataparallel"),),
+    not_capped="it overlaps or removes collective kernels, GPU work the floor counts",
+    per_device=True,
 )

@@ -13,13 +13,14 @@ recording (with their reasons) come from `torch._dynamo.utils.counters` in the m
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -45,15 +46,8 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     # The steps and a start-up step set aside before them (trace/windows.py): a step set aside
     # for its length is often the compilation itself, which this rule is about. Checked on
     # arrays first: most traces have no compiled code, and sub-frames would cost more.
-    step = ops["step"].to_numpy()
-    in_steps = step >= 0
-    startup = model.startup or {}
-    aside_us = 0.0
-    aside = np.zeros(len(ops), dtype=bool)
-    if isinstance(startup.get("start_us"), int | float):
-        ts = ops["ts"].to_numpy()
-        aside = (step < 0) & (ts >= startup["start_us"]) & (ts < startup["end_us"])
-        aside_us = float(startup["end_us"] - startup["start_us"])
+    in_steps = ops["step"].to_numpy() >= 0
+    aside, aside_us = _set_aside(model)
     is_region = name_flags(ops["name"], _is_region)
     is_compile = name_flags(ops["name"], _is_compile)
     dynamo = model.trace.capture.get("dynamo")
@@ -69,11 +63,7 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
     regions = inside[is_region[rows]]
     compiles = _outermost(inside[is_compile[rows]])
     n = len(model.steps)
-    # Over the distinct names (a categorical column's values), not every event.
-    ids = sorted({(m[1], m[2]) for name in map(str, inside["name"].unique())
-                  if "compile_id=" in name and (m := _ID.search(name))}, key=_id_key)
-    frames = sorted({m.group(1) for name in map(str, regions["name"].unique())
-                     if (m := _REGION_ID.match(name))})
+    ids, frames = _names(inside, regions)
     breaks = _graph_breaks(model)
     evidence: dict = {"compiled_regions_per_step": round(len(regions) / n, 1),
                       "compiled_frames": len(frames)}
@@ -84,17 +74,14 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
         return Assessment(
             RULE_ID, "clear",
             f"torch.compile ran {plural(len(regions), 'compiled region')} in the recorded steps "
-            "and "
-            "compiled nothing there: compilation had settled before recording."
+            "and compiled nothing there: compilation had settled before recording."
             + (f" {_breaks_text(breaks)}" if breaks else ""),
         )
     compile_us = float(compiles["dur"].sum())
     steps_hit = int(compiles["step"].nunique())
     n_all = n + (1 if aside_us else 0)
     recompiles = [f"{f}/{c}" for f, c in ids if int(c) > 0]
-    limit = dynamo.get("recompile_limit")
-    limit = limit if isinstance(limit, int) and limit > 0 else RECOMPILE_LIMIT
-    limit_hit = any(int(c) >= limit for _, c in ids)
+    limit = _limit_hit(dynamo, ids)
     share = pct(compile_us, model.total_step_us + aside_us)
     evidence.update({
         "compile_ms_in_steps": ms(compile_us),
@@ -103,6 +90,55 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
         "steps": n_all,
         "compile_ids": [f"{f}/{c}" for f, c in ids],
     })
+    if recompiles and limit is not None:
+        evidence["recompile_limit_hit"] = True
+    title, rec, snippet, precondition, saving, basis = advise(
+        evidence, compile_us, ids, recompiles, len(compiles), limit)
+    rec += f" {_breaks_text(breaks)}" if breaks else ""
+    return Assessment.found(Finding(
+        id=RULE_ID, title=title, evidence=evidence, recommendation=rec, snippet=snippet,
+        precondition=precondition, estimated_saving_pct=saving, saving_basis=basis, docs=DOCS,
+    ))
+
+
+def _names(inside: pd.DataFrame, regions: pd.DataFrame) -> tuple[list[Any], list[str]]:
+    """The compile ids (frame, recompile count) and the compiled frames the ops name: over the
+    distinct names (a categorical column's values), not every event."""
+    ids = sorted({(m[1], m[2]) for name in map(str, inside["name"].unique())
+                  if "compile_id=" in name and (m := _ID.search(name))}, key=_id_key)
+    frames = sorted({m.group(1) for name in map(str, regions["name"].unique())
+                     if (m := _REGION_ID.match(name))})
+    return ids, frames
+
+
+def _limit_hit(dynamo: dict[str, Any], ids: list[tuple[str, str]]) -> int | None:
+    """Dynamo's recompile limit when a frame's compile id reached it, else None."""
+    limit = dynamo.get("recompile_limit")
+    limit = limit if isinstance(limit, int) and limit > 0 else RECOMPILE_LIMIT
+    return limit if any(int(c) >= limit for _, c in ids) else None
+
+
+def _set_aside(model: TraceModel) -> tuple[np.ndarray, float]:
+    """The ops of the start-up step set aside before the steps (trace/windows.py), and its
+    length (us)."""
+    ops = model.ops
+    step = ops["step"].to_numpy()
+    startup = model.startup or {}
+    if not isinstance(startup.get("start_us"), int | float):
+        return np.zeros(len(ops), dtype=bool), 0.0
+    ts = ops["ts"].to_numpy()
+    aside = (step < 0) & (ts >= startup["start_us"]) & (ts < startup["end_us"])
+    return aside, float(startup["end_us"] - startup["start_us"])
+
+
+def advise(evidence: dict[str, Any], compile_us: float, ids: list[tuple[str, str]],
+           recompiles: list[str], compiles: int,
+           limit: int | None) -> tuple[str, str, str, str, float, str]:
+    """Title, recommendation, snippet, precondition, saving and its basis: recompiles to stop
+    (`limit`: dynamo's recompile limit, when a frame reached it), or a first compilation to
+    record past."""
+    share = evidence["compile_share_pct"]
+    steps_hit, n_all = evidence["steps_with_compilation"], evidence["steps"]
     if recompiles:
         title = (f"torch.compile recompiled in {steps_hit} of {n_all} recorded steps "
                  f"({millis(ms(compile_us / n_all), 'tenths')} ms per step, {percent(share)})")
@@ -110,12 +146,11 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
                f"{', '.join(recompiles)}: the second number counts recompiles of a frame): its "
                "guards failed, usually on a changing shape (the last batch of an epoch, variable "
                "sequence lengths) or a changing Python value. Each recompile costs "
-               f"{millis(ms(compile_us / max(len(compiles), 1)), 'whole')} ms here, and the run "
+               f"{millis(ms(compile_us / max(compiles, 1)), 'whole')} ms here, and the run "
                "pays it for every new shape (and again for old ones past dynamo's cache size "
                "limit, 8 by default). Mark the dynamic dimension, pad to fixed shapes, or drop the "
                "ragged last batch; TORCH_LOGS=recompiles prints which guard failed.")
-        if limit_hit:
-            evidence["recompile_limit_hit"] = True
+        if limit is not None:
             rec += (f" Frame {ids[-1][0]} reached dynamo's recompile limit ({limit}): from then "
                     "on it runs eagerly, without compilation, so the steps after it lose what "
                     "torch.compile gave.")
@@ -139,12 +174,7 @@ def compile_in_steps(model: TraceModel, context: RunContext | None = None) -> As
         precondition = "A run long enough that compilation is a one-off start-up cost."
         saving = 0.0
         basis = "none: a measurement caveat, not a saving in the real run"
-    if breaks:
-        rec += f" {_breaks_text(breaks)}"
-    return Assessment.found(Finding(
-        id=RULE_ID, title=title, evidence=evidence, recommendation=rec, snippet=snippet,
-        precondition=precondition, estimated_saving_pct=saving, saving_basis=basis, docs=DOCS,
-    ))
+    return title, rec, snippet, precondition, saving, basis
 
 
 def _fell_back(model: TraceModel, dynamo: dict, graphs: float) -> Assessment:
@@ -224,4 +254,7 @@ SPEC = RuleSpec(
             "runs the frame eagerly",
     check=compile_in_steps,
     thresholds={"RECOMPILE_LIMIT": RECOMPILE_LIMIT},
+    order=170,
+    metric=Metric("compiling inside the recorded steps", "ms in the steps",
+                  evidence_key("compile_ms_in_steps"), "compile_share_pct"),
 )

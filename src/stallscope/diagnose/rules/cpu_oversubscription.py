@@ -8,13 +8,14 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from stallscope import units
 from stallscope.diagnose.common import host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import Change, Metric, RuleSpec, evidence_key
 from stallscope.replay.threads import OneThread
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
@@ -41,6 +42,36 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
         )
     if not model.steps:
         return Assessment(RULE_ID, "not_assessed", "No steps in the trace.")
+    measured = measure(model, context)
+    if isinstance(measured, Assessment):
+        return measured
+    verdict = judge(measured)
+    if verdict is not None:
+        return verdict
+    return Assessment.found(advise(model, measured, found))
+
+
+@dataclass(frozen=True)
+class Demand:
+    """The threads the run wants against the cores it may use, and the step's figures."""
+
+    threads: int
+    workers: int
+    cores: int
+    worker_cores: float  # the cores the workers keep busy (fewer when they wait on storage)
+    busy_workers: int
+    demand: int
+    compute_us: float  # the step's host compute, summed over the steps
+    total_us: float
+    n: int
+    loader: Any
+    busy: Any  # other processes' load (diagnose/hostload.py), or None
+    one: OneThread | None
+    evidence: dict[str, Any]
+
+
+def measure(model: TraceModel, context: RunContext | None) -> Demand | Assessment:
+    """The run's settings and the step's figures, or why they are not known (needs `run`)."""
     cpu = (context.environment.get("cpu", {}) if context else {}) or {}
     cores = context.cores_per_process if context else None
     threads = cpu.get("torch_threads")
@@ -79,11 +110,18 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
     if busy is not None:
         evidence["other_cpu_share_pct"] = busy.share_pct
     one = OneThread.of(model)
-    plain = _median_unprofiled(model)  # the same steps at the script's threads, as timed
     if one is not None:  # measured by `run` just before recording (capture/threadprobe.py)
         evidence["one_thread_step_ms"] = ms(one.step_us)
         evidence["one_thread_step_measured_ms"] = ms(one.measured_us)
-    if demand <= cores and busy is not None:
+    return Demand(threads, workers, cores, worker_cores, busy_workers, demand, compute, total, n,
+                  loader, busy, one, evidence)
+
+
+def judge(d: Demand) -> Assessment | None:
+    """Clear when the threads fit the cores; not assessed when they fit but others' load was
+    there; None: oversubscribed, a finding."""
+    threads, workers, cores, busy = d.threads, d.workers, d.cores, d.busy
+    if d.demand <= cores and busy is not None:
         # Not "clear": the cores were contended, only not by this run's threads.
         return Assessment(
             RULE_ID, "not_assessed",
@@ -92,20 +130,25 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
             f"this process may use, but {busy.clause}: any contention came from them, not from "
             "this run's threads. Re-record on a quiet machine to judge.",
         )
-    if demand <= cores:
+    if d.demand <= cores:
         return Assessment(
             RULE_ID, "clear",
             f"{plural(threads, 'intra-op thread')} + {plural(workers, 'loader worker')} fit the "
             f"{plural(cores, 'core')} "
             "this process may use"
-            + (f" (the workers wait on storage: together they keep {worker_cores:.1f} cores "
-               "busy)." if busy_workers < workers else "."),
+            + (f" (the workers wait on storage: together they keep {d.worker_cores:.1f} cores "
+               "busy)." if d.busy_workers < workers else "."),
         )
+    return None
+
+
+def _saving(d: Demand) -> tuple[bool, float, str]:
+    """Whether the step shows the symptom (it waits for batches), the saving and its basis."""
+    demand, cores, evidence = d.demand, d.cores, d.evidence
     excess = (demand - cores) / demand
     symptom = evidence["loader_wait_share_pct"] >= OVERSUB_WAIT_SYMPTOM_PCT
-    fit = max(cores - busy_workers, 1)
     if symptom:
-        saving = pct(excess * compute / n, total / n)
+        saving = pct(excess * d.compute_us / d.n, d.total_us / d.n)
         basis = (
             f"estimate, not a bound: under fair time-sharing {demand} runnable threads on "
             f"{plural(cores, 'core')} leave the step's compute {percent(100 * excess, 0)} short of "
@@ -120,6 +163,16 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
             "may idle on a full prefetch queue much of the time; measure the step time with "
             "the thread count below"
         )
+    return symptom, saving, basis
+
+
+def advise(model: TraceModel, d: Demand, found: Mapping[str, Finding] | None) -> Finding:
+    """The finding: the thread count that leaves a core per busy worker, and how to set it."""
+    threads, workers, cores, busy, one = d.threads, d.workers, d.cores, d.busy, d.one
+    evidence, loader, demand = d.evidence, d.loader, d.demand
+    symptom, saving, basis = _saving(d)
+    fit = max(cores - d.busy_workers, 1)
+    plain = _median_unprofiled(model)  # the same steps at the script's threads, as timed
     evidence["suggested_torch_threads"] = fit
     joint = (found or {}).get("dataloader-bound") if symptom else None
     if joint is not None and joint.evidence.get("suggested_torch_threads") == fit:
@@ -135,7 +188,7 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
         basis += (f"; {busy.clause}, so part of the contention the step saw was theirs, which "
                   "no thread setting here removes")
         precondition += f" {busy.caveat}"
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=(
             f"CPU oversubscribed: {threads} intra-op threads + {workers} loader workers on "
@@ -163,7 +216,6 @@ def cpu_oversubscription(model: TraceModel, context: RunContext | None = None,
         saving_basis=basis,
         docs=OVERSUB_DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _median_unprofiled(model: TraceModel) -> float | None:
@@ -181,6 +233,13 @@ def changes(finding: Finding, model: TraceModel) -> list[Change]:
     return [Change("torch_threads", str(int(n)))] if isinstance(n, int) and n > 0 else []
 
 
+def threads_over(evidence: dict[str, Any]) -> float | None:
+    """Compare's quantity: the threads wanted beyond the cores."""
+    wanted = evidence_key("threads_wanted")(evidence)
+    cores = evidence_key("cores_per_process")(evidence)
+    return None if wanted is None or cores is None else wanted - cores
+
+
 SPEC = RuleSpec(
     id=RULE_ID,
     title="intra-op threads plus loader workers want more cores than the process has",
@@ -190,4 +249,7 @@ SPEC = RuleSpec(
     what_if=("torch_threads",),
     changes=changes,
     reads=("dataloader-bound",),
+    order=150,
+    metric=Metric("threads wanted beyond the cores", "threads", threads_over,
+                  reads=("threads_wanted", "cores_per_process")),
 )

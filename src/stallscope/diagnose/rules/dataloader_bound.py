@@ -17,7 +17,7 @@ from stallscope.diagnose.epochs import respawn_loader_us
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.hostload import other_load
 from stallscope.diagnose.knobs import Knobs
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_key
 from stallscope.replay.loader import LoaderFacts, Rounds, shm_write_us, worker_batch_us
 from stallscope.replay.models.common import h2d_bytes_per_step
 from stallscope.replay.threads import OneThread
@@ -933,4 +933,11 @@ SPEC = RuleSpec(
     what_if=("num_workers", "torch_threads"),
     changes=changes,
     no_change=no_change,
+    order=10,
+    metric=Metric("step waiting for the DataLoader (no GPU work)", MS,
+                  evidence_key("wait_ms_per_step"), "wait_share_pct"),
+    verdict_metric=("wait_share_pct", "dataloader_wait_pct"),
+    loader_pace=True,
+    loader_setting=True,
+    loader_story=True,
 )

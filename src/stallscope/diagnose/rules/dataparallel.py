@@ -16,13 +16,15 @@ Generated nodes such as `GatherBackward0` (backward of `aten::gather`, common in
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_array
@@ -68,7 +70,7 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
     moved = _union_us(dp_ops["ts"].to_numpy(), dp_ops["end"].to_numpy())
     share = pct(moved, total)
     counts = dp_ops["name"].astype(str).value_counts()
-    evidence = {
+    evidence: dict[str, Any] = {
         "gpus_with_kernels": devices,
         "dataparallel_forward_calls": len(annotated),
         "dataparallel_forward_ms_per_step": ms(float(annotated["dur"].sum()) / n),
@@ -77,6 +79,12 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
         "ops": {name: int(c) for name, c in counts.items()},
         "peer_copy_mb_per_step": round(_peer_bytes(model) / n / 1e6, 2),
     }
+    return Assessment.found(advise(model, evidence))
+
+
+def advise(model: TraceModel, evidence: dict[str, Any]) -> Finding:
+    """The finding: DistributedDataParallel, one process per GPU (or no wrapper on one GPU)."""
+    devices, share = evidence["gpus_with_kernels"], evidence["replicate_scatter_gather_share_pct"]
     if len(devices) < 2:
         title = f"DataParallel wraps a model running on one GPU ({percent(share)} of step time)"
         recommendation = (
@@ -97,7 +105,7 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
             "place and overlaps the gradient all-reduce with backward; PyTorch recommends it "
             "over DataParallel even on a single machine."
         )
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
@@ -131,7 +139,6 @@ def dataparallel(model: TraceModel, context: RunContext | None = None) -> Assess
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _dataparallel_name(name: str) -> bool:
@@ -173,4 +180,9 @@ SPEC = RuleSpec(
     title="torch.nn.DataParallel re-copies the model and batch every step",
     summary="`torch.nn.DataParallel` replicate/scatter/gather in the step",
     check=dataparallel,
+    order=80,
+    metric=Metric("DataParallel replicate/scatter/gather", MS,
+                  evidence_key("replicate_scatter_gather_ms_per_step"),
+                  "replicate_scatter_gather_share_pct"),
+    not_capped="it removes peer copies and broadcasts, GPU work the floor counts",
 )

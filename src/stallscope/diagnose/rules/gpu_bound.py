@@ -25,6 +25,7 @@ from a trace. The report's verdict names this finding when nothing else is worth
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +39,7 @@ from stallscope.diagnose.common import (
     pct,
 )
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.kernels import COMM_NAME, classify_kernels
@@ -120,6 +121,14 @@ def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessmen
         evidence["launch_queue_full"] = queue
     levers = _levers(evidence)
     evidence["levers"] = [lever for lever, _ in levers]
+    return Assessment.found(advise(model, evidence, levers))
+
+
+def advise(model: TraceModel, evidence: dict[str, Any], levers: list[tuple[str, str]]) -> Finding:
+    """The finding: host-side fixes do not shorten a GPU-bound step; what makes its work faster."""
+    dev, busy_pct = evidence["device"], evidence["gpu_busy_share_pct"]
+    word = step_word(model.workload)
+    queue = evidence.get("launch_queue_full")
     title = f"The GPU is the bottleneck: device {dev} is busy {percent(busy_pct)} of each {word}"
     if queue:
         title += (", and the host blocks on a full launch queue for "
@@ -142,7 +151,7 @@ def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessmen
             "CUDA graphs or a larger batch would not remove it."
         )
     rec += " What makes the GPU's work faster: " + "; ".join(t for _, t in levers) + "."
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
@@ -163,7 +172,6 @@ def gpu_bound(model: TraceModel, context: RunContext | None = None) -> Assessmen
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _top_kernels(kernels: pd.DataFrame, kernel_us: float, n: int) -> list[dict]:
@@ -326,4 +334,9 @@ SPEC = RuleSpec(
                 "FUSION_SHARE_PCT": FUSION_SHARE_PCT, "MIN_FP32_SHARE_PCT": MIN_FP32_SHARE_PCT},
     # Offered to --what-if (its fusion advice); the plan does not replay it on its own.
     what_if=("compile",),
+    order=160,
+    metric=Metric("GPU busy", MS, evidence_key("gpu_busy_ms_per_step"), "gpu_busy_share_pct"),
+    verdict_metric=("gpu_busy_share_pct", "gpu_busy_pct"),
+    bound=True,
+    per_device=True,
 )

@@ -46,7 +46,7 @@ from stallscope.diagnose.idlethreads import (
     attribute,
     graph_launches,
 )
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import MS, Cause, Change, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.grouped import group_sums
 from stallscope.trace.model import TraceModel
@@ -795,4 +795,11 @@ SPEC = RuleSpec(
     what_if=("cuda_graphs", "allocator"),
     changes=changes,
     no_change=no_change,
+    order=60,
+    metric=Metric("GPU idle", MS, evidence_key("idle_ms_per_step"), "idle_share_pct"),
+    causes=(Cause("dataloader-bound", "idle_during_dataloader_pct"),
+            Cause("host-device-sync", "idle_during_sync_pct")),
+    verdict_metric=("idle_share_pct", "gpu_idle_pct"),
+    idle_time=True,
+    per_device=True,
 )

@@ -11,7 +11,7 @@ import pandas as pd
 from stallscope.diagnose.common import busiest_gpu_us, host_total, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.held import Held, held_waits
-from stallscope.diagnose.spec import Change, RuleSpec
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.intervals import Timeline
 from stallscope.trace.kernels import host_kinds
@@ -587,4 +587,8 @@ SPEC = RuleSpec(
     what_if=("sync",),
     changes=_changes,
     no_change=_no_change,
+    order=40,
+    metric=Metric("host blocked waiting for the GPU", MS, evidence_key("blocked_ms_per_step"),
+                  "sync_share_pct"),
+    verdict_metric=("sync_share_pct", "sync_wait_pct"),
 )

@@ -9,11 +9,13 @@ before its copy started is a synchronisation, counted by `host-device-sync` (the
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from stallscope.diagnose.common import PINNED_MEMORY_DOCS, ms, nansum, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.trace.workload import step_word
@@ -61,7 +63,7 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
     gbps = round(nbytes / gpu_us / 1e3, 2) if gpu_us > 0 else 0.0
     ops = (copies["top_op"].to_numpy(dtype=object)[pageable].tolist()
            + copies["op"].to_numpy(dtype=object)[pageable].tolist())
-    evidence = {
+    evidence: dict[str, Any] = {
         "copies": len(pageable),
         "copies_per_step": round(len(pageable) / n, 1),
         "bytes_per_step": int(nbytes / n),
@@ -72,8 +74,15 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
         "host_wait_for_queue_ms_per_step": ms(waited / n),
         "ops": sorted({o for o in ops if o}),
     }
+    return Assessment.found(advise(model, evidence, nbytes))
+
+
+def advise(model: TraceModel, evidence: dict[str, Any], nbytes: float) -> Finding:
+    """The finding: keep results on the GPU and fetch every N steps, or copy into a pinned
+    buffer."""
+    share, gbps, n = evidence["host_copy_share_pct"], evidence["achieved_gbps"], len(model.steps)
     serving = model.workload == "inference"
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=(
             f"Device-to-host copies into pageable memory take {percent(share)} of each "
@@ -121,7 +130,6 @@ def pageable_d2h_copy(model: TraceModel, _context: RunContext | None = None) -> 
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 # Inference: the caller needs every batch's outputs, so the read stays; it can shrink and
@@ -170,4 +178,7 @@ SPEC = RuleSpec(
             "by the queue they waited on (that is `host-device-sync`)",
     check=pageable_d2h_copy,
     thresholds={"COPY_SHARE_THRESHOLD_PCT": COPY_SHARE_THRESHOLD_PCT},
+    order=30,
+    metric=Metric("host in device-to-host copies into pageable memory", MS,
+                  evidence_key("host_copy_ms_per_step"), "host_copy_share_pct"),
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -15,7 +17,7 @@ from stallscope.diagnose.common import (
 )
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import TraceModel
 from stallscope.units import fixed_size
@@ -62,7 +64,7 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         )
     gbps = round(nbytes / gpu_us / 1e3, 2) if gpu_us > 0 else 0.0
     saving = pct(blocked, total)
-    evidence = {
+    evidence: dict[str, Any] = {
         "copies": int(pageable.sum()),
         "bytes_per_step": int(nbytes / n),
         "achieved_gbps": gbps,
@@ -72,6 +74,13 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         "largest_copy_bytes": int(np.nanmax(size)),
         "ops": sorted(o for o in pd.unique(copies["op"].to_numpy(dtype=object)[pageable]) if o),
     }
+    return Assessment.found(advise(evidence, nbytes, n, gbps, saving, context))
+
+
+def advise(evidence: dict[str, Any], nbytes: float, n: int, gbps: float, saving: float,
+           context: RunContext | None) -> Finding:
+    """The finding: pin the batches and copy them asynchronously, in the loader's own knobs
+    when `run` knows it."""
     title = (
         f"Host-to-device copies from pageable memory: {fixed_size(nbytes / n, 'MB')} per step at "
         f"{gbps:.1f} GB/s"
@@ -80,7 +89,7 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
     # (diagnose/knobs.py), unless it already pins (then these copies are not its batches).
     loader = context.training_loader() if context else None
     knobs = Knobs.of(loader) if loader is not None and not loader.pin_memory else None
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=title,
         evidence=evidence,
@@ -105,7 +114,6 @@ def pageable_h2d_copy(model: TraceModel, context: RunContext | None = None) -> A
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 SPEC = RuleSpec(
@@ -116,4 +124,8 @@ SPEC = RuleSpec(
     thresholds={"MIN_BYTES_PER_STEP": MIN_BYTES_PER_STEP},
     what_if=("pin_memory", "non_blocking"),
     changes=pinned_copy_changes,
+    order=20,
+    metric=Metric("host blocked in pageable host-to-device copies", MS,
+                  evidence_key("host_blocked_ms_per_step")),
+    loader_setting=True,
 )

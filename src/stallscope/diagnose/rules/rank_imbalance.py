@@ -10,6 +10,7 @@ CPU (gloo) it includes the time a fast rank blocks in the all-reduce waiting for
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import pandas as pd
 
 from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import MS, Metric, RuleSpec
 from stallscope.trace.grouped import exact_sums
 from stallscope.trace.model import TraceModel
 from stallscope.trace.names import name_matches
@@ -72,7 +73,7 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
     worst_key = max(spreads, key=lambda k: spreads[k])
     excess = spreads[worst_key]
     excess_pct = pct(excess, step)
-    evidence = {
+    evidence: dict[str, Any] = {
         "ranks": len(rows),
         "median_step_ms": round(step, 3),
         "per_rank": rows,
@@ -86,17 +87,16 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
             f"than {percent(excess_pct)} of the step (threshold "
             f"{percent(SPREAD_THRESHOLD_PCT, 0)}).",
         )
+    return Assessment.found(advise(rows, evidence, worst_key, step, excess, excess_pct))
+
+
+def advise(rows: list[dict[str, Any]], evidence: dict[str, Any], worst_key: str, step: float,
+           excess: float, excess_pct: float) -> Finding:
+    """The finding: which ranks straggle on what, and what evens the ranks out."""
     behind = _stragglers(rows, worst_key, step)
     slowest = behind[0]
     many = len(behind) > 1
-    what = {
-        "loader_wait_ms": ("wait longer on their DataLoaders" if many
-                           else "waits longer on its DataLoader"),
-        "gpu_compute_ms": "run more GPU compute" if many else "runs more GPU compute",
-        "step_ms": "take longer per step" if many else "takes longer per step",
-        WAITED_FOR: ("spend less time in collectives (the others wait for them there)" if many
-                     else "spends less time in collectives (the others wait for it there)"),
-    }[worst_key]
+    what = _what(worst_key, many)
     evidence["straggler_rank"] = slowest["rank"]
     evidence["straggler_cause"] = worst_key
     evidence["stragglers"] = behind
@@ -126,28 +126,38 @@ def rank_imbalance(works: list[RankWork | None]) -> Assessment:
         "if rank == 0 and step % log_every == 0:  # rank-0-only work outside the hot path\n"
         "    log(metrics)"
     )
-    return Assessment.found(
-        Finding(
-            id=RULE_ID,
-            title=(f"{who} {'are' if many else 'is'} waited for: the other ranks spend "
-                   f"{'up to ' if many else ''}{millis(excess, 'tenths')} ms more per step in "
-                   "collectives"
-                   if worst_key == WAITED_FOR else
-                   f"{who} straggle{'' if many else 's'}: "
-                   f"{'up to ' if many else ''}{millis(excess, 'tenths')} ms more work per step"),
-            evidence=evidence,
-            recommendation=recommendation,
-            snippet=snippet,
-            precondition="The ranks synchronise every step (DDP, FSDP or other collectives).",
-            estimated_saving_pct=excess_pct,
-            saving_basis=(
-                "upper bound: the straggler's excess work over the median rank, which every "
-                "rank waits for when the steps are synchronous"
-            ),
-            docs=DOCS,
-            trace=JOB_LABEL,
-        )
+    return Finding(
+        id=RULE_ID,
+        title=(f"{who} {'are' if many else 'is'} waited for: the other ranks spend "
+               f"{'up to ' if many else ''}{millis(excess, 'tenths')} ms more per step in "
+               "collectives"
+               if worst_key == WAITED_FOR else
+               f"{who} straggle{'' if many else 's'}: "
+               f"{'up to ' if many else ''}{millis(excess, 'tenths')} ms more work per step"),
+        evidence=evidence,
+        recommendation=recommendation,
+        snippet=snippet,
+        precondition="The ranks synchronise every step (DDP, FSDP or other collectives).",
+        estimated_saving_pct=excess_pct,
+        saving_basis=(
+            "upper bound: the straggler's excess work over the median rank, which every "
+            "rank waits for when the steps are synchronous"
+        ),
+        docs=DOCS,
+        trace=JOB_LABEL,
     )
+
+
+def _what(worst_key: str, many: bool) -> str:
+    """What the stragglers do, by the quantity that differs most (plural for several)."""
+    return {
+        "loader_wait_ms": ("wait longer on their DataLoaders" if many
+                           else "waits longer on its DataLoader"),
+        "gpu_compute_ms": "run more GPU compute" if many else "runs more GPU compute",
+        "step_ms": "take longer per step" if many else "takes longer per step",
+        WAITED_FOR: ("spend less time in collectives (the others wait for them there)" if many
+                     else "spends less time in collectives (the others wait for it there)"),
+    }[worst_key]
 
 
 # The rank that spends least time in collectives per step is the one the others wait for
@@ -249,6 +259,17 @@ def _work(model: TraceModel) -> dict:
     }
 
 
+def excess_ms(evidence: dict[str, Any]) -> float | None:
+    """Compare's quantity: the slowest rank's excess over the median rank, on the quantity that
+    differs most."""
+    spreads = evidence.get("excess_ms_over_median")
+    if not isinstance(spreads, dict):
+        return None
+    values = [float(v) for v in spreads.values()
+              if isinstance(v, int | float) and math.isfinite(v)]
+    return max(values) if values else None
+
+
 SPEC = RuleSpec(
     id=RULE_ID,
     title="one rank does more work per step and the others wait for it",
@@ -256,4 +277,8 @@ SPEC = RuleSpec(
     check=rank_imbalance,
     thresholds={"SPREAD_THRESHOLD_PCT": SPREAD_THRESHOLD_PCT},
     job=True,
+    order=180,
+    metric=Metric("slowest rank's excess over the median rank", MS, excess_ms,
+                  reads=("excess_ms_over_median",)),
+    names_traces="stragglers",
 )

@@ -18,6 +18,7 @@ host (during the optimizer itself, or later, e.g. while the next batch loads).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,7 @@ import pandas as pd
 from stallscope.diagnose.advice import for_torch, has, torch_version
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec, fixed
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_key, fixed
 from stallscope.runfacts import RunContext
 from stallscope.trace.keyed import inner_join, missing_last
 from stallscope.trace.model import TraceModel
@@ -174,7 +175,19 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
     kernels = np.bincount(k_range, minlength=n_ranges)
     multi = (np.bincount(k_range[multi_kernel], minlength=n_ranges)
              + np.bincount(op_range[op_range >= 0], minlength=n_ranges))
-    names, of_range = np.unique(optimizer[rows], return_inverse=True)
+    verdict = judge(optimizer[rows], kernels, multi)
+    if verdict is not None:
+        return verdict
+    per_range = pd.DataFrame({"optimizer": optimizer[rows].astype(object), "ts": r_ts,
+                              "end": r_end, "dur": ops["dur"].to_numpy()[rows],
+                              "kernels": kernels, "multi": multi})
+    return _found(model, per_range, k_rows, k_range)
+
+
+def judge(optimizers: np.ndarray, kernels: np.ndarray, multi: np.ndarray) -> Assessment | None:
+    """Clear when every optimizer's steps use multi-tensor/fused kernels or launch few; None:
+    a finding. Per Optimizer.step range: its class, its kernels, its multi-tensor ones."""
+    names, of_range = np.unique(optimizers, return_inverse=True)
     per_opt_ranges = np.bincount(of_range, minlength=len(names))
     per_opt_kernels = np.bincount(of_range, weights=kernels, minlength=len(names))
     per_opt_multi = np.bincount(of_range, weights=multi, minlength=len(names))
@@ -190,10 +203,7 @@ def single_tensor_optimizer(model: TraceModel, context: RunContext | None = None
             f"Optimizer steps use multi-tensor/fused kernels or launch few kernels ({described}; "
             f"threshold {MIN_KERNELS_PER_STEP} per-parameter kernels per step).",
         )
-    per_range = pd.DataFrame({"optimizer": optimizer[rows].astype(object), "ts": r_ts,
-                              "end": r_end, "dur": ops["dur"].to_numpy()[rows],
-                              "kernels": kernels, "multi": multi})
-    return _found(model, per_range, k_rows, k_range)
+    return None
 
 
 def _multi_tensor_kernel(name: str) -> bool:
@@ -243,7 +253,7 @@ def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
     # Host time saved can only shorten the step while the GPU has idle time to absorb it.
     gpu_idle = max(total - busiest_gpu_us(model), 0.0)
     saved = min(float(r.host_us), gpu_idle)
-    evidence = {
+    evidence: dict[str, Any] = {
         "optimizer": name,
         "optimizer_steps": int(r.ranges),
         "kernels_per_optimizer_step": round(float(r.kernels_per_step), 1),
@@ -256,6 +266,13 @@ def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
         "top_kernels": [{"name": str(k)[:120], "count_per_step": round(float(c / r.ranges), 1)}
                         for k, c in top.items()],
     }
+    return Assessment.found(advise(model, name, r, evidence, saved, total))
+
+
+def advise(model: TraceModel, name: str, r: Any, evidence: dict[str, Any], saved: float,
+           total: float) -> Finding:
+    """The finding: the foreach/fused option of a torch.optim class, or a torch._foreach_* step.
+    `r`: the optimizer's summary row (ranges, host_us, kernels_per_step, kernel_us)."""
     known = name in FOREACH_CLASSES
     if known:
         snippet, how = _foreach_advice(model, name)
@@ -271,7 +288,7 @@ def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
             "torch._foreach_* ops (or use a fused implementation) so one launch updates many "
             "tensors."
         )
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
         title=(
             f"{name}.step() launches {r.kernels_per_step:.0f} per-parameter kernels "
@@ -300,7 +317,6 @@ def _found(model: TraceModel, per_range: pd.DataFrame, k_rows: np.ndarray,
         ),
         docs=DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _foreach_advice(model: TraceModel, name: str) -> tuple[str, str]:
@@ -338,6 +354,15 @@ def _foreach_advice(model: TraceModel, name: str) -> tuple[str, str]:
     return snippet, how
 
 
+def optimizer_ms(evidence: dict[str, Any]) -> float | None:
+    """The optimizer's host time per training step, compare's quantity: its share of the step
+    times the step (its own `host_ms_per_optimizer_step` is per optimizer call, and a step may
+    make several)."""
+    share = evidence_key("optimizer_share_of_step_pct")(evidence)
+    step = evidence_key("step_ms_mean")(evidence)
+    return None if share is None or step is None else share * step / 100.0
+
+
 SPEC = RuleSpec(
     id=RULE_ID,
     title="the optimizer launches per-parameter kernels",
@@ -346,4 +371,7 @@ SPEC = RuleSpec(
     thresholds={"MIN_KERNELS_PER_STEP": MIN_KERNELS_PER_STEP},
     what_if=("optimizer",),
     changes=fixed(Change("optimizer", "foreach")),
+    order=110,
+    metric=Metric("optimizer host time", MS, optimizer_ms, "optimizer_share_of_step_pct",
+                  ("step_ms_mean",)),
 )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from stallscope.diagnose import memory
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import Metric, RuleSpec, evidence_key
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -176,4 +176,7 @@ SPEC = RuleSpec(
     check=worker_memory,
     thresholds={"GROWTH_MIN_MB": GROWTH_MIN_MB, "GROWTH_MIN_SHARE": GROWTH_MIN_SHARE,
                 "MARGIN": MARGIN},
+    order=140,
+    metric=Metric("largest DataLoader worker's own memory", "MB",
+                  evidence_key("max_worker_unique_mb")),
 )

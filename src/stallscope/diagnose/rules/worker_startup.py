@@ -15,6 +15,7 @@ from the three parts and amortises it over the epoch.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ from stallscope.diagnose.common import ms, pct
 from stallscope.diagnose.epochs import BOUNDARY_BUSY_FRACTION, boundaries, in_loader_us
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.knobs import Knobs
-from stallscope.diagnose.spec import RuleSpec
+from stallscope.diagnose.spec import Metric, RuleSpec, evidence_key
 from stallscope.runfacts import LoaderInfo, RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -114,6 +115,26 @@ def _startup_finding(
     if started is not None:
         # Counted by `run` itself (capture/transfer.py): new worker pids while recording.
         evidence["worker_starts_recorded"] = started
+    saving, basis = _saving(model, respawns, step_of, info, steady_step, evidence)
+    if saving < STARTUP_MATERIAL_PCT:
+        return Assessment(
+            RULE_ID, "clear",
+            f"Workers are re-spawned each epoch ({millis(ms(cost), 'tenths')} ms), "
+            f"{percent(saving, 2)} of the run's step time (material from "
+            f"{percent(STARTUP_MATERIAL_PCT, 0)}).",
+        )
+    return Assessment.found(advise(context, evidence, info, multi_loaders, respawn_part, saving,
+                                  basis))
+
+
+def _saving(model: TraceModel, respawns: pd.DataFrame, step_of: np.ndarray,
+            info: LoaderInfo | None, steady_step: float,
+            evidence: dict[str, Any]) -> tuple[float, str]:
+    """The re-spawns' share of the run and its basis: per epoch when `run` knows the epoch's
+    length, else between recorded re-spawns, else over the recorded steps. Adds the epoch's
+    length to `evidence` where it is known."""
+    windows = model.windows
+    cost = float(respawns["cost_us"].mean())
     bpe = None
     if info is not None and info.dataset_len and info.batch_size:
         bpe = math.ceil(info.dataset_len / info.batch_size)
@@ -143,13 +164,15 @@ def _startup_finding(
             "upper bound: re-spawn cost over the recorded steps only (epoch length unknown "
             "without `stallscope run`); a window around an epoch boundary over-represents it"
         )
-    if saving < STARTUP_MATERIAL_PCT:
-        return Assessment(
-            RULE_ID, "clear",
-            f"Workers are re-spawned each epoch ({millis(ms(cost), 'tenths')} ms), "
-            f"{percent(saving, 2)} of the run's step time (material from "
-            f"{percent(STARTUP_MATERIAL_PCT, 0)}).",
-        )
+    return saving, basis
+
+
+def advise(context: RunContext | None, evidence: dict[str, Any], info: LoaderInfo | None,
+           multi_loaders: list[LoaderInfo], respawn_part: float, saving: float,
+           basis: str) -> Finding:
+    """The finding: keep the workers alive across epochs (persistent_workers=True), or build
+    the DataLoader once when it is rebuilt each epoch."""
+    cost_ms = millis(evidence["startup_ms_per_epoch"], "tenths")
     rebuilt = context is not None and bool(multi_loaders) and info is None
     if rebuilt:
         recommendation = (
@@ -168,7 +191,7 @@ def _startup_finding(
             where = f"{knobs.where} " + (f"({knobs.how}) " if knobs.how else "")
         recommendation = (
             f"{where}The DataLoader shuts down its worker processes at the end of every epoch and "
-            f"forks new ones for the next ({millis(ms(cost), 'tenths')} ms per epoch, of which "
+            f"forks new ones for the next ({cost_ms} ms per epoch, of which "
             f"{millis(ms(respawn_part), 'tenths')} ms is shutdown and fork). Keep the workers "
             "alive across epochs."
         )
@@ -181,9 +204,9 @@ def _startup_finding(
         else:
             snippet = (f"# {knobs.where}" + (f"  ({knobs.how})" if knobs.how else "") + "\n"
                        f"-{knobs.call_text(before)}\n+{knobs.call_text(after)}")
-    finding = Finding(
+    return Finding(
         id=RULE_ID,
-        title=f"DataLoader workers are re-spawned every epoch ({millis(ms(cost), 'tenths')} ms "
+        title=f"DataLoader workers are re-spawned every epoch ({cost_ms} ms "
               "each time)",
         evidence=evidence,
         recommendation=recommendation,
@@ -199,7 +222,6 @@ def _startup_finding(
         saving_basis=basis,
         docs=STARTUP_DOCS,
     )
-    return Assessment.found(finding)
 
 
 def _measured_starts(context: RunContext | None) -> int | None:
@@ -238,4 +260,11 @@ SPEC = RuleSpec(
     check=worker_startup,
     thresholds={"STARTUP_MATERIAL_PCT": STARTUP_MATERIAL_PCT,
                 "BOUNDARY_BUSY_FRACTION": BOUNDARY_BUSY_FRACTION},
+    order=130,
+    metric=Metric("DataLoader worker start-up", "ms per epoch",
+                  evidence_key("startup_ms_per_epoch")),
+    not_capped="its saving is per epoch, in the re-spawn steps the median step leaves out",
+    per_epoch=True,
+    loader_pace=True,
+    loader_setting=True,
 )

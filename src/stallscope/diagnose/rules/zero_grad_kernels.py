@@ -3,11 +3,13 @@
 Before torch 2.0 `zero_grad()` defaulted to `set_to_none=False`: one fill/zero kernel per
 parameter every step, each a launch the host pays for while the GPU waits for real work. With
 `set_to_none=True` (the default since 2.0) the gradients are dropped instead and the next
-backward writes them fresh: no kernels at all. The real ResNet50 traces (torch 1.8) spend 3-5%
-of every step here; GUIDE §4's list does not cover it.
+backward writes them fresh: no kernels at all. The public ResNet50 traces (torch 1.8) pay it
+every step (their report snapshots in tests/__snapshots__ show the share).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,7 +17,7 @@ import pandas as pd
 from stallscope.diagnose.advice import for_torch, has
 from stallscope.diagnose.common import busiest_gpu_us, ms, pct
 from stallscope.diagnose.finding import Assessment, Finding
-from stallscope.diagnose.spec import Change, RuleSpec, fixed
+from stallscope.diagnose.spec import MS, Change, Metric, RuleSpec, evidence_key, fixed
 from stallscope.runfacts import RunContext
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
@@ -52,7 +54,7 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
     host_us = float(np.nansum(ops["dur"].to_numpy()[calls]))  # = pandas' sum, same order
     share = pct(host_us, model.total_step_us)
     optimizer = str(ops["name"].iloc[calls[0]]).removeprefix(ZERO_GRAD).split(".")[0]
-    evidence = {
+    evidence: dict[str, Any] = {
         "optimizer": optimizer,
         "launches_per_zero_grad": per_call,
         "zero_grad_ms_per_step": ms(host_us / n),
@@ -68,36 +70,41 @@ def zero_grad_kernels(model: TraceModel, _context: RunContext | None = None) -> 
         )
     room = max(model.total_step_us - busiest_gpu_us(model), 0.0)
     saving = pct(min(host_us, room), model.total_step_us)
-    return Assessment.found(
-        Finding(
-            id=RULE_ID,
-            title=(
-                f"{optimizer}.zero_grad() launches {per_call} kernels per step "
-                f"({millis(ms(host_us / n), 'tenths')} ms)"
-            ),
-            evidence=evidence,
-            recommendation=(
-                f"zero_grad() fills the gradients with zeros ({per_call} kernel launches per call, "
-                f"{percent(share)} of the step). Setting the gradients to None instead costs no "
-                "kernel at all: the next backward allocates and writes them "
-                "fresh. " + _default_said(model)
-            ),
-            snippet=(
-                f"{for_torch(model)}\n"
-                "optimizer.zero_grad(set_to_none=True)  # the default since torch 2.0"
-            ),
-            precondition=(
-                "No code reads .grad between zero_grad() and backward() expecting zeros (a "
-                "None gradient raises there), and no optimizer step runs on parameters "
-                "without gradients expecting them to be zero."
-            ),
-            estimated_saving_pct=saving,
-            saving_basis=(
-                "upper bound: the host time of the zero_grad() calls, never more than the "
-                "step minus the busiest GPU's busy time"
-            ),
-            docs=DOCS,
-        )
+    return Assessment.found(advise(model, evidence, saving))
+
+
+def advise(model: TraceModel, evidence: dict[str, Any], saving: float) -> Finding:
+    """The finding: set the gradients to None rather than fill them with zeros."""
+    optimizer, per_call = evidence["optimizer"], evidence["launches_per_zero_grad"]
+    share = evidence["zero_grad_share_pct"]
+    return Finding(
+        id=RULE_ID,
+        title=(
+            f"{optimizer}.zero_grad() launches {per_call} kernels per step "
+            f"({millis(evidence['zero_grad_ms_per_step'], 'tenths')} ms)"
+        ),
+        evidence=evidence,
+        recommendation=(
+            f"zero_grad() fills the gradients with zeros ({per_call} kernel launches per call, "
+            f"{percent(share)} of the step). Setting the gradients to None instead costs no "
+            "kernel at all: the next backward allocates and writes them "
+            "fresh. " + _default_said(model)
+        ),
+        snippet=(
+            f"{for_torch(model)}\n"
+            "optimizer.zero_grad(set_to_none=True)  # the default since torch 2.0"
+        ),
+        precondition=(
+            "No code reads .grad between zero_grad() and backward() expecting zeros (a "
+            "None gradient raises there), and no optimizer step runs on parameters "
+            "without gradients expecting them to be zero."
+        ),
+        estimated_saving_pct=saving,
+        saving_basis=(
+            "upper bound: the host time of the zero_grad() calls, never more than the "
+            "step minus the busiest GPU's busy time"
+        ),
+        docs=DOCS,
     )
 
 
@@ -142,4 +149,7 @@ SPEC = RuleSpec(
     thresholds={"MIN_LAUNCHES": MIN_LAUNCHES, "MIN_SHARE_PCT": MIN_SHARE_PCT},
     what_if=("zero_grad",),
     changes=fixed(Change("zero_grad", "none")),
+    order=120,
+    metric=Metric("zero_grad kernels", MS, evidence_key("zero_grad_ms_per_step"),
+                  "zero_grad_share_pct"),
 )
