@@ -1,4 +1,7 @@
-"""Rules: small pure functions from a TraceModel to an Assessment (GUIDE §4 ids)."""
+"""Rules: small pure functions from a TraceModel to an Assessment.
+
+Their ids are stable (docs/architecture.md, "The diagnosis catalogue").
+"""
 
 from __future__ import annotations
 
