@@ -1,7 +1,8 @@
 """Does a finished profiler session leave the process slower? (needs a CUDA GPU; run by hand)
 
 `stallscope run` measured the profiler's cost per op at its start until 2026-11-29 (since then
-after its recording: capture/opcost.py), under a profiler set up as the session's: with CUDA activity, that attaches CUPTI. Kineto calls
+after its recording: capture/opcost.py), under a profiler set up as the session's: with CUDA
+activity, that attaches CUPTI. Kineto calls
 `cuptiFinalize` when a session stops only with `TEARDOWN_CUPTI=1` (pytorch/pytorch#144455), so
 CUPTI may stay attached for the rest of the run: the unprofiled steps `run` times before
 recording, and the user's run after it with `--run-to-end`. The recordings hint at it: on the

@@ -7,8 +7,8 @@ state (tune's own A/A noise and busy reasons) beside it:
 
     python benchmarks/bench_tune.py [--repeats 2] [--budget 240] [--rounds 1]
 
-Each round runs `stallscope tune` on examples/loader_bound.py (1,024 samples, as in the
-README) and prints the speedup, its interval, the change chosen and how busy the machine was.
+Each round runs `stallscope tune` on examples/loader_bound.py (1,024 samples, as in
+docs/usage.md) and prints the speedup, its interval, the change chosen and how busy the machine was.
 """
 
 from __future__ import annotations

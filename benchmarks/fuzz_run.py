@@ -9,7 +9,7 @@ forkserver), --skip, --run-to-end, the script's own exit status (0 or 3), and th
 a folder with room, on a full 1 MiB tmpfs, or on one the script fills after its loop: a
 checkpoint). A case is `ok` when every invariant holds, else `bad` with the broken ones:
 
-- the exit status is the one documented (README, "Exit codes"): the script's own when it ran
+- the exit status is the one documented (docs/usage.md, "Exit codes"): the script's own when it ran
   to its end (--run-to-end) with a non-zero status, also when stallscope could not write;
   2 when stallscope could not write for a script that ended well; else 0;
 - at most one `stallscope:` line, naming ENOSPC when the disk was full; no Kineto

@@ -2,8 +2,8 @@
 
 No GPU is available to this project, and `sample_traces/public` holds no DataParallel run, no
 allocator churn in steady-state steps and no pinned host-to-device copy that blocks the host.
-This script builds such traces event by event, following the Kineto facts in GUIDE §3 and the
-shapes of the real traces (`hta/a100_rank3of8_trace_diff_control`,
+This script builds such traces event by event, following the Kineto facts in
+docs/architecture.md and the shapes of the real traces (`hta/a100_rank3of8_trace_diff_control`,
 `hta/v100_rank1of2_trace_diff_test`, `hta/a100_alexnet_pageable_htod`): `ProfilerStep#N` user
 annotations, `cpu_op` nesting,
 `cuda_runtime` calls whose `args.correlation` equals that of their GPU kernel / memcpy, `ac2g`

@@ -1,4 +1,4 @@
-"""Label the traces of record_h100.py sessions for the corpus (GUIDE section 7).
+"""Label the traces of record_h100.py sessions for the corpus (sample_traces/README.md).
 
 Each session folder (record_h100.py's OUT) becomes `real-<gpu>-<session>-<name>.pt.trace.json.gz`
 here, with a top-level `stallscope_recording` object in the trace saying it is a real recording,

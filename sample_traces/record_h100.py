@@ -1,4 +1,5 @@
-"""Record the real GPU traces and their plain timings (GUIDE section 7), on a lent H100/H200.
+"""Record the real GPU traces and their plain timings (sample_traces/README.md), on a lent
+H100/H200.
 
 For each configuration of gpu_workload.py: `--repeats` runs timed without any profiler (the mean
 step a user sees, over `--steps` steps after the first 25, so the loader's prefetched batches

@@ -1,4 +1,4 @@
-"""The package layout is the pipeline (GUIDE §2), and imports flow one way through it.
+"""The package layout is the pipeline (docs/architecture.md), and imports flow one way through it.
 
     commands -> report -> diagnose -> replay -> trace      capture beside trace
     (cli and the Python API above all, side by side; errors, progress, outputs, fanout, text,
@@ -6,7 +6,7 @@
 
 `replay` and `diagnose` may not import `capture` even though it sits lower: they read what a
 recording knows about its run from the run facts and the trace stage, never from the code that
-runs inside the training process (GUIDE §2).
+runs inside the training process (docs/architecture.md, "The pipeline").
 
 Every import of a stallscope module is read with `ast`, function-level (lazy) imports included,
 since a lazy import is how an upward dependency usually hides. A lower layer importing a higher
@@ -53,8 +53,9 @@ APART = {
 # may still import the root for `__version__`. That one edge, from the root to the API and
 # only inside a function or an `if TYPE_CHECKING:` block, is the facade, not a dependency.
 FACADE = {("stallscope", "stallscope.api")}
-# Third-party packages only one stage may load at module level (GUIDE §2: only the capture
-# imports torch, so `analyze` starts fast without CUDA; the trace and rules never render HTML).
+# Third-party packages only one stage may load at module level (docs/architecture.md: only the
+# capture imports torch, so `analyze` starts fast without CUDA; the trace and rules never render
+# HTML).
 OWNED = {"torch": "stallscope.capture", "jinja2": "stallscope.report"}
 
 
@@ -184,8 +185,8 @@ def test_the_package_keeps_its_layers() -> None:
 
 
 def test_replay_and_diagnose_never_import_capture() -> None:
-    """What a recording knows about its run reaches them as data (GUIDE §2), so an analysis
-    never depends on the code that runs inside the training process."""
+    """What a recording knows about its run reaches them as data (docs/architecture.md), so an
+    analysis never depends on the code that runs inside the training process."""
     found = [p for p in violations(sources()) if p.endswith("never from capture")]
     assert found == [], "\n".join(found)
 

@@ -1,6 +1,6 @@
 """stallscope: find why a PyTorch training step stalls, from its torch.profiler trace.
 
-The Python API (README "Python API"): `analyze(path_or_profile)`, `with profile(): ...`,
+The Python API (docs/usage.md, "Python API"): `analyze(path_or_profile)`, `with profile(): ...`,
 `step()`, `Report`, and `StallscopeError` for every error a caller can cause. `step` and the
 errors are defined below every stage and load at once; `analyze`, `profile` and `Report` load
 the pipeline (pandas, the rules, the writers; torch for `profile`) on first use, so

@@ -5,18 +5,18 @@ and `main(args, script_args, command)`; this module owns only what is common to 
 `--version`, splitting a script's own arguments off, and turning whatever escapes a command into
 one `stallscope:` line and its exit code.
 
-Exit codes (stallscope.errors; README's table lists the same, tests/test_docs_parser.py checks
-both): 0 analysed; 1 internal error (a stallscope bug); 2 usage error or unreadable input or
-output; 3 `--fail-on` threshold met; 4 no step to analyse (`run` recorded none, or `analyze` found
-none); 5 a partial result (`analyze`: files of a job that could not be read were left out;
+Exit codes (stallscope.errors; docs/usage.md's table lists the same, tests/test_docs_parser.py
+checks both): 0 analysed; 1 internal error (a stallscope bug); 2 usage error or unreadable input
+or output; 3 `--fail-on` threshold met; 4 no step to analyse (`run` recorded none, or `analyze`
+found none); 5 a partial result (`analyze`: files of a job that could not be read were left out;
 `tune`: only the baseline ran); 6, 7, 8, 9 `compare --fail-on`: AFTER measurably slower (6), a
-new cause (7), the step slower or a cause worse by more than the step gained (8), any cause worse
-by what it measures (9); 124 `run --timeout` stopped the script (as
-coreutils `timeout`); 130 interrupted; 143 terminated by SIGTERM (while the script runs, or
-while `run` analyses after it: the line then names the trace kept). Under `run`, a script that
-ends with a non-zero status passes that status through (1 for an exception), also when
-stallscope then fails to write (a full disk: one line naming the errno); `tune` passes through
-the status of a baseline (or of every candidate) that failed.
+new cause (7), the step slower or a cause worse by more than the step gained (8), any cause
+worse by what it measures (9); 124 `run --timeout` stopped the script (as coreutils `timeout`);
+130 interrupted; 143 terminated by SIGTERM (while the script runs, or while `run` analyses after
+it: the line then names the trace kept). Under `run`, a script that ends with a non-zero status
+passes that status through (1 for an exception), also when stallscope then fails to write (a
+full disk: one line naming the errno); `tune` passes through the status of a baseline (or of
+every candidate) that failed.
 """
 
 from __future__ import annotations

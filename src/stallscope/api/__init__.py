@@ -1,4 +1,4 @@
-"""The Python API: what `import stallscope` offers besides the CLI (README "Python API").
+"""The Python API: what `import stallscope` offers besides the CLI (docs/usage.md, "Python API").
 
 `analyze` (traces or a finished torch.profiler.profile -> Report), `profile` (a `with` block
 around a running loop -> ProfileSession, whose `.report` is the Report), `watch` (the same,

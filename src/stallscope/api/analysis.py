@@ -55,7 +55,7 @@ def analyze(source: str | os.PathLike[str] | Any, *more: str | os.PathLike[str] 
 def _live_contexts(items: Sequence[Any], paths: list[Path]) -> dict[str, RunContext]:
     """The facts of this process for each profile recorded in it: the cores it may use and its
     intra-op threads, as `run` records them. Without them a loader's advice had no core count
-    to cap the workers at (22 workers advised on a 2-core machine in one run, 4 in the next).
+    to cap the workers at, and the advice changed from one run to the next.
     A trace file may come from another machine: it keeps only what it holds itself."""
     if not any(_is_profile(item) for item in items):
         return {}

@@ -1,12 +1,12 @@
 """What the profiler adds to each op it records, measured in the run once its recording stopped.
 
-The recorded steps ran under the profiler, and every op the host recorded paid its bookkeeping
-(the RecordFunction callbacks, Kineto's event, the input shapes when they are recorded). Where
-the host records many ops the step runs much longer profiled than in the user's run: 95.7 vs
-41.7 ms per step for a loader working in the training process, 18.4 vs 13.4 ms for bf16 on the
-H200. The replay takes that cost out of each host segment, per op it holds (replay/
-unprofile.py); this module measures it: a loop of tiny ops, timed plain and under a profiler
-set up as the session's, in alternating rounds, the least-disturbed (fastest) round of each.
+The recorded steps ran under the profiler, and every op the host recorded paid its bookkeeping (the
+RecordFunction callbacks, Kineto's event, the input shapes when they are recorded). Where the host
+records many ops the step runs much longer profiled than in the user's run (docs/performance.md,
+"Figures behind the code"). The replay takes that cost out of each host segment, per op it holds
+(replay/unprofile.py); this module measures it: a loop of tiny ops, timed plain and under a
+profiler set up as the session's, in alternating rounds, the least-disturbed (fastest) round of
+each.
 
 The loop's ops (`aten::add` on a one-element tensor) are as cheap as ops get, so the difference
 is the profiler's fixed cost per recorded op; an op's own work is not made slower by it. One

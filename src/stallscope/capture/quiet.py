@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 _NOISE = b"USDT:"
 # torch.profiler warns once per process when a profiler cycle is prepared after another (seen
-# on every real H200 recording with torch 2.11+CUDA): stallscope keeps the one cycle it records,
+# on every real GPU recording with torch 2.11+CUDA): stallscope keeps the one cycle it records,
 # so the advice in it (acc_events=True) is nothing a user can act on.
 _CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 

@@ -30,14 +30,11 @@ from types import CodeType, FrameType
 from typing import Any
 
 # Mean seconds between samples (each interval drawn uniformly in [0.5, 1.5] x the mean, so
-# that samples do not lock onto a periodic loop). Measured on this project's 2-core VM (Python
-# 3.11, a 20-deep stack, 3 threads): the sample itself (sys._current_frames + walk + dict
-# increment) takes ~12 us, but waking the thread and taking the GIL from a busy thread costs
-# ~100-250 us in all (timer wake-ups, GIL hand-over), and in the training process that lands
-# on the step: at 20 ms the thread's wake-ups cost a 2 ms step 1.3% (benchmarks/
-# bench_anatomy.py). So workers, where it lands on the loading beside the step, sample every
-# 30 ms (~30 samples per second of fetching per process, shares within ~5 points over a
-# recording of a second or more), and the training process (num_workers=0) every 50 ms.
+# that samples do not lock onto a periodic loop). Taking a sample is cheap, but waking the
+# thread and taking the GIL from a busy thread costs an order of magnitude more, and in the
+# training process that lands on the step (benchmarks/bench_anatomy.py; the figures in
+# docs/performance.md, "Figures behind the code"). So workers, where it lands on the loading
+# beside the step, sample more often than the training process (num_workers=0).
 SAMPLE_S = 0.03
 SAMPLE_S_MAIN = 0.05
 MAX_KEYS = 200  # distinct (category, frame) keys per process; the rest count under "other"

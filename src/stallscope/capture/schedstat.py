@@ -1,11 +1,10 @@
 """The calling thread's scheduler figures (Linux schedstat), cheap enough for every step.
 
 `/proc/thread-self/schedstat` holds the thread's time on a core and its time runnable but
-waiting for one (ns). The step hooks read it at every step boundary, and the loader watch
-around every recorded fetch. Opening, reading and closing the file cost 12-30 us a read on the
-2-core VM (29 of the 69 us the idle hooks added to an empty step, timed around each hook);
-`pread` on a descriptor kept open per thread costs about 2 us (the kernel writes the text
-afresh on every read from offset 0).
+waiting for one (ns). The step hooks read it at every step boundary, and the loader watch around
+every recorded fetch. Opening, reading and closing the file cost far more than `pread` on a
+descriptor kept open per thread, where the kernel writes the text afresh on every read from
+offset 0 (docs/performance.md, "Figures behind the code").
 """
 
 from __future__ import annotations

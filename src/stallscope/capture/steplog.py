@@ -135,7 +135,7 @@ class StepLog:
     def _scalar_point(self, now: float) -> None:
         """One TensorBoard point: the mean of the steps since the last one. A point per step
         would cost more than a 5 ms step's 1% budget (`benchmarks/bench_hooks.py` times
-        `add_scalar`: 61-63 us a point on the 2-core VM); the step log keeps every step."""
+        `add_scalar`); the step log keeps every step."""
         pending, self._pending, self._scalar_at = self._pending, [], now
         if not pending or self._scalars is None:
             return

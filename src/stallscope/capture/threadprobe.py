@@ -1,16 +1,15 @@
 """The one-thread probe: a few unprofiled steps with one intra-op thread, just before recording.
 
-A CPU step with several intra-op threads waits at every parallel op for its slowest thread.
-When other processes (or the run's own loader workers) hold the cores, that thread is often
-preempted and the step runs many times longer than on a quiet machine: on this project's 2-core
-VM, a 9.2 ms step ran 328 ms beside two busy loops. No share of the run-queue wait accounts for
-that, so the trace alone cannot say what the step would take with fewer threads, on this
-machine or a quiet one. One thread has no barrier to wait at: its steps under load, less the
-share of their time the thread waited for cores others held (replay/unload.py), are the quiet
-one-thread steps. So once the run is steady, `run` times `PROBE_STEPS` steps with
-`torch.set_num_threads(1)`, restores the script's count, lets one step settle, and records;
-the replay grounds `torch_threads=1` (the cpu-oversubscription change, and the workers'
-own single thread) on that measurement (replay/threads.py).
+A CPU step with several intra-op threads waits at every parallel op for its slowest thread. When
+other processes (or the run's own loader workers) hold the cores, that thread is often preempted and
+the step runs many times longer than on a quiet machine (docs/performance.md, "Figures behind the
+code"). No share of the run-queue wait accounts for that, so the trace alone cannot say what the
+step would take with fewer threads, on this machine or a quiet one. One thread has no barrier to
+wait at: its steps under load, less the share of their time the thread waited for cores others held
+(replay/unload.py), are the quiet one-thread steps. So once the run is steady, `run` times
+`PROBE_STEPS` steps with `torch.set_num_threads(1)`, restores the script's count, lets one step
+settle, and records; the replay grounds `torch_threads=1` (the cpu-oversubscription change, and
+the workers' own single thread) on that measurement (replay/threads.py).
 
 Only for a CPU-only run of one process with two or more intra-op threads whose epoch has the
 batches to spare; never for a distributed job (every rank must record the same steps).

@@ -86,15 +86,11 @@ COMPARE_FILES = ("compare.json", "compare.html", "compare.md")
 GROUPS = ("resolved", "new", "worse", "better", "unchanged", "unsteady", "not_assessed")
 FAIL_ON = {"slower": EXIT_SLOWER, "new": EXIT_NEW, "worse": EXIT_WORSE,
            "cause-worse": EXIT_CAUSE_WORSE}
-# The least speedup (or slowdown) claimed between two recordings, in percent. One recording's
-# halves see the drift of a second or so, not the machine's between two runs: nine pairs of
-# `run`s of one unchanged script (examples/loader_bound.py, the acceptance test's) on this
-# project's 2-core VM gave mean-step ratios 0.80-1.17, while a run's two halves differed by
-# 0.2-6% in 10 of the 12 runs measured (28% in two); `--fail-on slower` fired on two such
-# pairs in CI (at no floor, then at 10%). On a lent H200 one configuration's recorded median
-# moved 3-41% between two sessions (sample_traces/README.md). 20% keeps those from being called
-# a change; `--noise-floor` sets it for a quieter machine. The interval must still clear the
-# sides' own noise.
+# The least speedup (or slowdown) claimed between two recordings, in percent. One recording's halves
+# see the drift of a second or so, not the machine's between two runs (the pairs of runs of one
+# unchanged script this was set from: docs/performance.md, "Figures behind the code"). 20% keeps
+# those from being called a change; `--noise-floor` sets it for a quieter machine. The interval must
+# still clear the sides' own noise.
 NOISE_FLOOR_PCT = 20.0
 
 

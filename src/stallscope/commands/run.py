@@ -116,11 +116,9 @@ def add_capture_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--record-shapes", action="store_true",
         help="also record each op's input shapes, for TensorBoard's operator view grouped by "
-        "input shape; no diagnosis reads them, and they cost every recorded op (measured "
-        "with benchmarks/bench_profiler_cost.py: 2.7-3.7 us added per CPU op with them, "
-        "1.7-2.0 us without, on a 2-core VM; 4.5 vs 3.6 us on an H100 host) and trace size "
-        "(438 bytes per op against 258 before gzip, 16 against 15 after); the report says what "
-        "the recording cost")
+        "input shape; no diagnosis reads them, and they add to every recorded op's cost and "
+        "to the trace's size (docs/performance.md, benchmarks/bench_profiler_cost.py); the "
+        "report says what the recording cost")
     run.add_argument(
         "--timeout", type=seconds, metavar="SECONDS",
         help="stop the script if it is still running this many seconds after it started "

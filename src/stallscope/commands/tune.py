@@ -319,10 +319,10 @@ def run_command(overrides: Overrides, target_argv: list[str], out: Path,
 
 def timed_steps(overrides: Overrides, epoch: int | None = None) -> int:
     """`steps_for`, fitted to an epoch of `epoch` batches when it is known: the skipped and
-    prefetched batches, the timed steps, run's warm-up step and the recorded ones must fit, or
-    an 8-worker candidate of a short epoch fails where 8 workers are the fastest (issue 30
-    reports a third of tune's budget spent on such a failure, and 2 workers chosen at 3.2x where
-    8 measured 4.5x). Never fewer than one round of the workers (at least 2 steps)."""
+    prefetched batches, the timed steps, run's warm-up step and the recorded ones must fit, or an
+    8-worker candidate of a short epoch fails where 8 workers are the fastest, spends the budget on
+    the failure and leaves a slower configuration chosen. Never fewer than one round of the
+    workers (at least 2 steps)."""
     timed = steps_for(overrides)
     if not epoch:
         return timed
@@ -427,9 +427,8 @@ def _unloaded(status: int, wall: float, steps: list[float], load: Any,
 
 def others_share(load: dict[str, Any], steps: list[float]) -> float:
     """Of the timed steps' wall time, the share their stepping thread waited for cores other
-    processes held (replay/unload.py): the neighbours' doing, not the configuration's. Runs of
-    one configuration beside two busy loops measured tens of percent apart, and a 9x effect
-    read as none against such noise (issue 30)."""
+    processes held (replay/unload.py): the neighbours' doing, not the configuration's. Beside busy
+    neighbours, runs of one configuration differ by more than the effect being measured."""
     runs, waits = load.get("main_run_us"), load.get("main_wait_us")
     if not isinstance(runs, list) or not isinstance(waits, list) or len(runs) < len(steps) \
             or len(waits) != len(runs):

@@ -1,5 +1,7 @@
 """Rules: small pure functions from a TraceModel to an Assessment, one module each
-(diagnose/rules/, collected by diagnose/registry.py)."""
+(diagnose/rules/, collected by diagnose/registry.py). Their ids are stable (docs/architecture.md,
+"The diagnosis catalogue").
+"""
 
 from __future__ import annotations
 

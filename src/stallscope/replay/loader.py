@@ -43,11 +43,10 @@ from stallscope.trace.otherload import OtherLoad, load_from
 from stallscope.units import fixed_size, ms, percent
 
 # Receiving one batch from a worker (queue get, unpickling, fetching each tensor's shared-memory
-# handle from the worker, mapping it). Measured on this project's 2-core VM with batches of 32
-# images and labels, workers always ahead (benchmarks/bench_replay.py fetch): median 2.0 ms
-# at 0.02 MB, 2.2-2.3 ms at 1.6 MB, 3.0-3.3 ms at 6.3 MB, 5.4 ms at 19.3 MB. Bare metal is
-# faster: the kineto ResNet50 trace with 4 workers (V100 DGX) shows 1.4 ms at 19.3 MB, so on
-# such hosts this cost, and the prediction, is pessimistic by a few ms per step.
+# handle from the worker, mapping it): a base cost and a rate per byte, fitted with
+# `benchmarks/bench_replay.py fetch` (workers always ahead). Bare metal is faster, so on such hosts
+# this cost, and the prediction, is pessimistic by a few ms per step (docs/performance.md, "Figures
+# behind the code").
 FETCH_BASE_US = 2000.0
 FETCH_BYTES_PER_US = 5700.0
 # A fetch whose CPU time is under this share of its wall time mostly waits (storage, network):
@@ -162,8 +161,8 @@ class LoaderFacts:
     def cpu_share(self) -> float | None:
         """How much of a fetch computed rather than waited on storage (0..1): in the process
         when it loaded there, else as measured inside the workers. Time runnable in a run
-        queue is neither: beside other load a CPU-bound fetch computed 65% of its wall time
-        and queued 35% (on the 2-core VM), and it needs a whole core, as on a quiet machine."""
+        queue is neither: beside other load a CPU-bound fetch spends part of its wall time
+        queued, and it still needs a whole core, as on a quiet machine."""
         share = None
         if self.fetch_wall_us and self.fetch_cpu_us is not None and self.workers == 0:
             share = self.fetch_cpu_us / self.fetch_wall_us

@@ -8,9 +8,8 @@ waited for cores others held (replay/unload.py, from the probe's own scheduler f
 out and leaves the quiet one-thread step. Its loader wait (the fetches, when the training
 process loads) and the rest are scaled separately: the recorded graph's host segments, already
 without the profiler and other load, are stretched or shrunk to those two figures. A step
-whose helper threads mostly idled comes out about as it was (on the 2-core VM, the quiet
-loader_bound.py's one-thread steps measured 24.4-38.0 ms in five runs against 24.0-37.4 ms with
-two: within the machine's drift); one that stalled at barriers beside other load comes out
+whose helper threads mostly idled comes out about as it was (docs/replay.md, "One intra-op
+thread"); one that stalled at barriers beside other load comes out
 several times shorter (in six busy runs the other work scaled to 0.04-0.24 of its recorded
 time).
 

@@ -19,8 +19,8 @@ of their time, spread evenly: a loop that mostly sleeps on storage is runnable l
 window and loses little (a proportional share of its wait would have halved its sleeps).
 
 Not modelled: intra-op threads stalled at each parallel op's barrier while one of them waits
-for a core. On this project's 2-core VM a 9.2 ms CPU step (two intra-op threads) ran 328 ms
-beside two busy loops; the wait share (50%) explains a halving, not 35x: a note
+for a core: beside busy loops such a step runs many times longer than the wait share
+explains (docs/performance.md, "Figures behind the code", capture/threadprobe.py): a note
 (`barrier_note`) says the recording is not the quiet run's.
 
 Without the figures (a trace recorded elsewhere, a kernel without schedstat) nothing is taken
@@ -140,7 +140,7 @@ def barrier_note(model: TraceModel, others: OtherWait | None) -> str | None:
 
 def unload(g: Graph, share: float) -> Graph:
     """A copy of `g` whose host nodes and the unexplained gaps before them (a thread waiting
-    in a run queue records nothing: on a busy 2-core machine half of a CPU step's time sat in
+    in a run queue records nothing: on a busy machine much of a CPU step's time sits in
     such gaps) lose `share` of their time: the stepping thread's share of the window's wall
     time spent waiting for cores others held, spread over the host's time."""
     if share <= 0:

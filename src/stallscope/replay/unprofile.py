@@ -6,9 +6,7 @@ the start of `stallscope run`). A host segment of the graph (the CPU time before
 call, a DataLoader fetch in the training process, the call itself) that holds n recorded ops
 ran n times that cost longer than it does in the user's own run. Taking it out gives the
 step the user has; the fixes are then replayed on that graph, so a step the profiler made
-host-bound is GPU-bound again where it is (on the real H100 recordings of a small CNN, the
-host-bound configuration ran 8.1 ms per step recorded, 5.9 ms unprofiled under run's hooks,
-4.1 ms plain; its 674 recorded ops per step at 6.4 us take the replayed step to 4.4 ms).
+host-bound is GPU-bound again where it is (docs/replay.md, "The profiler's cost").
 
 Each segment keeps at least `KEEP` of its recorded time: a cost measured on tiny ops and
 applied to bigger ones can only be too large, never make a segment vanish.
@@ -25,8 +23,8 @@ from stallscope.trace.model import TraceModel
 from stallscope.units import ms
 
 # Per recorded op (us), when the trace does not carry run's own measurement: the median of
-# benchmarks/bench_profiler_cost.py on a lent 16-core H100 host (torch 2.11.0+cu130, CPU and
-# CUDA activity, shapes recorded: 4.50, 4.54, 4.59 us; 3.6 us with shapes off), 2026-11-26.
+# benchmarks/bench_profiler_cost.py on a lent GPU host (docs/performance.md, "Figures behind the
+# code").
 DEFAULT_OP_US = 4.5
 DEFAULT_SOURCE = ("assumed: 4.5 us per recorded op, the profiler's cost measured on a 16-core "
                   "H100 host with torch 2.11 (benchmarks/bench_profiler_cost.py); this trace "

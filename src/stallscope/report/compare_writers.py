@@ -15,7 +15,7 @@ from stallscope.report.html import COLORS, LEGEND, jinja_env
 from stallscope.text import md, plain, speedup_range_text, speedup_text
 from stallscope.units import ms, percent, points
 
-# How each group is judged; the rule in full is in README ("compare") and compare_metrics.py.
+# How each group is judged; the rule in full is in docs/usage.md ("compare") and compare_metrics.py.
 JUDGED_BY = ("Each cause (rule, device, rank) once, whatever the files are called. Judged by "
              "what it measures (its time per step), not by its severity or saving: those are "
              "shares of the step, and grow for every finding a faster step leaves behind. A "

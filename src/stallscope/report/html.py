@@ -143,8 +143,8 @@ def jinja_env() -> jinja2.Environment:
 
 
 class _Cache(jinja2.FileSystemBytecodeCache):
-    """Compiled templates kept between runs: compiling report.html costs 0.2-0.6 s of every
-    report on the 2-core VM. Jinja keys an entry by the template's source checksum and its own
+    """Compiled templates kept between runs: compiling report.html is a large part of
+    writing a small report. Jinja keys an entry by the template's source checksum and its own
     and Python's versions, so an edited template is compiled again; a cache that cannot be read
     or written is passed by, never an error."""
 
@@ -312,7 +312,7 @@ def pretty_json(value: Any) -> Markup:
 
 
 def _gpu_lines(devices: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    """Identical GPUs counted once: "2 x Tesla V100 (sm 7.0, 32 GiB, 80 SMs)"."""
+    """Identical GPUs counted once: "2 x <name> (sm 7.0, 32 GiB, 80 SMs)"."""
     lines: dict[str, int] = {}
     for d in devices:
         facts = []

@@ -43,9 +43,8 @@ def recording_cost(model: TraceModel) -> dict[str, Any]:
 
     # Per event on the CPU, where a tiny call records several events and a real op's nested
     # ones cost less; per call with CUDA, where a launching call records one event and the
-    # calibration's per-event figure under-counts. Against plain runs on H100 hosts (recorded
-    # step less plain step, host-bound CNN): 4.0 ms true vs 4.3 per call (r1); 6.1-6.8 vs 7.2
-    # per call and 1.4 per event (r3, 675 ops a step); 4.5-5.2 vs 4.7 per call with shapes (r3).
+    # calibration's per-event figure under-counts; the per-call figure fits plain runs of the
+    # committed GPU recordings best (docs/performance.md, "Figures behind the code").
     by_event = per_event is not None and not model.has_gpu
     per_op = per_event if by_event else op
     estimate = None if per_op is None else ops * per_op

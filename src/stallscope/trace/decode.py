@@ -28,9 +28,7 @@ boundary ahead of that byte are kept, the text up to the next boundary after it 
 counted (or kept, when a lone surrogate escape mended in that event alone is all it needs),
 and decoding resynchronises there, in the same buffer, without copying or decoding again the
 text after it. Each pass stops at the next damage, so the time is linear in the text however
-dense the damage: one event in 2 to 20 damaged costs 0.01-0.09 s per MB at 0.5 to 64 MB on the
-shared 2-core VM, the spread its load (docs/robustness.md; it grew 4x per doubling of the size
-before issue 36).
+dense the damage (docs/robustness.md has the figures).
 
 Limits (`Limits`) keep hostile input within seconds and a few hundred MB: the text a file may
 expand to, the text held without finding an event boundary, and the nesting depth.
@@ -57,10 +55,9 @@ from stallscope.trace.header import LONE_SURROGATE as _LONE_SURROGATE
 from stallscope.trace.header import MAX_VALUE_BYTES, KeyFinder, read_metadata
 from stallscope.units import binary_size
 
-# Text per decoded chunk: large enough to amortise each decode call, small enough that the
-# chunk's text and its events as structs stay a small part of the peak (on the 302 MB trace
-# of docs/performance.md, 4 MB held 21 MB less than 8 MB at the same speed within the VM's
-# noise).
+# Text per decoded chunk: large enough to amortise each decode call, small enough that the chunk's
+# text and its events as structs stay a small part of the peak (measured on the 302 MB trace:
+# docs/performance.md, "Figures behind the code").
 CHUNK_BYTES = 4 << 20
 BLOCK_BYTES = 4 << 20  # text read per file read
 _MAX_TRIES = 8  # failed cuts before more text is read in (a cut inside a huge event)

@@ -42,7 +42,7 @@ from stallscope.trace.version import TorchVersion, read_torch_version
 
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
-# Legacy Kineto categories -> modern ones (GUIDE §3).
+# Legacy Kineto categories -> modern ones (docs/architecture.md, "Kineto trace facts").
 LEGACY_CATEGORIES = {
     "Operator": "cpu_op",
     "Runtime": "cuda_runtime",

@@ -16,7 +16,7 @@ from stallscope.units import percent
 # Share of the cores' capacity (wall time x cores, over the recorded window) that processes
 # outside this run took, from which the report says CPU-dependent advice is less certain.
 # A quarter: on 2 cores, half a core taken away, enough to slow loading workers or intra-op
-# threads sized to the cores. On this project's 2-core VM, busy loops on every core read 80%.
+# threads sized to the cores; busy loops on every core read far above it.
 OTHER_LOAD_PCT = 25.0
 # Below this much of others' CPU over the window the share is mostly the reads' 10 ms ticks
 # (one per core and per process at each end), so no note is made however large the share.

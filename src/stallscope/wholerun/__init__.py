@@ -1,4 +1,4 @@
-"""The whole-run step analysis behind `stallscope watch` (issue 34): pure, no torch.
+"""The whole-run step analysis behind `stallscope watch`: pure, no torch.
 
 The command times every step of a script that runs to its end and appends one JSON line per
 step; this package turns that series into regimes (where the step-time mix changes), periodic

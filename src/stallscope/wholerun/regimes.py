@@ -1,8 +1,8 @@
 """Regimes: stretches of the run with one step-time mix, split where the mix changes.
 
 Method: penalised l2 change points (ruptures' KernelCPD with the linear kernel: the l2 cost,
-solved exactly in C; ruptures' Pelt solves the same problem in Python and took 37 s for 2,000
-steps on the 2-core VM, this 0.05 s) on two features per step, log step time and the loader-wait
+solved exactly in C; ruptures' Pelt solves the same problem in Python, hundreds of times
+slower) on two features per step, log step time and the loader-wait
 share of the step, after spikes are replaced by their rolling median (a checkpoint every 50
 steps is a periodic stall, not 2 regimes per checkpoint). Each feature is divided by its noise
 sd, estimated from the MAD of first differences (blind to the level shifts being looked for),

@@ -22,12 +22,10 @@ from stallscope.replay.models.common import (
 from stallscope.replay.threads import one_thread
 
 # Reading a batch received from a DataLoader worker the first time costs more than the first
-# read of an in-process batch: 0.11-0.20 us per 4 KiB page in 6 runs (25 MB tensors, 2 workers,
-# this project's 2-core VM, benchmarks/bench_first_touch.py and its first form); 0.14 is the
-# median of the first 4, the 6 give 0.165. The H200
-# recordings show pageable copies slowing as loading moves to workers (w0 8.2-9.7 GB/s, w8
-# 3.4-5.7 GB/s: 1.3-4.8 ms per step more for 25 MB), of which this accounts for 0.9 ms: busy
-# hosts pay more (memory bandwidth shared with 8 workers), which the replay does not model.
+# read of an in-process batch, per 4 KiB page (benchmarks/bench_first_touch.py). The GPU
+# recordings show pageable copies slowing more than this as loading moves to workers: busy
+# hosts pay more (memory bandwidth shared with the workers), which the replay does not model
+# (docs/performance.md, "Figures behind the code").
 SHM_FIRST_TOUCH_US = 0.14
 NO_PROBE = ("the trace has no steps timed at one intra-op thread (stallscope run times them "
             "before recording a CPU run of one process with 2+ threads)")

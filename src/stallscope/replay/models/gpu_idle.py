@@ -39,8 +39,8 @@ def cuda_graphs(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
             "(the loss, the optimizer step, the fetch) is not what it replays")
     # What torch.compile(model, mode="reduce-overhead") or make_graphed_callables(model)
     # captures is the model's forward and backward: the loader, the input copies, host waits,
-    # the optimizer step and zero_grad stay as they are (the H200 r5 hostbound-graphs
-    # recording kept Adam.step's 1.6 ms of host time per step).
+    # the optimizer step and zero_grad stay as they are (the hostbound-graphs
+    # recording kept Adam.step's host time: sample_traces/README.md).
     outside = optimizer_nodes(g, ctx) | zero_grad_nodes(g, ctx)
     keep = (g.h_kind == LOADER) | h2d_calls(g) | (g.h_wait >= 0) | outside
     nodes = in_steps & ((g.h_kind == FILL) | (g.h_kind == CALL)) & ~keep

@@ -29,23 +29,18 @@ from stallscope.trace.kernels import (
 )
 from stallscope.units import percent
 
-# Dense peak rates (TFLOPS) from the vendors' data sheets; each compute capability major stands
-# for one SKU: sm70 Tesla V100 SXM2 (fp32 15.7, fp16 tensor 125; no TF32 or bf16), sm80 A100
-# SXM4 (fp32 19.5, TF32 156, bf16/fp16 312), sm90 H100 SXM5 (fp32 67, TF32 495, bf16/fp16 989).
-# Other SKUs of a major (T4, A10, L4, H100 PCIe) have other rates but similar ratios; a later
-# major (Blackwell) takes sm90's ratios.
+# Dense peak rates (TFLOPS) from the vendors' data sheets; each compute capability major stands for
+# the one SKU the model names in its assumptions (docs/replay.md, "Mixed precision and TF32"). Other
+# SKUs of a major have other rates but similar ratios; a later major takes sm90's ratios.
 PEAK_TFLOPS: dict[int, dict[str, float]] = {
     7: {"fp32": 15.7, "half": 125.0},
     8: {"fp32": 19.5, "tf32": 156.0, "half": 312.0},
     9: {"fp32": 67.0, "tf32": 495.0, "half": 989.0},
 }
-# The share of the peak ratio that GEMM/conv kernels attain when they move precision, measured on
-# lent H200s (torch 2.11). fp32 SIMT -> tensor cores, on the transformer pair
-# (sample_traces/real-h200-xfmr-*, 72 GEMMs per step, ~360 us each in fp32): 26.1 ms per step ->
-# 2.04 ms in bf16 (12.8x of a 14.8x peak ratio: 0.87) and -> 4.99 ms in TF32 (5.2x of 7.4x:
-# 0.71). TF32 -> bf16, on the CNN pairs (sample_traces/real-*-w8 -> w8-bf16, where cuDNN already
-# runs its convolutions in TF32): 1.90-2.00 -> 0.99-1.03 ms per step, 2.0-2.1x of a 2.0x peak
-# ratio: all of it (1.0).
+# The share of the peak ratio that GEMM/conv kernels attain when they move precision, measured
+# on the committed GPU pairs: fp32 SIMT -> tensor cores on the transformer pair
+# (sample_traces/real-h200-xfmr-*), TF32 -> bf16 on the CNN pairs (real-*-w8 -> w8-bf16, where
+# cuDNN already runs its convolutions in TF32) (docs/performance.md, "Figures behind the code").
 SIMT_ATTAINED = {"half": 0.87, "tf32": 0.71}
 TF32_ATTAINED = 1.0
 # Autocast casts each GEMM/conv operand that is not yet bf16/fp16 (weights every forward, fp32

@@ -27,14 +27,14 @@ from stallscope.trace.model import SYNC_CALLS, TraceModel
 # bandwidthTest typically reports for pinned memory on such links. Assumed, not measured here.
 PINNED_GBPS = {6: 10.0, 7: 12.0, 8: 24.0, 9: 48.0}
 # Copying a batch into pinned memory on the host (the training process, without workers): a
-# one-thread memcpy into warm pages (the caching host allocator reuses its blocks), measured
-# at 8.4-8.7 GB/s for 19-64 MB on this project's VM; rounded down for hosts under load.
+# one-thread memcpy into warm pages (the caching host allocator reuses its blocks), as measured
+# and rounded down for hosts under load (docs/performance.md, "Figures behind the code").
 PIN_GBPS = 8.0
 _MIN_RATE_BYTES = 256 * 1024
-# A host thread returns this long after the GPU work it waited for ends (a stream sync's
-# wake-up): the median return of the waits the graph finds was 5.9-7.5 us in the three H200
-# w8-item-every-step recordings, 10.0 us in H200 r4's and 7.4 us in H100 r1's w8-pinned-blocking
-# (replay/graph.py's RETURN_US bounds what counts as a wait at all).
+# A host thread returns this long after the GPU work it waited for ends (a stream sync's wake-up),
+# the median return of the waits the graph finds in the committed w8-item-every-step and
+# w8-pinned-blocking recordings (docs/performance.md, "Figures behind the code"; replay/graph.py's
+# RETURN_US bounds what counts as a wait at all).
 OWN_COPY_RETURN_US = 8.0
 
 
