@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,13 +15,13 @@ import textwrap
 import time
 from pathlib import Path
 
-
 import pytest
 
 from stallscope import progress
 from stallscope.capture import steplog
 from stallscope.capture.steplog import ScalarWriter, StepLog
 from stallscope.wholerun.series import StepSeries
+from tests.test_watch import TWO_EPOCHS
 
 # Counts its optimizer steps into a file of its own after each one (fsync'd: the kill must not
 # take the count back), slowly enough to be killed mid-run.
@@ -151,3 +152,54 @@ def test_the_scalar_writer_is_read_by_tensorboard(tmp_path: Path) -> None:
         writer.add_scalar("watch/step_ms", 1.0, 4)
 
 
+
+
+def analyze(target: Path, out: Path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "stallscope", "analyze", str(target), "-o",
+                           str(out), "-q"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return json.loads((out / "report.json").read_text())
+
+
+def planted_watch_folder(tmp_path: Path, name: str) -> Path:
+    """A watch folder as a run killed after its first capture leaves it: the step log and the
+    trace, no report.json (a committed H100 watch run's)."""
+    samples = Path(__file__).resolve().parents[1] / "sample_traces"
+    out = tmp_path / "killed"
+    (out / "watch").mkdir(parents=True)
+    (out / "tensorboard" / "train").mkdir(parents=True)
+    shutil.copy(samples / f"{name}.steps.jsonl", out / "watch" / "steps.jsonl")
+    shutil.copy(samples / f"{name}.pt.trace.json.gz",
+                out / "tensorboard" / "train" / "host.1.pt.trace.json.gz")
+    return out
+
+
+def test_analyze_of_a_killed_watch_folder_or_its_step_log_is_the_whole_run_report(
+        tmp_path: Path) -> None:
+    out = planted_watch_folder(tmp_path, "real-h100-watch-save")
+    from_folder = analyze(out, tmp_path / "a")
+    from_log = analyze(out / "watch" / "steps.jsonl", tmp_path / "b")
+    logged = StepSeries.from_jsonl(out / "watch" / "steps.jsonl").to_records()
+    watch = from_folder["watch"]
+    assert watch["n_steps"] == len(logged)  # the whole run, not the recorded steps alone
+    assert watch["periodic"]  # this run's save every N steps is found again
+    first_profiled = next(s["step"] for s in logged if s["profiled"])
+    assert watch["captures"][0]["first_step"] == first_profiled
+    assert watch["captures"][0]["verdict"] == from_folder["verdict"]
+    assert from_log["watch"] == watch
+    assert "no report.json" in from_folder["notes"][-1]
+
+
+@pytest.mark.slow
+def test_analyze_of_a_watch_folder_gives_back_what_watch_wrote(tmp_path: Path) -> None:
+    script = tmp_path / "two_epochs.py"
+    script.write_text(TWO_EPOCHS)
+    done = subprocess.run([sys.executable, "-m", "stallscope", "watch", "-q", "-o",
+                           str(tmp_path / "out"), str(script), "0.002"], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    wrote = json.loads((tmp_path / "out" / "report.json").read_text())
+    again = analyze(tmp_path / "out", tmp_path / "again")
+    assert again["watch"] == wrote["watch"]  # regimes, captures, headline, steps: all of it
+    assert again["verdict"] == wrote["verdict"]
+    assert again["run"] == wrote["run"]

@@ -211,8 +211,10 @@ class ScalarWriter:
     failure is an exception the step log turns into one warning line."""
 
     def __init__(self, logdir: Path) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.record_writer import RecordWriter
+        from tensorboard.compat.proto import event_pb2, summary_pb2  # type: ignore[import-untyped]
+        from tensorboard.summary.writer.record_writer import (  # type: ignore[import-untyped]
+            RecordWriter,
+        )
 
         self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
         logdir.mkdir(parents=True, exist_ok=True)
