@@ -99,10 +99,10 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     from stallscope.trace.decode import Limits
 
     what_if = _what_if(args.what_if)  # a typo is refused before any work
+    scheduler = _scheduler(args.scheduler)  # likewise
     progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
     out = args.out or default_out_dir(args.paths)
     prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
-    scheduler = args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
     limits = Limits(max_text_bytes=args.max_text_gb << 30,
                     max_buffer_bytes=args.max_buffer_mb << 20,
                     max_depth=args.max_depth)
@@ -147,6 +147,22 @@ def _what_if(items: list[str] | None) -> list[Any]:
     from stallscope.diagnose.fixes import parse_what_if
 
     return parse_what_if(items)
+
+
+def _scheduler(given: str | None) -> str | None:
+    """--scheduler, else $DASK_SCHEDULER_ADDRESS, else None; a malformed one is exit 2 in one
+    line naming where it came from."""
+    from stallscope.errors import StallscopeError
+    from stallscope.fanout import scheduler_error
+
+    env = os.environ.get("DASK_SCHEDULER_ADDRESS")
+    address, where = (given, "--scheduler") if given else (env, "$DASK_SCHEDULER_ADDRESS")
+    if not address:
+        return None
+    why = scheduler_error(address)
+    if why is not None:
+        raise StallscopeError(f"{where} {address!r} is not a Dask scheduler address: {why}")
+    return address
 
 
 def _cores() -> int:
