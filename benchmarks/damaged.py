@@ -108,6 +108,26 @@ def damaged_text(size: int, every: int = 20, escapes: int = 1, seed: int = 0,
     return Damaged(head + SEPARATOR.join(texts) + b"\n]}", damaged, escaped)
 
 
+def hostile_header(size: int, seed: int = 0) -> bytes:
+    """Keys of about `size` bytes for before the event list, in the shapes that used to hang
+    or blow up the reader: the `traceEvents` key nested in objects thousands of times, tiny
+    objects by the megabyte, a stray byte and a lone surrogate escape in a name, and runs of
+    whitespace. Ends with a comma, to go right after the document's `{`."""
+    rng = random.Random(seed)
+    nested = b'{"traceEvents":[]},' * max(1, size // 2 // 19)
+    tiny = b"{}," * max(1, size // 2 // 3 - 1)
+    blank = bytes(rng.choice(b" \t\n\r") for _ in range(4096))
+    return (b'"deviceName":"GPU \xff\xfe ' + SURROGATE + b'",' + blank
+            + b'"nested":[' + nested.rstrip(b",") + b"]," + blank
+            + b'"tiny":[' + tiny.rstrip(b",") + b"]," + blank)
+
+
+def with_header(text: bytes, header: bytes, bom: bool = True) -> bytes:
+    """`text` (a trace object) with `header` first among its keys, after a byte-order mark."""
+    start = text.index(b"{") + 1
+    return (b"\xef\xbb\xbf" if bom else b"") + text[:start] + header + text[start:]
+
+
 def time_load(text: bytes, folder: Path, cores: int = 1) -> tuple[float, int, int]:
     """(seconds, events kept, events skipped) of `load_trace` on `text` written to a file;
     `cores` > 1 as `analyze` reads one large file (trace/split.py: a damaged part stops the

@@ -306,7 +306,31 @@ def whitespace(rng: random.Random, text: bytes) -> tuple[bytes, str]:
     return text[: i + 2] + b" " * rng.choice([1, 10_000, 3_000_000]) + text[i + 2:], "whitespace"
 
 
-BYTE_MUTATIONS = [flip, cut, duplicate_key, special_numbers, whitespace]
+def header(rng: random.Random, text: bytes) -> tuple[bytes, str]:
+    """The keys before the event list in the shapes the reader once choked on: the
+    `traceEvents` key nested thousands of times, megabytes of tiny objects, a stray byte or a
+    lone surrogate escape in a name, a byte-order mark, runs of whitespace."""
+    start = text.find(b"{")
+    if start < 0 or text.lstrip()[:1] != b"{":
+        return text, "header (array form)"
+    shape = rng.choice(["nested-key", "tiny-objects", "stray-byte", "lone-surrogate", "bom",
+                        "whitespace-run"])
+    n = rng.choice([10, 1_000, 100_000])
+    keys = {
+        "nested-key": b'"k":[' + b",".join([b'{"traceEvents":[]}'] * n) + b"],",
+        "tiny-objects": b'"tiny":[' + b",".join([b"{}"] * (n * 10)) + b"],",
+        "stray-byte": b'"deviceName":"GPU \xff\xc3(",',
+        "lone-surrogate": b'"deviceName":"GPU \\ud83d x",',
+        "bom": b"",
+        "whitespace-run": bytes(rng.choice(b" \t\n\r") for _ in range(n * 10)),
+    }[shape]
+    out = text[: start + 1] + keys + text[start + 1:]
+    if shape == "bom" or rng.random() < 0.2:
+        out = b"\xef\xbb\xbf" + out
+    return out, f"header-{shape}"
+
+
+BYTE_MUTATIONS = [flip, cut, duplicate_key, special_numbers, whitespace, header, header]
 
 
 def gzip_variant(rng: random.Random, raw: bytes) -> tuple[bytes, str]:
@@ -421,25 +445,32 @@ def dense_damage(sizes_mb: list[float], out: Path) -> list[dict[str, Any]]:
     """Time `load_trace` on damaged traces of each size (benchmarks/damaged.py) at two
     densities; one row per (size, density), with seconds per MB."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from damaged import damaged_text, time_load
+    from damaged import damaged_text, hostile_header, time_load, with_header
 
     rows = []
     folder = out / "dense"
     folder.mkdir(parents=True, exist_ok=True)
-    for every, escapes in ((20, 1), (2, 100)):
+    for every, escapes, in_header in ((20, 1, False), (2, 100, False), (20, 1, True)):
         for mb in sizes_mb:
-            case = damaged_text(int(mb * (1 << 20)), every, escapes, seed=1)
-            size = len(case.text) / (1 << 20)
+            size_bytes = int(mb * (1 << 20))
+            # in_header: half the file is a hostile header (damaged.hostile_header), half
+            # damaged events
+            case = damaged_text(size_bytes // 2 if in_header else size_bytes, every, escapes,
+                                seed=1)
+            text = (with_header(case.text, hostile_header(size_bytes // 2, seed=1))
+                    if in_header else case.text)
+            size = len(text) / (1 << 20)
             try:
-                wall, kept, skipped = time_load(case.text, folder)
+                wall, kept, skipped = time_load(text, folder)
                 outcome = "ok" if skipped == len(case.damaged) else "internal"
             except Exception:  # noqa: BLE001 (counted, like any case's)
                 wall, kept, skipped, outcome = 0.0, 0, 0, "internal"
             rows.append({"mb": round(size, 2), "every": every, "escapes": escapes,
+                         "header": in_header,
                          "damaged": len(case.damaged), "kept": kept, "skipped": skipped,
                          "wall_s": round(wall, 3), "s_per_mb": round(wall / size, 4),
                          "outcome": outcome})
-            del case
+            del case, text
     return rows
 
 
@@ -717,7 +748,8 @@ def main() -> int:
         summary["dense_damage"] = dense_damage(sizes, args.out)
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
         for row in summary["dense_damage"]:
-            print(f"dense damage: {row['mb']:6.2f} MB, one event in {row['every']} damaged, "
+            print(f"dense damage{' + hostile header' if row['header'] else ''}: "
+                  f"{row['mb']:6.2f} MB, one event in {row['every']} damaged, "
                   f"{row['escapes']} escapes: {row['wall_s']:.2f} s, {row['s_per_mb']:.3f} s/MB, "
                   f"{row['skipped']:,} skipped, {row['kept']:,} kept ({row['outcome']})")
     with contextlib.suppress(Exception):

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import random
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import SAMPLES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,5 +56,25 @@ def test_a_job_case_with_dead_ranks_gives_a_report_that_lists_them(tmp_path: Pat
 
 def test_dense_damage_rows_say_time_per_mb(tmp_path: Path):
     rows = load_fuzzer().dense_damage([0.5], tmp_path)
-    assert [(r["every"], r["outcome"]) for r in rows] == [(20, "ok"), (2, "ok")]
-    assert all(r["s_per_mb"] > 0 and r["skipped"] == r["damaged"] > 10 for r in rows)
+    assert [(r["every"], r["header"], r["outcome"]) for r in rows] == [
+        (20, False, "ok"), (2, False, "ok"), (20, True, "ok")]  # the last behind a hostile header
+    assert all(r["s_per_mb"] > 0 and r["skipped"] == r["damaged"] > 5 for r in rows)
+
+
+
+def test_the_header_mutator_makes_each_shape_and_its_cases_are_read_or_refused(
+        tmp_path: Path) -> None:
+    """Each header shape, on a sample trace: a report or one line, never an internal error."""
+    fuzz = load_fuzzer()
+    raw = gzip.decompress((SAMPLES / "cpu-loader-bound.pt.trace.json.gz").read_bytes())
+    shapes = set()
+    for seed in range(40):
+        mutated, how = fuzz.header(random.Random(seed), raw)
+        shapes.add(how)
+        if seed < 12:
+            path = tmp_path / f"case{seed}.json"
+            path.write_bytes(mutated)
+            outcome, detail = fuzz.run_case(path, timeout=60)
+            assert outcome in ("ok", "refused"), (how, detail)
+    assert {f"header-{s}" for s in ("nested-key", "tiny-objects", "stray-byte",
+                                     "lone-surrogate", "bom", "whitespace-run")} <= shapes

@@ -29,8 +29,8 @@ from types import ModuleType
 from stallscope import __version__
 from stallscope.commands import COMMANDS
 from stallscope.commands.common import Parser, split_run_argv
-from stallscope.errors import EXIT_USAGE, Terminated, exit_line
-from stallscope.outputs import release_out_dirs
+from stallscope.errors import EXIT_INTERNAL, EXIT_OK, EXIT_USAGE, Terminated, exit_line
+from stallscope.outputs import release_out_dirs, remove_empty_made_dirs
 
 
 def command_module(name: str) -> ModuleType:
@@ -81,9 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    status = EXIT_INTERNAL
     try:
-        return command_module(args.command).main(args, script_args, ["stallscope", *argv])
+        status = command_module(args.command).main(args, script_args, ["stallscope", *argv])
+        return status
     except (Exception, KeyboardInterrupt, Terminated) as exc:
         return exit_line(exc)
     finally:
         release_out_dirs()
+        remove_empty_made_dirs(remove=status != EXIT_OK)

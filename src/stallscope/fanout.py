@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import struct
 import sys
 from collections.abc import Callable, Sequence
@@ -140,6 +141,30 @@ def _context() -> (multiprocessing.context.ForkContext | multiprocessing.context
 
 
 LOCAL_PREFIX = "local:"
+# The address schemes a Dask client connects with (distributed.comm's registry).
+DASK_SCHEMES = ("tcp", "tls", "ucx", "ws", "wss", "inproc")
+_HOST_PORT = re.compile(
+    r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):(?P<port>\d{1,5})")
+
+
+def scheduler_error(address: str) -> str | None:
+    """Why `address` is no Dask scheduler address (`local:N`, or [SCHEME://]HOST:PORT with a
+    scheme Dask knows), or None when it is one: checked before any work, so that a typo is a
+    usage error in one line rather than Dask's ValueError from deep in a connection attempt."""
+    if address.startswith(LOCAL_PREFIX):
+        count = address[len(LOCAL_PREFIX):]
+        return None if count.isdigit() and int(count) >= 1 else "expected local:N with N >= 1"
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        scheme, rest = "tcp", address
+    if scheme not in DASK_SCHEMES:
+        return f"unknown scheme {scheme!r} (expected one of {', '.join(DASK_SCHEMES)}, or local:N)"
+    if scheme == "inproc":
+        return None if rest else "expected inproc://ADDRESS"
+    match = _HOST_PORT.fullmatch(rest)
+    if match is None or not 0 < int(match["port"]) < 65536:
+        return "expected [SCHEME://]HOST:PORT (tcp://host:8786), [IPV6]:PORT, or local:N"
+    return None
 
 
 def _run_dask(
@@ -176,6 +201,8 @@ def _run_dask(
                 future.release()
     except OSError as e:  # no scheduler at that address
         raise StallscopeError(f"cannot reach the Dask scheduler {scheduler}: {e}") from None
+    except ValueError as e:  # an address Dask refuses that scheduler_error let through
+        raise StallscopeError(f"not a Dask scheduler address: {scheduler} ({e})") from None
     finally:
         if cluster is not None:
             cluster.close()

@@ -31,6 +31,9 @@ _MAX_NAME = 100
 # `analyze`/`run` writing the same folder at once is refused instead of silently replacing one
 # report with the other.
 _LOCKS: dict[str, int] = {}
+# Folders prepare_out_dir created in this command, deepest first: those still empty when the
+# command fails (a typo in an input) are removed again (`remove_empty_made_dirs`).
+_MADE: list[Path] = []
 
 
 def default_out_dir(inputs: list[Path]) -> Path:
@@ -52,6 +55,7 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
     """Refuse, before any expensive work, to overwrite `files` in `out` without --force, and
     to write where writing will fail: `out` is created and a file is created and removed in it.
     With `lock`, the folder is then held for this process (see lock_out_dir)."""
+    _check_links(out)
     existing = [f for f in files if os.path.lexists(out / f)]
     if existing and not force:
         raise OutputError(
@@ -64,10 +68,12 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
         # A symlink is replaced itself (os.replace never follows it), and only with --force.
         if not (out / f).is_symlink() and not (out / f).is_file():
             raise OutputError(f"{out / f} exists and is not a file; remove it or use -o")
+    missing = [d for d in (out, *out.parents) if not os.path.lexists(d)]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create {out}: {os_error_text(exc)}") from None
+    _MADE.extend(d for d in missing if d not in _MADE)
     try:
         with tempfile.TemporaryFile(dir=out, prefix=".stallscope-probe-"):
             pass
@@ -75,6 +81,30 @@ def prepare_out_dir(out: Path, force: bool, files: tuple[str, ...] = REPORT_FILE
         raise OutputError(f"cannot write in {out}: {os_error_text(exc)}") from None
     if lock:
         lock_out_dir(out)
+
+
+def _check_links(out: Path) -> None:
+    """A symlink on the way to `out` that someone else could have planted (owned by another
+    user, or in a folder others may write, such as /tmp) is refused: followed, it would send
+    this user's report (and the rights of this process) wherever its maker chose. A link of the
+    user's own or root's, in a folder only they write, is followed, and where it leads is
+    said (a warning line)."""
+    for link in [d for d in (out, *out.parents) if d.is_symlink()][::-1]:
+        try:
+            own, holder = link.lstat(), link.parent.stat()
+        except OSError:
+            continue
+        trusted = (os.getuid(), 0)  # this user, or root's (macOS's /tmp -> /private/tmp)
+        shared = holder.st_mode & 0o022 != 0 or holder.st_uid not in trusted
+        if own.st_uid not in trusted or shared:
+            who = "another user's" if own.st_uid not in trusted else "in a folder others write"
+            raise OutputError(f"-o {out}: {link} is a symlink ({who}) to {os.readlink(link)}; "
+                              "refused, since anyone who can write there chooses where the "
+                              "report goes; give the real folder")
+    if out.resolve() != out.absolute():
+        from stallscope import progress
+
+        progress.warn(f"-o {out} leads through a symlink: writing to {out.resolve()}")
 
 
 def lock_out_dir(out: Path) -> None:
@@ -105,6 +135,19 @@ def release_out_dirs() -> None:
     while _LOCKS:
         _, fd = _LOCKS.popitem()
         os.close(fd)  # closing the descriptor releases its flock
+
+
+def remove_empty_made_dirs(remove: bool) -> None:
+    """Forget the folders this command created; with `remove` (the command failed), remove
+    those still empty first, so that a refused input leaves no empty `./stallscope-<name>/`.
+    A folder that holds anything (an earlier report, a trace) is kept."""
+    made = sorted(_MADE, key=lambda d: len(d.parts), reverse=True)
+    _MADE.clear()
+    for folder in made if remove else []:
+        try:
+            folder.rmdir()  # only an empty folder; a symlink is not one
+        except OSError:
+            continue
 
 
 def write_atomic(path: Path, text: str) -> None:

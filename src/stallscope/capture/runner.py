@@ -38,7 +38,7 @@ from stallscope.capture.session import (
     Schedule,
     StopScript,
 )
-from stallscope.capture.steplog import StepLog
+from stallscope.capture.steplog import ScalarWriter, StepLog
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
 from stallscope.capture.worker_exit import add_exit_status
@@ -199,9 +199,7 @@ def make_step_log(path: Path | None, scalars_dir: Path | None) -> StepLog | None
     scalars = None
     if scalars_dir is not None:
         try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            scalars = SummaryWriter(str(scalars_dir), flush_secs=5)
+            scalars = ScalarWriter(scalars_dir)
         except Exception as exc:  # noqa: BLE001 (any failure: the log goes on without them)
             progress.warn(f"no live TensorBoard scalars ({type(exc).__name__}: {exc})")
     return StepLog(path, scalars, live=True)

@@ -2,9 +2,11 @@
 
 Why a file written as the run goes: a run of days must be readable mid-run (and by TensorBoard,
 which gets the same figures as scalars), and a crash or kill of the script must leave every
-step it took. Lines are buffered and flushed at most every FLUSH_S seconds, so the cost per step
-is a perf_counter read, a few float operations and a string format (benchmarks/bench_hooks.py
-measures it beside the hooks it rides on).
+step it took. Each line is one write(2) of its own, unbuffered: a kill (SIGKILL, a node failure)
+loses only the step it interrupts, at the cost of a system call per step beside a perf_counter
+read, a few float operations and a string format (benchmarks/bench_hooks.py measures it beside
+the hooks it rides on; docs/watch.md has the figure). A full disk ends the log on a whole line
+(a line written in part is cut off again) with one warning; the run goes on.
 
 A line: `{"step": 12, "start_s": 3.914, "step_ms": 41.2, "cpu_ms": 12.0, "loader_wait_ms":
 30.1, "runq_ms": 0.2, "epoch": 0, "profiled": false}`: the step's number (1-based, from the
@@ -24,15 +26,16 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import IO, Any
 
+from stallscope import progress
 from stallscope.capture import schedstat
 
-FLUSH_S = 1.0  # a report read mid-run is at most this late
 SCALAR_S = 0.5  # TensorBoard gets a point (the mean of the steps since the last) this often
 # OUT/watch/live.html is rewritten this often (STALLSCOPE_WATCH_LIVE_S overrides it), by a
 # process of its own (report/watch_live.py): the analysis never holds this process's GIL.
@@ -51,19 +54,20 @@ class StepLog:
     def __init__(self, path: Path, scalars: Any = None, live: bool = False) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._fh: IO[str] | None = path.open("w", encoding="utf-8")
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._size = 0  # bytes of whole lines written: a line written in part is cut back to it
+        self._warned = False
         captures_path(path).unlink(missing_ok=True)  # an earlier run's, in the same folder
         self._pid = os.getpid()
         self._started = False
         self._first = self._last = self._cpu = 0.0
         self._runq = -1.0  # the stepping thread's run-queue wait so far (ms; < 0: unknown)
-        self._flushed = time.perf_counter()
         self.steps = 0
         self.last_step_ms = self.last_wait_ms = 0.0  # the step logged last (capture/later.py)
         self.last_runq_ms = math.nan  # ... and its wait for a core (NaN: not measured)
         self.last_cpu_ms = 0.0  # ... and the process's CPU time in it
         self._next_profiled = False  # the next step carries a trace's writing
-        self._scalars = scalars  # a TensorBoard SummaryWriter, or None
+        self._scalars = scalars  # a ScalarWriter (or anything with its methods), or None
         self._scalar_at = 0.0
         self._pending: list[tuple[float, float]] = []  # (step ms, wait ms) since the last point
         self._live_every = _live_every() if live else None
@@ -73,7 +77,7 @@ class StepLog:
     def boundary(self, loader_wait_us: float, epoch: int | None, profiled: bool) -> None:
         """A step ended now (and the next began): write its line."""
         now, cpu = time.perf_counter(), time.process_time()
-        if self._fh is None or os.getpid() != self._pid:
+        if self._fd is None or os.getpid() != self._pid:
             return  # closed, or a process the script forked: never ours to write
         sched = schedstat.thread_times_ns()
         runq = -1.0 if sched is None else sched[1] / 1e6
@@ -97,13 +101,7 @@ class StepLog:
                 f'"epoch":{"null" if epoch is None else int(epoch)},'
                 f'"profiled":{"true" if profiled else "false"}}}\n')
         self._last, self._cpu, self._runq = now, cpu, runq
-        try:
-            self._fh.write(line)
-            if now - self._flushed >= FLUSH_S:
-                self._fh.flush()
-                self._flushed = now
-        except OSError:  # a full disk: the steps so far are kept, the script runs on
-            self.close()
+        if not self._append(line.encode()):
             return
         if self._scalars is not None:
             self._pending.append((step_ms, wait_ms))
@@ -111,6 +109,37 @@ class StepLog:
                 self._scalar_point(now)
         if self._live_every is not None and now - self._live_at >= self._live_every:
             self._refresh_live(now)
+
+    def _append(self, data: bytes) -> bool:
+        """Write one line whole, or cut the log back to its last whole line, say so once and
+        stop logging (a full disk): False then."""
+        assert self._fd is not None
+        done = 0
+        try:
+            while done < len(data):  # a short write (a disk filling up) goes on where it stopped
+                done += os.write(self._fd, data[done:])
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)
+            self._give_up(f"the step log {self.path} stops at step {self.steps - 1} "
+                          f"({exc.strerror or exc}); the script runs on", log_too=True)
+            return False
+        self._size += done
+        return True
+
+    def _give_up(self, why: str, log_too: bool = False) -> None:
+        """Stop writing (the log and the scalars: a full disk fails both) with one warning."""
+        if not self._warned:
+            self._warned = True
+            progress.warn(why)
+        scalars, self._scalars = self._scalars, None
+        if scalars is not None:
+            with contextlib.suppress(Exception):
+                scalars.close()
+        if log_too and self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
     def trace_written(self) -> None:
         """A trace was written in this boundary's hook: its time falls in the step that begins
@@ -123,8 +152,6 @@ class StepLog:
         if self._live is not None and self._live.poll() is None:
             return
         try:
-            assert self._fh is not None
-            self._fh.flush()
             self._live = subprocess.Popen(
                 [sys.executable, "-m", "stallscope.report.watch_live", str(self.path),
                  f"{self._live_every:g}"], stdin=subprocess.DEVNULL,
@@ -144,16 +171,18 @@ class StepLog:
                                      self.steps)
             self._scalars.add_scalar("watch/loader_wait_ms",
                                      sum(p[1] for p in pending) / len(pending), self.steps)
-        except Exception:  # TensorBoard's writer failing never stops the run
-            self._scalars = None
+            self._scalars.flush()
+        except Exception as exc:  # noqa: BLE001 (TensorBoard's writer failing never stops the run)
+            self._give_up(f"no more live TensorBoard scalars ({type(exc).__name__}: {exc}); "
+                          "the step log and the script go on")
 
     def close(self) -> None:
         if os.getpid() != self._pid:
             return
-        if self._fh is not None:
+        if self._fd is not None:
             with contextlib.suppress(OSError):
-                self._fh.close()
-            self._fh = None
+                os.close(self._fd)
+            self._fd = None
         if self._live is not None:  # let the last live page finish; the report follows
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._live.wait(timeout=10)
@@ -173,3 +202,43 @@ def _live_every() -> float:
     except ValueError:
         return LIVE_S
     return value if value > 0 else LIVE_S
+
+
+class ScalarWriter:
+    """TensorBoard scalars written in the calling thread, one event record per point, flushed by
+    the caller. Not torch's SummaryWriter: its writer thread prints a traceback of its own into
+    the script's output when a write fails (a full disk), and it cannot be told not to; here a
+    failure is an exception the step log turns into one warning line."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2  # type: ignore[import-untyped]
+        from tensorboard.summary.writer.record_writer import (  # type: ignore[import-untyped]
+            RecordWriter,
+        )
+
+        self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+        logdir.mkdir(parents=True, exist_ok=True)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        self._fh: IO[bytes] | None = (logdir / name).open("wb")
+        self._records = RecordWriter(self._fh)
+        self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+        self.flush()
+
+    def _write(self, event: Any) -> None:
+        if self._fh is None:
+            raise ValueError("the scalar writer is closed")
+        self._records.write(event.SerializeToString())
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        summary = self._summary_pb2.Summary(
+            value=[self._summary_pb2.Summary.Value(tag=tag, simple_value=float(value))])
+        self._write(self._event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+
+    def close(self) -> None:
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            fh.close()

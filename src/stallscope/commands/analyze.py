@@ -27,7 +27,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help=COMMANDS[NAME],
         description="Diagnose torch.profiler traces: a .json/.json.gz file, or a folder "
         "(TensorBoard logdir or run folder) holding *.pt.trace.json[.gz] files; several files "
-        "are analysed as ranks or spans of one job.",
+        "are analysed as ranks or spans of one job. A `stallscope watch` output folder (or "
+        "its watch/steps.jsonl) gives the whole-run report again: its first capture's traces "
+        "beside the step log and the later captures.",
     )
     an.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     an.add_argument("-o", "--out", type=Path, help="output folder (default: ./stallscope-<input>)")
@@ -91,32 +93,39 @@ def _depth(text: str) -> int:
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
     """Analyse the paths into OUT/report.{json,html,md}; the exit status (3 for --fail-on, else
     5 when files of a job could not be read and were left out)."""
+    from stallscope.commands.watch_folder import find_watch
     from stallscope.outputs import default_out_dir, prepare_out_dir
     from stallscope.trace import split
     from stallscope.trace.decode import Limits
 
     what_if = _what_if(args.what_if)  # a typo is refused before any work
+    scheduler = _scheduler(args.scheduler)  # likewise
     progress.configure(args.quiet, None)  # on when the inputs turn out to be long work
     out = args.out or default_out_dir(args.paths)
     prepare_out_dir(out, args.force)  # before the work, so a refusal costs nothing
-    scheduler = args.scheduler or os.environ.get("DASK_SCHEDULER_ADDRESS") or None
     limits = Limits(max_text_bytes=args.max_text_gb << 30,
                     max_buffer_bytes=args.max_buffer_mb << 20,
                     max_depth=args.max_depth)
+    # A watch folder (or its step log): its first capture's traces, then the whole-run report.
+    watched = find_watch(args.paths)
+    paths = watched.traces if watched is not None else args.paths
     # One large file: its parts are read while the analysis below is imported (trace/split.py).
-    reading = (split.start(args.paths[0], args.jobs or _cores(), limits)
-               if len(args.paths) == 1 and not scheduler else None)
+    reading = (split.start(paths[0], args.jobs or _cores(), limits)
+               if len(paths) == 1 and not scheduler else None)
     try:
         from stallscope.commands.pipeline import analyze_paths
         from stallscope.report.build import analyze_command
 
-        report = analyze_paths(args.paths, jobs=args.jobs, what_if=what_if,
+        report = analyze_paths(paths, jobs=args.jobs, what_if=what_if,
                                scheduler=scheduler, limits=limits, reading=reading)
     finally:
         if reading is not None:
             reading.close()
+    if watched is not None:
+        report = watched.report(report)
     # How to reproduce this report; where it was written is left out (see analyze_command).
-    report.source["command"] = analyze_command(report.source["paths"], args.fail_on,
+    asked = [str(p) for p in args.paths] if watched is not None else report.source["paths"]
+    report.source["command"] = analyze_command(asked, args.fail_on,
                                                args.tensorboard,
                                                [c.text for c in what_if])
     write_report(report, out, args.quiet, tensorboard_run(out, report) if args.tensorboard
@@ -138,6 +147,22 @@ def _what_if(items: list[str] | None) -> list[Any]:
     from stallscope.diagnose.fixes import parse_what_if
 
     return parse_what_if(items)
+
+
+def _scheduler(given: str | None) -> str | None:
+    """--scheduler, else $DASK_SCHEDULER_ADDRESS, else None; a malformed one is exit 2 in one
+    line naming where it came from."""
+    from stallscope.errors import StallscopeError
+    from stallscope.fanout import scheduler_error
+
+    env = os.environ.get("DASK_SCHEDULER_ADDRESS")
+    address, where = (given, "--scheduler") if given else (env, "$DASK_SCHEDULER_ADDRESS")
+    if not address:
+        return None
+    why = scheduler_error(address)
+    if why is not None:
+        raise StallscopeError(f"{where} {address!r} is not a Dask scheduler address: {why}")
+    return address
 
 
 def _cores() -> int:

@@ -274,7 +274,8 @@ def later_captures(log: Path) -> list[dict[str, Any]]:
         return []
     out = []
     for rec in records:
-        traces = [Path(t) for t in rec.get("traces") or [] if Path(t).is_file()]
+        traces = [p for p in (_kept_trace(Path(t), log) for t in rec.get("traces") or [])
+                  if p is not None]
         if traces:
             try:
                 report = analyze_paths(traces)
@@ -287,6 +288,15 @@ def later_captures(log: Path) -> list[dict[str, Any]]:
                     rec["stall"] = longest_step(report.steps)
         out.append(rec)
     return out
+
+
+def _kept_trace(listed: Path, log: Path) -> Path | None:
+    """A later capture's trace where it was written, or at the same place below the watch
+    folder when the folder was moved since (`analyze OUT` of a copied folder)."""
+    if listed.is_file():
+        return listed
+    moved = log.parent.parent / "tensorboard" / listed.parent.name / listed.name
+    return moved if moved.is_file() else None
 
 
 def longest_step(steps: list[dict[str, Any]]) -> dict[str, Any] | None:

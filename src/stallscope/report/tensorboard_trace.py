@@ -57,10 +57,17 @@ SET_ASIDE_PREFIX = "set aside "
 HOST_STEP_CATS = ("user_annotation", "cpu_op", "Operator")
 
 
+# Control characters (C0, DEL, C1) and bidirectional overrides: a trace from someone else's
+# machine may carry them in its name, and a file name holding them rewrites the terminal that
+# lists the folder or hides what the name says.
+_UNSAFE_IN_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 def plugin_name(path: Path) -> str:
     """The name the copy gets: the original's, when the plugin already reads that name, else
-    its stem with the plugin's suffix (`trace.json` -> `trace.pt.trace.json.gz`)."""
-    name = path.name
+    its stem with the plugin's suffix (`trace.json` -> `trace.pt.trace.json.gz`); a control
+    character or direction override in it becomes `_`."""
+    name = _UNSAFE_IN_NAME.sub("_", path.name)
     if PLUGIN_NAME.match(name):
         return name if name.endswith(".gz") else name + ".gz"
     for suffix in (".gz", ".json"):
