@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stallscope.diagnose import diagnose
 from stallscope.report.build import build_report
 from stallscope.report.html import render_html
@@ -20,7 +22,7 @@ from stallscope.report.schema import check
 from stallscope.trace.load import load_trace
 from stallscope.trace.model import TraceModel, build_model
 from tests.conftest import SAMPLES
-from tests.rules.test_worker_memory import _memory
+from tests.rules.test_worker_memory import LAGGING_SCRIPT, _memory, _run
 
 PUBLIC = SAMPLES / "public"
 V100 = PUBLIC / "hta" / "v100_rank1of2_df_index_resolver.pt.trace.json.gz"
@@ -110,3 +112,22 @@ def test_memory_events_do_not_change_the_complete_events(tmp_path: Path):
     with_mem, without = load_trace(RESNET), load_trace(bare)
     assert len(with_mem.memory) > 1000 and without.memory.empty
     assert with_mem.events.equals(without.events)
+
+
+@pytest.mark.slow
+def test_a_real_run_with_workers_reports_their_ram_and_the_container_limit(tmp_path: Path):
+    limit = tmp_path / "memory.max"
+    limit.write_text(str(8 << 30))
+    report = _run(tmp_path / "run", LAGGING_SCRIPT, "--skip", "12", "--steps", "6",
+                  env={"STALLSCOPE_MEMORY_LIMIT_FILE": str(limit)})
+    mem = report["memory"]
+    assert mem["status"] == "measured"
+    assert mem["devices"] == [] and "did not use CUDA" in mem["not_assessed"]
+    assert len(mem["workers"]) == 1
+    w = mem["workers"][0]
+    assert 0 < w["unique_end_bytes"] <= w["resident_bytes"]
+    assert mem["host"]["limit_bytes"] == 8 << 30 and mem["host"]["job_bytes"] > 0
+    assert "1 DataLoader worker held at most" in mem["sentence"]
+    assert "under a container limit of 8.0 GiB" in mem["sentence"]
+    md = (tmp_path / "run" / "out" / "report.md").read_text().split("## Memory")[1]
+    assert "worker 0 (pid" in md

@@ -28,7 +28,7 @@ def test_the_committed_docs_are_what_the_registry_generates() -> None:
 
 def test_every_rule_module_declares_itself_once() -> None:
     assert sorted(spec.name for spec in ALL_RULES) == RULE_MODULES
-    assert len(BY_ID) == len(ALL_RULES) == 18
+    assert len(BY_ID) == len(ALL_RULES) == 19
     for spec in ALL_RULES:
         module = importlib.import_module(f"stallscope.diagnose.rules.{spec.name}")
         assert spec.id == module.RULE_ID and module.SPEC is spec
