@@ -241,6 +241,8 @@ SPEC = RuleSpec(
     title="GPU memory near capacity (out-of-memory risk), or far from it while the GPU waits",
     summary="GPU memory near out-of-memory, or room for a larger batch",
     check=device_memory_rule,
+    no_change=lambda finding: ("a memory finding: it changes what fits on the device, not a "
+                               "step time the replay models"),
     thresholds={"NEAR_CAPACITY": NEAR_CAPACITY, "SPLIT_SHARE": SPLIT_SHARE,
                 "HEADROOM_MAX_SHARE": HEADROOM_MAX_SHARE, "HEADROOM_BUSY_PCT": HEADROOM_BUSY_PCT,
                 "HEADROOM_MIN_FACTOR": HEADROOM_MIN_FACTOR, "MARGIN": MARGIN},
