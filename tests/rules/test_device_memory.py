@@ -14,7 +14,7 @@ from stallscope.diagnose.rules.device_memory import (
     OOM_RISK,
     MemoryEvidence,
     advise,
-    device_memory_rule,
+    device_memory,
     fit_factor,
     judge,
     predicted_peak,
@@ -84,7 +84,7 @@ def test_the_predicted_peak_is_held_plus_the_transient_times_the_factor():
 def test_the_v100_trace_has_room_for_a_larger_batch():
     model = build_model(load_trace(
         SAMPLES / "public" / "hta" / "v100_rank1of2_df_index_resolver.pt.trace.json.gz"))
-    a = device_memory_rule(model)
+    a = device_memory(model)
     assert a.status == "finding"
     f = a.finding
     assert f.evidence["capacity_mb"] == round(34089730048 / (1 << 20))
@@ -96,5 +96,5 @@ def test_a_kineto_trace_of_sizes_only_is_not_assessed_and_says_why():
     model = build_model(load_trace(
         SAMPLES / "public" / "kineto"
         / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"))
-    a = device_memory_rule(model)
+    a = device_memory(model)
     assert a.status == "not_assessed" and "not the device's total" in a.detail

@@ -115,6 +115,7 @@ METRICS: dict[str, Metric] = {
                              _key("startup_ms_per_epoch")),
     "worker-memory": Metric("largest DataLoader worker's own memory", "MB",
                             _key("max_worker_unique_mb")),
+    "device-memory": Metric("GPU's peak reserved memory", "MB", _key("peak_reserved_mb")),
     "dataparallel": Metric("DataParallel replicate/scatter/gather", MS,
                            _key("replicate_scatter_gather_ms_per_step"),
                            "replicate_scatter_gather_share_pct"),

@@ -159,7 +159,8 @@ def device_cells(r: dict[str, Any]) -> dict[str, str]:
 def _device_item(r: dict[str, Any], several: bool) -> str:
     c = device_cells(r)
     who = f"{c['device']} ({c['trace']})" if several else c["device"]
-    text = f"{who}: peak {c['allocated']} allocated"
+    text = f"{who}: peak {size_text(r['peak_allocated_bytes'] or 0)} allocated" + (
+        " above the recording's start" if r["relative_to_start"] else "")
     if r["peak_reserved_bytes"] is not None:
         text += f", {c['reserved']} reserved"
     if r["capacity_bytes"] is not None:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stallscope.diagnose.device_memory import DeviceMemory, device_memory, not_assessed
+from stallscope.diagnose import device_memory as figures
+from stallscope.diagnose.device_memory import DeviceMemory, not_assessed
 from stallscope.diagnose.finding import Assessment, Finding
 from stallscope.diagnose.spec import RuleSpec
 from stallscope.runfacts import RunContext
@@ -53,7 +54,7 @@ class Judgement:
     fragmented: bool  # reserved far above allocated
 
 
-def device_memory_rule(model: TraceModel, context: RunContext | None = None) -> Assessment:
+def device_memory(model: TraceModel, context: RunContext | None = None) -> Assessment:
     evidence = measure(model, context)
     if isinstance(evidence, Assessment):
         return evidence
@@ -69,7 +70,7 @@ def device_memory_rule(model: TraceModel, context: RunContext | None = None) -> 
 
 def measure(model: TraceModel, context: RunContext | None = None) -> MemoryEvidence | Assessment:
     """The device nearest its capacity, or why the rule cannot judge."""
-    devices = device_memory(model)
+    devices = figures.device_memory(model)
     if not devices:
         return Assessment(RULE_ID, "not_assessed", _sentence(not_assessed(model)))
     usable = [d for d in devices if not d.relative and d.capacity]
@@ -240,7 +241,7 @@ SPEC = RuleSpec(
     id=RULE_ID,
     title="GPU memory near capacity (out-of-memory risk), or far from it while the GPU waits",
     summary="GPU memory near out-of-memory, or room for a larger batch",
-    check=device_memory_rule,
+    check=device_memory,
     no_change=lambda finding: ("a memory finding: it changes what fits on the device, not a "
                                "step time the replay models"),
     thresholds={"NEAR_CAPACITY": NEAR_CAPACITY, "SPLIT_SHARE": SPLIT_SHARE,
