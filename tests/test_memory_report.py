@@ -72,7 +72,10 @@ def test_a_trace_without_memory_figures_is_not_assessed_and_says_why():
     assert mem["status"] == "not_assessed" and mem["devices"] == []
     assert "profile_memory=True" in mem["not_assessed"]
     assert mem["sentence"].startswith("Device memory not assessed")
-    assert "not assessed" in render_markdown(report).split("## Memory")[1]
+    md = render_markdown(report)
+    assert "## Memory" not in md  # nothing measured: the not-assessed list says why
+    assert "- `device-memory`: The trace has no memory events" in md
+    assert "Device memory not assessed" in render_html(report)
 
 
 def _run_memory() -> dict[str, Any]:

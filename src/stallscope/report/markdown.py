@@ -410,9 +410,11 @@ def _anatomy_lines(report: Report) -> list[str]:
 
 
 def _memory_lines(report: Report) -> list[str]:
-    """Memory (report/memory_view.py): the sentence, then each device, host and worker."""
+    """Memory (report/memory_view.py): the sentence, then each device, host and worker. None
+    where nothing was measured: `device-memory`'s line under what could not be assessed says
+    why."""
     mem = report.memory
-    if not mem:
+    if not mem or mem["status"] != "measured":
         return []
     several = len(report.traces) > 1
     items = [*device_items(mem, several), *filter(None, [host_item(mem)]),
