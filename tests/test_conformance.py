@@ -171,7 +171,9 @@ EXPECT: dict[str, Case] = {
     # for-loop SGD are small parts of the host's time.
     "hta/v100_rank1of2_df_index_resolver.pt.trace.json.gz": case(
         "gpu-idle",
-        {"comm-bound", "no-mixed-precision", "single-tensor-optimizer", "zero-grad-kernels"},
+        {"comm-bound", "no-mixed-precision", "single-tensor-optimizer", "zero-grad-kernels",
+         # profile_memory: 11.9 GiB reserved of 31.7 GiB while the GPU idles 42% of the step.
+         "device-memory"},
         {"dataparallel", "gpu-bound"},
     ),
     # V100 rank 1 of 2 with FusedAdam and pinned non_blocking copies. The host waits 43% of

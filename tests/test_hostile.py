@@ -202,7 +202,7 @@ def test_markdown_keeps_hostile_names_as_text(hostile):
     for heading in re.findall(r"^#.*$", prose, re.M):
         assert re.fullmatch(r"#{1,3} (stallscope report|Findings|Top recommendation: |"
                             r"Per rank|Per trace|Reproduce|What could not be assessed|Fix plan|"
-                                r"What if)",
+                            r"Memory|What if)",
                             heading), heading
     # A table row has as many cell separators as its header: no pipe from a name splits a cell.
     for table in re.findall(r"(?:^\|.*\n)+", prose, re.M):

@@ -150,3 +150,12 @@ def test_analyze_reads_one_large_file_on_every_core(tmp_path: Path,
         report.pop("generated", None)
     assert par["verdict"] == one["verdict"]
     assert par["findings"] == one["findings"]
+
+
+def test_parts_keep_the_memory_events(tmp_path: Path) -> None:
+    """profile_memory's `[memory]` instant events survive the cut, in order, none twice."""
+    src = PUBLIC / "kineto" / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+    path = plain_copy(src, tmp_path)
+    whole, parted = load_trace(path, cores=1), load_trace(path, cores=3)
+    assert len(whole.memory) > 1000
+    assert_same(whole, parted)

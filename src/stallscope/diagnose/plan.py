@@ -677,8 +677,9 @@ def _cap_bounds(plan: Plan, bounds: list[Finding], pace_us: float = 0.0) -> None
 
 def not_estimated(f: Finding) -> bool:
     """A finding that claims no saving of its own (the GPU bound: only faster GPU work helps,
-    and its levers' gains are other findings' to replay)."""
-    return flagged(f.id, "bound") and f.saving_kind == "upper_bound"
+    and its levers' gains are other findings' to replay; a rule about what fits, not time)."""
+    return ((flagged(f.id, "bound") or flagged(f.id, "no_time_saving"))
+            and f.saving_kind == "upper_bound")
 
 
 def _range(s: Scenario, used: slice) -> list[float]:

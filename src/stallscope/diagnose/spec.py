@@ -146,6 +146,8 @@ class RuleSpec:
     # Its evidence's "device" is the device index the finding is about (one finding per
     # device), which compare matches findings by.
     per_device: bool = False
+    # What it finds is not time (what fits in memory): its findings claim no saving.
+    no_time_saving: bool = False
     # The evidence key listing the traces it names ({"trace": label} each): the rank table
     # keeps their rows when it summarises ("" when none).
     names_traces: str = ""

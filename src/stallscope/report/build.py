@@ -22,6 +22,7 @@ from stallscope.report import job_scale
 from stallscope.report.digest import TraceDigest, digest, pick_drawn
 from stallscope.report.hotspots import HotTotals, summed, top_rows
 from stallscope.report.kernel_mix import busiest
+from stallscope.report.memory_view import report_memory
 from stallscope.report.rank_groups import group_findings, merge_recordings
 from stallscope.report.timeline import step_timeline
 from stallscope.runfacts import RunContext
@@ -63,6 +64,9 @@ class Report:
     # `stallscope watch` only: the whole run's steps, regimes, periodic stalls and captures
     # (commands/watch.py); absent from other reports' JSON.
     watch: dict[str, Any] | None = None
+    # Each device's peak against its capacity, the workers' RAM, the machine's memory; or why
+    # not assessed (report/memory_view.py).
+    memory: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -314,6 +318,9 @@ def report_from(
         by_trace.setdefault(f.trace, []).append(f.id)
     for entry in traces:
         entry["findings"] = by_trace.get(entry["label"], [])
+    memory = report_memory(traces)
+    for entry in traces:
+        entry.pop("memory", None)
     ranks = [
         {
             "rank": t["rank"],
@@ -382,6 +389,7 @@ def report_from(
         top_gpu_kernels=top_rows(hot[1]),
         plan=lead_plan,
         what_if=lead_plan.get("what_if") if lead_plan else None,
+        memory=memory,
     )
 
 

@@ -19,6 +19,7 @@ from stallscope.diagnose.plan import Plan
 from stallscope.diagnose.rules.rank_imbalance import RankWork, rank_work
 from stallscope.report.hotspots import HotTotals, gpu_kernel_totals, host_op_totals
 from stallscope.report.kernel_mix import gpu_summary, host_comm, kernel_mix
+from stallscope.report.memory_view import trace_memory
 from stallscope.report.recording import recording_cost
 from stallscope.report.timeline import trace_timeline
 from stallscope.trace.model import Step, TraceModel
@@ -103,6 +104,9 @@ def digest(model: TraceModel, plan: Plan | None, draw: bool) -> TraceDigest:
             "host_comm": host_comm(model),  # CPU-only traces' collectives
             # What recording cost: the profiler's settings and cost per op (report/recording.py).
             "recording": recording_cost(model),
+            # Device and host memory (report/memory_view.py): report.json's `memory` is made
+            # of these, and they leave the traces[] entry then.
+            "memory": trace_memory(model),
         },
         steps=steps,
         notes=notes,

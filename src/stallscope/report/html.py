@@ -55,6 +55,8 @@ from stallscope.report.labels import (
     steps_phrase,
     with_before,
 )
+from stallscope.report.memory_view import MAX_ROWS as MEMORY_ROWS
+from stallscope.report.memory_view import device_cells, host_item, worker_items
 from stallscope.report.rank_table import ROWS_SHOWN, check_rows, rank_view
 from stallscope.report.recording import recording_lines
 from stallscope.report.watch_chart import watch_chart
@@ -277,7 +279,20 @@ def render_html(report: Report) -> str:
         checks=check_rows(report),
         trace_rows=report.traces[:ROWS_SHOWN],
         recording=_recording(report),
+        memory=_memory(report),
     )
+
+
+def _memory(report: Report) -> dict[str, Any] | None:
+    """The memory section (report/memory_view.py): its sentence, device table, host and
+    worker lines."""
+    mem = report.memory
+    if not mem:
+        return None
+    devices = sorted(mem["devices"], key=lambda r: -(r["peak_pct_of_capacity"] or 0))
+    return {"sentence": mem["sentence"], "devices": [device_cells(r) for r in devices][
+        :MEMORY_ROWS], "several": len(report.traces) > 1, "host": host_item(mem),
+            "workers": worker_items(mem, len(report.traces) > 1)}
 
 
 def _lead_title(report: Report) -> str | None:

@@ -32,6 +32,7 @@ from stallscope.report.labels import (
     with_before,
 )
 from stallscope.report.md_text import bullets, code, command_lines, paragraph, prose, wrap
+from stallscope.report.memory_view import device_items, host_item, worker_items
 from stallscope.report.recording import recording_lines
 from stallscope.report.watch_lead import (
     capture_items,
@@ -408,6 +409,20 @@ def _anatomy_lines(report: Report) -> list[str]:
     return [*lines, *bullets(items), ""]
 
 
+def _memory_lines(report: Report) -> list[str]:
+    """Memory (report/memory_view.py): the sentence, then each device, host and worker. None
+    where nothing was measured: `device-memory`'s line under what could not be assessed says
+    why."""
+    mem = report.memory
+    if not mem or mem["status"] != "measured":
+        return []
+    several = len(report.traces) > 1
+    items = [*device_items(mem, several), *filter(None, [host_item(mem)]),
+             *worker_items(mem, several)]
+    return ["## Memory", "", *paragraph(prose(mem["sentence"])),
+            *bullets([prose(i) for i in items]), *([""] if items else [])]
+
+
 def render_markdown(report: Report) -> str:
     """The whole report.md: plain Markdown a ticket system renders, trace text inert."""
     lines = ["# stallscope watch" if report.watch else "# stallscope report", ""]
@@ -424,7 +439,8 @@ def render_markdown(report: Report) -> str:
     ranks = _trace_lines(report) if report.ranks else []
     lines += _run_lines(report) + _watch_lines(report) + _summary_lines(report) + ranks
     lines += _plan_lines(report) + _what_if_lines(report) + _finding_lines(report)
-    lines += _anatomy_lines(report) + ([] if ranks else _trace_lines(report))
+    lines += _anatomy_lines(report) + _memory_lines(report)
+    lines += [] if ranks else _trace_lines(report)
     lines += _recording_lines(report)
     lines += _reproduce_lines(report)
     lines += _not_assessed_lines(report)

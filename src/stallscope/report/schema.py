@@ -391,6 +391,71 @@ class Watch(msgspec.Struct):
     load: list[Json] = []
 
 
+class MemoryDevice(msgspec.Struct, forbid_unknown_fields=True):
+    """One device's memory over the recording, measured (diagnose/device_memory.py): its peaks
+    allocated and reserved against its capacity, from the trace's profile_memory events or
+    `stallscope run`'s per-step figures (`source`). `relative_to_start`: the trace carries only
+    each allocation's size, so the peak is above where memory stood when the recording started
+    and `peak_pct_of_capacity` is null. `held_bytes`: allocated at the steps' boundaries at its
+    lowest (what does not scale with the batch); `transient_bytes`: the peak above it.
+    `alloc_retries` and `ooms`: the allocator's counts since the process started (`run` only)."""
+
+    trace: str
+    device: str
+    source: str
+    relative_to_start: bool
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    capacity_bytes: int | None
+    peak_pct_of_capacity: float | None
+    held_bytes: int | None
+    transient_bytes: int | None
+    alloc_retries: int | None
+    ooms: int | None
+    inactive_split_bytes: int | None
+    samples: int
+
+
+class MemoryWorker(msgspec.Struct, forbid_unknown_fields=True):
+    """One DataLoader worker's own (unique) memory at its first and last sample, its resident
+    size at the last, and the seconds between (`stallscope run`'s samples)."""
+
+    trace: str
+    pid: int
+    worker_id: int | None
+    loader: str | None
+    unique_start_bytes: int
+    unique_end_bytes: int
+    resident_bytes: int
+    seconds: float
+
+
+class MemoryHost(msgspec.Struct, forbid_unknown_fields=True):
+    """The machine's memory during the run: its total, the least available, the container's
+    limit and the file it was read from, what the job held (its processes' proportional sizes
+    summed)."""
+
+    trace: str
+    total_bytes: int | None
+    available_min_bytes: int | None
+    limit_bytes: int | None
+    limit_source: str | None
+    job_bytes: int | None
+
+
+class Memory(msgspec.Struct, forbid_unknown_fields=True):
+    """Memory, measured: `status` is `measured` when any figure below is, else `not_assessed`;
+    `not_assessed` says why no device figure is there (null when one is); `sentence` is the
+    report's line on it."""
+
+    status: Literal["measured", "not_assessed"]
+    devices: list[MemoryDevice]
+    workers: list[MemoryWorker]
+    host: MemoryHost | None
+    not_assessed: str | None
+    sentence: str
+
+
 class Report(msgspec.Struct, forbid_unknown_fields=True):
     """report.json, top level."""
 
@@ -418,6 +483,7 @@ class Report(msgspec.Struct, forbid_unknown_fields=True):
     plan: Plan | None
     what_if: Json | None
     watch: Watch | None = None
+    memory: Memory | None = None
 
 
 def json_schema(root: type, schema_id: str, title: str, doc: str) -> dict[str, Any]:

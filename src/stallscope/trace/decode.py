@@ -117,11 +117,20 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     # Kineto's per-kernel estimates, for the GPU summary (report/kernel_mix.py).
     blocks_per_sm: float = msgspec.field(default=NAN, name="blocks per SM")
     occupancy: float = msgspec.field(default=NAN, name="est. achieved occupancy %")
+    # `[memory]` instant events' (profile_memory=True): kept by `Columns.add_memory` only.
+    mem_bytes: float = msgspec.field(default=NAN, name="Bytes")
+    mem_allocated: float = msgspec.field(default=NAN, name="Total Allocated")
+    mem_reserved: float = msgspec.field(default=NAN, name="Total Reserved")
+    mem_device_type: float = msgspec.field(default=NAN, name="Device Type")
+    mem_device_id: float = msgspec.field(default=NAN, name="Device Id")
 
 
-ARG_FIELDS = tuple(Args.__struct_fields__)
-# The same fields under the names the trace writes them with.
+# The fields kept as columns of every complete event; the memory fields come after them.
+ARG_FIELDS = tuple(f for f in Args.__struct_fields__ if not f.startswith("mem_"))
+MEMORY_FIELDS = tuple(f for f in Args.__struct_fields__ if f.startswith("mem_"))
+# Every field under the name the trace writes it with, in `Args`' order.
 ARG_KEYS = tuple(Args.__struct_encode_fields__)
+MEMORY_EVENT = "[memory]"
 # Estimates kept at float32 (7 digits; they are percents and block ratios): half the memory of
 # a column every event carries, where ids and sizes need float64.
 ARG_DTYPES: dict[str, type] = {"blocks_per_sm": np.float32, "occupancy": np.float32}
@@ -137,6 +146,11 @@ class LooseArgs(msgspec.Struct, frozen=True, gc=False):
     bytes: Any = None
     blocks_per_sm: Any = msgspec.field(default=None, name="blocks per SM")
     occupancy: Any = msgspec.field(default=None, name="est. achieved occupancy %")
+    mem_bytes: Any = msgspec.field(default=None, name="Bytes")
+    mem_allocated: Any = msgspec.field(default=None, name="Total Allocated")
+    mem_reserved: Any = msgspec.field(default=None, name="Total Reserved")
+    mem_device_type: Any = msgspec.field(default=None, name="Device Type")
+    mem_device_id: Any = msgspec.field(default=None, name="Device Id")
 
 
 class Event(msgspec.Struct, gc=False):
@@ -179,7 +193,8 @@ class Metadata(msgspec.Struct):
 
 
 _COMPLETE = "X".__eq__
-_get = {f: attrgetter(f) for f in (*Event.__struct_fields__, *ARG_FIELDS)}
+_get = {f: attrgetter(f) for f in (*Event.__struct_fields__, *ARG_FIELDS, *MEMORY_FIELDS)}
+_INSTANT = "i"
 _EVENTS = msgspec.json.Decoder(list[Event], strict=False)
 _EVENT = msgspec.json.Decoder(Event, strict=False)
 _LOOSE_EVENTS = msgspec.json.Decoder(list[LooseEvent], strict=False)
@@ -233,11 +248,16 @@ class Columns:
     seen: int = 0  # events of any phase read
     repaired: int = 0  # spans (a chunk, or one event) whose bad UTF-8 or escapes were mended
     damage: Damage = field(default_factory=Damage)  # text that was not JSON, skipped
+    # `[memory]` instant events (`add_memory`): ts and the MEMORY_FIELDS, per chunk.
+    memory: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     def add(self, events: list[Event]) -> None:
         # map(attrgetter) rather than comprehensions: this is the per-event hot path.
         self.seen += len(events)
-        xs = list(compress(events, map(_COMPLETE, map(_get["ph"], events))))
+        phases = list(map(_get["ph"], events))
+        xs = list(compress(events, map(_COMPLETE, phases)))
+        if len(xs) < len(phases) and _INSTANT in phases:  # one scan; traces without: no more
+            self.add_memory(events, phases)
         if not xs:
             return
         n = len(xs)
@@ -262,6 +282,28 @@ class Columns:
                                   count=n)
         for key, arr in cols.items():
             self.parts.setdefault(key, []).append(arr)
+
+    def add_memory(self, events: list[Event], phases: list[str]) -> None:
+        """Keep the allocator's `[memory]` instant events (torch.profiler's profile_memory):
+        their time and the sizes they carry; every other instant event is dropped."""
+        mem = [e for e, ph in zip(events, phases, strict=True)
+               if ph == _INSTANT and e.name == MEMORY_EVENT and math.isfinite(e.ts)]
+        if not mem:
+            return
+        n = len(mem)
+        cols = {"ts": np.fromiter(map(_get["ts"], mem), dtype=np.float64, count=n)}
+        args = list(map(_get["args"], mem))
+        for f in MEMORY_FIELDS:
+            cols[f] = np.fromiter(map(_get[f], args), dtype=np.float64, count=n)
+        for key, arr in cols.items():
+            self.memory.setdefault(key, []).append(arr)
+
+    def memory_column(self, key: str) -> np.ndarray:
+        """A `[memory]` column joined (empty when the trace has none)."""
+        parts = self.memory.get(key)
+        if not parts:
+            return np.empty(0, dtype=np.float64)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def column(self, key: str, dtype: type = np.float64) -> np.ndarray:
         """The column joined, its parts let go: read once (`load._build`), so the parts and
@@ -777,7 +819,7 @@ def _number(value: Any) -> float:
 
 
 def _loose_args(values: Any) -> Args:
-    return Args(*(_number(getattr(values, f)) for f in ARG_FIELDS))
+    return Args(*(_number(getattr(values, f)) for f in Args.__struct_fields__))
 
 
 def _tidy(event: LooseEvent) -> Event:

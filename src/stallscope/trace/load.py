@@ -73,6 +73,11 @@ class Trace:
     # (NaN where absent). They link runtime calls to GPU work and size the copies.
     args: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     host: str = ""  # the machine that recorded it, where the trace says (Kineto's host_name)
+    # The allocator's `[memory]` instant events (torch.profiler's profile_memory), in time
+    # order: ts (microseconds relative to `t0_us`), device_type, device_id, bytes (this
+    # allocation's, negative when freed), allocated and reserved (the device's totals after it,
+    # NaN where the trace writes only the delta). Empty without them.
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame, repr=False)
     # Set when another file of the job has the same rank: the label then names the file too,
     # so the two are kept apart (see commands/pipeline.py `_label_same_ranks`).
     alias: str = ""
@@ -306,7 +311,20 @@ def _build(path: Path, decoded: Decoded) -> Trace:
         host=meta.host_name if isinstance(meta.host_name, str) else "",
         notes=_load_notes(path, decoded, implausible, len(frame), far),
         args=args,
+        memory=_memory_events(cols, t0),
     )
+
+
+def _memory_events(cols: Columns, t0: float) -> pd.DataFrame:
+    """The `[memory]` events as `Trace.memory`, in time order; empty where there are none."""
+    ts = cols.memory_column("ts")
+    if not len(ts):
+        return pd.DataFrame()
+    frame = pd.DataFrame({"ts": ts - t0, **{name: cols.memory_column(f) for f, name in (
+        ("mem_device_type", "device_type"), ("mem_device_id", "device_id"),
+        ("mem_bytes", "bytes"), ("mem_allocated", "allocated"),
+        ("mem_reserved", "reserved"))}})
+    return frame.sort_values("ts", kind="stable", ignore_index=True)
 
 
 def _load_notes(path: Path, decoded: Decoded, implausible: int, kept: int,

@@ -334,6 +334,8 @@ def join(parts: list[Decoded]) -> Decoded:
         cols.unreadable += pc.unreadable
         cols.bad_times += pc.bad_times
         cols.seen += pc.seen
+        for key, chunks in pc.memory.items():  # `[memory]` events, in file order
+            cols.memory.setdefault(key, []).extend(chunks)
     cols.parts = arrays
     first, last = parts[0], parts[-1]
     meta = Metadata(**{f: _first(getattr(last.metadata, f), getattr(first.metadata, f))
