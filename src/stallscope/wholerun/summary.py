@@ -27,16 +27,11 @@ def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[s
     found = [r for r in found if r.load is None]
     out: list[dict[str, Any]] = []
     for i, r in enumerate(found):
-        seg = v.step_ms[r.start:r.end]
         out.append({
-            "first_step": int(v.steps[r.start]),
-            "last_step": int(v.steps[r.end - 1]),
-            "steps": int(r.end - r.start),
-            "median_step_ms": round(r.median_step_ms, 3),
+            **_span(v, r),
             "median_loader_wait_ms": round(r.median_wait_ms, 3),
             "loader_wait_share": round(r.wait_share, 4),
-            "wall_ms": round(float(seg.sum()), 3),
-            "share_of_wall": round(float(seg.sum()) / v.wall_ms, 4) if v.wall_ms > 0 else 0.0,
+            **_wall(v, r),
             "median_cpu_ms": round(r.median_cpu_ms, 3) if np.isfinite(r.median_cpu_ms)
             else None,
             "cpu_ratio": None if i == 0 else _round(regimes.cpu_ratio(found[i - 1], r)),
@@ -54,19 +49,27 @@ def _load_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[str
     for r in found:
         if r.load is None:
             continue
-        seg = v.step_ms[r.start:r.end]
         out.append({
-            "first_step": int(v.steps[r.start]),
-            "last_step": int(v.steps[r.end - 1]),
-            "steps": int(r.end - r.start),
-            "median_step_ms": round(r.median_step_ms, 3),
+            **_span(v, r),
             "median_runq_ms": _finite(r.median_runq_ms),
             "median_cpu_ms": _finite(r.median_cpu_ms),
-            "wall_ms": round(float(seg.sum()), 3),
-            "share_of_wall": round(float(seg.sum()) / v.wall_ms, 4) if v.wall_ms > 0 else 0.0,
+            **_wall(v, r),
             "why": r.load,
         })
     return out
+
+
+def _span(v: periodic.Valid, r: regimes.Regime) -> dict[str, Any]:
+    """Where a stretch lies and its median step."""
+    return {"first_step": int(v.steps[r.start]), "last_step": int(v.steps[r.end - 1]),
+            "steps": int(r.end - r.start), "median_step_ms": round(r.median_step_ms, 3)}
+
+
+def _wall(v: periodic.Valid, r: regimes.Regime) -> dict[str, Any]:
+    """The time a stretch took, and its share of the run's."""
+    wall = float(v.step_ms[r.start:r.end].sum())
+    return {"wall_ms": round(wall, 3),
+            "share_of_wall": round(wall / v.wall_ms, 4) if v.wall_ms > 0 else 0.0}
 
 
 def _finite(x: float) -> float | None:
