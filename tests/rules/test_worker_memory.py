@@ -148,6 +148,7 @@ def test_tune_tries_no_worker_count_over_what_memory_holds():
 
 COW_SCRIPT = textwrap.dedent(
     """
+    import time
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -159,13 +160,17 @@ COW_SCRIPT = textwrap.dedent(
         def __len__(self):
             return len(self.items)
         def __getitem__(self, i):
+            # Each item reads a block of its own, so the workers' pages are copied as they go
+            # (over seconds, on a fast machine too), not all in their first moments: the growth
+            # lies between the sampler's first reading of a worker and its last.
+            time.sleep(0.002)
             s = 0
-            for j in range(i * 64, i * 64 + 64 * 400, 64):
+            for j in range(i * 2000, i * 2000 + 2000):
                 s += len(self.items[j % len(self.items)])
             return torch.full((8,), float(s)), torch.zeros(1)
 
     if __name__ == "__main__":
-        loader = DataLoader(Strings(2_000_000), batch_size=16, num_workers=2, shuffle=True)
+        loader = DataLoader(Strings(2_000_000), batch_size=16, num_workers=2)
         model = torch.nn.Linear(8, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         for x, y in loader:
