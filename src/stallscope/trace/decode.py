@@ -366,7 +366,11 @@ def stream_decode(fh: Read1, on_progress: Any = None,
             raise LimitExceeded(_too_deep("its keys before the event list"))
         cols = columns or Columns()
         # The object form's metadata is read once, here; the array form has none (None).
-        header = None if start.array else _Header.read(bytes(head[finder.start:start.prefix_end]))
+        # One copy of the header's text (a bytearray slice would make a second).
+        with memoryview(head) as view:
+            text = None if start.array else bytes(view[finder.start:start.prefix_end])
+        header = None if text is None else _Header.read(text)
+        del text
         buf = bytearray(b"[")
         buf += head[start.events:]
         del head, block  # not held through the whole read (two blocks: 16 MB of its peak)
