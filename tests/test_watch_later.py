@@ -10,6 +10,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stallscope.capture import later
@@ -62,6 +63,29 @@ def test_a_change_shorter_than_a_second_is_a_blip() -> None:
     regime (a second: the trigger judges the median of a second's worth of steps)."""
     steps = noisy(100, 10.0) + noisy(15, 30.0, seed=2) + noisy(100, 10.0, seed=3)
     assert feed(steps) == []
+
+
+def _regimes(steps: list[tuple[float, float]]) -> int:
+    """How many regimes the whole-run analysis reports on the same steps."""
+    ms = np.array([m for m, _ in steps])
+    wait = np.array([w for _, w in steps])
+    return len(regimes.find_regimes(ms, wait, np.zeros(ms.size, dtype=bool)))
+
+
+@pytest.mark.parametrize(("slow_steps", "captured"), [(150, False), (1500, True)])
+def test_a_modest_change_is_captured_only_when_the_report_keeps_it(
+        slow_steps: int, captured: bool) -> None:
+    """8 ms steps 20% slower: 150 of them (1.4 s of wall time, 0.24 s more than before) is a
+    change the report merges away, so no capture is spent on it; 1,500 of them (2.4 s more,
+    between stretches of 1,000 steps) is a regime the report shows, and the trigger asks for
+    it."""
+    steps = noisy(1000, 8.0, seed=4) + noisy(slow_steps, 9.6, seed=5) + noisy(1000, 8.0, seed=6)
+    assert _regimes(steps) == (3 if captured else 1)
+    starts = feed(steps)
+    # one capture into the slow stretch and one back out of it, as the report's 3 regimes
+    assert [s.kind for _, s in starts] == (["regime"] * 2 if captured else [])
+    if captured:
+        assert 1000 < starts[0][0] < 2500 < starts[1][0]
 
 
 def test_a_periodic_stall_gets_one_capture_that_holds_the_next_stall() -> None:

@@ -118,10 +118,13 @@ def test_a_plateau_the_machine_load_explains_is_load_not_a_regime(plateau: str,
     assert flagged[0] == w["load"][0]["first_step"] and len(flagged) == w["load"][0]["steps"]
 
 
-def test_more_work_of_the_script_on_a_busy_machine_is_a_regime() -> None:
+@pytest.mark.parametrize("share", [1 / 3, 0.55])
+def test_more_work_of_the_script_on_a_busy_machine_is_a_regime(share: float) -> None:
     """The step, the CPU time and the wait for a core all double from step 401: the script's
-    own change, as busy as before."""
+    own change, as busy as before, also where the process waits for a core over half of
+    each step (a machine that gives it half a core: the extra work waits as much again)."""
     step, wait, runq, cpu = busy_run(1, "none")
+    runq = share * step
     more = np.arange(step.size) >= 400
     step[more], runq[more], cpu[more] = 2 * step[more], 2 * runq[more], 2 * cpu[more]
     w = series(step, wait, runq, cpu)

@@ -6,9 +6,11 @@ Decided online, one step at a time, in the training process, on what the step lo
 measures (wall time, DataLoader wait): `Trigger` is pure Python and cheap (medians of a
 second's steps, at most `MAX_SPAN`, every quarter of that or `EVERY` steps). A change is what
 the whole-run analysis would keep as a regime (wholerun/regimes.py merges regimes closer than
-`STEP_RATIO` in median step time and `SHARE_DELTA` in loader-wait share, and shorter than
-`MIN_WINDOW_MS` of wall time: the same thresholds, so a capture is never spent on a change the
-report would not show) held over a whole window of steps and that long. A periodic stall is a
+`STEP_RATIO` in median step time and `SHARE_DELTA` in loader-wait share, and neighbours whose
+difference adds up to less than `MIN_WINDOW_MS` over the shorter one's steps: the same
+thresholds, so a capture is never spent on a change the report would not show) held over a
+whole window of steps, and until its difference adds up to that much over the steps since the
+change and those before it since the last capture. A periodic stall is a
 spike (a step `SPIKE_FACTOR` times the median of `WINDOW` steps at the last judgement; among
 the recent ones, those at least half as long as the longest, and `STANDOUT` times the median
 of those off their rhythm) recurring at one gap four times running; its capture starts so that
@@ -90,7 +92,8 @@ def is_load(a: Level, b: Level) -> bool:
     share_q, share_b = quiet.runq_ms / quiet.step_ms, busy.runq_ms / busy.step_ms
     spinning = (share_b >= LOAD_SHARE and quiet.cpu_ms > 0 and busy.cpu_ms > 0
                 and busy.cpu_ms / busy.step_ms >= LOAD_SPIN * quiet.cpu_ms / quiet.step_ms)
-    return grew > 0 and (busy.runq_ms - quiet.runq_ms >= LOAD_EXPLAINS * grew or spinning or (
+    waited = busy.runq_ms - share_q * busy.step_ms  # past the quiet window's share
+    return grew > 0 and (waited >= LOAD_EXPLAINS * grew or spinning or (
         share_b >= LOAD_SHARE and share_b - share_q >= LOAD_SHARE_DELTA))
 
 
@@ -108,11 +111,14 @@ class Trigger:
         # step ms, loader share, run-queue wait ms, CPU ms (NaN: not measured)
         self._recent: deque[tuple[float, float, float, float]] = deque(maxlen=MAX_SPAN)
         self._ref: Level | None = None
-        self._asked_ref: Level | None = None  # the reference a change was seen on
+        self._asked_ref: Level | None = None  # the reference a change was seen on ...
+        self._asked_first: int | None = None  # ... and its first step
         self._spikes: deque[tuple[int, float]] = deque(maxlen=128)  # step, its time
         self._periods_done: set[int] = set()
         self._seen = 0
         self._held = 0  # judgements running that saw a change
+        self._change_from = 0  # the step the change held since began at, at the latest
+        self._first: int | None = None  # the first step judged since the last capture
         self._median = 0.0  # the last WINDOW steps' median at the last judgement: spikes' yardstick
         self._every = EVERY  # steps between judgements
 
@@ -123,6 +129,8 @@ class Trigger:
         measured)."""
         if not step_ms > 0:
             return None
+        if self._first is None:
+            self._first = step
         if self._median and step_ms >= SPIKE_FACTOR * self._median:
             self._spikes.append((step, step_ms))
         self._recent.append((step_ms, min(max(wait_ms, 0.0), step_ms) / step_ms,
@@ -147,6 +155,7 @@ class Trigger:
         self._recent.clear()
         self._ref = None
         self._seen = self._held = 0
+        self._first = None
         self._median = 0.0  # no spike is judged against the old pace
         self._every = EVERY
 
@@ -179,13 +188,19 @@ class Trigger:
                 self._ref, now):
             self._held = 0
             return None
-        self._held += 1
-        if self._held < HOLD:
-            return None
         n = self._span()
-        ref = self._ref
+        if self._held == 0:  # the median moved: half the window's steps at least changed
+            self._change_from = step - n // 2
+        self._held += 1
+        # what the change adds up to over its steps so far, as wholerun/regimes.py `_stake`
+        # weighs two stretches: the report merges a change worth less than MIN_WINDOW_MS
+        diff = max(abs(ms - ref_ms), abs(share * ms - ref_share * ref_ms))
+        steps = min(step - self._change_from, self._change_from - (self._first or 0))
+        if self._held < HOLD or diff * steps < MIN_WINDOW_MS:
+            return None
+        ref, first = self._ref, self._first
         self.rebase()
-        self._asked_ref = ref
+        self._asked_ref, self._asked_first = ref, first
         return Start(step, "regime", (
             f"the median step went from {millis(ref_ms, 'tenths')} to {millis(ms, 'tenths')} ms "
             f"and the DataLoader wait from {percent(100 * ref_share, 0)} to "
@@ -226,7 +241,7 @@ class Trigger:
         if start.every is not None:
             self._periods_done.discard(start.every)
         elif self._asked_ref is not None:
-            self._ref = self._asked_ref
+            self._ref, self._first = self._asked_ref, self._asked_first
 
 
 class Bounds:

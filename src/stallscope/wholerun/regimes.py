@@ -276,7 +276,8 @@ def load_why(quiet: Regime, busy: Regime) -> str | None:
     """Why `busy` (slower than `quiet`) is the machine's load, or None when it is not.
 
     Load is time the stepping thread spent runnable but waiting for a core: it waited that
-    much more in each step (half the step's growth or more), or its wait's share of the step
+    much more in each step than its quieter neighbour's share of the step (half the step's
+    growth or more), or its wait's share of the step
     grew by LOAD_SHARE_DELTA to at least LOAD_SHARE, or it waited a material share
     (LOAD_SHARE) while the process burned LOAD_SPIN times the CPU time per wall ms: intra-op
     threads spinning while other processes hold the cores burn CPU without more work, so the
@@ -286,9 +287,11 @@ def load_why(quiet: Regime, busy: Regime) -> str | None:
     if not (math.isfinite(quiet.median_runq_ms) and math.isfinite(busy.median_runq_ms)):
         return None
     grew = busy.median_step_ms - quiet.median_step_ms
-    waited = busy.median_runq_ms - quiet.median_runq_ms
     share_q = quiet.median_runq_ms / quiet.median_step_ms
     share_b = busy.median_runq_ms / busy.median_step_ms
+    # the wait past the quiet stretch's share of the longer step: the script's own extra work
+    # waits in that share too, on a machine that gives it part of a core
+    waited = busy.median_runq_ms - share_q * busy.median_step_ms
     cpu_q, cpu_b = quiet.median_cpu_ms, busy.median_cpu_ms
     spinning = (share_b >= LOAD_SHARE and math.isfinite(cpu_q) and math.isfinite(cpu_b)
                 and cpu_q > 0
