@@ -36,6 +36,13 @@ def test_repeats_of_one_size_count_at_their_largest_peak():
     assert fit is not None and round(fit.per_sample_bytes / MB, 2) == 2.0  # (172 - 140) / 16
 
 
+def test_the_two_largest_sizes_set_the_line_where_a_high_water_mark_hides_small_batches():
+    # The step's 1 MB per sample shows only above what start-up already peaked at (400 MB).
+    fit = fit_line([(8, 400 * MB), (16, 400 * MB), (32, 416 * MB), (64, 448 * MB)])
+    assert fit is not None and round(fit.per_sample_bytes / MB, 3) == 1.0
+    assert round(fit.at(512) / MB) == 448 + 448
+
+
 def test_one_batch_size_alone_is_taken_as_proportional_an_upper_bound():
     fit = fit_line([(32, 320 * MB)])
     assert fit is not None and fit.proportional and fit.held_bytes == 0
@@ -45,8 +52,7 @@ def test_one_batch_size_alone_is_taken_as_proportional_an_upper_bound():
 
 def test_a_peak_that_falls_with_the_batch_is_noise_not_negative_memory():
     fit = fit_line([(16, 400 * MB), (32, 390 * MB)])
-    assert fit is not None and fit.per_sample_bytes == 0.0 and fit.at(1024) == pytest.approx(
-        395 * MB)
+    assert fit is not None and fit.per_sample_bytes == 0.0 and fit.at(1024) == 400 * MB
 
 
 def test_a_batch_size_whose_predicted_peak_exceeds_the_limit_is_refused_and_says_why():
@@ -58,7 +64,7 @@ def test_a_batch_size_whose_predicted_peak_exceeds_the_limit_is_refused_and_says
     assert refused is not None and not found[0].fits
     assert found[0].predicted_bytes == 300 * MB + 128 * 8 * MB
     assert "would not fit: batch size 128: host memory peak predicted 1324 MB" in refused
-    assert "300 MB held + 8.00 MB per sample, fitted on batch sizes 16, 32" in refused
+    assert "300 MB held + 8.00 MB per sample, through the peaks at batch sizes 16 and 32" in refused
     assert "exceeds 90% of 1024 MB, the container's limit (/tmp/limit)" in refused
 
 
@@ -159,7 +165,7 @@ def test_batch_sizes_are_compared_in_samples_per_second_and_one_over_the_limit_i
     assert low <= rows[64]["samples_per_s"] <= high
     assert rows[64]["verdict"] == "faster" and rows[16]["verdict"] == "slower"
     assert section["best"] == 64 and section["change"] == "DataLoader(..., batch_size=64)"
-    assert section["fit"]["batch_sizes"] == [16, 32, 64]
+    assert section["fit"]["batch_sizes"] == [32, 64]
     assert round(section["fit"]["per_sample_bytes"] / MB, 2) == 4.0
     # The batch sizes never become the workers' winner: step time does not compare across them.
     assert all("batch_size" not in c["overrides"] for c in result["candidates"])

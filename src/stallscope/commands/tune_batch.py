@@ -6,8 +6,9 @@ rise, but every sample of it is held at once: the batch, the step's activations,
 Lightning's batch-size finder grows the batch until the run fails; here a candidate runs only
 when its predicted peak fits. Each measured run's peak is split, over the batch sizes measured so
 far, into what the run holds whatever the batch (the interpreter and its libraries, the model,
-the optimiser's state: `held`) and what grows with it (`per sample`), a least-squares line
-through (batch size, peak); the line at a candidate's size is set against MARGIN of the memory
+the optimiser's state: `held`) and what grows with it (`per sample`), the line through the two
+largest sizes measured (`fit_line` says why those); the line at a candidate's size is set
+against MARGIN of the memory
 the job may use: the container's limit where there is one (read as `worker-memory` reads it,
 `STALLSCOPE_MEMORY_LIMIT_FILE` included), else the memory available on the machine before the
 run. From one batch size alone the peak is taken as proportional to the batch (nothing held):
@@ -109,7 +110,8 @@ def run_peak(mem: Mapping[str, Any] | None) -> Peak | None:
 
 @dataclass(frozen=True)
 class Fit:
-    """Peak memory against the batch size: `held + per_sample * batch`, from `sizes`."""
+    """Peak memory against the batch size: `held + per_sample * batch`, through the peaks of
+    `sizes` (the two largest measured, or the one)."""
 
     held_bytes: float
     per_sample_bytes: float
@@ -130,9 +132,14 @@ class Fit:
 
 
 def fit_line(points: Sequence[tuple[int, int]]) -> Fit | None:
-    """The line through (batch size, peak bytes): least squares over each size's largest
-    peak (its repeats); per sample never below zero (noise on a flat curve), held never
-    below zero. One size: proportional. None without a point."""
+    """The line through (batch size, peak bytes) of the two largest sizes, each at its largest
+    peak (its repeats). Not least squares over all: a peak is a high-water mark, the larger of
+    the step's and anything else the process ever held (its start-up, the profiler's buffers),
+    so at a small batch the step's part may not show and the curve is flat there (docs/usage.md
+    has a measured case); the largest sizes are where the batch sets the peak, and nearest the
+    sizes judged. Per sample
+    never below zero (noise on a flat curve), held never below zero. One size: proportional.
+    None without a point."""
     best: dict[int, int] = {}
     for batch, peak in points:
         if batch > 0 and peak > 0:
@@ -142,15 +149,12 @@ def fit_line(points: Sequence[tuple[int, int]]) -> Fit | None:
     sizes = tuple(sorted(best))
     if len(sizes) == 1:
         return Fit(0.0, best[sizes[0]] / sizes[0], sizes)
-    n = len(sizes)
-    mx = sum(sizes) / n
-    my = sum(best[b] for b in sizes) / n
-    sxx = sum((b - mx) ** 2 for b in sizes)
-    slope = max(0.0, sum((b - mx) * (best[b] - my) for b in sizes) / sxx)
-    held = my - slope * mx
+    low, high = sizes[-2], sizes[-1]
+    slope = max(0.0, (best[high] - best[low]) / (high - low))
+    held = best[high] - slope * high if slope > 0 else max(best.values())  # flat: the top
     if held < 0:  # a line through the origin's side: all of it scales
-        held, slope = 0.0, max(best[b] / b for b in sizes)
-    return Fit(held, slope, sizes)
+        held, slope = 0.0, best[high] / high
+    return Fit(held, slope, (low, high))
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,8 @@ class Prediction:
         how = ("proportional to the batch from batch size "
                f"{self.fit.sizes[0]} alone, an upper bound" if self.fit.proportional else
                f"{_mb(self.fit.held_bytes)} MB held + {self.fit.per_sample_bytes / MB:.2f} MB "
-               f"per sample, fitted on batch sizes {', '.join(map(str, self.fit.sizes))}")
+               f"per sample, through the peaks at batch sizes {self.fit.sizes[0]} and "
+               f"{self.fit.sizes[1]}")
         verb = "fits within" if self.fits else "exceeds"
         return (f"batch size {self.batch}: {self.kind} peak predicted {_mb(self.predicted_bytes)}"
                 f" MB ({how}), {verb} {round(100 * MARGIN)}% of {_mb(self.limit.bytes)} MB, "
