@@ -68,6 +68,12 @@ def test_a_batch_size_whose_predicted_peak_exceeds_the_limit_is_refused_and_says
     assert "exceeds 90% of 1024 MB, the container's limit (/tmp/limit)" in refused
 
 
+def test_a_batch_below_one_measured_is_bounded_by_that_sizes_peak():
+    found, refused = judge(8, [(32, 400 * MB)], Limit(1024 * MB, "machine"), [], None)
+    assert refused is None and found[0].predicted_bytes == 400 * MB
+    assert "at most the peak measured at batch size 32" in found[0].text()
+
+
 def test_the_device_is_judged_against_its_capacity_too():
     host = [(16, 100 * MB), (32, 110 * MB)]
     device = [(16, 2000 * MB), (32, 3900 * MB)]

@@ -188,13 +188,17 @@ class Prediction:
     predicted_bytes: int
     limit: Limit
     fit: Fit
+    # A batch no larger than one measured: at most that size's peak (a smaller batch holds no
+    # more), the measured size; None: from the line.
+    below: int | None = None
 
     @property
     def fits(self) -> bool:
         return self.predicted_bytes <= MARGIN * self.limit.bytes
 
     def text(self) -> str:
-        how = ("proportional to the batch from batch size "
+        how = (f"at most the peak measured at batch size {self.below}" if self.below else
+               "proportional to the batch from batch size "
                f"{self.fit.sizes[0]} alone, an upper bound" if self.fit.proportional else
                f"{_mb(self.fit.held_bytes)} MB held + {self.fit.per_sample_bytes / MB:.2f} MB "
                f"per sample, through the peaks at batch sizes {self.fit.sizes[0]} and "
@@ -207,6 +211,7 @@ class Prediction:
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "predicted_bytes": self.predicted_bytes,
                 "limit": self.limit.as_json(), "margin": MARGIN, "fits": self.fits,
+                "bounded_by_batch_size": self.below,
                 "fit": self.fit.as_json(), "text": self.text()}
 
 
@@ -217,6 +222,10 @@ def predict(batch: int, points: Sequence[tuple[int, int]], limit: Limit | None,
     fit = fit_line(points)
     if fit is None or limit is None:
         return None
+    above = [(b, p) for b, p in points if b >= batch]
+    if above:  # within what was measured: the nearest larger size's peak bounds it
+        b = min(b for b, _ in above)
+        return Prediction(batch, kind, max(p for s, p in above if s == b), limit, fit, b)
     return Prediction(batch, kind, round(fit.at(batch)), limit, fit)
 
 
