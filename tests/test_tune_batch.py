@@ -207,9 +207,10 @@ def test_a_loader_without_a_batch_size_says_none_was_tried():
 
 # ---------------------------------------------------------------- a real script
 
-# Each step holds a workspace of 1 MB per sample (each sample's 256 features widened 1024-fold,
+# Each step holds a workspace of 4 MB per sample (each sample's 256 features widened 4096-fold,
 # as an augmentation's scratch might be) beside a small model: the training process's peak grows
-# by about 1 MB per sample over what torch itself holds, well clear of run-to-run noise.
+# by about 4 MB per sample, far above the floor of what start-up and the profiler peak at (a
+# high-water mark hides a step below it) and clear of run-to-run noise.
 BATCH_SCRIPT = """\
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -222,7 +223,7 @@ if __name__ == "__main__":
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(data, batch_size=32)
     for x, y in loader:
-        work = x.unsqueeze(2).expand(-1, -1, 1024).contiguous()
+        work = x.unsqueeze(2).expand(-1, -1, 4096).contiguous()
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y) + 0.0 * work.mean()
         loss.backward()
@@ -235,7 +236,8 @@ if __name__ == "__main__":
 def test_tune_measures_batch_sizes_in_samples_per_second_and_refuses_one_over_the_limit(
         tmp_path: Path):
     """Two or more sizes are measured (16, the script's 32 as the reference, 64), and a limit
-    file set between the peaks of 64 and 512 refuses 512 before it runs."""
+    file set between the peaks of 64 and 512 refuses 512 before it runs; the line through the
+    two largest sizes finds the step's memory per sample."""
     (tmp_path / "train.py").write_text(BATCH_SCRIPT)
     probe = tmp_path / "probe"
     first = subprocess.run([sys.executable, "-m", "stallscope", "run", "-q", "-o", str(probe),
@@ -246,10 +248,12 @@ def test_tune_measures_batch_sizes_in_samples_per_second_and_refuses_one_over_th
 
     peak = run_peak(json.loads((probe / "report.json").read_text()))
     assert peak is not None and peak.host_bytes
-    # About 1 MB per sample: 64 needs some 32 MB over 32's peak, 512 some 480 MB. A limit of
-    # 32's peak plus 100 MB, over the 90% margin, holds 64 and refuses 512.
+    # About 4 MB per sample: 64 needs some 128 MB over 32's peak, 512 some 1.9 GB. A limit of
+    # 32's peak plus 300 MB, over the 90% margin, holds 64 (a line from 16 and 32 cannot
+    # predict it higher than the true slope allows: 16's peak is never below its own) and
+    # refuses 512.
     limit_file = tmp_path / "limit"
-    limit_file.write_text(str(round((peak.host_bytes + 100 * (1 << 20)) / 0.9)))
+    limit_file.write_text(str(round((peak.host_bytes + 300 * (1 << 20)) / 0.9)))
     out = tmp_path / "tune"
     proc = subprocess.run(
         [sys.executable, "-m", "stallscope", "tune", "-o", str(out), "--repeats", "2",
@@ -270,6 +274,7 @@ def test_tune_measures_batch_sizes_in_samples_per_second_and_refuses_one_over_th
     assert str(limit_file) in rows[512]["refused"]
     assert rows[16]["peak_memory"]["host_bytes"] < rows[512]["predicted_memory"][0][
         "predicted_bytes"]
+    assert 3.0 < section["fit"]["per_sample_bytes"] / (1 << 20) < 6.0, section["fit"]
     assert "batch_size=512" in proc.stdout and "would not fit" in proc.stdout
     assert "learning rate follows the batch size" in proc.stdout
     html = (out / "tune.html").read_text()
