@@ -87,6 +87,12 @@ def test_watch_logs_every_step_of_the_whole_run(tmp_path: Path) -> None:
     assert report["watch"]["n_steps"] == 78
     assert len(report["watch"]["regimes"]) == 1  # a steady loop: one regime
     assert report["watch"]["captures"][0]["verdict"] == report["verdict"]
+    # The job's memory over the run, from the memory sampler's sweeps (at least the first).
+    lines = (tmp_path / "out" / "watch" / "steps.jsonl").read_text().splitlines()
+    sampled = [m for m in (json.loads(x).get("mem_mb") for x in lines) if m is not None]
+    mem = report["watch"]["memory"]
+    assert sampled and mem["samples"] == len(sampled) and mem["peak_mb"] == max(sampled) > 50
+    assert 'id="watch-memory"' in (tmp_path / "out" / "report.html").read_text()
     # The same figures as TensorBoard scalars, beside the trace.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

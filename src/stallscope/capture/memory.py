@@ -72,6 +72,21 @@ def rollup(pid: int) -> dict[str, int] | None:
         return None
 
 
+def peak_rss(pid: int) -> int | None:
+    """The process's resident high-water mark (bytes, `VmHWM` in /proc/<pid>/status): the peak a
+    sweep every half second misses, a step's transient allocations freed before the next sweep.
+    A cheap read (a counter, no page-table walk); None when gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    parts = line.split()
+                    return int(parts[1]) * KB if len(parts) > 1 and parts[1].isdigit() else None
+    except OSError:
+        return None
+    return None
+
+
 def meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
     """MemTotal and MemAvailable (bytes) as `total` and `available`; {} where unreadable."""
     out: dict[str, int] = {}
@@ -189,11 +204,14 @@ class _Series:
         self.role, self.pid, self.loader, self.worker_id = proc
         self.t: list[float] = []
         self.values: dict[str, list[int]] = {"rss": [], "pss": [], "uss": [], "swap": []}
+        self.peak_rss: int | None = None  # the kernel's high-water mark, the last one read
 
-    def add(self, t: float, figures: Mapping[str, int]) -> None:
+    def add(self, t: float, figures: Mapping[str, int], peak: int | None = None) -> None:
         self.t.append(round(t, 3))
         for key, values in self.values.items():
             values.append(int(figures.get(key, 0)))
+        if peak is not None:
+            self.peak_rss = max(peak, self.peak_rss or 0)
 
     def halve(self) -> None:
         self.t = self.t[::2]
@@ -203,7 +221,8 @@ class _Series:
     def to_dict(self) -> dict[str, Any]:
         return {"role": self.role, "pid": self.pid, "loader": self.loader,
                 "worker_id": self.worker_id, "t_s": list(self.t),
-                **{f"{k}_bytes": list(v) for k, v in self.values.items()}}
+                **{f"{k}_bytes": list(v) for k, v in self.values.items()},
+                "peak_rss_bytes": self.peak_rss}
 
 
 class MemorySampler:
@@ -226,6 +245,11 @@ class MemorySampler:
         self.interval_s = self._floor_s = SAMPLE_S  # the floor doubles as the series is halved
         self.sweeps = 0
         self.sweep_s = 0.0  # wall time of all sweeps, summed
+        # The last full sweep's job: the training process's resident memory and its workers'
+        # own (unique) memory, summed (bytes; what `watch`'s step log carries, capture/steplog.py)
+        # and the count of full sweeps that set it (a step logs it once per sweep).
+        self.job_bytes: int | None = None
+        self.job_sweeps = 0
 
     def start(self) -> None:
         if self._thread is not None:
@@ -260,7 +284,8 @@ class MemorySampler:
         cgroup's usage)."""
         start = time.perf_counter()
         t = time.monotonic() - self._t0
-        read = [(proc, rollup(proc[1])) for proc in (self._procs() if procs is None else procs)]
+        read = [(proc, rollup(proc[1]), peak_rss(proc[1]))
+                for proc in (self._procs() if procs is None else procs)]
         info = meminfo() if machine else {}
         usage = None
         if machine and self.limit is not None and self.limit.get("source", "").startswith("/sys/"):
@@ -268,13 +293,16 @@ class MemorySampler:
                 "memory.current" if self.limit["source"].endswith("memory.max")
                 else "memory.usage_in_bytes"))
         with self._lock:
-            for proc, figures in read:
+            for proc, figures, peak in read:
                 if figures is None:
                     continue
                 series = self._series.get(proc[1])
                 if series is None:
                     series = self._series[proc[1]] = _Series(proc)
-                series.add(t, figures)
+                series.add(t, figures, peak)
+            if machine:
+                self.job_bytes = job_bytes([(p[0], f) for p, f, _ in read if f is not None])
+                self.job_sweeps += 1
             if "available" in info:
                 self._machine_t.append(round(t, 3))
                 self._available.append(info["available"])
@@ -306,6 +334,16 @@ class MemorySampler:
                             "cgroup_usage_bytes": list(self._usage)},
                 "processes": [s.to_dict() for s in self._series.values() if s.t],
             }
+
+
+def job_bytes(figures: Iterable[tuple[str, Mapping[str, int]]]) -> int | None:
+    """The job's memory at one sweep: the training process's resident size plus each worker's
+    unique size (the pages a worker shares with the training process are counted once, in
+    the training process's). None without the training process."""
+    main = [f.get("rss", 0) for role, f in figures if role == "main"]
+    if not main:
+        return None
+    return int(main[0] + sum(f.get("uss", 0) for role, f in figures if role == "worker"))
 
 
 # ------------------------------------------------------------------------------ the device

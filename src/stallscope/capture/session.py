@@ -197,6 +197,8 @@ class CaptureSession:
         self.memory = (memory.MemorySampler(self._memory_procs, memory.container_limit())
                        if memory.sampling_on() else None)
         self.device_memory = memory.DeviceSteps()
+        if step_log is not None:  # `watch`'s step log carries the job's memory too
+            step_log.memory = self.memory
 
     def _memory_procs(self) -> list[memory.Proc]:
         """The training process and the DataLoader workers alive now (the sampler's thread)."""

@@ -108,6 +108,19 @@ def speedup_interval(before: Sequence[Sequence[float]], after: Sequence[Sequence
     return Interval(centre(before) / centre(after), float(low), float(high))
 
 
+def rate_interval(runs: Sequence[Sequence[float]], per_step: float, block: int = 1,
+                  resamples: int = RESAMPLES, seed: int = SEED) -> Interval:
+    """Items per second of one configuration that takes `per_step` items a step (a batch's
+    samples), from its figure (`centre`, in microseconds), with a seeded bootstrap interval
+    over its runs and rounds of steps: a step's time does not compare across batch sizes, its
+    throughput does."""
+    rng = np.random.default_rng(seed)
+    rates = per_step * 1e6 / _boot_centres(runs, block, rng, resamples)
+    tail = 100 * (1 - CONFIDENCE) / 2
+    low, high = np.percentile(rates, [tail, 100 - tail])
+    return Interval(per_step * 1e6 / centre(runs), float(low), float(high))
+
+
 def median_interval(before: Sequence[float], after: Sequence[float], block_before: int = 1,
                     block_after: int = 1, resamples: int = RESAMPLES,
                     seed: int = SEED) -> Interval:

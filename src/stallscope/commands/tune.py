@@ -32,7 +32,7 @@ from typing import Any
 
 from stallscope import progress
 from stallscope.capture.overrides import Overrides, label, set_arguments
-from stallscope.commands import COMMANDS, stats
+from stallscope.commands import COMMANDS, stats, tune_batch
 from stallscope.commands.common import add_target_arguments, positive_float, whole_number
 from stallscope.commands.tune_plan import (
     Baseline,
@@ -110,6 +110,7 @@ class RunResult:
     # step_us and steps_us; raw_step_us is the mean as timed.
     others_share: float = 0.0
     raw_step_us: float | None = None
+    peak: tune_batch.Peak | None = None  # the run's peak memory (its trace's samples)
 
     @property
     def ok(self) -> bool:
@@ -132,6 +133,7 @@ class RunResult:
             "timing": self.timing,
             "others_share_pct": round(100 * self.others_share, 1),
             "raw_step_us": _round(self.raw_step_us),
+            "peak_memory": self.peak.as_json() if self.peak is not None else None,
             **({"error": self.error} if self.error else {}),
         }
 
@@ -141,9 +143,11 @@ class Candidate:
     """A configuration and what its runs measured (or why it was not run)."""
 
     overrides: Overrides
-    stage: str  # baseline, num_workers or prefetch_factor
+    stage: str  # baseline, num_workers, prefetch_factor or batch_size
     runs: list[RunResult] = field(default_factory=list)
     skipped: str | None = None  # why it never ran
+    refused: str | None = None  # why it was not run: its predicted memory would not fit
+    predictions: list[tune_batch.Prediction] = field(default_factory=list)
     short: str | None = None  # why it ran fewer times than --repeats
     interval: stats.Interval | None = None  # its speedup over the baseline, with the interval
     verdict: str | None = None  # stats.FASTER / SLOWER / SAME
@@ -175,7 +179,21 @@ class Candidate:
         return [min(self.means), max(self.means)] if self.means else None
 
     @property
+    def peak(self) -> tune_batch.Peak | None:
+        """The largest peak memory of its runs (host and device apart)."""
+        peaks = [r.peak for r in self.runs if r.peak is not None]
+        if not peaks:
+            return None
+        host = [p.host_bytes for p in peaks if p.host_bytes is not None]
+        dev = [p.device_bytes for p in peaks if p.device_bytes is not None]
+        cap = [p.device_capacity_bytes for p in peaks if p.device_capacity_bytes is not None]
+        return tune_batch.Peak(max(host) if host else None, max(dev) if dev else None,
+                               max(cap) if cap else None)
+
+    @property
     def status(self) -> str:
+        if self.refused:
+            return "refused"
         if self.skipped:
             return "skipped"
         return "measured" if self.means else "failed"
@@ -188,6 +206,7 @@ class Candidate:
             "status": self.status,
             "step_us": _round(self.step_us),
             "spread_us": [_round(v) for v in self.spread_us] if self.spread_us else None,
+            "peak_memory": self.peak.as_json() if self.peak is not None else None,
             "runs": [r.as_json() for r in self.runs],
         }
         if baseline is not None:
@@ -198,6 +217,10 @@ class Candidate:
             out["skipped"] = self.skipped
         if self.short:
             out["short"] = self.short
+        if self.refused:
+            out["refused"] = self.refused
+        if self.predictions:
+            out["predicted_memory"] = [p.as_json() for p in self.predictions]
         return out
 
 
@@ -247,9 +270,24 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                       "this many seconds after it started (`run --timeout`); it counts as "
                       f"failed (default: none for the baseline; a candidate is stopped after "
                       f"{HANG_FACTOR}x the baseline's time per run plus {HANG_MARGIN_S:.0f} s)")
+    tune.add_argument("--batch-sizes", type=_batch_sizes, metavar="auto|N,N,...",
+                      help="also try these DataLoader batch sizes (auto: half, twice and four "
+                      "times the script's) on the fastest worker configuration, smallest "
+                      "first, compared in samples per second with 95%% intervals; a size whose "
+                      "peak memory, predicted from the sizes measured before it, would not fit "
+                      "the container's limit (or the memory available; the device's capacity "
+                      "on a GPU) is refused, not run. Off by default. The learning rate "
+                      "follows the batch: the most samples per second is not the best training")
     tune.add_argument("-q", "--quiet", action="store_true",
                       help="print nothing on success: no summary, no progress lines")
     return tune
+
+
+def _batch_sizes(text: str) -> tune_batch.Asked:
+    try:
+        return tune_batch.parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -> int:
@@ -263,16 +301,20 @@ def main(args: argparse.Namespace, script_args: list[str], command: list[str]) -
     progress.configure(args.quiet, True)
     target_argv = (["-m"] if target.is_module else []) + [target.name, *target.args]
 
-    epoch: list[int | None] = [None]  # batches per epoch, from the baseline's first report
+    baseline: list[dict[str, Any] | None] = [None]  # the baseline's first report
 
     def launch(overrides: Overrides, timeout: float | None) -> RunResult:
         limits = [t for t in (timeout, args.timeout) if t is not None]  # the stricter one
-        result = run_once(overrides, target_argv, min(limits) if limits else None, epoch[0])
-        if not overrides and epoch[0] is None and result.report is not None:
-            epoch[0] = epoch_batches(result.report)
+        epoch = (epoch_batches(baseline[0], overrides.get("batch_size")) if baseline[0]
+                 else None)
+        result = run_once(overrides, target_argv, min(limits) if limits else None, epoch)
+        if not overrides and baseline[0] is None and result.report is not None:
+            baseline[0] = result.report
         return result
 
-    result = sweep(launch, args.repeats, args.budget)
+    asked = getattr(args, "batch_sizes", None)
+    result = sweep(launch, args.repeats, args.budget, batches=asked,
+                   limit=tune_batch.host_limit() if asked is not None else None)
     result["script"] = target.name
     result["command"] = shlex.join(command)
     write_outputs(result, out)
@@ -333,13 +375,15 @@ def timed_steps(overrides: Overrides, epoch: int | None = None) -> int:
     return max(least, min(timed, room))
 
 
-def epoch_batches(report: dict[str, Any]) -> int | None:
+def epoch_batches(report: dict[str, Any], batch_size: int | None = None) -> int | None:
     """Batches in an epoch of the training DataLoader, from the baseline's report: its dataset's
-    length over its batch size; None when the dataset has no length."""
+    length over its batch size (or over `batch_size`, a candidate's); None when the dataset has
+    no length."""
     loader = training_loader(report)
     if loader is None:
         return None
-    size, batch = loader.get("dataset_len"), loader.get("batch_size")
+    size = loader.get("dataset_len")
+    batch = batch_size if batch_size is not None else loader.get("batch_size")
     if not isinstance(size, int) or not isinstance(batch, int) or batch <= 0:
         return None
     return size // batch if loader.get("drop_last") else -(-size // batch)
@@ -401,18 +445,35 @@ def run_once(overrides: Overrides, target_argv: list[str], timeout: float | None
             report = json.loads(report_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             return RunResult(proc.returncode or 1, wall, error=f"unreadable report.json: {exc}")
+        peak = run_peak(report)  # before the run's folder, its trace with it, is gone
     timed = timed_steps(overrides, epoch)
     run = report.get("run") or {}
     unprofiled = [float(v) for v in run.get("unprofiled_steps_us") or []]
     if len(unprofiled) >= timed:
         steps = unprofiled[-timed:]
-        return _unloaded(proc.returncode, wall, steps, run.get("unprofiled_load"), error,
-                         report)
-    # An older run, or a script that ended before: the profiled steps, said in tune.json.
-    steps = [float(s["duration_us"]) for s in report.get("steps") or []]
-    mean = ((report.get("summary") or {}).get("step_time_us") or {}).get("mean")
-    return RunResult(proc.returncode, wall, float(mean) if mean is not None else None,
-                     steps, error, report, timing="profiled")
+        result = _unloaded(proc.returncode, wall, steps, run.get("unprofiled_load"), error,
+                           report)
+    else:  # an older run, or a script that ended before: the profiled steps, said in tune.json
+        steps = [float(s["duration_us"]) for s in report.get("steps") or []]
+        mean = ((report.get("summary") or {}).get("step_time_us") or {}).get("mean")
+        result = RunResult(proc.returncode, wall, float(mean) if mean is not None else None,
+                           steps, error, report, timing="profiled")
+    result.peak = peak
+    return result
+
+
+def run_peak(report: dict[str, Any]) -> tune_batch.Peak | None:
+    """The run's peak memory from the memory samples in its trace (`stallscope run` writes
+    them into the trace's metadata, not report.json); None where there are none."""
+    from stallscope.trace.load import discover, load_trace
+
+    folder = (report.get("run") or {}).get("trace_dir")
+    try:
+        paths = discover(Path(folder)) if folder else []
+        mem = load_trace(paths[0]).capture.get("memory") if paths else None
+    except (InputError, OSError, ValueError):
+        return None
+    return tune_batch.run_peak(mem)
 
 
 def _unloaded(status: int, wall: float, steps: list[float], load: Any,
@@ -501,11 +562,14 @@ class Schedule:
 
 
 def sweep(launch: Launcher, repeats: int, budget_s: float,
-          clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
-    """Baseline once, each candidate once (worker counts, then prefetch_factor on the fastest),
-    then further rounds of all of them, interleaved, up to `repeats` runs each while the budget
-    lasts: a machine that drifts slows every configuration alike, and the budget is spent on
-    candidates before the baseline's repeats. The tune.json document."""
+          clock: Callable[[], float] = time.monotonic,
+          batches: tune_batch.Asked | None = None,
+          limit: tune_batch.Limit | None = None) -> dict[str, Any]:
+    """Baseline once, each candidate once (worker counts, then prefetch_factor on the fastest,
+    then, when `batches` asks, batch sizes on the fastest that fit `limit`), then further
+    rounds of all of them, interleaved, up to `repeats` runs each while the budget lasts: a
+    machine that drifts slows every configuration alike, and the budget is spent on candidates
+    before the baseline's repeats. The tune.json document."""
     schedule = Schedule(launch, budget_s, clock)
     baseline = Candidate({}, "baseline")
     progress.say("baseline: run 1")
@@ -535,13 +599,112 @@ def sweep(launch: Launcher, repeats: int, budget_s: float,
                   key=lambda c: c.step_us or 0.0, default=baseline)
     for overrides in prefetch_candidates(base, fastest.overrides):
         once(overrides, "prefetch_factor")
+    sized: list[Candidate] = []
+    why_not = None
+    if batches is not None:
+        why_not = batch_stage(schedule, base, fastest, batches, limit, hang, sized)
     for _ in range(1, repeats):
-        for cand in [baseline, *candidates]:
-            if cand.skipped or not all(r.ok for r in cand.runs):
+        for cand in [baseline, *candidates, *sized]:
+            if cand.skipped or cand.refused or not all(r.ok for r in cand.runs):
                 continue  # not run, or failed: a failing configuration fails again
             schedule.run(cand, None if cand is baseline else hang)
-    return _document(base, baseline, candidates, repeats, budget_s,
-                     clock() - schedule.start)
+    result = _document(base, baseline, candidates, repeats, budget_s, clock() - schedule.start)
+    if batches is not None:
+        result["batch_sizes"] = batch_document(base, fastest, sized, limit, why_not)
+    return result
+
+
+def batch_stage(schedule: Schedule, base: Baseline, reference: Candidate,
+                asked: tune_batch.Asked, limit: tune_batch.Limit | None, hang: float,
+                out: list[Candidate]) -> str | None:
+    """Each batch size on `reference` (the fastest worker configuration), smallest first, each
+    judged before it runs against the peaks measured so far (tune_batch.judge): one that would
+    not fit is refused, not run. Fills `out`; returns why no size was tried, or None."""
+    current = base.loader.get("batch_size")
+    if not isinstance(current, int) or current <= 0:
+        return ("the training DataLoader takes no batch_size (it was given a batch_sampler, or "
+                "batches are made in the dataset): no batch size was tried")
+    host: list[tuple[int, int]] = []
+    device: list[tuple[int, int]] = []
+
+    def add(cand: Candidate, batch: int) -> None:
+        peak = cand.peak
+        if peak is not None and peak.host_bytes:
+            host.append((batch, peak.host_bytes))
+        if peak is not None and peak.device_bytes:
+            device.append((batch, peak.device_bytes))
+
+    add(reference, current)
+    for batch in tune_batch.candidate_sizes(asked.sizes, current):
+        cand = Candidate({**reference.overrides, "batch_size": batch}, "batch_size")
+        out.append(cand)
+        cap = (reference.peak or tune_batch.Peak(None)).device_capacity_bytes
+        device_limit = tune_batch.Limit(cap, "the device's capacity") if cap else None
+        cand.predictions, cand.refused = tune_batch.judge(batch, host, limit, device,
+                                                          device_limit)
+        if cand.refused:
+            progress.say(f"batch_size={batch}: refused, {cand.refused}")
+            continue
+        if schedule.run(cand, hang) is not None:
+            add(cand, batch)
+    return None
+
+
+def batch_document(base: Baseline, reference: Candidate, sized: list[Candidate],
+                   limit: tune_batch.Limit | None, why_not: str | None) -> dict[str, Any]:
+    """tune.json's `batch_sizes`: each size's samples per second with its interval, its ratio
+    to the reference's (the fastest worker configuration at the script's batch size) with the
+    verdict against the reference's own run-to-run noise, its peak memory and predictions."""
+    current = base.loader.get("batch_size")
+    out: dict[str, Any] = {"reference": label(reference.overrides), "batch_size": current,
+                           "limit": limit.as_json() if limit else None,
+                           "caveat": tune_batch.CAVEAT, "why_not": why_not, "rows": [],
+                           "best": None, "change": None, "fit": None}
+    if why_not is not None or not isinstance(current, int):
+        return out
+    noise, _ = stats.aa_noise(reference.samples, _block(base, reference.overrides))
+    points = []
+    for cand in [reference, *sized]:
+        batch = int(cand.overrides.get("batch_size", current))
+        row = _batch_row(base, reference, cand, batch, current, noise)
+        out["rows"].append(row)
+        peak = cand.peak
+        if peak is not None and peak.host_bytes:
+            points.append((batch, peak.host_bytes))
+    out["rows"].sort(key=lambda r: r["batch_size"])
+    fit = tune_batch.fit_line(points)
+    out["fit"] = fit.as_json() if fit is not None else None
+    wins = [r for r in out["rows"] if r["verdict"] == stats.FASTER]
+    if wins:
+        best = max(wins, key=lambda r: r["samples_per_s"] or 0.0)
+        out["best"] = best["batch_size"]
+        out["change"] = change_text(base.loader, {"batch_size": best["batch_size"]})
+    return out
+
+
+def _batch_row(base: Baseline, reference: Candidate, cand: Candidate, batch: int,
+               current: int, noise: float) -> dict[str, Any]:
+    """One batch size's line of `batch_sizes` (see batch_document)."""
+    row: dict[str, Any] = {
+        "batch_size": batch, "label": label(cand.overrides), "status": cand.status,
+        "runs": len(cand.samples), "step_us": _round(cand.step_us), "samples_per_s": None,
+        "samples_per_s_range": None, "vs_reference": None, "verdict": None,
+        "peak_memory": cand.peak.as_json() if cand.peak is not None else None,
+        "predicted_memory": [p.as_json() for p in cand.predictions],
+        "refused": cand.refused, "skipped": cand.skipped}
+    if cand.samples:
+        rate = stats.rate_interval(cand.samples, batch, _block(base, cand.overrides))
+        row["samples_per_s"] = round(rate.point, 1)
+        row["samples_per_s_range"] = [round(rate.low, 1), round(rate.high, 1)]
+    if cand is not reference and cand.samples and reference.samples:
+        step = stats.speedup_interval(reference.samples, cand.samples,
+                                      _block(base, reference.overrides),
+                                      _block(base, cand.overrides))
+        scale = batch / current  # samples per step, against the reference's
+        ratio = stats.Interval(step.point * scale, step.low * scale, step.high * scale)
+        row["vs_reference"] = ratio.as_json()
+        row["verdict"] = stats.classify(ratio, noise)
+    return row
 
 
 def _say_run(cand: Candidate, run: RunResult) -> None:

@@ -370,8 +370,9 @@ class Watch(msgspec.Struct):
     stretches other load on the machine explains (`load`: no regime, no capture); the stretch
     the report leads with (`headline`: the regime, recurring stall or best level that lost the
     most time, what it lost and on what basis, the capture recorded in it, the sentence) and
-    the capture the report's findings and plan describe (`diagnosed`, 1-based).
-    Method and thresholds: docs/watch.md."""
+    the capture the report's findings and plan describe (`diagnosed`, 1-based); the job's memory
+    over the run (`memory`: where it began, its peak, where it ended and a few [step, MB]
+    points; null where it was not sampled). Method and thresholds: docs/watch.md."""
 
     n_steps: int
     measured_steps: int
@@ -389,6 +390,7 @@ class Watch(msgspec.Struct):
     headline: Json | None = None
     diagnosed: int | None = None
     load: list[Json] = []
+    memory: Json | None = None
 
 
 class MemoryDevice(msgspec.Struct, forbid_unknown_fields=True):

@@ -65,6 +65,56 @@ def _rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows + list(result["candidates"])
 
 
+def _mb(value: Any) -> str:
+    return f"{round(value / (1 << 20))} MB" if isinstance(value, int | float) else ""
+
+
+def batch_rows(result: dict[str, Any]) -> list[dict[str, str]]:
+    """tune.json's `batch_sizes` rows as text cells, one per batch size: samples per second
+    (measured) with its interval, the ratio to the reference's with its interval and verdict,
+    the peak memory (measured) and the prediction or the refusal."""
+    section = result.get("batch_sizes") or {}
+    out = []
+    for r in section.get("rows") or []:
+        rng, vs = r.get("samples_per_s_range"), r.get("vs_reference")
+        peak = r.get("peak_memory") or {}
+        pred = [p for p in r.get("predicted_memory") or [] if p.get("fits")]
+        out.append({
+            "batch": str(r["batch_size"]) + (" (script's)" if r["batch_size"] ==
+                                            section.get("batch_size") else ""),
+            "status": r["status"],
+            "rate": f"{r['samples_per_s']:.1f}/s" if r.get("samples_per_s") else "",
+            "rate_range": f"{rng[0]:.1f}-{rng[1]:.1f}/s" if rng else "",
+            "ratio": f"{vs['speedup']:.2f}x ({vs['low']:.2f}-{vs['high']:.2f}x)" if vs else "",
+            "verdict": r.get("verdict") or "",
+            "peak": _mb(peak.get("host_bytes")) + (f", device {_mb(peak['device_bytes'])}"
+                                                   if peak.get("device_bytes") else ""),
+            "why": r.get("refused") or r.get("skipped") or (pred[0]["text"] if pred else ""),
+        })
+    return out
+
+
+def batch_summary(result: dict[str, Any]) -> list[str]:
+    """What the batch sizes measured, in sentences: the best, or that none was measurably
+    faster, or why none was tried; then the learning-rate caveat."""
+    section = result.get("batch_sizes")
+    if not section:
+        return []
+    if section.get("why_not"):
+        return [section["why_not"]]
+    lines = [f"Batch sizes, on {section['reference']}: samples per second (measured), each "
+             "against the script's batch size's, 95% bootstrap intervals; peak memory measured "
+             "(the training process's resident high-water mark plus its workers' own memory)."]
+    if section.get("change"):
+        lines.append(f"Most samples per second, measurably: batch size {section['best']} "
+                     f"({section['change']}).")
+    else:
+        lines.append("No batch size gave measurably more samples per second than the "
+                     "script's.")
+    lines.append(f"Caveat: {section['caveat']}.")
+    return lines
+
+
 def render_terminal(result: dict[str, Any], out: Path) -> str:
     lines = [f"stallscope tune: {plain(headline(result))}"]
     if result["change"]:
@@ -76,6 +126,16 @@ def render_terminal(result: dict[str, Any], out: Path) -> str:
         else:
             figures = c["status"]
         lines.append(f"  {plain(c['label']):<62} {figures}")
+    summary = batch_summary(result)
+    if summary:
+        lines.append(f"  {plain(summary[0])}")
+        for b in batch_rows(result):
+            figures = (f"{b['rate']:>12} [{b['rate_range']}]  {b['ratio']}  {b['verdict']}  "
+                       f"peak {b['peak']}" if b["rate"] else b["status"])
+            lines.append(f"    batch_size={plain(b['batch']):<18} {figures}")
+            if b["status"] in ("refused", "skipped"):
+                lines.append(f"      {plain(b['why'])}")
+        lines += [f"  {plain(s)}" for s in summary[1:]]
     lines += [f"  note: {plain(n)}" for n in result["notes"]]
     lines.append(f"  wrote: {', '.join(str(out / f) for f in TUNE_FILES)}")
     return "\n".join(lines) + "\n"
@@ -104,6 +164,17 @@ def render_markdown(result: dict[str, Any]) -> str:
                      f"{_ms(c['step_us'])} | {_spread(c)} | {_x(c.get('speedup'))} | "
                      f"{_interval(c)} | {c.get('verdict') or ''} |")
     lines.append("")
+    summary = batch_summary(result)
+    if summary:
+        lines += ["## Batch sizes", "", md(summary[0]), ""]
+        if len(summary) > 1:
+            lines += ["| batch size | status | samples/s | 95% interval | vs script's batch | "
+                      "verdict | peak memory | memory |", "|---:|---|---:|---:|---:|---|---:|---|"]
+            lines += [f"| {md(b['batch'])} | {b['status']} | {b['rate']} | {b['rate_range']} | "
+                      f"{b['ratio']} | {b['verdict']} | {b['peak']} | {md(b['why'])} |"
+                      for b in batch_rows(result)]
+            lines.append("")
+        lines += [md(s) for s in summary[1:]] + [""]
     lines += [f"- {md(n)}" for n in result["notes"]]
     lines += ["", f"Reproduce: `{md_code(result['command']).replace('`', '')}`", ""]
     return "\n".join(lines)
@@ -126,6 +197,7 @@ def render_html(result: dict[str, Any]) -> str:
         c["is_best"] = c["label"] == result["best"]["label"]
     return env.get_template("tune.html.j2").render(
         result=result, rows=rows, headline=headline(result),
+        batch_rows=batch_rows(result), batch_summary=batch_summary(result),
         run_command=shlex.join(["stallscope", "run", *set_arguments(result["best"]["overrides"]),
                                 result["script"]]),
     )

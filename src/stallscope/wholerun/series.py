@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 FIELDS = ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "cpu_ms", "epoch", "start_s",
-          "runq_ms", "profiled")
+          "runq_ms", "mem_mb", "profiled")
 
 
 def _num(value: Any) -> float:
@@ -44,7 +44,9 @@ class StepSeries:
     all threads: it tells a step that waited outside the process, on other load or I/O, from
     one that worked longer) and `runq_ms` (the stepping thread's time runnable but waiting for
     a core: time other load held it) are NaN where not measured; `epoch` is -1 where
-    unknown; `start_s` (wall clock at the step's start) is NaN where unknown.
+    unknown; `start_s` (wall clock at the step's start) is NaN where unknown. `mem_mb` (the
+    job's memory, MB: capture/steplog.py) is NaN on every step but those after a sweep of the
+    memory sampler.
     """
 
     step: np.ndarray
@@ -59,12 +61,15 @@ class StepSeries:
     # profiler's own cost, so kept in the series and the wall time but out of every statistic.
     profiled: np.ndarray | None = None
     runq_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    mem_mb: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.profiled is None:
             self.profiled = np.zeros(self.step.size, dtype=bool)
         if self.runq_ms.size != self.step.size:  # not measured (an older step file)
             self.runq_ms = np.full(self.step.size, np.nan)
+        if self.mem_mb.size != self.step.size:
+            self.mem_mb = np.full(self.step.size, np.nan)
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]],
@@ -98,8 +103,9 @@ class StepSeries:
         step_ms[~ok] = np.nan
         wait = np.where(ok, np.minimum(wait, np.where(ok, step_ms, 0.0)), 0.0)
         runq = np.where(cols["runq_ms"] >= 0, cols["runq_ms"], np.nan)
+        mem = np.where(cols["mem_mb"] > 0, cols["mem_mb"], np.nan)
         return cls(step, step_ms, wait, cols["host_sync_ms"], cols["cpu_ms"], epoch,
-                   cols["start_s"], skipped_lines, profiled, runq)
+                   cols["start_s"], skipped_lines, profiled, runq, mem)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> StepSeries:
@@ -201,6 +207,7 @@ class _Line(msgspec.Struct, gc=False):
     epoch: float | None = None
     start_s: float | None = None
     runq_ms: float | None = None
+    mem_mb: float | None = None
     profiled: bool | None = None
 
 

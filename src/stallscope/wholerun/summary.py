@@ -14,6 +14,7 @@ from stallscope.wholerun import periodic, regimes, spikes
 from stallscope.wholerun.series import StepSeries
 
 MAX_KEPT_STEPS = 20_000
+MEMORY_POINTS = 120  # the memory series report.json keeps: at most this many [step, MB] points
 
 
 def _round(x: float | None) -> float | None:
@@ -105,6 +106,31 @@ def _kept(series: StepSeries) -> tuple[np.ndarray, str | None]:
                   "holds them all")
 
 
+def memory_over_run(series: StepSeries) -> dict[str, Any] | None:
+    """The job's memory over the run, from the steps that carry it (capture/steplog.py): where
+    it began, its peak and the step of it, where it ended, and at most MEMORY_POINTS [step, MB]
+    points, each the largest of its stretch of samples so that a peak stays. None when the log
+    carries none (memory sampling off, an older log)."""
+    has = np.isfinite(series.mem_mb)
+    if not has.any():
+        return None
+    steps, mb = series.step[has], series.mem_mb[has]
+    n = int(mb.size)
+    every = max(1, -(-n // MEMORY_POINTS))
+    picks = [s + int(np.argmax(mb[s:s + every])) for s in range(0, n, every)]
+    k = int(np.argmax(mb))
+    return {
+        "what": "the training process's resident memory plus its DataLoader workers' own "
+                "(unique) memory, MB, measured by the memory sampler at most every "
+                "half second",
+        "samples": n,
+        "first_mb": round(float(mb[0]), 1), "first_step": int(steps[0]),
+        "peak_mb": round(float(mb[k]), 1), "peak_step": int(steps[k]),
+        "last_mb": round(float(mb[-1]), 1), "last_step": int(steps[-1]),
+        "points": [[int(steps[i]), round(float(mb[i]), 1)] for i in picks],
+    }
+
+
 def summarise(series: StepSeries) -> dict[str, Any]:
     """The `watch` section: steps[], regimes[], periodic[], outliers, captures: []."""
     ok = series.valid
@@ -161,6 +187,7 @@ def summarise(series: StepSeries) -> dict[str, Any]:
         "periodic": stalls,
         "outliers": periodic.outliers(v, used),
         "captures": [],
+        "memory": memory_over_run(series),
         "method": {
             "regimes": "penalised l2 change points (ruptures KernelCPD, linear kernel) on "
                        "log step time and loader-wait share, spikes and periodic stalls "
