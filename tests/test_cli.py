@@ -150,6 +150,31 @@ def test_the_command_line_starts_without_the_analysis_stack() -> None:
     assert "analyze   diagnose traces recorded elsewhere" in proc.stdout + proc.stderr
 
 
+def test_a_small_trace_pays_for_no_pool_and_no_child_process(tmp_path: Path) -> None:
+    # One small file is read and analysed in this process: the pool's machinery (psutil,
+    # multiprocessing) stays unimported and no process is started (ctypes.util.find_library
+    # ran `ldconfig -p` to find the C library for heap.trim), each a cost on every small run.
+    small = SAMPLES / "public" / "hta" / "a100_event_sync_small.pt.trace.json.gz"
+    code = (
+        "import subprocess, sys\n"
+        "started = []\n"
+        "class Refused(subprocess.Popen):\n"
+        "    def __init__(self, *a, **k):\n"
+        "        started.append(a)\n"
+        "        super().__init__(*a, **k)\n"
+        "subprocess.Popen = Refused\n"
+        "from stallscope.cli import main\n"
+        f"code = main(['analyze', {str(small)!r}, '-q', '-o', {str(tmp_path / 'out')!r}])\n"
+        "print(code, started, sorted(m for m in ('psutil', 'multiprocessing') "
+        "if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0 [] []"
+    assert (tmp_path / "out" / "report.json").exists()
+
+
 def test_each_command_lists_the_help_its_parser_has() -> None:
     from stallscope.cli import build_parser
     from stallscope.commands import COMMANDS

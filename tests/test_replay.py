@@ -359,3 +359,22 @@ def test_gpu_work_belongs_to_the_step_that_launched_it() -> None:
     assert graph.g_queued.sum() > 0
     need = replay(graph).gpu_need
     assert need is not None and np.all((need > 30_000) & (need < 31_500))
+
+
+def test_a_steps_gpu_work_is_per_device_however_the_ids_are_spelled() -> None:
+    """The busiest device bounds a step: ops on one device, its id written as text or as a
+    number, are one device's work; the codes read once per graph give the same step bounds,
+    to the bit, as the ids read on every replay."""
+    from dataclasses import replace
+
+    graph = build_graph(_model(SAMPLES / "real-h200-xfmr-fp32.pt.trace.json.gz"))
+    assert graph is not None and graph.g_device_code is not None
+    coded = replay(graph).gpu_need
+    read_each_time = replay(replace(graph, g_device_code=None)).gpu_need
+    assert coded is not None and read_each_time is not None
+    assert coded.tobytes() == read_each_time.tobytes()
+    # The same device spelled two ways (a hand-made trace): still one device's busy time.
+    mixed = graph.g_device.copy()
+    mixed[::2] = [int(d) if str(d).isdigit() else d for d in mixed[::2]]
+    twice = replay(replace(graph, g_device=mixed, g_device_code=None)).gpu_need
+    assert twice is not None and twice.tobytes() == coded.tobytes()

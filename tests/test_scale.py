@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -165,14 +166,14 @@ def test_workers_are_sized_to_cores_files_and_memory(tmp_path: Path,
         def __init__(self, available: int) -> None:
             self.available = available
 
-    monkeypatch.setattr(fanout.psutil, "virtual_memory", lambda: Memory(64 << 30))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory(64 << 30))
     assert fanout.worker_count(files) == 4  # the cores
     assert fanout.worker_count(files[:3]) == 3  # the files
     per_worker = fanout.PEAK_PER_TEXT_BYTE * (10 << 20) + fanout.WORKER_BASE_BYTES
-    monkeypatch.setattr(fanout.psutil, "virtual_memory",
+    monkeypatch.setattr(psutil, "virtual_memory",
                         lambda: Memory(int(2.5 * per_worker / fanout.MEMORY_HEADROOM)))
     assert fanout.worker_count(files) == 2  # the memory
-    monkeypatch.setattr(fanout.psutil, "virtual_memory", lambda: Memory(1 << 20))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory(1 << 20))
     assert fanout.worker_count(files) == 1  # never zero: one process, as without a pool
     assert fanout.worker_count(files[:1]) == 1
     assert fanout.worker_count(files, jobs=3) == 3  # the user's choice wins

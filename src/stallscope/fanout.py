@@ -15,20 +15,18 @@ order either way, so the report does not depend on the executor.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import re
 import struct
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any, TypeVar
-
-import psutil
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from stallscope.errors import StallscopeError
+
+if TYPE_CHECKING:
+    import multiprocessing.context
 
 T = TypeVar("T")
 
@@ -70,18 +68,27 @@ def worker_count(files: Sequence[Path], jobs: int | None = None) -> int:
 
     One in a daemonic process (a `multiprocessing.Pool` worker calling the API), which may not
     start processes of its own: the fuzzer's job cases met it."""
-    if multiprocessing.current_process().daemon:
+    if _daemonic():
         return 1
     if jobs is not None:
         return max(1, min(jobs, len(files)))
     if len(files) < 2:
         return 1
+    import psutil  # here: one file's analysis (the common case) does not pay for its import
+
     sizes = [text_size(f) for f in files]
     if sum(sizes) < MIN_PARALLEL_TEXT_BYTES:
         return 1
     per_worker = PEAK_PER_TEXT_BYTE * max(sizes) + WORKER_BASE_BYTES
     fits = int(psutil.virtual_memory().available * MEMORY_HEADROOM // per_worker)
     return max(1, min(usable_cores(), len(files), fits))
+
+
+def _daemonic() -> bool:
+    """Whether this is a daemonic process. A pool's worker has imported multiprocessing, so a
+    process that has not is none, and need not import it to find out."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and mp.current_process().daemon
 
 
 def run_each(
@@ -111,6 +118,9 @@ def run_each(
         return _run_dask(fn, calls, scheduler, kept)
     if workers <= 1 or len(calls) <= 1:
         return [kept(i, fn(*args)) for i, args in enumerate(calls)]
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
     results: dict[int, T] = {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
         futures = {pool.submit(fn, *args): i for i, args in enumerate(calls)}
@@ -133,6 +143,8 @@ def run_each(
 def _context() -> (multiprocessing.context.ForkContext | multiprocessing.context.ForkServerContext
                    | multiprocessing.context.SpawnContext):
     """fork where it is safe and cheap (Linux, torch not loaded); else a clean interpreter."""
+    import multiprocessing
+
     if sys.platform.startswith("linux") and "torch" not in sys.modules:
         return multiprocessing.get_context("fork")
     if sys.platform != "win32":

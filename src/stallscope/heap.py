@@ -10,7 +10,6 @@ this does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import sys
 from collections.abc import Callable
@@ -21,8 +20,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        trim = libc.malloc_trim
+        # The process's own symbols, which hold the C library's: ctypes.util.find_library
+        # would start a subprocess (ldconfig) to find its file.
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int

@@ -13,6 +13,8 @@ from these parts; dataloader-bound leaves the loader time they hold to it.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
@@ -35,9 +37,23 @@ BOUNDARY_BUSY_FRACTION = 0.05
 MULTI = "_MultiProcessingDataLoaderIter"
 
 
+# The last model's table: dataloader-bound and worker-startup both read it, and making it is a
+# pass over every event of the trace. Its readers select rows from it and never change it.
+_LAST: list[tuple[weakref.ref[TraceModel], pd.DataFrame | None]] = []
+
+
 def boundaries(model: TraceModel) -> pd.DataFrame | None:
     """One row per gap between consecutive DataLoader `__next__` calls of the stepping thread
-    (row g: after call g), with what happened in it. Vectorised over ops and loader calls."""
+    (row g: after call g), with what happened in it. Vectorised over ops and loader calls;
+    made once per model (a table that is read, not changed)."""
+    if _LAST and _LAST[0][0]() is model:
+        return _LAST[0][1]
+    table = _boundaries(model)
+    _LAST[:] = [(weakref.ref(model), table)]
+    return table
+
+
+def _boundaries(model: TraceModel) -> pd.DataFrame | None:
     ev = model.trace.events
     span_lo, span_hi = model.steps[0].start_us, model.steps[-1].end_us
     tid = ev["tid"].astype(str) == str(model.main_tid)

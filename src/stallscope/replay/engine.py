@@ -290,7 +290,11 @@ def gpu_need(g: Graph, start: np.ndarray, end: np.ndarray, n: int,
         ok &= keep
     if not n or not ok.any():
         return need
-    dev = pd.factorize(g.g_device[ok].astype(str))[0]
+    # The codes number the devices differently from a factorize of these ops alone, but the
+    # groups, their ops' order within each and so every sum and maximum below are the same.
+    codes = g.g_device_code if g.g_device_code is not None else \
+        pd.factorize(g.g_device.astype(str))[0]
+    dev = codes[ok]
     s, e, k = start[ok], end[ok], step[ok]
     order = np.lexsort((s, k, dev))
     s, e, k, dev = s[order], e[order], k[order], dev[order]

@@ -127,6 +127,10 @@ class Graph:
     # collectives, started as soon as their inputs are ready), or None for none: the step's
     # GPU work keeps the recorded overlaps of the others (replay/engine.py `gpu_need`).
     g_moved: np.ndarray | None = None
+    # Per GPU op, its device as a code (`g_device` read as text, factorized): every replay
+    # groups the ops by device, and reading the object column as text each time cost more
+    # than the rest of the grouping. None: worked out where it is needed.
+    g_device_code: np.ndarray | None = None
 
     @property
     def steps(self) -> int:
@@ -202,6 +206,7 @@ def build_graph(model: TraceModel, steps: slice | None = None) -> Graph | None:
         g_ts=g["ts"], g_dur=g["dur"], g_bytes=g["bytes"], g_launch=g["launch"],
         g_lat=g["lat"], g_gap=g["gap"], g_cross=g["cross"], g_cgap=g["cgap"],
         g_anchor=g["anchor"], g_step=step, launch_us=g["launch_us"], g_queued=queued,
+        g_device_code=pd.factorize(g["device"].astype(str))[0],
     )
 
 

@@ -148,23 +148,34 @@ def name_array(names: pd.Series, fn: Callable[[str], Any],
     """`per_name` as an array, of the rows where `rows` is True when given: for a categorical
     column, `fn` once per category in use, read straight off the codes (a rule's whole budget
     is a few milliseconds; a Series and factorize per call cost more than the calls)."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        out = per_name(names, fn).to_numpy()
-        return out if rows is None else out[rows]
-    codes = names.array.codes.astype(np.intp) + 1  # 0: missing
-    if rows is not None:
-        codes = codes[rows]
-    cats = _category_text(names.dtype.categories)
-    table = np.empty(len(cats) + 1, dtype=object)
-    for c in np.flatnonzero(np.bincount(codes, minlength=len(cats) + 1)).tolist():
-        table[c] = fn(cats[c - 1] if c else "")
-    return table[codes]
+    return _per_code(names, fn, rows, object)
 
 
 def name_flags(names: pd.Series, fn: Callable[[str], Any],
                rows: np.ndarray | None = None) -> np.ndarray:
-    """`name_array` as booleans: a mask over the rows."""
-    return name_array(names, fn, rows).astype(bool)
+    """`name_array` as booleans: a mask over the rows. A categorical column's table is made of
+    booleans before the rows are read from it: an object array of the rows turned into
+    booleans after cost more than every call of `fn`."""
+    return _per_code(names, fn, rows, bool)
+
+
+def _per_code(names: pd.Series, fn: Callable[[str], Any], rows: np.ndarray | None,
+              dtype: type) -> np.ndarray:
+    """`name_array` (dtype object) or `name_flags` (bool, each value's truth)."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        out = per_name(names, fn).to_numpy()
+        out = out if rows is None else out[rows]
+        return out.astype(bool) if dtype is bool else out
+    codes = names.array.codes.astype(np.intp) + 1  # 0: missing
+    if rows is not None:
+        codes = codes[rows]
+    cats = _category_text(names.dtype.categories)
+    table = np.zeros(len(cats) + 1, dtype=bool) if dtype is bool else \
+        np.empty(len(cats) + 1, dtype=object)
+    for c in np.flatnonzero(np.bincount(codes, minlength=len(cats) + 1)).tolist():
+        value = fn(cats[c - 1] if c else "")
+        table[c] = bool(value) if dtype is bool else value
+    return table[codes]
 
 
 def name_mask(names: pd.Series, pattern: re.Pattern[str],

@@ -18,7 +18,6 @@ Truncation in the last part is the file's own end and is kept as the sequential 
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 import signal
 from dataclasses import dataclass
@@ -27,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from stallscope import heap
 from stallscope.trace.decode import (
@@ -128,7 +126,13 @@ def plan_parts(path: Path, size: int, count: int) -> list[Part] | None:
 def part_count(size: int, cores: int) -> int:
     """Processes to read a `size`-byte file with: the cores, parts of at least MIN_PART_BYTES,
     and as many part peaks as fit in 80% of the memory available now."""
-    if cores < 2 or size < PARALLEL_MIN_BYTES or multiprocessing.current_process().daemon:
+    if cores < 2 or size < PARALLEL_MIN_BYTES:
+        return 1
+    import multiprocessing  # a large file only: a small one's start pays for neither import
+
+    import psutil
+
+    if multiprocessing.current_process().daemon:
         return 1
     by_size = size // MIN_PART_BYTES
     per_part = PART_BASE_BYTES + PART_PEAK_PER_BYTE * size / cores
