@@ -1,8 +1,9 @@
 """The docs' rule tables and each rule's heading block, written from the registry
 (diagnose/registry.py) so they cannot drift from the code: docs/rules.md's index, its
 `--what-if` keys and each rule's heading, module, tests, thresholds, fix and replay model. The
-README links there and holds no generated table, so it stays a short front door. Only the parts between `<!-- begin generated: NAME ... -->` and
-`<!-- end generated: NAME -->` markers are written; the prose around them is the maintainers'.
+README links there and holds no generated table, so it stays a short front door. Only the
+parts between `<!-- begin generated: NAME ... -->` and `<!-- end generated: NAME -->` markers
+are written; the prose around them is the maintainers'.
 
     python -m stallscope.diagnose.docgen --write   # rewrite the generated parts
     python -m stallscope.diagnose.docgen --check   # exit 1 when they are stale
