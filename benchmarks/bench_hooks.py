@@ -119,8 +119,8 @@ def main() -> None:
                                              step_log=log)
                     session.start()
                     if cond == "watch":  # the rest of a watched run, once recording is over
-                        session.done = True  # ... with the trigger of later captures judging
-                        session.later = LaterCaptures(captures_path(log.path), session, 0)
+                        session.recorder.done = True  # ... with the later captures' trigger
+                        session.watch.later = LaterCaptures(captures_path(log.path), session, 0)
                     try:
                         epoch()  # untimed: the one-off work of a session's first steps
                         times[cond].append(epoch())

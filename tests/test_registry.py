@@ -1,6 +1,6 @@
 """The rule registry (diagnose/registry.py) is the one list of rules: every rule module declares
 its SPEC there, the `--what-if` vocabulary is what the rules declare, and the docs generated
-from it (README's tables, docs/rules.md's index and headings) are the committed ones. A rule is
+from it (docs/rules.md's index, `--what-if` keys and headings) are the committed ones. A rule is
 one unit: for any id, its module, its test file and its docs entry are found by its name.
 """
 
@@ -39,7 +39,7 @@ def test_every_rule_module_declares_itself_once() -> None:
 @pytest.mark.parametrize("spec", ALL_RULES, ids=lambda s: s.id)
 def test_a_rules_module_tests_and_docs_are_found_by_its_id(spec) -> None:
     """What `git grep -l <id>` finds: the module, the test file and the docs entry by name."""
-    for path in (spec.module, spec.tests, "docs/rules.md", "README.md"):
+    for path in (spec.module, spec.tests, "docs/rules.md"):
         assert spec.id in (ROOT / path).read_text(encoding="utf-8"), path
     assert f'<a id="{spec.id}"></a>' in (ROOT / "docs/rules.md").read_text(encoding="utf-8")
 
@@ -92,7 +92,7 @@ def test_every_model_module_is_a_rules_and_holds_only_its_changes() -> None:
 
 
 def test_a_rule_missing_from_the_docs_is_named(tmp_path) -> None:
-    for name in (docgen.README, docgen.RULES_MD):
+    for name in (docgen.RULES_MD,):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text(encoding="utf-8"), encoding="utf-8")
     doc = tmp_path / docgen.RULES_MD
@@ -101,3 +101,13 @@ def test_a_rule_missing_from_the_docs_is_named(tmp_path) -> None:
     with pytest.raises(docgen.StaleMarkers, match="rule gpu-bound"):
         docgen.render(tmp_path)
     assert docgen.main(["--check", "--root", str(tmp_path)]) == 1
+
+
+def test_the_readme_is_a_front_door_with_no_generated_table() -> None:
+    """The rule tables are written into docs/rules.md alone; the README links there and stays
+    short (at most 300 lines)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "<!-- begin generated" not in readme
+    assert "docs/rules.md#what-if" in readme
+    assert set(docgen.render(ROOT)) == {ROOT / docgen.RULES_MD}
+    assert len(readme.splitlines()) <= 300

@@ -190,7 +190,7 @@ def test_a_stretch_the_machines_load_explains_never_leads_nor_sets_the_best_leve
     assert headline(s)["kind"] == "steady"
     chart = watch_chart({**s, "steps": [{"step": i, "step_ms": 12.0} for i in range(1, 1001)]})
     assert chart is not None
-    assert [r["label"] for r in chart["regimes"]] == ["machine load", "regime 1"]
+    assert [r["label"] for r in chart["regimes"]] == ["other load", "regime 1"]
 
 
 def test_a_costly_recurring_stall_no_capture_recorded_leads_and_says_so() -> None:
@@ -223,7 +223,7 @@ def test_the_chart_never_prints_a_label_over_another() -> None:
     shown = [(r["x"], r["x"] + 3 + len(r["shown"]) * 0.62 * chart["font"], r["x"] + r["w"])
              for r in chart["regimes"] if r["shown"]]
     assert all(end <= right for _, end, right in shown)  # inside its own band
-    assert {r["shown"] for r in chart["regimes"]} >= {"regime 1", "machine load", ""}
+    assert {r["shown"] for r in chart["regimes"]} >= {"regime 1", "other load", ""}
     xs = [m["x"] for m in chart["marks"]]
     assert all(b - a >= MARK_GAP for a, b in zip(xs, xs[1:], strict=False))
     assert chart["font"] >= 12  # 9.6 px where the page is 800 px wide
@@ -255,4 +255,4 @@ def test_the_machines_load_is_listed_apart_on_the_page_and_in_report_md(tmp_path
     html = (out / "report.html").read_text()
     assert 'id="watch-load"' in html and "Not the script: no regime, no capture" in html
     md = (out / "report.md").read_text()
-    assert "The machine's load:" in md and f"Steps {load['first_step']}–" in md
+    assert "Other load:" in md and f"Steps {load['first_step']}–" in md

@@ -156,11 +156,12 @@ def test_the_session_knows_every_profiler_it_started() -> None:
     """A later capture's profiler starting is the session's own, never the script's (the
     false "The script starts its own torch.profiler" note)."""
     first, later = SimpleNamespace(profiler=object()), SimpleNamespace(profiler=object())
-    session = SimpleNamespace(prof=first, later=SimpleNamespace(started=[later]),
-                              _calibrating=False)
+    session = SimpleNamespace(recorder=SimpleNamespace(prof=first),
+                              watch=SimpleNamespace(started=lambda: [later]),
+                              cost=SimpleNamespace(calibrating=False))
     for prof in (first, first.profiler, later, later.profiler):
         assert CaptureSession.owns(session, prof)  # type: ignore[arg-type]
     assert not CaptureSession.owns(session, SimpleNamespace(profiler=None))  # type: ignore[arg-type]
     # The profiler's per-op cost, measured after the recording, runs sessions of its own.
-    session._calibrating = True
+    session.cost.calibrating = True
     assert CaptureSession.owns(session, SimpleNamespace(profiler=None))  # type: ignore[arg-type]

@@ -130,7 +130,7 @@ class ProfileSession:
     @property
     def recording_done(self) -> bool:
         """All requested steps are recorded (the profiler and the hooks are already off)."""
-        return self._capture is not None and self._capture.done
+        return self._capture is not None and self._capture.recorder.done
 
     @property
     def ended(self) -> bool:
@@ -139,12 +139,12 @@ class ProfileSession:
 
     @property
     def steps_recorded(self) -> int:
-        return self._capture.recorded if self._capture is not None else 0
+        return self._capture.recorder.recorded if self._capture is not None else 0
 
     @property
     def traces(self) -> list[Path]:
         """The trace files this session wrote."""
-        return list(self._capture.traces) if self._capture is not None else []
+        return list(self._capture.recorder.traces) if self._capture is not None else []
 
     # ------------------------------------------------------------------------ the end
 
@@ -165,13 +165,13 @@ class ProfileSession:
         capture.finish()
         ctx = RunContext(command=[], target=TARGET, steps_requested=self.steps)
         describe(capture, ctx, Ending(ended, status))
-        if not capture.traces:
+        if not capture.recorder.traces:
             if self._temporary is not None:  # nothing in it worth keeping
                 shutil.rmtree(self._temporary, ignore_errors=True)
             raise NoStepsError(self._no_steps(ctx))
         assert self.trace_dir is not None
-        report = analyze_paths(list(capture.traces),
-                               contexts={str(p.resolve()): ctx for p in capture.traces})
+        report = analyze_paths(list(capture.recorder.traces),
+                               contexts={str(p.resolve()): ctx for p in capture.recorder.traces})
         report.source["command"] = analyze_command(report.source["paths"], None, False)
         attach_run(report, [ctx], self.trace_dir, self.trace_dir.parent)
         if self.step_log is not None:

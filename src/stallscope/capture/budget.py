@@ -49,7 +49,7 @@ _TORCH = os.path.dirname(torch.__file__) + os.sep
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
 # stallscope's hooks inside the script: a step boundary, a DataLoader fetch being timed.
 _HOOKS = tuple(os.path.join(os.path.dirname(__file__), f"{m}.py")
-               for m in ("session", "loaders", "steps", "anatomy", "budget"))
+               for m in ("session", "loaders", "loadertaps", "steps", "anatomy", "budget"))
 
 
 def rss_bytes() -> int | None:

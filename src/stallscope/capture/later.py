@@ -82,7 +82,7 @@ class Level:
 
 
 def is_load(a: Level, b: Level) -> bool:
-    """The slower of two windows is the machine's load: the stepping thread's wait for a core
+    """The slower of two windows is other load: the stepping thread's wait for a core
     explains half its growth or more, or became a material share of its step (the rule of
     wholerun/regimes.py `load_why`, so no capture is spent on what the report calls load)."""
     quiet, busy = (a, b) if a.step_ms <= b.step_ms else (b, a)

@@ -13,34 +13,32 @@ override is dropped with a note, because crashing the user's script would measur
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import os
-import shutil
 import sys
-import tempfile
 import time
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch.utils.data
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
-from stallscope.capture import anatomy, frameworks, memory, sampler, transfer
+from stallscope.capture import frameworks, memory, sampler
+from stallscope.capture.loaderiters import LOADER_ATTR, LoaderIterators
+from stallscope.capture.loadertaps import LoaderTaps
 from stallscope.runfacts import LoaderInfo
 
-_ATTR = "_stallscope_loader"
-_EPOCH = "_stallscope_epoch"  # on an iterator: which `__iter__` call of its loader made it
+_ATTR = LOADER_ATTR
 
 
 class LoaderWatcher:
     """Records loaders and calls `on_batch(loader_info, iterator)` before each batch is fetched.
 
     `on_batch` runs in front of the loader's own `record_function`, so a step boundary placed
-    there nests cleanly in the trace.
+    there nests cleanly in the trace. What is measured of the loaders lives in `taps`
+    (capture/loadertaps.py), what is read of their iterators in `iters`
+    (capture/loaderiters.py); the wrappers here only find the events and hand them on.
     """
 
     def __init__(
@@ -55,25 +53,14 @@ class LoaderWatcher:
         self._on_batch = on_batch
         self._pid = os.getpid()
         self._saved: list[tuple[type, str, Any]] = []
-        # Anatomy (capture/anatomy.py): the folder the workers write their totals into, and
-        # per loader (by id of its LoaderInfo) the wrappers and the training process's figures.
-        self._folder: Path | None = None
-        self._taps: dict[int, _Tap] = {}
-        # Batches between the workers and the step (capture/transfer.py): when recording
-        # started (time.monotonic()), and the pin-memory threads' pin_memory() calls.
-        self._record_start = float("inf")
-        self._pins = transfer.PinLedger()
+        self.taps = LoaderTaps()
+        self.iters = LoaderIterators()
         self._arguments = frameworks.ArgumentsWatch()  # where TrainingArguments are built
-        # The worker iterators the script made (weakly): see shutdown_workers.
-        self._worker_iters: weakref.WeakSet[Any] = weakref.WeakSet()
-        # Before recording (capture/steady.py): the iterator whose batch opened the latest
-        # step, and the time spent in `__next__` since the step boundary before.
-        self.current: weakref.ref[Any] | None = None
+        # Before recording (capture/steady.py): the time spent in `__next__` since the step
+        # boundary before; for `watch`'s step log (capture/steplog.py), recording or not, the
+        # wait since the last boundary.
         self.unprofiled_wait_us = 0.0
-        # For `watch`'s step log (capture/steplog.py), recording or not: the wait since the
-        # last boundary, and each loader's `__iter__` calls so far (its epochs).
         self.step_wait_us = 0.0
-        self._epochs: dict[int, int] = {}
 
     @property
     def recording(self) -> bool:
@@ -83,15 +70,7 @@ class LoaderWatcher:
     def recording(self, value: bool) -> None:
         """Set by the session at each step boundary; the start of recording is the baseline of
         the workers' totals, so the anatomy covers the recorded steps."""
-        if value and not self._recording and self._folder is not None:
-            for tap in self._taps.values():
-                tap.base = anatomy.read_workers(self._folder, tap.key)
-        if value and self._record_start == float("inf"):
-            self._record_start = time.monotonic()
-        if not value:
-            for tap in self._taps.values():
-                tap.transfer.stopped()
-        self._pins.active = value
+        self.taps.recording(value, self._recording)
         self._recording = value
 
     def new_window(self) -> None:
@@ -101,50 +80,31 @@ class LoaderWatcher:
         for info in self.loaders:
             info.batches_recorded = info.fetch_bytes = 0
             info.fetch_wall_us = info.fetch_cpu_us = info.fetch_process_cpu_us = 0.0
-        for key, tap in list(self._taps.items()):
-            self._taps[key] = _Tap(tap.key, tap.collate,
-                                   runq_us=None if tap.runq_us is None else 0.0)
-        self._record_start = float("inf")
+        self.taps.new_window()
 
     def anatomy_of(self, info: LoaderInfo) -> dict[str, Any]:
-        """The loader's anatomy over the recording so far (also kept in `info.anatomy` and
-        `info.bound`); the last one computed once the hooks are removed. Never raises.
+        """The loader's anatomy over the recording so far (capture/loadertaps.py)."""
+        return self.taps.anatomy_of(info)
 
-        It reads every worker's file and summarises every batch's figures: 0.1-4 ms over tens
-        to hundreds of batches, 30 ms over 1,500 (benchmarks/bench_anatomy.py), so the session
-        asks for it when recording begins and when it ends, never at each step (the steps pay
-        only `_poll`)."""
-        tap = self._taps.get(id(info))
-        if tap is None or self._folder is None:
-            return info.anatomy
-        try:
-            if info.num_workers > 0:
-                self._read(tap, self._folder)
-            main = {"batches": info.batches_recorded, "wall_us": info.fetch_wall_us,
-                    "cpu_us": info.fetch_cpu_us, "collate_wall_us": tap.collate_wall_us,
-                    "collate_cpu_us": tap.collate_cpu_us, "runq_us": tap.runq_us,
-                    "stack": sampler.export(tap.stack)}
-            info.anatomy = anatomy.summarise(info.num_workers, tap.workers, main)
-            info.anatomy.update(tap.transfer.figures(info.num_workers, info.anatomy))
-            info.bound = info.anatomy.get("bound")
-        except Exception as exc:  # the anatomy is lost, never the run
-            info.anatomy = {"lost": f"{type(exc).__name__}: {exc}"}
-            info.bound = None
-        return info.anatomy
+    def read_recorded(self) -> None:
+        """Every recorded loader's anatomy, read now (before the hooks and the workers' folder
+        go, when the script ended mid-recording)."""
+        for d in self.loaders:
+            if d.batches_recorded:
+                self.taps.anatomy_of(d)
 
-    def _read(self, tap: _Tap, folder: Path) -> None:
-        tap.read_at = time.monotonic()
-        files = anatomy.read_workers(folder, tap.key)
-        tap.workers = anatomy.window(files, tap.base)
-        tap.transfer.update(files, self._record_start)
-
-    def _poll(self, tap: _Tap, folder: Path) -> None:
-        """While recording, read the workers' files at most every READ_S (~0.15 ms for two
-        workers): a worker's file keeps only its last RING batches' end stamps, which must be
-        matched with their receipts before they roll out (capture/transfer.py)."""
-        if time.monotonic() - tap.read_at >= anatomy.READ_S:
-            with contextlib.suppress(Exception):  # anatomy_of says what was lost
-                self._read(tap, folder)
+    def recorded_metadata(self) -> list[dict[str, Any]]:
+        """The trace metadata's `loaders`: each recorded loader's settings, what its fetches
+        cost the training process, and its anatomy."""
+        return [
+            {"call_site": d.call_site, "num_workers": d.num_workers,
+             "pin_memory": d.pin_memory, "batches": d.batches_recorded,
+             "fetch_wall_us": round(d.fetch_wall_us, 1),
+             "fetch_cpu_us": round(d.fetch_cpu_us, 1),
+             "fetch_process_cpu_us": round(d.fetch_process_cpu_us, 1),
+             "fetch_bytes": d.fetch_bytes, "anatomy": self.taps.anatomy_of(d)}
+            for d in self.loaders if d.batches_recorded
+        ]
 
     def install(self) -> None:
         loader_cls = torch.utils.data.DataLoader
@@ -173,19 +133,13 @@ class LoaderWatcher:
 
         def __iter__(loader: Any) -> Any:  # noqa: N807
             it = orig_iter(loader)
-            if isinstance(it, _MultiProcessingDataLoaderIter) and os.getpid() == watcher._pid:
-                watcher._worker_iters.add(it)
             info = loader.__dict__.get(_ATTR)
             if info is not None:
                 it.__dict__[_ATTR] = info
-                if os.getpid() == watcher._pid:
-                    epoch = watcher._epochs.get(id(info), 0)
-                    watcher._epochs[id(info)] = epoch + 1
-                    it.__dict__[_EPOCH] = epoch
-                tap = watcher._taps.get(id(info))
-                if tap is not None and os.getpid() == watcher._pid:
-                    with contextlib.suppress(Exception):  # the figures are lost, not the loader
-                        tap.transfer.iterated(it, watcher.recording, watcher._pins)
+            if os.getpid() == watcher._pid:
+                watcher.iters.made(it, info)
+                if info is not None:
+                    watcher.taps.iterated(info, it, watcher.recording)
             return it
 
         def _try_get_data(it: Any, *args: Any, **kwargs: Any) -> Any:
@@ -193,62 +147,14 @@ class LoaderWatcher:
             got = orig_get(it, *args, **kwargs)
             info = it.__dict__.get(_ATTR)
             if info is not None and got[0]:
-                ret = time.monotonic()
-                tap = watcher._taps.get(id(info))
-                if tap is not None:
-                    with contextlib.suppress(Exception):
-                        tap.transfer.received(it, got[1], start, ret, watcher.recording)
+                watcher.taps.received(info, it, got[1], start, time.monotonic(),
+                                      watcher.recording)
             return got
 
         def __next__(it: Any) -> Any:  # noqa: N807
             info = it.__dict__.get(_ATTR)
             if info is not None and os.getpid() == watcher._pid and not _exhausted(it):
-                watcher.current = weakref.ref(it)  # weakly: the script's loop owns it
-                watcher._on_batch(info, it)  # may open a new step, or stop the script
-                info.batches += 1
-                if not watcher.recording:  # the wait of an unprofiled step (capture/steady.py)
-                    start = time.perf_counter()
-                    try:
-                        return orig_next(it)
-                    finally:
-                        waited = (time.perf_counter() - start) * 1e6
-                        watcher.unprofiled_wait_us += waited
-                        watcher.step_wait_us += waited
-                if watcher.recording:
-                    info.batches_recorded += 1
-                    tap = watcher._taps.get(id(info))
-                    collate = tap.collate if tap is not None else None
-                    if collate is not None:
-                        cw, cc = collate.main_wall_us, collate.main_cpu_us
-                    runq = anatomy.runq_us() if tap is not None else None
-                    wall, cpu = time.perf_counter(), time.thread_time()
-                    proc = time.process_time()
-                    smp = None  # num_workers=0: sample this thread's stack while it fetches
-                    if (tap is not None and info.num_workers == 0
-                            and sampler.start(sampler.SAMPLE_S_MAIN)):
-                        smp = sampler.begin(tap.stack)
-                    try:
-                        batch = orig_next(it)
-                    finally:
-                        if smp is not None:
-                            smp.end()
-                    end = time.perf_counter()
-                    info.fetch_wall_us += (end - wall) * 1e6
-                    watcher.step_wait_us += (end - wall) * 1e6
-                    info.fetch_cpu_us += (time.thread_time() - cpu) * 1e6
-                    info.fetch_process_cpu_us += (time.process_time() - proc) * 1e6
-                    if tap is not None:
-                        tap.transfer.waited(wall, end)
-                    info.fetch_bytes += tensor_bytes(batch)
-                    if tap is not None and runq is not None and tap.runq_us is not None:
-                        after = anatomy.runq_us()
-                        tap.runq_us = None if after is None else tap.runq_us + after - runq
-                    if tap is not None and collate is not None:  # collated here (num_workers=0)
-                        tap.collate_wall_us += collate.main_wall_us - cw
-                        tap.collate_cpu_us += collate.main_cpu_us - cc
-                    if tap is not None and info.num_workers > 0 and watcher._folder:
-                        watcher._poll(tap, watcher._folder)
-                    return batch
+                return watcher._next(info, it, orig_next)
             return orig_next(it)
 
         for cls, name, fn in (
@@ -259,13 +165,28 @@ class LoaderWatcher:
         ):
             self._saved.append((cls, name, cls.__dict__[name]))
             setattr(cls, name, fn)
-        with contextlib.suppress(Exception):  # no pin figures, the rest as before
-            self._pins.install()
-        try:
-            self._folder = Path(tempfile.mkdtemp(prefix="stallscope-anatomy-"))
-        except OSError:  # no temporary folder: no worker anatomy, the rest as before
-            self._folder = None
+        self.taps.install()
         self._arguments.install()
+
+    def _next(self, info: LoaderInfo, it: Any, orig_next: Callable[[Any], Any]) -> Any:
+        """One batch of a recorded loader in the training process: the step hook first, then
+        the fetch, timed as the step's wait (measured whole while recording)."""
+        self.iters.serving(it)
+        self._on_batch(info, it)  # may open a new step, or stop the script
+        info.batches += 1
+        if not self.recording:  # the wait of an unprofiled step (capture/steady.py)
+            start = time.perf_counter()
+            try:
+                return orig_next(it)
+            finally:
+                waited = (time.perf_counter() - start) * 1e6
+                self.unprofiled_wait_us += waited
+                self.step_wait_us += waited
+        info.batches_recorded += 1
+        batch, wall, end = self.taps.fetch(info, lambda: orig_next(it))
+        self.step_wait_us += (end - wall) * 1e6
+        info.fetch_bytes += tensor_bytes(batch)
+        return batch
 
     def take_unprofiled_wait(self) -> float:
         """The time (us) the training process spent in DataLoader `__next__` since the last
@@ -278,72 +199,13 @@ class LoaderWatcher:
         wait, self.step_wait_us = self.step_wait_us, 0.0
         return wait
 
-    def current_epoch(self) -> int | None:
-        """The epoch (0-based `__iter__` call) of the loader whose batch opened the latest
-        step; None before any batch or without a torch DataLoader."""
-        it = self.current() if self.current is not None else None
-        return None if it is None else it.__dict__.get(_EPOCH)
-
-    def prefetched_left(self) -> tuple[int, int]:
-        """Of the batches the current iterator's workers prefetched when it started (an epoch's
-        `num_workers * prefetch_factor`), how many are still queued; and its worker count."""
-        it = self.current() if self.current is not None else None
-        if not isinstance(it, _MultiProcessingDataLoaderIter):
-            return 0, 0
-        try:
-            workers = int(it._num_workers)
-            return max(0, workers * int(it._prefetch_factor) - int(it._num_yielded)), workers
-        except (AttributeError, TypeError, ValueError):  # another torch: no such counters
-            return 0, 0
-
-    def batches_left(self) -> int | None:
-        """Batches the driving loader's current iterator has still to yield this epoch; None
-        when unknown (no loader seen, an iterable dataset without a length)."""
-        it = self.current() if self.current is not None else None
-        if it is None:
-            return None
-        try:
-            return max(0, len(it) - int(it._num_yielded))
-        except Exception:  # no length, or another torch's iterator
-            return None
-
-    def shutdown_workers(self) -> None:
-        """Shut down the workers of every iterator the script left alive, as torch does when a
-        loop's iterator is released. A script stopped mid-loop leaves its iterator in a
-        reference cycle (frames, the exception); the garbage collector then closes the index
-        queues' feeder threads before the iterator's `__del__` asks the workers to stop, and
-        each persistent worker is joined only after a 5 s timeout (40 s for 8 workers)."""
-        for it in list(self._worker_iters):
-            with contextlib.suppress(Exception):  # torch kills what does not stop
-                it._shutdown_workers()
-        self._worker_iters = weakref.WeakSet()
-        self.current = None
-
-    def worker_processes(self) -> list[tuple[str, int, str | None, int | None]]:
-        """("worker", pid, loader call site, worker id) of every worker alive now (read from
-        the memory sampler's thread: a set changed meanwhile gives [] this once)."""
-        out: list[tuple[str, int, str | None, int | None]] = []
-        try:
-            for it in list(self._worker_iters):
-                info = it.__dict__.get(_ATTR)
-                site = info.call_site if isinstance(info, LoaderInfo) else None
-                for wid, proc in enumerate(list(getattr(it, "_workers", []))):
-                    if proc.pid is not None:
-                        out.append(("worker", int(proc.pid), site, wid))
-        except Exception:  # the script's loop changed the set meanwhile: next sweep
-            return []
-        return out
-
     def uninstall(self) -> None:
         for cls, name, fn in reversed(self._saved):
             setattr(cls, name, fn)
         self._saved.clear()
         sampler.stop()  # the training process's sampler (num_workers=0 loaders), if started
-        self._pins.uninstall()
+        self.taps.uninstall()
         self._arguments.uninstall()
-        if self._folder is not None:  # workers still running find it gone and stop writing
-            shutil.rmtree(self._folder, ignore_errors=True)
-            self._folder = None
 
     def _note(self, site: str, notes: list[str]) -> None:
         for text in notes:
@@ -395,49 +257,8 @@ class LoaderWatcher:
         self._tap(loader, info)
 
     def _tap(self, loader: Any, info: LoaderInfo) -> None:
-        """Wrap the loader's collate_fn and worker_init_fn (capture/anatomy.py). A loader that
-        cannot be wrapped runs unwrapped: it loses its anatomy, nothing else."""
-        key = f"l{len(self.loaders)}"
-        try:
-            # A loader rebuilt from another (accelerate's prepare) is handed the original's
-            # functions, already wrapped: wrap the user's own, or its workers would count into
-            # the original's files and its collate twice.
-            own_collate = loader.collate_fn
-            if isinstance(own_collate, anatomy.TimedCollate):
-                own_collate = own_collate.fn
-            own_init = loader.worker_init_fn
-            if isinstance(own_init, anatomy.WorkerInit):
-                own_init = own_init.fn
-            collate = anatomy.TimedCollate(own_collate)
-            init = None
-            if loader.num_workers > 0 and self._folder is not None:
-                init = anatomy.WorkerInit(own_init, str(self._folder), key)
-            elif own_init is not loader.worker_init_fn:
-                loader.worker_init_fn = own_init
-            loader.collate_fn = collate
-            if init is not None:
-                loader.worker_init_fn = init
-        except Exception as exc:
-            info.anatomy = {"lost": f"the loader could not be wrapped ({type(exc).__name__})"}
-            return
-        self._taps[id(info)] = _Tap(key, collate)
-
-
-@dataclass
-class _Tap:
-    """One loader's anatomy wrappers and what the training process measured itself."""
-
-    key: str  # the prefix of its workers' files
-    collate: anatomy.TimedCollate | None
-    collate_wall_us: float = 0.0  # recorded fetches only
-    collate_cpu_us: float = 0.0
-    runq_us: float | None = 0.0  # the fetching thread runnable but off a core; None: unknown
-    base: dict[int, dict[str, Any]] = field(default_factory=dict)  # workers at recording start
-    workers: list[dict[str, Any]] = field(default_factory=list)  # their window, as last read
-    read_at: float = float("-inf")  # time.monotonic() of that read
-    stack: dict[tuple[Any, ...], int] = field(default_factory=dict)  # num_workers=0 samples
-    transfer: transfer.TransferTap = field(default_factory=transfer.TransferTap)
-
+        """Wrap the loader for its anatomy (capture/loadertaps.py)."""
+        self.taps.tap(loader, info, f"l{len(self.loaders)}")
 
 @dataclass
 class OverridePlan:

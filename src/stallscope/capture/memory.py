@@ -402,3 +402,40 @@ class DeviceSteps:
                 h = host()
                 self.pinned = {"allocated_bytes": h.get("allocated_bytes.current"),
                                "active_bytes": h.get("active_bytes.current")}
+
+
+class RunMemory:
+    """The session's memory figures: the processes' on the sampler's thread (when sampling is
+    on), the device's at each recorded boundary, and the trace's `memory` metadata from both."""
+
+    def __init__(self, procs: Callable[[], list[Proc]]) -> None:
+        self.sampler = MemorySampler(procs, container_limit()) if sampling_on() else None
+        self.device = DeviceSteps()
+
+    def start(self) -> None:
+        if self.sampler is not None:
+            self.sampler.start()
+
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+
+    def last_sweep(self) -> bool:
+        """One last sweep, once no recorded step pays for it; False when sampling is off."""
+        if self.sampler is None:
+            return False
+        with contextlib.suppress(Exception):
+            self.sampler.sweep()
+        return True
+
+    def metadata(self, loaders: Iterable[Any]) -> dict[str, Any]:
+        """The trace metadata's `memory`: the sampled series, the device's steps, and each
+        recorded loader's dataset storage (what copy-on-write growth is judged against)."""
+        out: dict[str, Any] = (self.sampler.snapshot() if self.sampler is not None
+                               else {"off": f"{OFF_ENV}=0"})
+        out["device"] = list(self.device.steps)
+        out["pinned"] = self.device.pinned
+        out["loaders"] = [{"call_site": d.call_site, "num_workers": d.num_workers,
+                           "dataset": d.dataset, "storage": d.dataset_storage}
+                          for d in loaders if d.batches]
+        return out

@@ -25,6 +25,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from stallscope.capture.quiet import usdt_filtered
+
 OPS = 1000  # ops per round
 ROUNDS = 5  # rounds of each kind, alternating
 
@@ -125,3 +127,25 @@ def session_costs(activities: list[ProfilerActivity], record_shapes: bool) -> di
     except Exception as exc:  # the script's run matters more than this figure
         out["error"] = f"{type(exc).__name__}: {exc}"[:300]
     return out
+
+
+class ProfilerCost:
+    """The session's measurement of `session_costs`, taken on first ask: once the recording has
+    stopped, never before (a finished profiler session leaves the process slower, and the
+    unprofiled steps timed before recording are the run's baseline). While it runs, its own
+    profiler sessions are the session's (`calibrating`), never the script's."""
+
+    def __init__(self, activities: list[ProfilerActivity], record_shapes: bool) -> None:
+        self.activities, self.record_shapes = activities, record_shapes
+        self.value: dict[str, Any] = {}
+        self.calibrating = False
+
+    def measure(self) -> dict[str, Any]:
+        if not self.value:
+            self.calibrating = True
+            try:
+                with usdt_filtered():
+                    self.value = session_costs(self.activities, self.record_shapes)
+            finally:
+                self.calibrating = False
+        return self.value

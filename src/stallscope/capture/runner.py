@@ -26,18 +26,13 @@ from typing import Any, NoReturn
 
 from stallscope import progress
 from stallscope.capture import budget, steady
+from stallscope.capture.dynamo import COMPILE_WAIT_MAX
 from stallscope.capture.facts import environment
 from stallscope.capture.foreign import describe as describe_source
 from stallscope.capture.intraop import IntraOpOverride
+from stallscope.capture.nostep import NO_STEP_S
 from stallscope.capture.overrides import loader_overrides
-from stallscope.capture.session import (
-    COMPILE_WAIT_MAX,
-    NO_STEP_S,
-    RECORD_SHAPES,
-    CaptureSession,
-    Schedule,
-    StopScript,
-)
+from stallscope.capture.session import RECORD_SHAPES, CaptureSession, Schedule, StopScript
 from stallscope.capture.steplog import ScalarWriter, StepLog
 from stallscope.capture.target import Target, run_target
 from stallscope.capture.watchdog import TimedOut, Watchdog
@@ -149,8 +144,9 @@ def capture(
         if intraop is not None:
             intraop.uninstall()
             context.notes.extend(intraop.notes)
-    if session.export_failed is not None:  # stallscope's failure, not the script's
-        return _export_failed(session.export_failed, status, error)
+    failed = session.recorder.export_failed
+    if failed is not None:  # stallscope's failure, not the script's
+        return _export_failed(failed, status, error)
     if watchdog is not None and watchdog.landed:
         ending = _timed_out(watchdog)
     elif error is not None:
@@ -161,7 +157,7 @@ def capture(
         ending = Ending(ended, status, f"ended with status {status}" if status else None)
     # Stop the workers the script's loops left, then drop its frames (and the loaders they
     # hold) before analysis.
-    session.watcher.shutdown_workers()
+    session.watcher.iters.shutdown_workers()
     error = None
     sys.last_type = sys.last_value = sys.last_traceback = None
     gc.collect()
@@ -361,46 +357,46 @@ def describe(session: CaptureSession, context: RunContext, ending: Ending) -> No
     context.exit_status = ending.status
     context.step_source = session.driver.source
     context.boundaries_seen = session.boundaries
-    context.unprofiled_steps_us = session.unprofiled_steps_us()
-    session._close_unprofiled()  # a script that ended before the profiler started
-    context.unprofiled_load = dict(session.unprofiled_load)
-    context.steps_recorded = session.recorded
-    describe_source(context, [str(p) for p in session.traces], session.recorded,
+    context.unprofiled_steps_us = session.unprofiled.steps_us()
+    session.unprofiled.close()  # a script that ended before the profiler started
+    context.unprofiled_load = dict(session.unprofiled.load)
+    rec, wait = session.recorder, session.wait
+    context.steps_recorded = rec.recorded
+    describe_source(context, [str(p) for p in rec.traces], rec.recorded,
                     session.sched.steps, session.foreign.seen)
     context.dataloaders = list(session.watcher.loaders)
     context.environment = {**environment(), "activities": session.activities}
-    if session.host_load:
-        context.environment["host"] = dict(session.host_load)
-    if session.probe is not None and session.probe.result is not None:
-        context.environment["thread_probe"] = dict(session.probe.result)
-    elif session.probe_skipped:
-        context.environment["thread_probe"] = {"skipped": session.probe_skipped}
+    if rec.host.load:
+        context.environment["host"] = dict(rec.host.load)
+    probe = wait.probe_metadata()
+    if probe is not None:
+        context.environment["thread_probe"] = dict(probe)
     context.notes.extend(ending.notes)
-    if session.compile_wait:
-        capped = session.compile_wait >= COMPILE_WAIT_MAX
+    if wait.compile.wait:
+        capped = wait.compile.wait >= COMPILE_WAIT_MAX
         context.notes.append(
-            f"Recording began {session.compile_wait} step(s) after --skip: torch.compile was "
+            f"Recording began {wait.compile.wait} step(s) after --skip: torch.compile was "
             "still compiling graphs (dynamo's graph count grew in the last skipped step)"
             + ("; it still was after that many, so recording went ahead: see compile-in-steps."
                if capped else "."))
-    context.window = session.window
-    if session.window is None and session.steady_wait:
+    context.window = wait.window
+    if wait.window is None and wait.steady_wait:
         context.notes.append(
-            f"The script ended while recording waited for steady steps ({session.steady_wait} "
-            f"step(s) past --skip {session.sched.skip}): {session.still_moving}.")
-    note = window_note(session.window, session.sched.warmup)
+            f"The script ended while recording waited for steady steps ({wait.steady_wait} "
+            f"step(s) past --skip {session.sched.skip}): {wait.still_moving}.")
+    note = window_note(wait.window, session.sched.warmup)
     if note:
         context.notes.append(note)
     phases = session.driver.phases
     context.step_phases = [{"driver": d, "from_boundary": at + 1} for d, at in phases]
     if len(phases) > 1:
-        start = session.first_recorded_boundary
+        start = wait.first_recorded_boundary
         active = [d for d, at in phases if at < start][-1] if phases[0][1] < start else None
         chain = ", then ".join(f"{d} (from step boundary {at + 1})" for d, at in phases)
         context.notes.append(
             f"The script ran in {len(phases)} phases; steps followed {chain}."
             + (f" Recording began at step boundary {start}, in the phase of {active}."
-               if active and session.recorded else ""))
+               if active and rec.recorded else ""))
     if session.budget.cut is not None:
         context.recording_cut = session.budget.cut.to_dict()
         context.notes.append(session.budget.cut.text(context.steps_requested))
@@ -466,7 +462,7 @@ def _abandon(session: CaptureSession, context: RunContext, conclude: Conclude,
     written. The profiler is left alone: it can only be stopped from the main thread. This
     thread ends the process, so it says its own error line."""
     assert watchdog is not None
-    ending = _abandoned(watchdog, session.unwritten_steps())
+    ending = _abandoned(watchdog, session.recorder.unwritten_steps())
     try:
         describe(session, context, ending)
         return conclude(context, ending.why)

@@ -46,8 +46,10 @@ SIGNAL = signal.SIGALRM
 # As code objects name their files (the import path, unresolved).
 _OURS = os.path.dirname(os.path.dirname(__file__)) + os.sep
 _SESSION = os.path.join(os.path.dirname(__file__), "session.py")
-# stallscope's frames inside the script (its DataLoader and optimizer hooks)
-_HOOKS = (_SESSION, os.path.join(os.path.dirname(__file__), "loaders.py"))
+# stallscope's frames inside the script (its DataLoader and optimizer hooks; a timed fetch runs
+# through loadertaps.py)
+_HOOKS = (_SESSION, *(os.path.join(os.path.dirname(__file__), f"{m}.py")
+                      for m in ("loaders", "loadertaps")))
 _LIBRARY = tuple(
     {str(Path(p).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib")
      if (p := sysconfig.get_paths().get(k))}

@@ -1,8 +1,9 @@
 """The docs' rule tables and each rule's heading block, written from the registry
-(diagnose/registry.py) so they cannot drift from the code: README.md's rule table and
-`--what-if` keys, docs/rules.md's index and each rule's heading, module, tests, thresholds,
-fix and replay model. Only the parts between `<!-- begin generated: NAME ... -->` and
-`<!-- end generated: NAME -->` markers are written; the prose around them is the maintainers'.
+(diagnose/registry.py) so they cannot drift from the code: docs/rules.md's index, its
+`--what-if` keys and each rule's heading, module, tests, thresholds, fix and replay model. The
+README links there and holds no generated table, so it stays a short front door. Only the
+parts between `<!-- begin generated: NAME ... -->` and `<!-- end generated: NAME -->` markers
+are written; the prose around them is the maintainers'.
 
     python -m stallscope.diagnose.docgen --write   # rewrite the generated parts
     python -m stallscope.diagnose.docgen --check   # exit 1 when they are stale
@@ -23,7 +24,6 @@ from stallscope.diagnose.spec import RuleSpec
 
 COMMAND = "python -m stallscope.diagnose.docgen --write"
 ROOT = Path(__file__).resolve().parents[3]  # the repository, for a source checkout
-README = "README.md"
 RULES_MD = "docs/rules.md"
 
 
@@ -55,14 +55,7 @@ def _keys(spec: RuleSpec) -> str:
     return ", ".join(f"`{k}`" for k in spec.what_if)
 
 
-def readme_rules() -> str:
-    rows = ["| id | what it means | `--what-if` |", "|---|---|---|"]
-    rows += [f"| [`{s.id}`](docs/rules.md#{s.id}) | {s.summary} | {_keys(s) or '-'} |"
-             for s in ALL_RULES]
-    return "\n".join(rows)
-
-
-def readme_what_if() -> str:
+def what_if_table() -> str:
     rows = ["| key | values | the fix of |", "|---|---|---|"]
     for key in what_if_keys():
         rules = ", ".join(f"`{s.id}`" for s in ALL_RULES if key in s.what_if)
@@ -71,8 +64,8 @@ def readme_what_if() -> str:
 
 
 def rules_index() -> str:
-    rows = ["| id | title | `--what-if` |", "|---|---|---|"]
-    rows += [f"| [`{s.id}`](#{s.id}) | {s.title} | {_keys(s) or '-'} |" for s in ALL_RULES]
+    rows = ["| id | what it means | `--what-if` |", "|---|---|---|"]
+    rows += [f"| [`{s.id}`](#{s.id}) | {s.summary} | {_keys(s) or '-'} |" for s in ALL_RULES]
     return "\n".join(rows)
 
 
@@ -114,14 +107,12 @@ def rule_heading(spec: RuleSpec) -> str:
 
 def render(root: Path = ROOT) -> dict[Path, str]:
     """Each doc with its generated parts written afresh (path -> text)."""
-    readme = (root / README).read_text(encoding="utf-8")
-    readme = replace_block(readme, "rules", readme_rules())
-    readme = replace_block(readme, "what-if", readme_what_if())
     rules = (root / RULES_MD).read_text(encoding="utf-8")
     rules = replace_block(rules, "rules-index", rules_index())
+    rules = replace_block(rules, "what-if", what_if_table())
     for spec in ALL_RULES:
         rules = replace_block(rules, f"rule {spec.id}", rule_heading(spec))
-    return {root / README: readme, root / RULES_MD: rules}
+    return {root / RULES_MD: rules}
 
 
 def stale(root: Path = ROOT) -> list[Path]:

@@ -115,7 +115,7 @@ class Plan:
     floor_us: float  # the busiest GPU's work per step once every change is made (host, if none)
     steps_used: list[str]
     floor_kind: str  # "gpu": the busiest GPU's remaining work; "host": the stepping thread's
-    # The step the fixes start from: the measured one less other processes' load and the
+    # The step the fixes start from: the measured one less other load and the
     # profiler's own cost on the host (replay/unload.py, replay/unprofile.py), as the replay of
     # the graph without them says, and for workers that lag at their pace (replay/loader.py
     # Rounds); `load`, `profiler` and `rounds` say how.

@@ -43,7 +43,7 @@ MINOR_PART = 0.1
 
 @dataclass(frozen=True)
 class OneThread:
-    """The probe's one-thread steps, as measured and without other processes' load."""
+    """The probe's one-thread steps, as measured and without other load."""
 
     threads: int  # the script's intra-op threads, as recorded
     measured_us: float  # mean probe step, as timed

@@ -558,7 +558,7 @@ def _what_if(what_if: dict[str, Any] | None,
         said = ["the profiler's cost per recorded op taken out of the host's work "
                 "(replay/unprofile.py)"]
         if plan and others_taken_out(plan):
-            said.append("other processes' share of the host's wait for a core taken out "
+            said.append("the host's wait for a core that other load caused, taken out "
                         "(replay/unload.py)")
         if paced:
             said.append(paced)

@@ -174,7 +174,7 @@ def profiler_phrase(plan: dict[str, Any]) -> str:
         load = plan["load"]
         parts.append(f"{percent(load['others_share_pct'], 0)} of the host's time, the part of "
                      f"its wait for a core ({percent(load['wait_share_pct'], 0)} of its runnable "
-                     "time, from the kernel's run-queue figures) that other processes caused, "
+                     "time, from the kernel's run-queue figures) that other load caused, "
                      f"beyond the {percent(load['own_share_pct'], 0)} this run's own threads on "
                      f"its {plural(load['cores'], 'core')} explain")
     if rounds:
@@ -194,7 +194,7 @@ def _rounds(plan: dict[str, Any]) -> bool:
 
 
 def others_taken_out(plan: dict[str, Any]) -> bool:
-    """Other processes' share of the host's wait is out of the baseline (replay/unload.py)."""
+    """The host's wait that other load caused is out of the baseline (replay/unload.py)."""
     return _others(plan)
 
 
@@ -205,7 +205,7 @@ def rounds_note(plan: dict[str, Any]) -> str | None:
 
 def baseline_name(plan: dict[str, Any]) -> str:
     """What the step the fixes start from leaves out, and what it adds."""
-    name = ("without the profiler or other processes' load" if _others(plan)
+    name = ("without the profiler or other load" if _others(plan)
             else "without the profiler")
     return name + (", at the DataLoader workers' pace" if _rounds(plan) else "")
 

@@ -290,7 +290,7 @@ def _watch_lines(report: Report) -> list[str]:
                                    else [], False),
                                   ("Captures", capture_items(w), True),
                                   ("Recurring stalls", periodic_items(w), False),
-                                  ("The machine's load", load_items(w), False)):
+                                  ("Other load", load_items(w), False)):
         if items:
             lines += [f"{label}:", "", *bullets([prose(i) for i in items], ordered), ""]
     return lines

@@ -319,7 +319,7 @@ class WatchStep(msgspec.Struct):
     in it, its DataLoader wait, its loader's epoch, when it began (s after the first boundary),
     whether it was recorded under the profiler (then slower, set aside) and whether it stood
     out as a stall (`spike`); the stepping thread's wait for a core in it (`runq_ms`) and
-    whether it lies in a stretch the machine's load explains (`load`). Null where not
+    whether it lies in a stretch other load explains (`load`). Null where not
     measured."""
 
     step: int

@@ -94,7 +94,7 @@ def _fits(text: str, width: float) -> bool:
 
 
 def _regimes(found: list[dict[str, Any]], x_of: Any) -> list[dict[str, Any]]:
-    """Each regime's band; its label ("regime N", "machine load") where the band holds it, its
+    """Each regime's band; its label ("regime N", "other load") where the band holds it, its
     number (or "load") where only that fits, none where nothing does."""
     out = []
     for i, (r, name) in enumerate(zip(found, regime_labels(found), strict=True)):

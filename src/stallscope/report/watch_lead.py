@@ -8,8 +8,8 @@ itself what its capture's fix plan predicts the first change saves there (predic
 leads with the one that loses the most, with the diagnosis and plan of the capture recorded in
 it: a capture taken while the run was fast must not speak for a run that slowed down later.
 
-A regime that the machine's load explains (`load` set by the whole-run analysis: other
-processes holding the cores, not the script) is shown as "machine load": it is no level of the
+A regime that other load on the machine explains (`load` set by the whole-run analysis: other
+processes holding the cores, not the script) is shown as "other load": it is no level of the
 script's, never the best level, and never leads.
 """
 
@@ -20,17 +20,17 @@ from typing import Any
 from stallscope.text import plural
 from stallscope.units import millis, percent
 
-LOAD_LABEL = "machine load"
+LOAD_LABEL = "other load"
 
 
 def is_load(regime: dict[str, Any]) -> bool:
-    """A stretch the machine's load explains, as the whole-run analysis marks it."""
+    """A stretch other load on the machine explains, as the whole-run analysis marks it."""
     return bool(regime.get("load"))
 
 
 def regime_labels(regimes: list[dict[str, Any]]) -> list[str]:
     """Each regime's name on every surface: "regime N" counting the script's own only,
-    "machine load" for the others."""
+    "other load" for the others."""
     labels, n = [], 0
     for r in regimes:
         if is_load(r):
@@ -43,7 +43,7 @@ def regime_labels(regimes: list[dict[str, Any]]) -> list[str]:
 
 def _best_level(section: dict[str, Any]) -> dict[str, Any]:
     """The run's best steady level: its fastest regime of the script's own, else the whole
-    run (no regime found, or every one the machine's load)."""
+    run (no regime found, or every one other load)."""
     own = [r for r in section.get("regimes") or []
            if not is_load(r) and r.get("median_step_ms") is not None]
     if own:
@@ -201,13 +201,13 @@ def title(section: dict[str, Any], finding_title: str | None) -> str:
 
 
 def counts(section: dict[str, Any]) -> str:
-    """The whole run in counts: steps, regimes of the script's own, machine-load stretches,
+    """The whole run in counts: steps, regimes of the script's own, stretches of other load,
     captures, recurring stalls."""
     regimes = section.get("regimes") or []
     load = sum(1 for r in regimes if is_load(r))
     parts = [plural(section.get("n_steps") or 0, "step"), plural(len(regimes) - load, "regime")]
     if load:
-        parts.append(plural(load, "machine-load stretch", "machine-load stretches"))
+        parts.append(plural(load, "stretch of other load", "stretches of other load"))
     parts += [plural(len(section.get("captures") or []), "capture"),
               plural(len(section.get("periodic") or []), "recurring stall")]
     return ", ".join(parts)
@@ -239,12 +239,12 @@ def capture_items(section: dict[str, Any], verdicts: bool = True) -> list[str]:
 
 
 def regime_items(section: dict[str, Any]) -> list[str]:
-    """Each regime in a line, named as on the page; those the machine's load explains say so."""
+    """Each regime in a line, named as on the page; those other load explains say so."""
     regimes = section.get("regimes") or []
     items = []
     for r, name in zip(regimes, regime_labels(regimes), strict=True):
         change = f" ({r['change']})" if r.get("change") else ""
-        load = ("; the machine's load explains it, not the script" if is_load(r) else "")
+        load = ("; other load on the machine explains it, not the script" if is_load(r) else "")
         items.append(f"{name.capitalize()}, steps {r['first_step']}–{r['last_step']}: median "
                      f"{millis(r['median_step_ms'], 'tenths')} ms, loader wait "
                      f"{percent(100 * r['loader_wait_share'], 0)} of the step, "

@@ -35,7 +35,7 @@ MIN_REGIME_MS = 1000.0  # a change adding up to less over the shorter side's ste
 REFINE_STEPS = 60  # steps each side of a boundary searched for where the median switches
 LOAD_EXPLAINS = 0.5  # the wait for a core explains this much of a slower stretch's growth ...
 LOAD_SHARE = 0.2  # ... or is this share of its step, at least ...
-LOAD_SHARE_DELTA = 0.1  # ... and this much more than the quieter neighbour's: machine load
+LOAD_SHARE_DELTA = 0.1  # ... and this much more than the quieter neighbour's: other load
 LOAD_SPIN = 1.5  # or CPU time per wall ms this many times the quieter's, with that wait
 NOISE_FLOOR = (0.02, 0.02)  # sd floors: log step time (2%), loader share (2 points)
 MAX_POINTS = 5000  # longer runs are searched on block means (the search is quadratic)
@@ -52,7 +52,7 @@ class Regime:
     wait_share: float
     median_cpu_ms: float = math.nan  # NaN when the process's CPU time was not measured
     median_runq_ms: float = math.nan  # the stepping thread's wait for a core; NaN: not measured
-    load: str | None = None  # why the machine's load explains the stretch (then no regime)
+    load: str | None = None  # why other load explains the stretch (then no regime)
 
 
 def _noise_sd(x: np.ndarray, floor: float) -> float:
@@ -139,7 +139,7 @@ def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
                  beta: float = PEN_BETA, cpu_ms: np.ndarray | None = None,
                  runq_ms: np.ndarray | None = None) -> list[Regime]:
     """Stretches over the valid steps: the script's regimes, and between them the stretches
-    the machine's load explains (`load` says why; they are no regime of the script's).
+    other load explains (`load` says why; they are no regime of the script's).
 
     The penalised search proposes boundaries; adjacent stretches too alike to act on, or whose
     difference adds up to less than MIN_REGIME_MS over the shorter one's steps, are merged;
@@ -273,7 +273,7 @@ def label_load(found: list[Regime]) -> list[Regime]:
 
 
 def load_why(quiet: Regime, busy: Regime) -> str | None:
-    """Why `busy` (slower than `quiet`) is the machine's load, or None when it is not.
+    """Why `busy` (slower than `quiet`) is other load, or None when it is not.
 
     Load is time the stepping thread spent runnable but waiting for a core: it waited that
     much more in each step than its quieter neighbour's share of the step (half the step's

@@ -22,7 +22,7 @@ def _round(x: float | None) -> float | None:
 
 
 def _regime_dicts(v: periodic.Valid, found: list[regimes.Regime]) -> list[dict[str, Any]]:
-    """The script's regimes (machine-load stretches are `_load_dicts`'), each with the steps of
+    """The script's regimes (stretches of other load are `_load_dicts`'), each with the steps of
     the load stretches inside its span (`load_steps`: left out of its medians)."""
     loads = [r for r in found if r.load is not None]
     found = [r for r in found if r.load is None]
@@ -198,7 +198,7 @@ def summarise(series: StepSeries) -> dict[str, Any]:
                        f"{regimes.MIN_REGIME_MS / 1000:g} s over the shorter one's steps; each "
                        "boundary moved to where the median level switches (least absolute "
                        f"deviation within {regimes.REFINE_STEPS} steps)",
-            "load": "a stretch slower than its neighbour is the machine's load when the "
+            "load": "a stretch slower than its neighbour is other load when the "
                     "stepping thread's run-queue wait (schedstat) grew by at least "
                     f"{round(100 * regimes.LOAD_EXPLAINS)}% of the step's growth, or is at "
                     f"least {round(100 * regimes.LOAD_SHARE)}% of the step and "

@@ -65,7 +65,7 @@ class Demand:
     total_us: float
     n: int
     loader: Any
-    busy: Any  # other processes' load (diagnose/hostload.py), or None
+    busy: Any  # other load (diagnose/hostload.py), or None
     one: OneThread | None
     evidence: dict[str, Any]
 
@@ -118,7 +118,7 @@ def measure(model: TraceModel, context: RunContext | None) -> Demand | Assessmen
 
 
 def judge(d: Demand) -> Assessment | None:
-    """Clear when the threads fit the cores; not assessed when they fit but others' load was
+    """Clear when the threads fit the cores; not assessed when they fit but other load was
     there; None: oversubscribed, a finding."""
     threads, workers, cores, busy = d.threads, d.workers, d.cores, d.busy
     if d.demand <= cores and busy is not None:
@@ -184,7 +184,7 @@ def advise(model: TraceModel, d: Demand, found: Mapping[str, Finding] | None) ->
         "intra-op threads each op is less parallel, so check the step time after the change."
     )
     if busy is not None:
-        # Others' load is not this run's threads': say so rather than count it as theirs.
+        # Other load is not this run's threads': say so rather than count it as theirs.
         basis += (f"; {busy.clause}, so part of the contention the step saw was theirs, which "
                   "no thread setting here removes")
         precondition += f" {busy.caveat}"
