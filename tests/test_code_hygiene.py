@@ -30,21 +30,9 @@ ALLOWED = {
      'sku = {7: "V100", 8: "A100", 9: "H100 SXM"}[min(major, 9)] + ('):
         "data: the SKU whose data-sheet rates the model uses, named in the prediction's "
         "assumptions",
-    ("replay/unprofile.py",
-     'DEFAULT_SOURCE = ("assumed: 4.5 us per recorded op, the profiler\'s cost measured on a '
-     '16-core "'): "report text: where an assumed figure comes from, which the reader is owed",
-    ("replay/unprofile.py",
-     '"H100 host with torch 2.11 (benchmarks/bench_profiler_cost.py); this trace "'):
-        "report text: the same sentence, its second line",
-    ("report/recording.py",
-     '"launches a kernel records one event, and plain runs on H100 hosts fit it best).")'):
-        "report text: why the per-call figure is used; changing it changes every run's report "
-        "(snapshots)",
-    ("replay/unload.py",
-     '"and such steps run many times longer than quiet ones (measured on a 2-core VM: 328 ms "'):
-        "report text: the measurement behind the advice to re-record; changing it changes "
-        "reports",
 }
+
+
 def hits(root: Path = SRC / "stallscope") -> list[str]:
     out = []
     for path in sorted(root.rglob("*.py")):

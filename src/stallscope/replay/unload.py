@@ -132,8 +132,8 @@ def barrier_note(model: TraceModel, others: OtherWait | None) -> str | None:
     return (f"The recorded steps ran {threads} intra-op threads while other processes held the "
             f"cores (the stepping thread waited {percent(100 * others.wait_share, 0)} of its "
             "runnable time): each parallel op waits for its slowest thread, which they preempt, "
-            "and such steps run many times longer than quiet ones (measured on a 2-core VM: 328 ms "
-            "against 9.2 ms per step). Taking out the wait does not give the quiet step: the "
+            "and such steps run many times longer than quiet ones (docs/replay.md gives a measured "
+            "case: 35x). Taking out the wait does not give the quiet step: the "
             "figures here are not the quiet run's. Re-record on a quiet machine, or with --set "
             "torch_threads=1 (one thread does not wait at barriers).")
 

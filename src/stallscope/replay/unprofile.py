@@ -26,8 +26,8 @@ from stallscope.units import ms
 # benchmarks/bench_profiler_cost.py on a lent GPU host (docs/performance.md, "Figures behind the
 # code").
 DEFAULT_OP_US = 4.5
-DEFAULT_SOURCE = ("assumed: 4.5 us per recorded op, the profiler's cost measured on a 16-core "
-                  "H100 host with torch 2.11 (benchmarks/bench_profiler_cost.py); this trace "
+DEFAULT_SOURCE = ("assumed: 4.5 us per recorded op, the profiler's cost measured on a GPU "
+                  "host (benchmarks/bench_profiler_cost.py, docs/replay.md); this trace "
                   "does not say what it cost where it was recorded")
 KEEP = 0.1
 # The recorded events that each cost the host one op's bookkeeping.

@@ -121,7 +121,8 @@ def recording_text(rec: dict[str, Any] | None, median_us: float | None) -> str |
              "cost more than a tiny one, and the per-call figure bounds it)."
              if rec.get("estimate_per") == "event" else
              " (a prediction: the cost per tiny call, times the ops recorded; a call that "
-             "launches a kernel records one event, and plain runs on H100 hosts fit it best).")
+             "launches a kernel records one event, and plain runs on GPU hosts fit it best: "
+             "docs/replay.md).")
     if rec.get("unprofiled_step_us") and rec.get("recorded_above_unprofiled_pct") is not None:
         above = rec["recorded_above_unprofiled_pct"]
         text += (" The steps timed without the profiler just before recording took "
