@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import ctypes
 import gc
 import gzip
 import json
@@ -93,14 +94,19 @@ def seeds(small_only: bool = False) -> list[Path]:
 
 
 class Doc:
-    """A seed decoded once: mutations copy what they change."""
+    """A seed's text, read once; decoded afresh for each case that mutates it (a decoded copy
+    kept per seed would hold tens of bytes of objects per byte of text in the fuzzing process,
+    and count in every case's memory)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         with gzip.open(path) as fh:
             self.text = fh.read()
+
+    def fresh(self) -> dict:
+        """The decoded document, a copy of its own to mutate (as a deep copy would be)."""
         data = msgspec.json.decode(self.text)
-        self.data = data if isinstance(data, dict) else {"traceEvents": data}
+        return data if isinstance(data, dict) else {"traceEvents": data}
 
 
 # ------------------------------------------------------------------ document mutations
@@ -382,7 +388,7 @@ def encode(data: Any) -> bytes:
 def make_case(rng: random.Random, doc: Doc) -> tuple[bytes, list[str]]:
     what: list[str] = [doc.path.name]
     if rng.random() < 0.7:
-        data = copy.deepcopy(doc.data)
+        data = doc.fresh()
         # A mutation after `deep` may copy an event holding 3,000 levels of nesting: the
         # fuzzer's own copy needs the deeper stack (stallscope runs with the default limit).
         old = sys.getrecursionlimit()
@@ -533,10 +539,19 @@ def run_case(path: Path, timeout: float, dead: list[str] | None = None) -> tuple
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-# Seeds larger than this (gzip bytes) are decoded for each case that uses them and dropped
+# Seeds larger than this (gzip bytes) are read for each case that uses them and dropped
 # before the analysis runs, so the fuzzer's own copy of a 54 MB trace (over 1 GB of Python
-# objects with its mutated copy) is not counted as the analysis' memory.
+# objects with its mutated copy) is not counted as the analysis' memory; the smaller ones keep
+# their text (not their objects) between cases.
 KEEP_DECODED_BYTES = 2_000_000
+
+
+def _give_back_memory() -> None:
+    """Collect and hand freed heap back to the system (glibc's malloc_trim), so that what the
+    fuzzer held for one case's input does not stay resident in the next case's peak."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _reset_peak() -> None:
@@ -639,8 +654,7 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
         else:
             target.write_bytes(data)
         del doc, data  # the analysis' memory is measured without the fuzzer's copies
-        if large:  # (a full collection costs a second with the small seeds' objects around)
-            gc.collect()
+        _give_back_memory()
         _reset_peak()
         before = _resident_mb()
         t0 = time.perf_counter()
