@@ -34,10 +34,12 @@ slowest case and the largest peak so far. The time limit is checked on the CPU s
 took (the process's and its children's), which the machine's other work does not inflate; the
 wall seconds are kept and reported beside them. A case's memory is the process's peak resident size
 while that case was analysed (VmHWM, reset before each case through /proc/self/clear_refs), so
-it also counts what the process held before the case (imports, small seeds kept decoded): an
-upper bound on the case's own. Not a child's `ru_maxrss`: Linux carries a parent's peak across
-fork and exec. The summary (counts, the slowest case, peak RSS) is printed, ending with one
-line (cases, seed, internal errors, over 10 s, over 1 GB, max seconds, max RSS), and written to
+it also counts what the process held before the case (imports, the seeds' text): an upper
+bound on the case's own; a case over the limit that way is analysed again alone, in a fresh
+`stallscope analyze` process, whose own peak counts (VmHWM again; not a child's `ru_maxrss`,
+which Linux carries over from the parent across fork and exec). The summary (counts, the
+slowest case, peak RSS) is printed, ending with one line (cases, seed, internal errors, hangs,
+over 10 s of CPU and of wall time, over 1 GB, max seconds, max RSS), and written to
 OUT/summary.json.
 """
 
@@ -618,7 +620,7 @@ def fresh_peak_mb(target: Path, scratch: Path) -> float | None:
     return int(hwm.read_text()) / 1024 if hwm.exists() else None
 
 
-# Small seeds decoded once per process (one process runs many batches with --jobs 1).
+# Small seeds' text, read once per process (one process runs many batches with --jobs 1).
 _DOCS: dict[Path, Doc] = {}
 
 
