@@ -10,7 +10,7 @@ plan and every writer (JSON, HTML, Markdown, terminal). A case ends in one of:
 - `ok`: a report;
 - `refused`: a StallscopeError, i.e. the one `stallscope:` line and a documented exit code;
 - `internal`: any other exception, a stallscope bug (its input is saved under OUT/failures);
-- `hang`: over --timeout seconds (default 10; the input is saved too).
+- `hang`: over --timeout seconds of wall time (default 60; the input is saved too).
 
 A seeded mutation loop rather than hypothesis or atheris: the inputs are multi-megabyte
 documents whose interesting damage is structural (a key deleted, a type changed, an event cut),
@@ -28,7 +28,19 @@ with --damage-64) with one event in 20 damaged plus one lone surrogate escape, a
 100 escapes (benchmarks/damaged.py), each loaded once; the time per MB is printed and kept in
 the summary. Linear reading keeps it flat as the size grows (issue 36).
 
-The summary (counts, the slowest case, peak RSS) is printed and written to OUT/summary.json.
+Every `--progress` cases (default 250) one line says how far the run is: cases done, internal
+errors, hangs, cases over the time limit (LIMIT_S) and over the memory limit (LIMIT_MB), the
+slowest case and the largest peak so far. The time limit is checked on the CPU seconds a case
+took (the process's and its children's), which the machine's other work does not inflate; the
+wall seconds are kept and reported beside them. A case's memory is the process's peak resident size
+while that case was analysed (VmHWM, reset before each case through /proc/self/clear_refs), so
+it also counts what the process held before the case (imports, the seeds' text): an upper
+bound on the case's own; a case over the limit that way is analysed again alone, in a fresh
+`stallscope analyze` process, whose own peak counts (VmHWM again; not a child's `ru_maxrss`,
+which Linux carries over from the parent across fork and exec). The summary (counts, the
+slowest case, peak RSS) is printed, ending with one line (cases, seed, internal errors, hangs,
+over 10 s of CPU and of wall time, over 1 GB, max seconds, max RSS), and written to
+OUT/summary.json.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import ctypes
 import gc
 import gzip
 import json
@@ -56,6 +69,11 @@ import msgspec
 
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "sample_traces" / "public"
+
+# The acceptance limits: no case over LIMIT_S CPU seconds or LIMIT_MB of peak resident memory.
+LIMIT_S = 10.0
+LIMIT_MB = 1024.0
+
 
 # Values a field may be given instead of its own: wrong types, out-of-range numbers, odd text.
 ODD_VALUES: list[Any] = [
@@ -80,14 +98,19 @@ def seeds(small_only: bool = False) -> list[Path]:
 
 
 class Doc:
-    """A seed decoded once: mutations copy what they change."""
+    """A seed's text, read once; decoded afresh for each case that mutates it (a decoded copy
+    kept per seed would hold tens of bytes of objects per byte of text in the fuzzing process,
+    and count in every case's memory)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         with gzip.open(path) as fh:
             self.text = fh.read()
+
+    def fresh(self) -> dict:
+        """The decoded document, a copy of its own to mutate (as a deep copy would be)."""
         data = msgspec.json.decode(self.text)
-        self.data = data if isinstance(data, dict) else {"traceEvents": data}
+        return data if isinstance(data, dict) else {"traceEvents": data}
 
 
 # ------------------------------------------------------------------ document mutations
@@ -369,7 +392,7 @@ def encode(data: Any) -> bytes:
 def make_case(rng: random.Random, doc: Doc) -> tuple[bytes, list[str]]:
     what: list[str] = [doc.path.name]
     if rng.random() < 0.7:
-        data = copy.deepcopy(doc.data)
+        data = doc.fresh()
         # A mutation after `deep` may copy an event holding 3,000 levels of nesting: the
         # fuzzer's own copy needs the deeper stack (stallscope runs with the default limit).
         old = sys.getrecursionlimit()
@@ -520,10 +543,19 @@ def run_case(path: Path, timeout: float, dead: list[str] | None = None) -> tuple
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-# Seeds larger than this (gzip bytes) are decoded for each case that uses them and dropped
+# Seeds larger than this (gzip bytes) are read for each case that uses them and dropped
 # before the analysis runs, so the fuzzer's own copy of a 54 MB trace (over 1 GB of Python
-# objects with its mutated copy) is not counted as the analysis' memory.
+# objects with its mutated copy) is not counted as the analysis' memory; the smaller ones keep
+# their text (not their objects) between cases.
 KEEP_DECODED_BYTES = 2_000_000
+
+
+def _give_back_memory() -> None:
+    """Collect and hand freed heap back to the system (glibc's malloc_trim), so that what the
+    fuzzer held for one case's input does not stay resident in the next case's peak."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _reset_peak() -> None:
@@ -533,6 +565,22 @@ def _reset_peak() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
+def _cpu_s() -> float:
+    """CPU seconds used so far by this process and the children it has waited for."""
+    own, kids = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                        resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _resident_mb() -> float:
+    """This process's resident size now (VmRSS), in MB; 0 where /proc cannot say."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines()
+                    if x.startswith("VmRSS:"))
+        return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def _peak_mb() -> float:
     """Peak resident size since the last reset (VmHWM), in MB; else the process's maximum."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
@@ -540,6 +588,40 @@ def _peak_mb() -> float:
                     if x.startswith("VmHWM:"))
         return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# `stallscope ARGS` in this interpreter, then its own VmHWM (kB) written to argv[1]. Not the
+# rusage of wait4: Linux carries a process's peak RSS across fork and exec, so a child's
+# ru_maxrss is at least what this (large) fuzzing process held when it forked.
+_PEAK_OF_CLI = """
+import sys, runpy
+out = sys.argv[1]
+sys.argv = ["stallscope", *sys.argv[2:]]
+try:
+    runpy.run_module("stallscope", run_name="__main__", alter_sys=True)
+finally:
+    kb = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")]
+    open(out, "w").write(kb[0])
+"""
+
+
+def fresh_peak_mb(target: Path, scratch: Path) -> float | None:
+    """Peak resident size (MB) of `stallscope analyze TARGET` in a fresh process; None when
+    it wrote none (killed)."""
+    import subprocess
+
+    hwm = scratch / "vmhwm"
+    hwm.unlink(missing_ok=True)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run([sys.executable, "-c", _PEAK_OF_CLI, str(hwm), "analyze", str(target),
+                        "-q", "--force", "-o", str(scratch / "fresh-report")],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       timeout=300)
+    return int(hwm.read_text()) / 1024 if hwm.exists() else None
+
+
+# Small seeds' text, read once per process (one process runs many batches with --jobs 1).
+_DOCS: dict[Path, Doc] = {}
 
 
 def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]:
@@ -552,7 +634,7 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
     scratch = out_dir / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     paths = seeds(small)
-    docs: dict[Path, Doc] = {}
+    docs = _DOCS
     results = []
     for case in range(first, first + count):
         # The seed trace and the mutations draw from separate generators, so a case can be
@@ -583,13 +665,18 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
         else:
             target.write_bytes(data)
         del doc, data  # the analysis' memory is measured without the fuzzer's copies
-        if large:  # (a full collection costs a second with the small seeds' objects around)
-            gc.collect()
+        _give_back_memory()
         _reset_peak()
+        before = _resident_mb()
+        cpu0 = _cpu_s()
         t0 = time.perf_counter()
         outcome, detail = run_case(target, timeout, dead)
         wall = time.perf_counter() - t0
+        cpu = _cpu_s() - cpu0
         peak = _peak_mb()
+        # Over the limit in this process, whose peak counts what it held before the case:
+        # measured again alone, in a fresh `stallscope analyze` process; that figure counts.
+        fresh = fresh_peak_mb(target, scratch) if peak > LIMIT_MB else None
         if outcome in ("internal", "hang"):
             keep = out_dir / "failures"
             keep.mkdir(exist_ok=True)
@@ -603,37 +690,95 @@ def worker(args: tuple[int, int, int, str, float, bool]) -> list[dict[str, Any]]
         else:
             target.unlink()
         results.append({"case": case, "key": f"{seed}-{case}", "what": what,
-                        "outcome": outcome, "wall_s": wall,
+                        "outcome": outcome, "wall_s": wall, "cpu_s": cpu,
                         "detail": detail if outcome != "ok" else "",
-                        "rss_mb": peak,
+                        "rss_mb": peak if fresh is None else fresh, "rss_before_mb": before,
+                        "in_process_rss_mb": peak,
                         "process_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                         / 1024})
     return results
 
 
-def fuzz(cases: int, seed: int, out: Path, timeout: float = 10.0, jobs: int = 1,
-         small: bool = False) -> dict[str, Any]:
-    """Run `cases` cases in `jobs` processes; the summary (also in OUT/summary.json)."""
+def tally(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the progress and summary lines say of `results`: internal errors, hangs, cases
+    over LIMIT_S (CPU; and wall) and over LIMIT_MB, the slowest case and the largest peak."""
+    slowest = max(results, key=lambda r: r.get("cpu_s", 0.0), default=None)
+    heaviest = max(results, key=lambda r: r["rss_mb"], default=None)
+    return {
+        "cases": len(results),
+        "internal": sum(r["outcome"] == "internal" for r in results),
+        "hangs": sum(r["outcome"] == "hang" for r in results),
+        "fuzzer_errors": sum(r["outcome"] == "fuzzer-error" for r in results),
+        # A hang was stopped at --timeout: over the limit whatever it had used.
+        "over_time": sum(r.get("cpu_s", 0.0) > LIMIT_S or r["outcome"] == "hang"
+                         for r in results),
+        "over_wall": sum(r["wall_s"] > LIMIT_S for r in results),
+        "over_memory": sum(r["rss_mb"] > LIMIT_MB for r in results),
+        "max_cpu_s": slowest.get("cpu_s", 0.0) if slowest else 0.0,
+        "slowest_wall_s": slowest["wall_s"] if slowest else 0.0,
+        "slowest": slowest["what"] if slowest else None,
+        "max_wall_s": max((r["wall_s"] for r in results), default=0.0),
+        "max_rss_mb": heaviest["rss_mb"] if heaviest else 0.0,
+        "heaviest": heaviest["what"] if heaviest else None,
+    }
+
+
+def progress_line(done: dict[str, Any], total: int, elapsed: float) -> str:
+    """One line on the run so far (from `tally`)."""
+    return (f"progress: {done['cases']:,}/{total:,} cases, {done['internal']} internal errors, "
+            f"{done['hangs']} hangs, {done['over_time']} over {LIMIT_S:g} s CPU "
+            f"({done['over_wall']} over {LIMIT_S:g} s wall), {done['over_memory']} over "
+            f"{LIMIT_MB / 1024:g} GB, slowest {done['max_cpu_s']:.2f} s CPU "
+            f"({done['slowest_wall_s']:.2f} s wall: {' '.join(done['slowest'] or [])}), "
+            f"max wall {done['max_wall_s']:.2f} s, max RSS {done['max_rss_mb']:.0f} MB, "
+            f"{elapsed:.0f} s")
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """The run's one-line result, as docs/robustness.md quotes it."""
+    return (f"summary: {summary['cases']:,} cases, seed {summary['seed']}, "
+            f"{len(summary['internal_errors'])} internal errors, {len(summary['hangs'])} hangs, "
+            f"{summary['over_time']} over {LIMIT_S:g} s CPU ({summary['over_wall']} over "
+            f"{LIMIT_S:g} s wall), {summary['over_memory']} over {LIMIT_MB / 1024:g} GB, "
+            f"max {summary['max_cpu_s']:.2f} s CPU, max {summary['max_wall_s']:.2f} s wall, "
+            f"max RSS {summary['peak_rss_mb']:.0f} MB")
+
+
+def fuzz(cases: int, seed: int, out: Path, timeout: float = 60.0, jobs: int = 1,
+         small: bool = False, progress: int = 250) -> dict[str, Any]:
+    """Run `cases` cases in `jobs` processes, saying how far every `progress` cases; the
+    summary (also in OUT/summary.json)."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    size = max(1, math.ceil(cases / (jobs * 8)))
+    # Batches no larger than `progress`, so that a line comes at least that often.
+    size = max(1, min(math.ceil(cases / (jobs * 8)), progress))
     batches = [(i, min(size, cases - i), seed, str(out), timeout, small)
                for i in range(0, cases, size)]
     results: list[dict[str, Any]] = []
+    said = 0
+
+    def done(part: list[dict[str, Any]]) -> None:
+        nonlocal said
+        results.extend(part)
+        # What is done so far, in case the run is stopped (--remeasure reads it).
+        (out / "partial.json").write_text(json.dumps(results))
+        if len(results) - said >= progress or len(results) == cases:
+            said = len(results)
+            print(progress_line(tally(results), cases, time.perf_counter() - t0), flush=True)
+
     if jobs == 1:
         for batch in batches:
-            results += worker(batch)
+            done(worker(batch))
     else:
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(jobs, maxtasksperchild=1) as pool:
             for part in pool.imap_unordered(worker, batches):
-                results += part
-                # What is done so far, in case the run is stopped.
-                (out / "partial.json").write_text(json.dumps(results))
+                done(part)
+    results.sort(key=lambda r: r["case"])
     counts: dict[str, int] = {}
     for r in results:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    slowest = max(results, key=lambda r: r["wall_s"]) if results else None
+    totals = tally(results)
     summary = {
         "command": " ".join(sys.argv),
         "cases": len(results),
@@ -641,12 +786,25 @@ def fuzz(cases: int, seed: int, out: Path, timeout: float = 10.0, jobs: int = 1,
         "outcomes": counts,
         "internal_errors": [r for r in results if r["outcome"] == "internal"],
         "hangs": [r for r in results if r["outcome"] == "hang"],
-        "max_wall_s": slowest["wall_s"] if slowest else 0,
-        "slowest": slowest["what"] if slowest else None,
+        "over_time": totals["over_time"],
+        "over_wall": totals["over_wall"],
+        "over_memory": totals["over_memory"],
+        "limits": {"cpu_seconds": LIMIT_S, "rss_mb": LIMIT_MB},
+        "max_cpu_s": totals["max_cpu_s"],
+        "max_wall_s": totals["max_wall_s"],
+        "slowest": totals["slowest"],
+        "over_time_cases": [r for r in results
+                            if r.get("cpu_s", 0.0) > LIMIT_S or r["outcome"] == "hang"],
+        "over_wall_cases": [{k: r[k] for k in ("case", "what", "wall_s", "cpu_s")}
+                            for r in results if r["wall_s"] > LIMIT_S],
         # The process's peak while a case was analysed (its resident imports, the small seeds
         # kept decoded, and the analysis); process_peak_rss_mb adds the fuzzer's own copies.
-        "peak_rss_mb": max((r["rss_mb"] for r in results), default=0),
-        "peak_rss_case": max(results, key=lambda r: r["rss_mb"])["what"] if results else None,
+        "peak_rss_mb": totals["max_rss_mb"],
+        "peak_rss_case": totals["heaviest"],
+        # What the process held as that case began: the part of its peak that is not its own.
+        "peak_rss_before_mb": max(results, key=lambda r: r["rss_mb"]).get("rss_before_mb", 0)
+        if results else 0,
+        "over_memory_cases": [r for r in results if r["rss_mb"] > LIMIT_MB],
         "process_peak_rss_mb": max((r.get("process_rss_mb", 0) for r in results), default=0),
         "total_s": time.perf_counter() - t0,
         "by_mutation": _by_mutation(results),
@@ -662,21 +820,6 @@ def _by_mutation(results: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
             row = table.setdefault(what.split(" ")[0], {})
             row[r["outcome"]] = row.get(r["outcome"], 0) + 1
     return table
-
-
-# `stallscope ARGS` in this interpreter, then its own VmHWM (kB) written to argv[1]. Not the
-# rusage of wait4: Linux carries a process's peak RSS across fork and exec, so a child's
-# ru_maxrss is at least what this (large) fuzzing process held when it forked.
-_PEAK_OF_CLI = """
-import sys, runpy
-out = sys.argv[1]
-sys.argv = ["stallscope", *sys.argv[2:]]
-try:
-    runpy.run_module("stallscope", run_name="__main__", alter_sys=True)
-finally:
-    kb = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")]
-    open(out, "w").write(kb[0])
-"""
 
 
 def remeasure(out: Path, largest: int, seed: int) -> dict[str, Any]:
@@ -727,9 +870,12 @@ def main() -> int:
     parser.add_argument("--cases", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("/tmp/stallscope-fuzz"))
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds before a hang")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="wall seconds before a case is stopped as a hang")
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--small", action="store_true", help="only seeds under 200 kB")
+    parser.add_argument("--progress", type=int, default=250, metavar="N",
+                        help="a progress line every N cases")
     parser.add_argument("--damage-sizes", default="1,8", metavar="MB,MB",
                         help="sizes of the dense-damage timing after the cases ('' for none)")
     parser.add_argument("--damage-64", action="store_true",
@@ -741,7 +887,8 @@ def main() -> int:
     if args.remeasure:
         print(json.dumps(remeasure(args.out, args.remeasure, args.seed), indent=1))
         return 0
-    summary = fuzz(args.cases, args.seed, args.out, args.timeout, args.jobs, args.small)
+    summary = fuzz(args.cases, args.seed, args.out, args.timeout, args.jobs, args.small,
+                   args.progress)
     sizes = [float(x) for x in args.damage_sizes.split(",") if x] + ([64.0] if args.damage_64
                                                                       else [])
     if sizes:
@@ -755,11 +902,14 @@ def main() -> int:
     with contextlib.suppress(Exception):
         for r in summary["internal_errors"][:20] + summary["hangs"][:20]:
             print(r["case"], r["what"], r["detail"].strip().splitlines()[-1:], sep="  ")
-    shown = {k: summary[k] for k in ("cases", "outcomes", "max_wall_s", "slowest",
-                                      "peak_rss_mb", "total_s")}
+    shown = {k: summary[k] for k in ("cases", "outcomes", "max_cpu_s", "max_wall_s", "slowest",
+                                      "peak_rss_mb", "peak_rss_case", "peak_rss_before_mb",
+                                      "total_s")}
     print(json.dumps(shown, indent=1))
+    print(summary_line(summary), flush=True)
     bad_damage = any(r["outcome"] != "ok" for r in summary.get("dense_damage", []))
-    return 1 if summary["internal_errors"] or summary["hangs"] or bad_damage else 0
+    over = summary["over_time"] or summary["over_memory"]
+    return 1 if summary["internal_errors"] or summary["hangs"] or over or bad_damage else 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import random
 import sys
 from pathlib import Path
@@ -39,6 +40,31 @@ def test_forty_fuzz_cases_end_in_a_report_or_one_clear_line(tmp_path: Path, monk
     bad = summary["internal_errors"] + summary["hangs"]
     assert not bad, [(r["key"], r["what"], r["detail"][-400:]) for r in bad]
     assert summary["outcomes"].get("ok", 0) >= 10  # most damage still leaves a report
+
+
+def test_the_fuzzer_says_its_progress_and_checks_each_case_against_the_limits(
+        tmp_path: Path, monkeypatch, capsys):
+    """A progress line every --progress cases and a one-line summary; each case's CPU seconds
+    and peak memory are kept, and a case over the memory limit in the fuzzing process (here a
+    limit of 1 MB, so every case) is analysed again alone in a fresh process, whose peak is
+    the one counted."""
+    fuzz = load_fuzzer()
+    small = [ROOT / "sample_traces" / "cpu-loader-bound.pt.trace.json.gz"]
+    monkeypatch.setattr(fuzz, "seeds", lambda small_only=False: small)
+    monkeypatch.setattr(fuzz, "JOB_SHARE", 0.0)
+    monkeypatch.setattr(fuzz, "LIMIT_MB", 1.0)
+    summary = fuzz.fuzz(3, seed=2, out=tmp_path, timeout=60.0, progress=2)
+    out = capsys.readouterr().out
+    assert [ln.split(",")[0] for ln in out.splitlines() if ln.startswith("progress:")] == [
+        "progress: 2/3 cases", "progress: 3/3 cases"]
+    results = json.loads((tmp_path / "partial.json").read_text())
+    assert len(results) == 3 and all(r["cpu_s"] > 0 for r in results)
+    # Measured again: the fresh process's own peak, not the fuzzing process's.
+    assert all(r["rss_mb"] != r["in_process_rss_mb"] and r["rss_mb"] > 1 for r in results)
+    assert summary["over_memory"] == 3 and len(summary["over_memory_cases"]) == 3
+    line = fuzz.summary_line(summary)
+    assert line.startswith("summary: 3 cases, seed 2, 0 internal errors, 0 hangs")
+    assert "over 10 s CPU" in line and "3 over 0.000976562 GB" in line
 
 
 def test_a_job_case_with_dead_ranks_gives_a_report_that_lists_them(tmp_path: Path):

@@ -365,15 +365,17 @@ def stream_decode(fh: Read1, on_progress: Any = None,
         if finder.deepest > limits.max_depth:
             raise LimitExceeded(_too_deep("its keys before the event list"))
         cols = columns or Columns()
-        # The object form's metadata is read once, here; the array form has none (None).
-        # One copy of the header's text (a bytearray slice would make a second).
-        with memoryview(head) as view:
-            text = None if start.array else bytes(view[finder.start:start.prefix_end])
-        header = None if text is None else _Header.read(text)
-        del text
         buf = bytearray(b"[")
         buf += head[start.events:]
-        del head, block  # not held through the whole read (two blocks: 16 MB of its peak)
+        del block  # not held through the whole read (two blocks: 16 MB of its peak)
+        # The object form's metadata is read once, here; the array form has none (None).
+        # The header's text is what `head` keeps, cut in place: no copy of it.
+        header = None
+        if not start.array:
+            del head[start.prefix_end:]
+            del head[:finder.start]
+            header = _Header.read(head)
+        del head
         decoded = _decode_events_from(buf, start.events, header, blocks, reader, limits, cols)
         if finder.bom:
             decoded.notes.insert(0, "starts with a UTF-8 byte-order mark, which was skipped")
@@ -499,8 +501,10 @@ class _Header:
     mended: bool
 
     @classmethod
-    def read(cls, prefix: bytes) -> _Header:
-        meta = read_metadata(prefix + b'"traceEvents":null}')
+    def read(cls, prefix: bytearray) -> _Header:
+        """From `prefix`, the text before the event list, which it closes in place."""
+        prefix += b'"traceEvents":null}'
+        meta = read_metadata(prefix)
         notes = []
         if meta.unreadable:
             notes.append("its keys before the event list are not JSON: the trace's metadata "

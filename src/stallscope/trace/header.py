@@ -15,6 +15,7 @@ else.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ import msgspec
 import numpy as np
 
 _SLICE = 1 << 20  # bytes scanned per numpy pass: a few MB of temporary arrays at most
+_BATCH = 4096  # candidate keys judged per numpy pass
 _BACKSLASH, _QUOTE = 0x5C, 0x22
 _NOT_SPACE = re.compile(rb"[^ \t\r\n]")
 # Per byte: +1 for `{` and `[`, -1 for `}` and `]`, 0 for the rest.
@@ -155,17 +157,26 @@ class KeyFinder:
         if self.scan.done < self.start:
             self.scan.done = self.start
         upto = len(head) if final else max(self.scan.done, len(head) - KEY_REACH)
-        found = [m for m in KEY.finditer(head, self.scan.done) if m.start() < upto]
-        if found:
+        keys = KEY.finditer(head, self.scan.done)
+        while True:
+            # Candidates a batch at a time: a header of nested keys holds one every 19 bytes,
+            # and a match object each for a whole block would be several bytes per byte.
+            found = list(itertools.islice(keys, _BATCH))
             marks = np.fromiter((m.start() for m in found), np.int64, len(found))
-            depths, strings, deepest = self.scan.advance(head, upto, marks)
-            for m, depth, inside, deep in zip(found, depths, strings, deepest, strict=True):
-                if depth == 1 and not inside:
-                    self.deepest = int(deep)
-                    return m
-        else:
-            self.scan.advance(head, upto)
-        return None
+            inside_upto = int(np.searchsorted(marks, upto))
+            last = inside_upto < _BATCH
+            found, marks = found[:inside_upto], marks[:inside_upto]
+            if not found:
+                self.scan.advance(head, upto)
+                return None
+            depths, strings, deepest = self.scan.advance(
+                head, upto if last else int(marks[-1]) + 1, marks)
+            top = np.flatnonzero((depths == 1) & ~strings)
+            if len(top):
+                self.deepest = int(deepest[top[0]])
+                return found[int(top[0])]
+            if last:
+                return None
 
 
 _ABSENT = msgspec.Raw()  # a key not in the text (no JSON value is empty)
@@ -199,7 +210,7 @@ class HeaderMetadata:
     unreadable: bool = False  # the text is not JSON even once mended
 
 
-def read_metadata(text: bytes) -> HeaderMetadata:
+def read_metadata(text: bytes | bytearray) -> HeaderMetadata:
     """The metadata in `text`, a whole JSON object (the header closed, or the keys after the
     event list); an unreadable text gives no values and says so."""
     out = HeaderMetadata()
@@ -222,7 +233,8 @@ def read_metadata(text: bytes) -> HeaderMetadata:
     return out
 
 
-def _decoded(decoder: msgspec.json.Decoder, text: bytes, out: HeaderMetadata) -> Any:
+def _decoded(decoder: msgspec.json.Decoder, text: bytes | bytearray,
+             out: HeaderMetadata) -> Any:
     """`text` decoded (a value wrapped in a 1-tuple for `_ANY`, whose values may be None),
     mended once when stray bytes or lone surrogate escapes are all that stop it; None when
     it does not read. RecursionError goes to the caller (the depth limit)."""
@@ -232,8 +244,7 @@ def _decoded(decoder: msgspec.json.Decoder, text: bytes, out: HeaderMetadata) ->
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             if attempt:
                 return None
-            mended = LONE_SURROGATE.sub(rb"\\ufffd",
-                                        text.decode("utf-8", "replace").encode("utf-8"))
+            mended = mend(text)
             if mended == text:
                 return None
             text = mended
@@ -241,3 +252,24 @@ def _decoded(decoder: msgspec.json.Decoder, text: bytes, out: HeaderMetadata) ->
         out.mended = out.mended or attempt == 1
         return (got,) if decoder is _ANY else got
     return None
+
+
+# A byte no escape sequence or multi-byte character holds (ASCII, not a backslash, `u` or a
+# hex digit): text cut just before one mends in pieces exactly as it does whole.
+_SAFE_CUT = re.compile(rb"[\x00-\x2f\x3a-\x40\x47-\x5b\x5d-\x60\x67-\x74\x76-\x7f]")
+
+
+def mend(text: bytes | bytearray, piece: int = _SLICE) -> bytearray:
+    """`text` with each stray byte replaced by U+FFFD and each lone surrogate escape by
+    `\\ufffd`, a piece of about `piece` bytes at a time: a hostile header of hundreds of MB is
+    mended in one copy of itself (decoding it whole built a string of twice its size, then an
+    encoded copy and a substituted one)."""
+    out = bytearray()
+    lo = 0
+    while lo < len(text):
+        cut = _SAFE_CUT.search(text, lo + piece) if lo + piece < len(text) else None
+        hi = cut.start() if cut else len(text)
+        part = bytes(text[lo:hi]).decode("utf-8", "replace").encode("utf-8")
+        out += LONE_SURROGATE.sub(rb"\\ufffd", part) if b"\\u" in part else part
+        lo = hi
+    return out
