@@ -744,18 +744,36 @@ def summary_line(summary: dict[str, Any]) -> str:
             f"max RSS {summary['peak_rss_mb']:.0f} MB")
 
 
+def _runs(todo: list[int], size: int) -> list[tuple[int, int]]:
+    """The case numbers in `todo` as (first, count) runs of consecutive cases, none over
+    `size`."""
+    out: list[tuple[int, int]] = []
+    for case in todo:
+        if out and out[-1][0] + out[-1][1] == case and out[-1][1] < size:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((case, 1))
+    return out
+
+
 def fuzz(cases: int, seed: int, out: Path, timeout: float = 60.0, jobs: int = 1,
-         small: bool = False, progress: int = 250) -> dict[str, Any]:
+         small: bool = False, progress: int = 250, resume: bool = False) -> dict[str, Any]:
     """Run `cases` cases in `jobs` processes, saying how far every `progress` cases; the
-    summary (also in OUT/summary.json)."""
+    summary (also in OUT/summary.json). `resume`: the cases OUT/partial.json already holds
+    (a stopped run of the same seed) are kept, not run again: each case is made from the seed
+    and its number alone."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    results: list[dict[str, Any]] = []
+    if resume and (out / "partial.json").is_file():
+        results = [r for r in json.loads((out / "partial.json").read_text()) if r["case"] < cases]
+        print(f"resumed: {len(results):,} cases from {out / 'partial.json'}", flush=True)
+    done_cases = {r["case"] for r in results}
     # Batches no larger than `progress`, so that a line comes at least that often.
     size = max(1, min(math.ceil(cases / (jobs * 8)), progress))
-    batches = [(i, min(size, cases - i), seed, str(out), timeout, small)
-               for i in range(0, cases, size)]
-    results: list[dict[str, Any]] = []
-    said = 0
+    batches = [(i, n, seed, str(out), timeout, small)
+               for i, n in _runs([c for c in range(cases) if c not in done_cases], size)]
+    said = len(results)
 
     def done(part: list[dict[str, Any]]) -> None:
         nonlocal said
@@ -873,6 +891,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="wall seconds before a case is stopped as a hang")
     parser.add_argument("--jobs", type=int, default=1, help="processes")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cases a stopped run of the same seed left in "
+                             "OUT/partial.json and run the rest")
     parser.add_argument("--small", action="store_true", help="only seeds under 200 kB")
     parser.add_argument("--progress", type=int, default=250, metavar="N",
                         help="a progress line every N cases")
@@ -888,7 +909,7 @@ def main() -> int:
         print(json.dumps(remeasure(args.out, args.remeasure, args.seed), indent=1))
         return 0
     summary = fuzz(args.cases, args.seed, args.out, args.timeout, args.jobs, args.small,
-                   args.progress)
+                   args.progress, args.resume)
     sizes = [float(x) for x in args.damage_sizes.split(",") if x] + ([64.0] if args.damage_64
                                                                       else [])
     if sizes:

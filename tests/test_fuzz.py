@@ -67,6 +67,28 @@ def test_the_fuzzer_says_its_progress_and_checks_each_case_against_the_limits(
     assert "over 10 s CPU" in line and "3 over 0.000976562 GB" in line
 
 
+def test_a_stopped_run_resumes_with_the_cases_it_had_not_run(tmp_path: Path, monkeypatch):
+    """A long run stopped part way (its process ended) is finished with --resume: the cases
+    partial.json holds are kept as they were, only the others run, and they are the cases the
+    whole run would have made (each from the seed and its number)."""
+    fuzz = load_fuzzer()
+    small = [ROOT / "sample_traces" / "cpu-loader-bound.pt.trace.json.gz"]
+    monkeypatch.setattr(fuzz, "seeds", lambda small_only=False: small)
+    whole = fuzz.fuzz(4, seed=3, out=tmp_path / "whole", timeout=60.0)
+    cases = json.loads((tmp_path / "whole" / "partial.json").read_text())
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    kept = [dict(r, marker=True) for r in cases if r["case"] in (0, 2)]
+    (stopped / "partial.json").write_text(json.dumps(kept))
+    resumed = fuzz.fuzz(4, seed=3, out=stopped, timeout=60.0, resume=True)
+    after = sorted(json.loads((stopped / "partial.json").read_text()), key=lambda r: r["case"])
+    assert [r["case"] for r in after] == [0, 1, 2, 3] and resumed["cases"] == whole["cases"]
+    assert [r.get("marker", False) for r in after] == [True, False, True, False]
+    assert [r["what"] for r in after] == [r["what"] for r in sorted(cases,
+                                                                     key=lambda r: r["case"])]
+    assert fuzz._runs([1, 3, 4, 5, 6, 9], 3) == [(1, 1), (3, 3), (6, 1), (9, 1)]
+
+
 def test_a_job_case_with_dead_ranks_gives_a_report_that_lists_them(tmp_path: Path):
     """The fuzzer's job case (issue 36): ranks that died beside good ones must be listed as
     left out, in a report of the rest; before, the first empty file refused the job."""
