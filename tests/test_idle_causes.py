@@ -10,6 +10,7 @@ import json
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stallscope.commands.pipeline import analyze_paths
@@ -210,3 +211,37 @@ def test_a_step_that_launches_cuda_graphs_gets_no_cuda_graphs() -> None:
     plain = report(SAMPLES / "real-h200-r5-hostbound.pt.trace.json.gz")
     assert "cuda_graph_launches_per_step" not in idle(plain).evidence
     assert plain.plan["entries"][0]["change"] == "cuda_graphs=true"
+
+
+@pytest.mark.parametrize(("name", "sparse"), [
+    ("hta/v100_rank1of2_df_index_resolver.pt.trace.json.gz", True),
+    ("kineto/resnet50_num_workers_4__worker0.1623213129365.pt.trace.json.gz", True),
+    ("hta/gp100_gpu_user_annotation.pt.trace.json.gz", False),  # idle 96%: most are near
+])
+def test_idle_labels_read_only_the_host_events_near_the_gaps(
+        name: str, sparse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu-idle keeps only the host events a label reads (those overlapping a host-wait gap,
+    and each thread's last before a gap), not every host event of the trace, and names the
+    idle exactly as it did reading them all."""
+    from stallscope.diagnose import idlethreads
+    from stallscope.diagnose.common import idle_windows
+    from stallscope.diagnose.idlegaps import gap_pieces, host_layers
+    from stallscope.trace.load import load_trace
+    from stallscope.trace.model import build_model
+
+    model = build_model(load_trace(PUBLIC / name))
+    windows, host = idle_windows(model), host_layers(model)
+    dev = model.gpu_devices[0]
+    hw = gap_pieces(model, dev, windows, host).host_wait
+    kept = idlethreads._wanted(hw)
+    ops = model.ops
+    every = len(ops)
+    read = int(kept(ops["ts"].to_numpy(dtype=float), ops["end"].to_numpy(dtype=float),
+                    np.zeros(every, dtype=np.int64)).sum())
+    assert read < 0.8 * every or not sparse
+    got = idlethreads.attribute(model, hw, windows, host)
+    monkeypatch.setattr(idlethreads, "_wanted",
+                        lambda hw: lambda ts, end, thread: np.ones(len(ts), dtype=bool))
+    whole = idlethreads.attribute(model, hw, windows, host)
+    assert got.rows == whole.rows and got.us_by_kind == whole.us_by_kind
+    assert np.array_equal(got.by_step, whole.by_step)

@@ -25,6 +25,7 @@ CPU_WORK_MIN_GAP_US of them is counted as launch work (the Python between two la
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -134,8 +135,14 @@ def attribute(model: TraceModel, hw: HostWaitGaps, windows: np.ndarray,
     if not len(hw.start) or not tids:
         return empty
     index = {t: i for i, t in enumerate(tids)}
-    every = _host_events(model, index)
-    holds = _holds(every, [index[t] for t in tids if roles[t] == PIN_MEMORY])
+    pin = [index[t] for t in tids if roles[t] == PIN_MEMORY]
+    wanted = _wanted(hw)
+    # The quiet stretches a pin-memory thread held need every event; else only what a label
+    # reads is kept (a long trace's host events are most of this rule's memory).
+    every = _host_events(model, index, None if pin else wanted)
+    holds = _holds(every, pin)
+    if pin:
+        every = _cut(every, wanted)
     near = _near(hw)
     ops, calls, py = (near(e) for e in every)
     spans = _graphed_spans(ops, calls)
@@ -181,55 +188,108 @@ def _thread_index(col: pd.Series, index: dict[str, int]) -> np.ndarray:
     return np.array([index.get(str(t), -1) for t in col.tolist()], dtype=np.int64)
 
 
-def _events(table: pd.DataFrame, index: dict[str, int], code: np.ndarray) -> _Events:
+# A mask over events (ts, end, thread index): those to keep.
+_Keep = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def _events(table: pd.DataFrame, index: dict[str, int], code: np.ndarray,
+            keep: _Keep | None = None) -> _Events:
     if not len(table):
         return _no_events()
     k = _thread_index(table["tid"], index)
-    keep = np.flatnonzero(k >= 0)
-    return _Events(table["ts"].to_numpy(dtype=float)[keep],
-                   table["end"].to_numpy(dtype=float)[keep], k[keep], code[keep], keep,
-                   table["name"])
+    ts, end = table["ts"].to_numpy(dtype=float), table["end"].to_numpy(dtype=float)
+    mask = k >= 0
+    if keep is not None:
+        mask &= keep(ts, end, k)
+    rows = np.flatnonzero(mask)
+    return _Events(ts[rows], end[rows], k[rows], code[rows], rows, table["name"])
 
 
-def _host_events(model: TraceModel, index: dict[str, int]) -> tuple[_Events, _Events, _Events]:
+def _host_events(model: TraceModel, index: dict[str, int],
+                 keep: _Keep | None = None) -> tuple[_Events, _Events, _Events]:
     """The process's ops (cpu_op and record_function ranges), runtime calls and Python
-    functions, on the threads in `index`, coded (see _Events)."""
+    functions, on the threads in `index`, coded (see _Events); only those `keep` keeps."""
     rt = model.runtime
     issuing = (name_flags(rt["name"], lambda n: regex_hit(ISSUING_CALL, n, anywhere=True))
                if len(rt) else np.zeros(0, dtype=bool))
-    calls = _events(rt, index, issuing.astype(np.int64))
+    issued = _issued(rt, index, issuing)
+    calls = _events(rt, index, issuing.astype(np.int64), keep)
     ops = model.ops
     is_cpu = (name_flags(ops["cat"], lambda c: c == "cpu_op") if len(ops)
               else np.zeros(0, dtype=bool))
-    o = _events(ops, index, is_cpu.astype(np.int64))
-    o = _Events(o.ts, o.end, o.thread, o.code + (_launched(o, calls) & (o.code == 1)),
+    o = _events(ops, index, is_cpu.astype(np.int64), keep)
+    o = _Events(o.ts, o.end, o.thread, o.code + (_launched(o, issued) & (o.code == 1)),
                 o.pos, o.names)
     ev = model.trace.events
     fn = ev[column_isin(ev["cat"], ("python_function",))] if len(ev) else ev
-    return o, calls, _events(fn, index, np.zeros(len(fn), dtype=np.int64))
+    return o, calls, _events(fn, index, np.zeros(len(fn), dtype=np.int64), keep)
 
 
-def _launched(ops: _Events, calls: _Events) -> np.ndarray:
+def _issued(rt: pd.DataFrame, index: dict[str, int],
+            issuing: np.ndarray) -> dict[int, np.ndarray]:
+    """Per thread of `index`, the sorted starts of its runtime calls that issue GPU work."""
+    if not len(rt):
+        return {}
+    k = _thread_index(rt["tid"], index)[issuing]
+    ts = rt["ts"].to_numpy(dtype=float)[issuing]
+    return {t: np.sort(ts[k == t]) for t in np.unique(k[k >= 0]).tolist()}
+
+
+def _launched(ops: _Events, issued_by: dict[int, np.ndarray]) -> np.ndarray:
     """Per op, whether its thread issued GPU work during it."""
     out = np.zeros(len(ops.ts), dtype=bool)
     for k in np.unique(ops.thread).tolist():
-        issued = np.sort(calls.ts[(calls.thread == k) & (calls.code == 1)])
+        issued = issued_by.get(k, np.empty(0))
         mine = ops.thread == k
         out[mine] = (np.searchsorted(issued, ops.end[mine], side="left")
                      > np.searchsorted(issued, ops.ts[mine], side="left"))
     return out
 
 
-def _near(hw: HostWaitGaps):  # noqa: ANN202 - a filter over _Events
-    """A filter keeping the events that overlap some host-wait gap (the gaps are disjoint)."""
+def _overlapping(hw: HostWaitGaps) -> _Keep:
+    """A mask of the events that overlap some host-wait gap (the gaps are disjoint)."""
     order = np.argsort(hw.start, kind="stable")
     starts, ends = hw.start[order], hw.end[order]
 
-    def keep(ev: _Events) -> _Events:
-        i = np.searchsorted(starts, ev.end, side="left") - 1
+    def keep(ts: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(starts, end, side="left") - 1
         ok = i >= 0
-        ok[ok] = ends[i[ok]] > ev.ts[ok]
-        return ev.subset(ok)
+        ok[ok] = ends[i[ok]] > ts[ok]
+        return ok
+
+    return keep
+
+
+def _near(hw: HostWaitGaps):  # noqa: ANN202 - a filter over _Events
+    """A filter keeping the events that overlap some host-wait gap."""
+    overlaps = _overlapping(hw)
+    return lambda ev: ev.subset(overlaps(ev.ts, ev.end, ev.thread))
+
+
+def _cut(every: tuple[_Events, _Events, _Events],
+         keep: _Keep) -> tuple[_Events, _Events, _Events]:
+    ops, calls, py = (e.subset(keep(e.ts, e.end, e.thread)) for e in every)
+    return ops, calls, py
+
+
+def _wanted(hw: HostWaitGaps) -> _Keep:
+    """A mask of the events a label can read: those overlapping a host-wait gap, and on each
+    thread those that ended last at or before a gap began (all that `_after` names time in a
+    gap by: a later one overlaps the gap)."""
+    overlaps = _overlapping(hw)
+    starts = np.sort(hw.start)
+
+    def keep(ts: np.ndarray, end: np.ndarray, thread: np.ndarray) -> np.ndarray:
+        out = overlaps(ts, end, thread)
+        for k in np.unique(thread[thread >= 0]).tolist():
+            mine = np.flatnonzero(thread == k)
+            ends = np.sort(end[mine])
+            last = np.searchsorted(ends, starts, side="right") - 1
+            lasts = np.unique(ends[last[last >= 0]])
+            if len(lasts):
+                at = np.clip(np.searchsorted(lasts, end[mine]), 0, len(lasts) - 1)
+                out[mine] |= lasts[at] == end[mine]
+        return out
 
     return keep
 
@@ -318,9 +378,10 @@ def _classify(state: _State, is_pin: np.ndarray, main: int, launcher: np.ndarray
              held | (pin_ran & bare), state.cpu[c, at], state.py[c, at], state.op[c, at]]
     kinds = ["dataloader", "sync", "launch", "launch", "launch", "pin-memory", "cpu-work",
              "python", "cpu-work"]
-    whos = [np.full(len(pre), main), np.full(len(pre), main), c, c,
-            np.argmax(launching, axis=0), pin_who, c, c, c]
-    kind = np.select(conds, [np.full(len(pre), _K[k]) for k in kinds], _K["untraced"])
+    # Constant choices as scalars, which np.select broadcasts: no array per choice.
+    whos = [np.int64(main), np.int64(main), c, c, np.argmax(launching, axis=0), pin_who, c, c,
+            c]
+    kind = np.select(conds, [np.int64(_K[k]) for k in kinds], np.int64(_K["untraced"]))
     return kind, np.select(conds, whos, c)
 
 
