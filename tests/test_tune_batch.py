@@ -180,6 +180,11 @@ def test_batch_sizes_are_compared_in_samples_per_second_and_one_over_the_limit_i
     assert "## Batch sizes" in text and "learning rate follows the batch size" in text
     term = render_terminal(doc, Path("/tmp/out"))
     assert "batch_size=128" in term and "would not fit" in term and "Caveat:" in term
+    # a size whose run recorded no trace: its peak says so, not an empty figure
+    rows[64]["peak_memory"] = None
+    line = next(ln for ln in render_terminal(doc, Path("/tmp/out")).splitlines()
+                if "batch_size=64" in ln)
+    assert line.endswith("peak not measured"), line
 
 
 def test_without_batch_sizes_nothing_changes():

@@ -141,6 +141,8 @@ def test_watch_captures_the_second_regime_and_diagnoses_it_dataloader_bound(
     report = report_of(out)
     captures = report["watch"]["captures"]
     assert captures[0]["kind"] == "first"
+    assert len(report["watch"]["regimes"]) >= 2, (report["watch"]["regimes"],
+                                                  report["watch"]["load"])
     regime = report["watch"]["regimes"][1]  # the second regime, from step ~120 of 240
     # (a busy machine can add a periodic capture of its own stalls: the regime's is the one)
     second = next(c for c in captures if c["kind"] == "regime")

@@ -87,8 +87,10 @@ def batch_rows(result: dict[str, Any]) -> list[dict[str, str]]:
             "rate_range": f"{rng[0]:.1f}-{rng[1]:.1f}/s" if rng else "",
             "ratio": f"{vs['speedup']:.2f}x ({vs['low']:.2f}-{vs['high']:.2f}x)" if vs else "",
             "verdict": r.get("verdict") or "",
-            "peak": _mb(peak.get("host_bytes")) + (f", device {_mb(peak['device_bytes'])}"
-                                                   if peak.get("device_bytes") else ""),
+            # a run that recorded no trace (it ended before its recorded steps) has no peak
+            "peak": (_mb(peak.get("host_bytes")) + (f", device {_mb(peak['device_bytes'])}"
+                                                    if peak.get("device_bytes") else "")
+                     if peak else "not measured"),
             "why": r.get("refused") or r.get("skipped") or (pred[0]["text"] if pred else ""),
         })
     return out
