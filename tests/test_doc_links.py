@@ -91,5 +91,5 @@ def test_ci_runs_exactly_the_readmes_test_commands() -> None:
     ci = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
     checks = [c for c in _commands(ci)
               if c.startswith(("ruff ", "python -m mypy", "python -m pytest"))]
-    assert documented == checks and len(documented) == 4
+    assert documented == checks and len(documented) == 5
     assert "pip install -e '.[test,frameworks,jupyter,dask,tbplugin]'" in ci  # installs all

@@ -243,6 +243,7 @@ def test_a_loader_that_slows_down_halfway_is_a_new_regime(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_blocking_save_every_25_steps_is_found_with_its_cost(tmp_path: Path) -> None:
     w = watch_case(tmp_path, "save")
     periodic = [p for p in w["periodic"] if p["kind"] == "periodic"]
@@ -262,6 +263,7 @@ def test_workers_started_every_epoch_are_found_with_persistent_workers_as_the_fi
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_steady_run_reports_no_change_of_its_own(tmp_path: Path) -> None:
     w = watch_case(tmp_path, "steady")
     assert script_changes(w) == [], w["regimes"]
@@ -335,6 +337,7 @@ def test_max_steps_stops_a_watch_with_its_report(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_duration_stops_a_watch_at_a_step_boundary_with_its_report(tmp_path: Path) -> None:
     """`--duration 6`: a script of 100,000 steps is stopped once it has run 6 s, at a step
     boundary (the recording and the steps so far kept), exit 0."""

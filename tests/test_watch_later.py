@@ -132,6 +132,7 @@ def test_the_real_h100_watch_runs(case: str, truth: str | None, every: int | Non
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_watch_captures_the_second_regime_and_diagnoses_it_dataloader_bound(
         tmp_path: Path) -> None:
     out = tmp_path / "out"

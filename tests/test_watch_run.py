@@ -70,6 +70,7 @@ def watch(tmp_path: Path, source: str, *args: str) -> tuple[dict[str, Any], str]
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_loader_that_turns_slow_is_one_boundary_at_the_change_and_the_save_a_period(
         tmp_path: Path) -> None:
     report, said = watch(tmp_path, SLOWS)
@@ -91,6 +92,7 @@ def _spin() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_steady_run_beside_two_cpu_burning_processes_has_no_regime_and_no_capture(
         tmp_path: Path) -> None:
     burners = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(2)]
