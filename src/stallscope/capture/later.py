@@ -82,9 +82,10 @@ class Level:
 
 
 def is_load(a: Level, b: Level) -> bool:
-    """The slower of two windows is other load: the stepping thread's wait for a core
-    explains half its growth or more, or became a material share of its step (the rule of
-    wholerun/regimes.py `load_why`, so no capture is spent on what the report calls load)."""
+    """The slower of two windows is other load: the stepping thread's wait for a core, past
+    the quieter window's share of the step, explains half its growth or more, or became a
+    material share of its step (the rule of wholerun/regimes.py `load_why`, so no capture is
+    spent on what the report calls load)."""
     quiet, busy = (a, b) if a.step_ms <= b.step_ms else (b, a)
     if not (math.isfinite(quiet.runq_ms) and math.isfinite(busy.runq_ms)):
         return False

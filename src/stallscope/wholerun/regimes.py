@@ -277,8 +277,8 @@ def load_why(quiet: Regime, busy: Regime) -> str | None:
 
     Load is time the stepping thread spent runnable but waiting for a core: it waited that
     much more in each step than its quieter neighbour's share of the step (half the step's
-    growth or more), or its wait's share of the step
-    grew by LOAD_SHARE_DELTA to at least LOAD_SHARE, or it waited a material share
+    growth or more), or its wait's share of the step grew by LOAD_SHARE_DELTA to at least
+    LOAD_SHARE, or it waited a material share
     (LOAD_SHARE) while the process burned LOAD_SPIN times the CPU time per wall ms: intra-op
     threads spinning while other processes hold the cores burn CPU without more work, so the
     step grows by more than the wait alone. More work of the script's own on a busy machine
