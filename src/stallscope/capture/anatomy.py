@@ -33,8 +33,8 @@ from stallscope.capture import sampler, schedstat, transfer
 
 # A worker writes its totals at most this often (seconds): a batch costs two clock reads and two
 # schedstat reads; a write (psutil's I/O counters) costs far more and is amortised over every batch
-# made in the interval (figures: docs/performance.md, "Figures behind the code"). The training
-# process reads the files back at most every READ_S (~0.15 ms for two workers).
+# made in the interval. The training process reads the files back at most every READ_S (the
+# figures for both: docs/performance.md, "Figures behind the code").
 FLUSH_S = 0.25
 READ_S = 0.25
 # Classification thresholds: a fetch whose CPU time is under half its wall time mostly waits
