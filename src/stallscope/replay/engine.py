@@ -12,6 +12,7 @@ per segment and per chunk, not per event.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,20 +107,13 @@ class _Run:
         self.done = self.s_first.copy()  # per stream: ops before this index are resolved
         self.gpu_start = np.full(m, np.nan)
         self.gpu_end = np.full(m, np.nan)
-        crossing = np.flatnonzero(g.g_cross >= 0)
-        # per op: the first op after it that waits on another stream (a chunk ends there)
-        k = np.searchsorted(crossing, np.arange(m), side="right")
-        self.next_cross = np.where(k < len(crossing), crossing[np.clip(k, 0, len(crossing) - 1)]
-                                   if len(crossing) else m, m).tolist()
+        # The ops that wait on another stream, in order: a chunk ends at the next one after it.
+        self.crossing = np.flatnonzero(g.g_cross >= 0).tolist()
         self.launch_seg = np.where(g.g_launch >= 0, self.seg[np.clip(g.g_launch, 0, None)], -1) \
             if m and n else np.full(m, -1)
         self.seg_done = np.zeros(nseg, dtype=bool)
-        # The small-chunk path reads these op by op: plain lists index much faster.
-        launch_off = (self.offset[np.clip(g.g_launch, 0, None)] + g.g_lat) if m and n \
+        self.launch_off = (self.offset[np.clip(g.g_launch, 0, None)] + g.g_lat) if m and n \
             else np.zeros(m)
-        self.op_lists = (g.g_anchor.tolist(), self.launch_seg.tolist(), launch_off.tolist(),
-                         g.g_cross.tolist(), g.g_cgap.tolist(), g.g_gap.tolist(),
-                         g.g_dur.tolist())
 
     # -- host
 
@@ -147,16 +141,18 @@ class _Run:
         si = self.s_of[int(g.g_stream[op])]
         while self.done[si] <= op:
             i = int(self.done[si])
-            j = min(self.next_cross[i], int(self.s_end[si]))
+            k = bisect.bisect_right(self.crossing, i)
+            j = min(self.crossing[k] if k < len(self.crossing) else len(g.g_ts),
+                    int(self.s_end[si]))
             if j - op - 1 > SMALL_CHUNK:  # go on past `op` while the launches are known
                 ls = self.launch_seg[op + 1 : j]
                 pending = np.flatnonzero((ls >= 0) & ~self.seg_done[np.clip(ls, 0, None)])
                 if len(pending):
                     j = op + 1 + int(pending[0])
             elif j > op + 1:  # a few ops: look one by one
-                launch_seg, seg_done = self.op_lists[1], self.seg_done
-                for q in range(op + 1, j):
-                    if launch_seg[q] >= 0 and not seg_done[launch_seg[q]]:
+                seg_done = self.seg_done
+                for q, s in enumerate(self.launch_seg[op + 1 : j].tolist(), op + 1):
+                    if s >= 0 and not seg_done[s]:
                         j = q
                         break
             self._chunk(si, i, j)
@@ -186,21 +182,24 @@ class _Run:
         self.gpu_start[ops] = end - dur
 
     def _small_chunk(self, si: int, i: int, j: int) -> None:
-        """The same recurrence, op by op: a few ops cost less in Python than in numpy calls."""
-        anchor, launch_seg, launch_off, cross, cgap, gap, dur = self.op_lists
+        """The same recurrence, op by op: a few ops cost less in Python than in numpy calls
+        (the chunk's slices are read as plain lists, which index much faster)."""
+        g = self.g
         seg_start, seg_done = self.seg_start, self.seg_done
         prev = float(self.gpu_end[i - 1]) if i > self.s_first[si] else -np.inf
-        for k in range(i, j):
-            start = anchor[k]
-            s = launch_seg[k]
+        rows = zip(g.g_anchor[i:j].tolist(), self.launch_seg[i:j].tolist(),
+                   self.launch_off[i:j].tolist(), g.g_gap[i:j].tolist(),
+                   g.g_dur[i:j].tolist(), strict=True)
+        cross = int(g.g_cross[i])
+        for k, (start, s, off, gap, dur) in enumerate(rows, i):
             if s >= 0:
                 if not seg_done[s]:
                     raise ReplayOrderError("replay order: a launch was not resolved before its op")
-                start = max(start, float(seg_start[s]) + launch_off[k])
-            if k == i and cross[k] >= 0:
-                start = max(start, self.gpu_end_of(cross[k]) + cgap[k])
-            start = max(start, prev + gap[k])
-            prev = start + dur[k]
+                start = max(start, float(seg_start[s]) + off)
+            if k == i and cross >= 0:
+                start = max(start, self.gpu_end_of(cross) + float(g.g_cgap[i]))
+            start = max(start, prev + gap)
+            prev = start + dur
             self.gpu_start[k], self.gpu_end[k] = start, prev
 
     # -- the whole replay
@@ -301,11 +300,13 @@ def gpu_need(g: Graph, start: np.ndarray, end: np.ndarray, n: int,
     group = dev * n + k
     new = np.r_[True, group[1:] != group[:-1]]
     # The busy union of each group: each op adds what lies past the latest end before it.
-    prev = pd.Series(e).groupby(group).cummax().shift(1).to_numpy(dtype=float, copy=True)
-    prev[new] = -np.inf
+    firsts = np.flatnonzero(new)
+    prev = np.empty(len(e))
+    for a, b in zip(firsts.tolist(), [*firsts[1:].tolist(), len(e)], strict=True):
+        prev[a] = -np.inf
+        np.maximum.accumulate(e[a : b - 1], out=prev[a + 1 : b])
     add = np.clip(e - np.maximum(s, prev), 0.0, None)
     busy = np.bincount(np.cumsum(new) - 1, weights=add)
-    firsts = np.flatnonzero(new)
     np.maximum.at(need, k[firsts], busy)
     return need
 
