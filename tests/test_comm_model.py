@@ -173,7 +173,7 @@ def _gpu_done(g: Graph, overlap: bool, backward: bool = True) -> float:
     if overlap:
         comm = g.gpu_named(lambda n: n.startswith("nccl"))
         hide = g.gpu_named(lambda n: n.startswith("backward")) & backward
-        g = g.copy()
+        g = g.copy(*tf.OVERLAPS)
         tf.overlap_collectives(g, comm, np.zeros_like(comm), hide, np.zeros(len(g.g_ts)),
                                BUCKET_US)
     return float(replay(g).gpu_end.max())
@@ -228,7 +228,7 @@ def test_all_gather_prefetch_hides_the_next_shard_under_the_current_layer() -> N
     g = _sharded_graph()
     assert float(replay(g).gpu_end.max()) == pytest.approx(30e3)
     ag = g.gpu_named(lambda n: "AllGather" in n)
-    g2 = g.copy()
+    g2 = g.copy(*tf.OVERLAPS)
     moved = tf.overlap_collectives(g2, np.zeros_like(ag), ag, np.zeros_like(ag),
                                    np.zeros(len(g.g_ts)), BUCKET_US)
     assert moved == 1

@@ -169,13 +169,26 @@ def test_shorter_work_never_makes_the_replayed_run_longer(data: st.DataObject) -
     graph = build_graph(_model(real_trace(RESNET_0[0])))
     assert graph is not None
     base = replay(graph).host_start[graph.markers][-1]
-    g = graph.copy()
+    g = graph.copy("h_dur", "g_dur")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     h = rng.random(len(g.h_dur)) < data.draw(st.floats(0.0, 1.0))
     k = rng.random(len(g.g_dur)) < data.draw(st.floats(0.0, 1.0))
     g.h_dur[h] *= rng.random(int(h.sum()))
     g.g_dur[k] *= rng.random(int(k.sum()))
     assert replay(g).host_start[g.markers][-1] <= base + 1e-6
+
+
+def test_a_copy_owns_only_what_it_names_and_cannot_change_the_graph_it_shares() -> None:
+    graph = build_graph(_model(real_trace(RESNET_0[0])))
+    assert graph is not None
+    before = graph.h_dur.copy()
+    g = graph.copy("g_dur")
+    g.g_dur[:] = 0.0  # its own
+    with pytest.raises(ValueError, match="read-only"):
+        g.h_dur[0] = 1e9  # shared with `graph`: a fix that forgot to name it fails here
+    assert np.array_equal(graph.h_dur, before) and graph.g_dur.any()
+    with pytest.raises(ValueError, match="not a graph array"):
+        graph.copy("h_ts")
 
 
 def test_what_if_is_recorded_in_the_report_and_the_command(tmp_path: Path) -> None:
@@ -314,9 +327,9 @@ def test_a_plan_holds_few_copies_of_the_graph_at_once(monkeypatch: pytest.Monkey
     most = 0
     copy = graph_module.Graph.copy
 
-    def counted(self: graph_module.Graph) -> graph_module.Graph:
+    def counted(self: graph_module.Graph, *writes: str) -> graph_module.Graph:
         nonlocal most
-        new = copy(self)
+        new = copy(self, *writes)
         made.append(weakref.ref(new))
         most = max(most, sum(ref() is not None for ref in made))
         return new

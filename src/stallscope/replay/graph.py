@@ -136,11 +136,18 @@ class Graph:
     def steps(self) -> int:
         return len(self.step_start)
 
-    def copy(self) -> Graph:
-        """A graph whose durations and edges a fix may change without touching this one (what
-        the nodes are, and when they were recorded, is shared)."""
-        arrays = {k: getattr(self, k).copy() for k in _MUTABLE}
-        return replace(self, **arrays)
+    def copy(self, *writes: str) -> Graph:
+        """A graph a fix may change without touching this one: it shares every array but those
+        named in `writes` (of `_MUTABLE`), which it copies for the fix to change in place; an
+        array the fix replaces whole (`out.h_dur = g.h_dur * f`) need not be named. A scenario
+        then holds only what its changes changed. Every shared array is made read-only, so a
+        change written into one not named fails at once instead of changing the other graph."""
+        unknown = set(writes) - set(_MUTABLE)
+        if unknown:
+            raise ValueError(f"not a graph array a fix may change: {sorted(unknown)}")
+        for k in _MUTABLE:
+            getattr(self, k).flags.writeable = False
+        return replace(self, **{k: getattr(self, k).copy() for k in writes})
 
     def host_named(self, test: Callable[[str], bool]) -> np.ndarray:
         """Host nodes whose name passes `test` (evaluated once per distinct name)."""

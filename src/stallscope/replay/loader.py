@@ -49,6 +49,8 @@ from stallscope.units import fixed_size, ms, percent
 # behind the code").
 FETCH_BASE_US = 2000.0
 FETCH_BYTES_PER_US = 5700.0
+# What a change to the fetches writes in place (Graph.copy).
+FETCHES = ("h_dur", "h_after", "h_ret")
 # A fetch whose CPU time is under this share of its wall time mostly waits (storage, network):
 # its workers need not have a core each (capture/anatomy.py classifies by the same share).
 WAITING_CPU_SHARE = 0.5
@@ -272,7 +274,7 @@ def paced(g: Graph, pace_us: float, batch_bytes: float) -> Graph:
     loads = np.flatnonzero(g.h_kind == LOADER)
     if len(loads) < 2:
         return g
-    g = g.copy()
+    g = g.copy(*FETCHES)
     g.h_dur[loads] = np.minimum(g.h_dur[loads], receive_us(batch_bytes))
     g.h_after[loads[1:]] = loads[:-1]
     g.h_ret[loads[1:]] = pace_us
@@ -335,7 +337,7 @@ def with_workers(g: Graph, n: int, facts: LoaderFacts, loader_kind: str | None,
     # its own work is what is left once the fetches it waited on are gone.
     before = replay(g).step_us
     own = np.maximum(before - _per_step(g, loads, g.h_dur[loads]), 1.0)
-    g = g.copy()
+    g = g.copy(*FETCHES)
     notes: list[str] = []
     nbytes = facts.batch_bytes if facts.batch_bytes is not None else copy_bytes_per_step
     shm = (f", plus {ms(shm_write_us(nbytes), 'tenths')} ms writing its "

@@ -1,5 +1,6 @@
 """Edits a fix makes to a graph: selecting nodes and ops by what they are, then shortening,
-scaling or unblocking them. Each function changes the graph it is given (pass a copy)."""
+scaling or unblocking them. Each function changes the graph it is given in place: pass a copy
+that owns the arrays it names (`Graph.copy(*UNBLOCKS)`, say)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ import pandas as pd
 
 from stallscope.replay.graph import CALL, RESUME, Graph
 from stallscope.trace.intervals import enclosing
+
+# The arrays each edit writes in place: what the copy it is given must own.
+UNBLOCKS = ("h_dur", "h_wait", "h_after", "h_ret")
+SCALES_HOST = ("h_dur",)
+SCALES_GPU = ("g_dur",)
+REMOVES_GPU = ("g_dur", "g_gap")
+TIGHTENS = ("g_gap",)
+OVERLAPS = ("g_dur", "g_lat", "g_anchor", "g_cross", "g_cgap")
+JOINS = ("h_release", "h_delay", "h_lead")
 
 
 def within(g: Graph, ranges: pd.DataFrame) -> np.ndarray:

@@ -92,7 +92,7 @@ def comm(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     hide = tf.launched_by(g, back & ~calls) & (g.g_kind == "kernel") & ~comm
     wait = ctx.once("peer wait", lambda: _peer_wait(g, comm, kinds))
     before = replay(g)
-    g = g.copy()
+    g = g.copy(*tf.JOINS, *tf.OVERLAPS, *tf.SCALES_HOST)
     # The stepping thread resumes when the thread that issued the collectives is done (a join
     # the graph's 1 ms release window misses when the hand-back took longer), with the slack
     # it had before this change: what the change takes off that thread reaches the step.

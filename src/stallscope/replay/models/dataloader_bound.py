@@ -44,6 +44,7 @@ def num_workers(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         # A batch from a worker arrives in shared-memory pages this process has not touched:
         # the pageable copy's staging memcpy maps each one as it reads it.
         pages = np.nan_to_num(g2.g_bytes[pageable], nan=0.0) / PAGE_BYTES
+        g2.g_dur = g2.g_dur.copy()  # shared with the graph it was made from (Graph.copy)
         g2.g_dur[pageable] += pages * SHM_FIRST_TOUCH_US
         notes.append(f"a batch from a worker is copied to the GPU from shared-memory pages "
                      f"not yet mapped in the training process: +{SHM_FIRST_TOUCH_US} us per "

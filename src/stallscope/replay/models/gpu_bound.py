@@ -114,7 +114,7 @@ def compile_change(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]
     est = ctx.once("compile", lambda: compile_estimate(g, ctx.model))
     if est is None:
         raise NotModelled("no memory-bound kernels between the GEMM/convolution kernels to fuse")
-    g = g.copy()
+    g = g.copy(*tf.SCALES_GPU)
     rows = est.chain >= 0
     tf.scale_gpu(g, rows, est.factor[est.chain[rows]])
     return g, [

@@ -44,7 +44,7 @@ def cuda_graphs(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     outside = optimizer_nodes(g, ctx) | zero_grad_nodes(g, ctx)
     keep = (g.h_kind == LOADER) | h2d_calls(g) | (g.h_wait >= 0) | outside
     nodes = in_steps & ((g.h_kind == FILL) | (g.h_kind == CALL)) & ~keep
-    g = g.copy()
+    g = g.copy(*tf.SCALES_HOST, *tf.TIGHTENS)
     tf.scale_host(g, nodes, GRAPH_HOST_LEFT)
     tf.tighten_streams(g, tf.launched_by(g, nodes), GRAPH_KERNEL_GAP_US)
     return g, ["the model's forward and backward replay as CUDA graphs: "
@@ -60,7 +60,7 @@ def allocator(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         g.h_kind == CALL)
     if not calls.any():
         raise NotModelled("no cudaMalloc/cudaFree calls in the steps")
-    g = g.copy()
+    g = g.copy(*tf.UNBLOCKS)
     tf.unblock(g, calls)
     g.h_dur[calls] = 0.0
     return g, ["cudaMalloc/cudaFree (and the device syncs cudaFree implies) leave the steps: "

@@ -35,7 +35,7 @@ def sync_off(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
                               "pinned memory removes them, not moving .item() out of the loop")
         raise NotModelled("no host wait on the GPU in the steps that moving .item()/.cpu() "
                           "out of the loop would remove")
-    g = g.copy()
+    g = g.copy(*tf.UNBLOCKS)
     tf.unblock(g, waits)
     return g, [f"{plural(int(waits.sum()), 'host wait')} on the GPU (stream/device syncs, "
                "device-to-host copies) no longer block the step: the values are read every "

@@ -119,7 +119,7 @@ def amp(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     if not changed.any():
         raise NotModelled(f"no kernel in the steps that {value} would change (no fp32 "
                           "GEMM/convolution, no fp32 memory-bound kernel)")
-    g = g.copy()
+    g = g.copy(*tf.SCALES_GPU)
     tf.scale_gpu(g, changed, factor[changed])
     sku = {7: "V100", 8: "A100", 9: "H100 SXM"}[min(major, 9)] + (
         " (a later GPU takes its ratios)" if major > 9 else "")

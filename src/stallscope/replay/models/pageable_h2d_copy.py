@@ -47,7 +47,7 @@ def pin_memory(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
             return g, ["host-to-device copies already come from pinned memory"]
         raise NotModelled("no host-to-device copy in the steps")
     rate, how = _pinned_rate(g, ctx.model)
-    g = g.copy()
+    g = g.copy("g_dur", *tf.UNBLOCKS)  # _block_on_own_copy writes what unblock does
     g.g_dur[ops] = np.nan_to_num(g.g_bytes[ops], nan=0.0) / (rate * 1e3)
     notes = [f"HtoD copies run at {rate:.1f} GB/s from pinned memory ({how})"]
     _block_on_own_copy(g, ops)
@@ -93,7 +93,7 @@ def non_blocking(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     calls = h2d_calls(g)
     if not calls.any():
         raise NotModelled("no host-to-device copy calls in the steps")
-    g = g.copy()
+    g = g.copy(*tf.UNBLOCKS)
     follow = followers(g, calls, SYNC_CALLS)
     tf.unblock(g, calls | follow)
     return g, ["the host no longer waits for host-to-device copies (or the stream sync after "

@@ -33,7 +33,7 @@ def optimizer(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
         raise NotModelled("no optimizer.step() in the steps")
     kernels = ctx.once("optimizer kernels",
                        lambda: tf.launched_by(g, nodes) & (g.g_kind == "kernel"))
-    g = g.copy()
+    g = g.copy(*tf.SCALES_HOST, *tf.SCALES_GPU)
     if not ctx.model.has_gpu:
         left = OPTIMIZER_HOST_LEFT_CPU[value]
         tf.scale_host(g, nodes & ((g.h_kind == FILL) | (g.h_kind == CALL)), left)

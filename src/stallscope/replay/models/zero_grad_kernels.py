@@ -21,7 +21,7 @@ def zero_grad(g: Graph, ctx: Context, value: str) -> tuple[Graph, list[str]]:
     launched = ctx.once("zero_grad kernels", lambda: tf.launched_by(g, nodes))
     if not launched.any():
         raise NotModelled("zero_grad() launches no kernels in the steps")
-    g = g.copy()
+    g = g.copy(*tf.REMOVES_GPU, *tf.SCALES_HOST)
     tf.remove_gpu(g, launched)
     tf.scale_host(g, nodes & ((g.h_kind == FILL) | (g.h_kind == CALL)), ZERO_GRAD_HOST_LEFT)
     return g, [f"zero_grad() launches nothing and keeps {percent(100 * ZERO_GRAD_HOST_LEFT, 0)} "
