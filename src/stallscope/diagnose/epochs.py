@@ -20,7 +20,7 @@ import pandas as pd
 
 from stallscope.runfacts import RunContext
 from stallscope.trace.model import LOADER_NAME, TraceModel
-from stallscope.trace.names import name_matches, per_name
+from stallscope.trace.names import column_equals_text, name_matches, per_name
 
 # Ops that may run between the `__next__` that ends an epoch and the first one of the next
 # without being training work: the iterator's and RandomSampler's seeds and its permutation.
@@ -56,9 +56,9 @@ def boundaries(model: TraceModel) -> pd.DataFrame | None:
 def _boundaries(model: TraceModel) -> pd.DataFrame | None:
     ev = model.trace.events
     span_lo, span_hi = model.steps[0].start_us, model.steps[-1].end_us
-    tid = ev["tid"].astype(str) == str(model.main_tid)
     inside = (ev["ts"] >= span_lo) & (ev["ts"] < span_hi)
-    loader = ev[tid & inside & name_matches(ev["name"], LOADER_NAME)]
+    loader = ev[inside & column_equals_text(ev["tid"], str(model.main_tid))
+                & name_matches(ev["name"], LOADER_NAME)]
     loader = loader.sort_values("ts", kind="stable")
     if loader.empty:
         return None

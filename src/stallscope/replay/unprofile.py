@@ -20,6 +20,7 @@ import numpy as np
 
 from stallscope.replay.graph import FILL, Graph
 from stallscope.trace.model import TraceModel
+from stallscope.trace.names import column_equals_text, column_isin
 from stallscope.units import ms
 
 # Per recorded op (us), when the trace does not carry run's own measurement: the median of
@@ -99,15 +100,13 @@ def op_counts(g: Graph, model: TraceModel) -> np.ndarray:
     counts = np.zeros(len(g.h_ts))
     if ev.empty or not len(g.h_ts):
         return counts
-    cat = ev["cat"].astype(str).to_numpy()
-    tid = ev["tid"].astype(str).to_numpy()
     ts = ev["ts"].to_numpy(dtype=float)
-    recorded = np.isin(cat, RECORDED_CATS)
+    recorded = column_isin(ev["cat"], RECORDED_CATS)
     for t_index, thread in enumerate(g.thread_ids):
         nodes = np.flatnonzero(g.h_thread == t_index)
         if not len(nodes):
             continue
-        starts = np.sort(ts[recorded & (tid == thread)])
+        starts = np.sort(ts[recorded & column_equals_text(ev["tid"], thread)])
         lo = g.h_ts[nodes]
         hi = g.h_rec_end[nodes].copy()
         fills = g.h_kind[nodes] == FILL

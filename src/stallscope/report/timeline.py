@@ -66,13 +66,16 @@ def trace_timeline(model: TraceModel, index: int | None = None) -> dict[str, Any
             lanes.append(lane)
         lane["rects"].extend({**r, "kind": kind} for r in rects)
 
-    ev = model.trace.events
+    # The step's own events first: the text tests below then read thousands of rows, not
+    # every event of the trace.
+    ev = _within(model.trace.events, start, end)
     on_main = (ev["tid"].astype(str) == str(model.main_tid)) & ev["cat"].isin(
         ["user_annotation", "cpu_op"]
     )
     loader = ev[on_main & name_matches(ev["name"], LOADER_NAME)]
-    add("data loader", "dataloader", _within(loader, start, end), loader["name"])
-    ops = _within(model.ops[model.ops["tid"].astype(str) == str(model.main_tid)], start, end)
+    add("data loader", "dataloader", loader, loader["name"])
+    ops = _within(model.ops, start, end)
+    ops = ops[ops["tid"].astype(str) == str(model.main_tid)]
     ops = ops[~inside_loader(model, ops)]  # the dataset's work is the loader lane's
     top = _top_level(ops)
     add("host compute", "host_compute", top, top["name"])
