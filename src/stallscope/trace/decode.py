@@ -58,8 +58,8 @@ from stallscope.units import binary_size
 # Text per decoded chunk: large enough to amortise each decode call, small enough that the chunk's
 # text and its events as structs stay a small part of the peak (measured on the 302 MB trace:
 # docs/performance.md, "Figures behind the code").
-CHUNK_BYTES = 4 << 20
-BLOCK_BYTES = 4 << 20  # text read per file read
+CHUNK_BYTES = 1 << 20
+BLOCK_BYTES = 1 << 20  # text read per file read
 _MAX_TRIES = 8  # failed cuts before more text is read in (a cut inside a huge event)
 _TAIL_BYTES = 1 << 20  # the keys after the event list: Kineto writes a few hundred bytes there
 _TAIL_TRIES = 256  # `]` tried as the end of the event list before the file is called cut off

@@ -30,7 +30,6 @@ import numpy as np
 from stallscope import heap
 from stallscope.trace.decode import (
     _BOUNDARY,
-    BLOCK_BYTES,
     Columns,
     Damage,
     Decoded,
@@ -49,6 +48,8 @@ PARALLEL_MIN_BYTES = 64 << 20
 MIN_PART_BYTES = 32 << 20
 # Text searched after a nominal cut for the next `}, {`: an event is rarely over a few kB.
 SEARCH_BYTES = 1 << 20
+# Text searched for where the event list starts: Kineto writes a few kB of metadata before it.
+HEAD_BYTES = 4 << 20
 # A part's peak memory per byte of its text, plus a process's own: a margin over what the 302 MB
 # tiled trace measured (its events and args tables 31 MB, 0.10x the text; one process's peak
 # 0.86x the text with pandas and the analysis, which a part does not hold).
@@ -100,7 +101,7 @@ def plan_parts(path: Path, size: int, count: int) -> list[Part] | None:
     """`count` parts of about equal size cut at `}, {` boundaries in the event list; None when
     the file is not an object or array of events with such boundaries where the cuts fall."""
     with path.open("rb") as fh:
-        head = bytearray(fh.read(min(size, BLOCK_BYTES)))
+        head = bytearray(fh.read(min(size, HEAD_BYTES)))
         try:
             start = _find_events(head, KeyFinder(), final=len(head) == size)
         except Exception:  # not shaped like a trace: the sequential reader says why
