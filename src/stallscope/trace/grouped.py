@@ -64,15 +64,26 @@ def _compensated(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
 
 
 def _compensated_loop(values: np.ndarray, labels: np.ndarray, n: int) -> np.ndarray:
-    """The same sum row by row: `values` and `labels` are the kept rows (no NaN, no -1)."""
-    sums, comp = [0.0] * n, [0.0] * n
-    for g, v in zip(labels.tolist(), values.tolist(), strict=True):
-        y = v - comp[g]
-        t = sums[g] + y
-        c = t - sums[g] - y
-        comp[g] = 0.0 if c != c else c  # an infinity makes it NaN: pandas resets it
-        sums[g] = t
-    return np.array(sums, dtype=np.float64)
+    """The same sum row by row, one group after another: `values` and `labels` are the kept
+    rows (no NaN, no -1), each group's rows together in row order. A group's running sum and
+    its compensation live in locals, not in per-group lists indexed on every row."""
+    out = np.zeros(n)
+    if not len(labels):
+        return out
+    firsts = np.flatnonzero(np.r_[True, labels[1:] != labels[:-1]])
+    rows = values.tolist()
+    for a, b, group in zip(firsts.tolist(), [*firsts[1:].tolist(), len(rows)],
+                           labels[firsts].tolist(), strict=True):
+        total = comp = 0.0
+        for v in rows[a:b]:
+            y = v - comp
+            t = total + y
+            comp = t - total - y
+            if comp != comp:  # an infinity makes it NaN: pandas resets it
+                comp = 0.0
+            total = t
+        out[group] = total
+    return out
 
 
 def exact_sums(values: np.ndarray) -> bool:
