@@ -283,12 +283,19 @@ def _wanted(hw: HostWaitGaps) -> _Keep:
         out = overlaps(ts, end, thread)
         for k in np.unique(thread[thread >= 0]).tolist():
             mine = np.flatnonzero(thread == k)
-            ends = np.sort(end[mine])
-            last = np.searchsorted(ends, starts, side="right") - 1
-            lasts = np.unique(ends[last[last >= 0]])
-            if len(lasts):
-                at = np.clip(np.searchsorted(lasts, end[mine]), 0, len(lasts) - 1)
-                out[mine] |= lasts[at] == end[mine]
+            # Each event's first gap that begins at or after its end; the last end before gap
+            # j is the greatest end of the events whose first such gap is j or an earlier one
+            # (the gaps are few, the events many: no sort of the events).
+            e = end[mine]
+            first = np.searchsorted(starts, e, side="left")
+            before = first < len(starts)
+            if not before.any():
+                continue
+            latest = np.full(len(starts), -np.inf)
+            np.maximum.at(latest, first[before], e[before])
+            lasts = np.unique(np.maximum.accumulate(latest))
+            lasts = lasts[lasts > -np.inf]
+            out[mine] |= np.isin(e, lasts)
         return out
 
     return keep

@@ -18,6 +18,7 @@ import numpy as np
 from stallscope.replay.unprofile import RECORDED_CATS
 from stallscope.text import plural
 from stallscope.trace.model import TraceModel
+from stallscope.trace.names import column_isin
 from stallscope.units import percent
 
 
@@ -88,7 +89,7 @@ def ops_per_step(model: TraceModel) -> float:
     ev = model.trace.events
     if ev.empty or not model.steps:
         return 0.0
-    recorded = np.isin(ev["cat"].astype(str).to_numpy(), RECORDED_CATS)
+    recorded = column_isin(ev["cat"], RECORDED_CATS)
     ts = np.sort(ev["ts"].to_numpy(dtype=float)[recorded])
     starts = np.array([s.start_us for s in model.steps])
     ends = np.array([s.end_us for s in model.steps])
