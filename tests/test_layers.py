@@ -31,7 +31,8 @@ PACKAGE = ROOT / "src" / "stallscope"
 LAYERS: list[dict[str, tuple[str, ...]]] = [
     {"base": ("stallscope", "stallscope.errors", "stallscope.text", "stallscope.units",
               "stallscope.progress", "stallscope.outputs", "stallscope.fanout",
-              "stallscope.marker", "stallscope.runfacts", "stallscope.heap")},
+              "stallscope.marker", "stallscope.runfacts", "stallscope.heap",
+              "stallscope.loadrule")},
     {"trace": ("stallscope.trace",), "capture": ("stallscope.capture",),
      "wholerun": ("stallscope.wholerun",)},
     {"replay": ("stallscope.replay",)},

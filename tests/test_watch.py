@@ -93,6 +93,9 @@ def test_watch_logs_every_step_of_the_whole_run(tmp_path: Path) -> None:
     mem = report["watch"]["memory"]
     assert sampled and mem["samples"] == len(sampled) and mem["peak_mb"] == max(sampled) > 50
     assert 'id="watch-memory"' in (tmp_path / "out" / "report.html").read_text()
+    # ... and the other load, from the other-load sampler's sweeps
+    probed = [p for p in (json.loads(x).get("probe_us") for x in lines) if p is not None]
+    assert probed and all(p > 0 for p in probed)
     # The same figures as TensorBoard scalars, beside the trace.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -6,6 +6,7 @@ series shaped as the step logs of real runs (tests/test_watch_run.py runs the re
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,11 +19,17 @@ from stallscope.wholerun import StepSeries, summarise
 
 
 def series(step: np.ndarray, wait: np.ndarray, runq: np.ndarray | None = None,
-           cpu: np.ndarray | None = None) -> dict[str, Any]:
+           cpu: np.ndarray | None = None, others: np.ndarray | None = None,
+           probe: np.ndarray | None = None, every: int = 10) -> dict[str, Any]:
+    """The summary of a step log; `others` and `probe` (the other-load sampler's) are written
+    on every `every`-th step only, as after each of its sweeps."""
     n = step.size
     recs = [{"step": i + 1, "step_ms": float(step[i]), "loader_wait_ms": float(wait[i]),
              "cpu_ms": None if cpu is None else float(cpu[i]),
-             "runq_ms": None if runq is None else float(runq[i])} for i in range(n)]
+             "runq_ms": None if runq is None else float(runq[i]),
+             "others_cores": None if others is None or i % every else float(others[i]),
+             "probe_us": None if probe is None or i % every else float(probe[i])}
+            for i in range(n)]
     return summarise(StepSeries.from_records(recs))
 
 
@@ -165,3 +172,84 @@ def test_the_session_knows_every_profiler_it_started() -> None:
     # The profiler's per-op cost, measured after the recording, runs sessions of its own.
     session.cost.calibrating = True
     assert CaptureSession.owns(session, SimpleNamespace(profiler=None))  # type: ignore[arg-type]
+
+
+def oversubscribed(seed: int, tail: str) -> tuple[np.ndarray, ...]:
+    """A steady 26 ms step on a machine already oversubscribed (half of it waiting for a core,
+    CPU time 0.9 of the wall), whose last 60 steps are ten times as long with the CPU time and
+    the wait in proportion (the step log of a CI run beside two busy loops). `tail`: what the
+    other-load sampler saw there: "slower-core" (the probe's CPU time 10x), "more-others"
+    (other processes held 0.4 more of the cores), "own-work" (neither moved: the script's
+    work), "unmeasured" (no sampler), "none" (no such tail)."""
+    rng = np.random.default_rng(seed)
+    n = 440
+    jitter = np.exp(rng.normal(0, 0.08, n))
+    step, runq, cpu = 26.0 * jitter, 13.0 * jitter, 23.4 * jitter
+    others = 1.0 + rng.normal(0, 0.03, n)
+    probe = 185.0 * np.exp(rng.normal(0, 0.03, n))
+    tail_steps = np.arange(n) >= (n - 60 if tail != "none" else n)
+    step[tail_steps] *= 10.2
+    runq[tail_steps] *= 10.2
+    cpu[tail_steps] *= 9.3
+    if tail == "slower-core":
+        probe[tail_steps] *= 10.0
+    elif tail == "more-others":
+        others[tail_steps] += 0.4
+    if tail == "unmeasured":
+        return step, np.zeros(n), runq, cpu
+    return step, np.zeros(n), runq, cpu, others, probe
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_core_the_host_slowed_is_load_not_a_regime(seed: int) -> None:
+    w = series(*oversubscribed(seed, "slower-core"))
+    assert len(w["regimes"]) == 1 and len(w["load"]) == 1, (w["regimes"], w["load"])
+    assert w["load"][0]["first_step"] == pytest.approx(381, abs=5)
+    why = w["load"][0]["why"]
+    slower = re.match(r"the cores ran ([\d.]+)x slower: a fixed piece of work took", why)
+    assert slower and 9.5 <= float(slower.group(1)) <= 10.5, why
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_other_processes_taking_more_cores_of_an_oversubscribed_machine_is_load(
+        seed: int) -> None:
+    w = series(*oversubscribed(seed, "more-others"))
+    assert len(w["regimes"]) == 1 and len(w["load"]) == 1, (w["regimes"], w["load"])
+    why = w["load"][0]["why"]
+    held = re.search(r"\(([\d.]+) cores on average, from ([\d.]+)\)", why)
+    assert held and float(held.group(1)) - float(held.group(2)) == pytest.approx(0.4, abs=0.05)
+
+
+@pytest.mark.parametrize("tail", ["own-work", "unmeasured"])
+def test_the_same_growth_with_the_sampler_steady_or_absent_is_a_regime(tail: str) -> None:
+    """The step, the CPU time and the wait grown in proportion, with other processes' cores
+    and the probe unchanged: the script's own work (or, unmeasured, nothing tells it from
+    load: the limit docs/watch.md states)."""
+    w = series(*oversubscribed(0, tail))
+    assert [r["first_step"] for r in w["regimes"]] == [1, 381], w["regimes"]
+    assert w["load"] == []
+
+
+def test_a_loader_that_turns_slow_on_a_busy_machine_is_a_regime_though_others_take_the_cores(
+        ) -> None:
+    """The loader sleeps: the stepping thread waits for no core, and other processes take the
+    cores it leaves (their cores grow): the script's change, not load."""
+    step, wait, runq, cpu, others, probe = oversubscribed(1, "none")
+    slow = np.arange(step.size) >= 300
+    step[slow] = 60.0 + step[slow]
+    wait[slow] = 60.0
+    runq[slow] = 0.5 * runq[slow]
+    others[slow] += 0.5
+    w = series(step, wait, runq, cpu, others, probe)
+    assert w["load"] == [] and len(w["regimes"]) == 2, (w["regimes"], w["load"])
+    assert w["regimes"][1]["first_step"] == pytest.approx(301, abs=3)
+
+
+def test_the_live_trigger_takes_no_capture_for_a_slower_core() -> None:
+    step, _, runq, cpu, others, probe = oversubscribed(0, "slower-core")
+    t = Trigger()
+    starts = [i for i in range(step.size) if t.add(
+        i + 1, float(step[i]), 0.0, float(runq[i]), float(cpu[i]), float(others[i]),
+        float(probe[i])) is not None]
+    assert starts == []
+    assert feed(step, runq, cpu) != []  # without the sampler: a change

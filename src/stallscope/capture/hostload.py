@@ -76,14 +76,14 @@ def _root() -> psutil.Process:
     return me
 
 
-def _cpus(root: psutil.Process) -> list[int]:
+def cpus_of(root: psutil.Process) -> list[int]:
     try:
         return sorted(root.cpu_affinity() or [])
     except (AttributeError, psutil.Error, OSError):
         return list(range(os.cpu_count() or 1))
 
 
-def _process_cpu(p: psutil.Process) -> float:
+def process_cpu(p: psutil.Process) -> float:
     try:
         t = p.cpu_times()
     except psutil.Error:
@@ -133,21 +133,10 @@ def thread_sched() -> tuple[float, float] | None:
     return None if got is None else (got[0] / 1e9, got[1] / 1e9)
 
 
-def sample() -> CpuSample | None:
-    """Read the cores and the tree now; None where psutil cannot (no /proc)."""
-    try:
-        root = _root()
-        cpus = _cpus(root)
-        per_cpu = psutil.cpu_times(percpu=True)
-        skip_nice = psutil.Process().nice() <= 0
-        children = root.children(recursive=True)
-        tree = _process_cpu(root) + sum(_process_cpu(c) for c in children)
-    except (psutil.Error, OSError):
-        return None
-    me = (os.getpid(), threading.get_native_id())
-    sched, main = _tree_schedstat([root.pid, *(c.pid for c in children)], me)
-    if main is None:  # this process is not in the tree read (its root is a parent of it)
-        main = _schedstat(f"/proc/self/task/{me[1]}/schedstat")
+def cores_busy(per_cpu: list[Any], cpus: list[int], skip_nice: bool) -> tuple[float, float]:
+    """(busy, total) seconds of the cores `cpus` from psutil's per-CPU times: every state but
+    idle and iowait is busy (steal too: a hypervisor gave the core to someone else), and `nice`
+    time is idle when `skip_nice` (lower-priority work yields the cores to ours)."""
     busy = total = 0.0
     for i in cpus:
         if i >= len(per_cpu):
@@ -157,9 +146,28 @@ def sample() -> CpuSample | None:
         all_ = sum(t.values()) - t.get("guest", 0.0) - t.get("guest_nice", 0.0)
         idle = t.get("idle", 0.0) + t.get("iowait", 0.0)
         if skip_nice:
-            idle += t.get("nice", 0.0)  # lower-priority work: it yields to ours
+            idle += t.get("nice", 0.0)
         total += all_
         busy += all_ - idle
+    return busy, total
+
+
+def sample() -> CpuSample | None:
+    """Read the cores and the tree now; None where psutil cannot (no /proc)."""
+    try:
+        root = _root()
+        cpus = cpus_of(root)
+        per_cpu = psutil.cpu_times(percpu=True)
+        skip_nice = psutil.Process().nice() <= 0
+        children = root.children(recursive=True)
+        tree = process_cpu(root) + sum(process_cpu(c) for c in children)
+    except (psutil.Error, OSError):
+        return None
+    me = (os.getpid(), threading.get_native_id())
+    sched, main = _tree_schedstat([root.pid, *(c.pid for c in children)], me)
+    if main is None:  # this process is not in the tree read (its root is a parent of it)
+        main = _schedstat(f"/proc/self/task/{me[1]}/schedstat")
+    busy, total = cores_busy(per_cpu, cpus, skip_nice)
     return CpuSample(time.perf_counter(), busy, total, tree, len(cpus), skip_nice,
                      *(sched or (None, None)), *(main or (None, None)))
 

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from stallscope import loadrule
 from stallscope.units import millis, percent
 
 WINDOW = 20  # steps judged together at least: a change must hold this long (and a second)
@@ -39,10 +40,6 @@ EVERY = 5  # steps between two judgements at least
 STEP_RATIO = 1.15  # = wholerun.regimes.MIN_STEP_RATIO (tests/test_watch_later.py checks)
 SHARE_DELTA = 0.10  # = wholerun.regimes.MIN_SHARE_DELTA
 MIN_WINDOW_MS = 1000.0  # = wholerun.regimes.MIN_REGIME_MS: a shorter change is a blip
-LOAD_EXPLAINS = 0.5  # = wholerun.regimes.LOAD_EXPLAINS: a change the wait for a core explains
-LOAD_SHARE = 0.2  # = wholerun.regimes.LOAD_SHARE
-LOAD_SHARE_DELTA = 0.1  # = wholerun.regimes.LOAD_SHARE_DELTA
-LOAD_SPIN = 1.5  # = wholerun.regimes.LOAD_SPIN
 SPIKE_FACTOR = 2.0  # a step this many times the window's median is a stall
 MIN_PERIOD = 3  # a shorter gap is a slow loader round, not a periodic stall
 REPEATS = 4  # stalls one gap apart before a period is believed (3 made noise periods of 3)
@@ -70,32 +67,26 @@ class Start:
 @dataclass(frozen=True)
 class Level:
     """A window's medians: step time (ms), loader-wait share, run-queue wait and process CPU
-    time (ms; NaN: not measured)."""
+    time (ms), the cores other processes held and the probe's CPU time (us; NaN: not
+    measured)."""
 
     step_ms: float
     share: float
     runq_ms: float
     cpu_ms: float = math.nan
+    others_cores: float = math.nan
+    probe_us: float = math.nan
 
     def __iter__(self) -> Iterator[float]:
         return iter((self.step_ms, self.share, self.runq_ms))
 
 
 def is_load(a: Level, b: Level) -> bool:
-    """The slower of two windows is other load: the stepping thread's wait for a core, past
-    the quieter window's share of the step, explains half its growth or more, or became a
-    material share of its step (the rule of wholerun/regimes.py `load_why`, so no capture is
-    spent on what the report calls load)."""
+    """The slower of two windows is other load (stallscope/loadrule.py, the rule of the
+    report's too: no capture is spent on what the report calls load)."""
     quiet, busy = (a, b) if a.step_ms <= b.step_ms else (b, a)
-    if not (math.isfinite(quiet.runq_ms) and math.isfinite(busy.runq_ms)):
-        return False
-    grew = busy.step_ms - quiet.step_ms
-    share_q, share_b = quiet.runq_ms / quiet.step_ms, busy.runq_ms / busy.step_ms
-    spinning = (share_b >= LOAD_SHARE and quiet.cpu_ms > 0 and busy.cpu_ms > 0
-                and busy.cpu_ms / busy.step_ms >= LOAD_SPIN * quiet.cpu_ms / quiet.step_ms)
-    waited = busy.runq_ms - share_q * busy.step_ms  # past the quiet window's share
-    return grew > 0 and (waited >= LOAD_EXPLAINS * grew or spinning or (
-        share_b >= LOAD_SHARE and share_b - share_q >= LOAD_SHARE_DELTA))
+    return loadrule.why_load(*(loadrule.Figures(x.step_ms, x.runq_ms, x.cpu_ms, x.others_cores,
+                                       x.probe_us) for x in (quiet, busy))) is not None
 
 
 class Trigger:
@@ -109,8 +100,9 @@ class Trigger:
     (`refused`)."""
 
     def __init__(self) -> None:
-        # step ms, loader share, run-queue wait ms, CPU ms (NaN: not measured)
-        self._recent: deque[tuple[float, float, float, float]] = deque(maxlen=MAX_SPAN)
+        # step ms, loader share, run-queue wait ms, CPU ms, others' cores, probe us (NaN: not
+        # measured)
+        self._recent: deque[tuple[float, ...]] = deque(maxlen=MAX_SPAN)
         self._ref: Level | None = None
         self._asked_ref: Level | None = None  # the reference a change was seen on ...
         self._asked_first: int | None = None  # ... and its first step
@@ -124,10 +116,11 @@ class Trigger:
         self._every = EVERY  # steps between judgements
 
     def add(self, step: int, step_ms: float, wait_ms: float,
-            runq_ms: float = math.nan, cpu_ms: float = math.nan) -> Start | None:
+            runq_ms: float = math.nan, cpu_ms: float = math.nan,
+            others_cores: float = math.nan, probe_us: float = math.nan) -> Start | None:
         """One unprofiled step (its number in the run, its wall time, loader wait, the
-        stepping thread's wait for a core and the process's CPU time, NaN where not
-        measured)."""
+        stepping thread's wait for a core, the process's CPU time, and the other-load
+        sampler's last figures: NaN where not measured)."""
         if not step_ms > 0:
             return None
         if self._first is None:
@@ -136,7 +129,9 @@ class Trigger:
             self._spikes.append((step, step_ms))
         self._recent.append((step_ms, min(max(wait_ms, 0.0), step_ms) / step_ms,
                              runq_ms if runq_ms >= 0 else math.nan,
-                             cpu_ms if cpu_ms >= 0 else math.nan))
+                             cpu_ms if cpu_ms >= 0 else math.nan,
+                             others_cores if others_cores >= 0 else math.nan,
+                             probe_us if probe_us > 0 else math.nan))
         self._seen += 1
         if len(self._recent) < WINDOW or self._seen % self._every:
             return None
@@ -160,7 +155,7 @@ class Trigger:
         self._median = 0.0  # no spike is judged against the old pace
         self._every = EVERY
 
-    def _last(self, n: int) -> list[tuple[float, float, float, float]]:
+    def _last(self, n: int) -> list[tuple[float, ...]]:
         """The last `n` steps (fewer while the window fills), without copying the rest."""
         return list(itertools.islice(reversed(self._recent), n))
 
@@ -169,16 +164,17 @@ class Trigger:
         return min(MAX_SPAN, max(WINDOW, math.ceil(MIN_WINDOW_MS / self._median)))
 
     def _window(self, n: int) -> Level:
-        """The last `n` steps' median step, loader share and run-queue wait, without their
-        spikes."""
+        """The last `n` steps' medians (Level), without their spikes."""
         rows = self._last(n)
         cut = SPIKE_FACTOR * statistics.median(r[0] for r in rows)
         calm = [r for r in rows if r[0] < cut] or rows
-        runq = [r[2] for r in calm if math.isfinite(r[2])]
-        cpu = [r[3] for r in calm if math.isfinite(r[3])]
+
+        def median(k: int) -> float:  # NaN unless half the steps measured it
+            got = [r[k] for r in calm if math.isfinite(r[k])]
+            return statistics.median(got) if got and len(got) * 2 >= len(calm) else math.nan
+
         return Level(statistics.median(r[0] for r in calm), statistics.median(r[1] for r in calm),
-                     statistics.median(runq) if len(runq) * 2 >= len(calm) else math.nan,
-                     statistics.median(cpu) if len(cpu) * 2 >= len(calm) else math.nan)
+                     *(median(k) for k in range(2, 6)))
 
     def _change(self, step: int, now: Level) -> Start | None:
         assert self._ref is not None

@@ -75,8 +75,10 @@ class LaterCaptures:
         return self.prof is not None and self.prof.step_num >= self.warmup
 
     def boundary(self, step: int, step_ms: float, wait_ms: float, profiled: bool,
-                 runq_ms: float = math.nan, cpu_ms: float = math.nan) -> None:
-        """Step `step` just ended after `step_ms` (it was recorded when `profiled`)."""
+                 runq_ms: float = math.nan, cpu_ms: float = math.nan,
+                 others_cores: float = math.nan, probe_us: float = math.nan) -> None:
+        """Step `step` just ended after `step_ms` (it was recorded when `profiled`); the
+        other-load sampler's last figures are held from its last sweep."""
         if self.broken:
             return
         try:
@@ -85,7 +87,8 @@ class LaterCaptures:
                 return
             if not profiled:
                 self.plain.append(step_ms * 1e3)
-                start = self.trigger.add(step, step_ms, wait_ms, runq_ms, cpu_ms)
+                start = self.trigger.add(step, step_ms, wait_ms, runq_ms, cpu_ms,
+                                         others_cores, probe_us)
                 if start is not None:
                     self._consider(start, step)
             if self.pending is not None and step >= self.pending.at:

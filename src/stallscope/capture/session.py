@@ -29,6 +29,7 @@ from stallscope import marker, progress
 from stallscope.capture import budget, memory, opcost
 from stallscope.capture.foreign import ForeignProfilers
 from stallscope.capture.loaders import LoaderWatcher
+from stallscope.capture.loadsampler import LoadSampler
 from stallscope.capture.nostep import NO_STEP_S, NoStepWarning
 from stallscope.capture.overrides import loader_overrides
 from stallscope.capture.quiet import quiet_profiler_warnings
@@ -118,10 +119,14 @@ class CaptureSession:
         self.activities = [a.name for a in self.profiler_activities]
         self.unprofiled = UnprofiledSteps()
         self.wait = StartWait(sched, self.unprofiled, self.watcher, "CUDA" in self.activities)
-        self.memory = memory.RunMemory(
-            lambda: [("main", self._pid, None, None), *self.watcher.iters.worker_processes()])
-        if step_log is not None:  # `watch`'s step log carries the job's memory too
+        def procs() -> list[memory.Proc]:
+            return [("main", self._pid, None, None), *self.watcher.iters.worker_processes()]
+
+        self.memory = memory.RunMemory(procs)
+        if step_log is not None and self.watch is not None:
+            # `watch`'s step log carries the job's memory and the other load too
             step_log.memory = self.memory.sampler
+            step_log.load = self.watch.load = LoadSampler(procs)
         self.budget = budget.RecordingBudget(max_record_mb, self._cut_mid_step)
         # What one recorded op costs the host under this profiler: the replay takes it out of
         # the recorded steps. Measured once the recording has stopped (opcost.py says why).

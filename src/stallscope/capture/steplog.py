@@ -11,8 +11,11 @@ the hooks it rides on; docs/watch.md has the figure). A full disk ends the log o
 A line: `{"step": 12, "start_s": 3.914, "step_ms": 41.2, "cpu_ms": 12.0, "loader_wait_ms":
 30.1, "runq_ms": 0.2, "epoch": 0, "profiled": false}` (and `"mem_mb": 412.5` on the first step
 after each sweep of the memory sampler: the training process's resident memory plus its
-DataLoader workers' own, capture/memory.py; a sweep comes at most every half second, so the
-log gains a field a few times a second, never a read per step): the step's number (1-based, from the
+DataLoader workers' own, capture/memory.py; `"others_cores": 1.02, "probe_us": 185.3` on the
+first step after each sweep of the other-load sampler: the cores other processes held since the
+last sweep, and the CPU time of a fixed piece of work, capture/loadsampler.py; a sweep comes at
+most every half second, so the log gains fields a few times a second, never a read per step):
+the step's number (1-based, from the
 first boundary), when it began (seconds after the first boundary), its wall time, the process's
 CPU time in it (all threads: a step that got slower while its CPU time did not waited outside
 the process), the time the training process spent waiting in DataLoader `__next__` during it,
@@ -80,6 +83,11 @@ class StepLog:
         # `job_sweeps`), set by the session that owns both; None: no memory in the log.
         self.memory: Any = None
         self._mem_sweeps = 0
+        # The other-load sampler (capture/loadsampler.py LoadSampler: its `sweeps`,
+        # `others_cores` and `probe_us`), set the same way; None: no other load in the log.
+        self.load: Any = None
+        self._load_sweeps = 0
+        self.last_others_cores = self.last_probe_us = math.nan  # its last figures, held
 
     def boundary(self, loader_wait_us: float, epoch: int | None, profiled: bool) -> None:
         """A step ended now (and the next began): write its line."""
@@ -100,18 +108,26 @@ class StepLog:
         self.last_cpu_ms = (cpu - self._cpu) * 1e3
         self.last_runq_ms = runq - self._runq if runq >= 0 and self._runq >= 0 else math.nan
         runq_text = "null" if math.isnan(self.last_runq_ms) else f"{self.last_runq_ms:.4f}"
-        mem_text = ""
+        swept = ""
         sampler = self.memory
         if sampler is not None and sampler.job_sweeps != self._mem_sweeps:
             self._mem_sweeps = sampler.job_sweeps
             if sampler.job_bytes:
-                mem_text = f'"mem_mb":{sampler.job_bytes / 1048576:.1f},'
+                swept = f'"mem_mb":{sampler.job_bytes / 1048576:.1f},'
+        load = self.load
+        if load is not None and load.sweeps != self._load_sweeps:
+            self._load_sweeps = load.sweeps
+            self.last_others_cores, self.last_probe_us = load.others_cores, load.probe_us
+            if math.isfinite(self.last_others_cores):
+                swept += f'"others_cores":{self.last_others_cores:.3f},'
+            if math.isfinite(self.last_probe_us):
+                swept += f'"probe_us":{self.last_probe_us:.1f},'
         # Formatted by hand: json.dumps of a dict costs several times as much, every step.
         line = (f'{{"step":{self.steps},"start_s":{self._last - self._first:.6f},'
                 f'"step_ms":{step_ms:.4f},"cpu_ms":{self.last_cpu_ms:.4f},'
                 f'"loader_wait_ms":{wait_ms:.4f},'
                 f'"runq_ms":{runq_text},'
-                f'"epoch":{"null" if epoch is None else int(epoch)},{mem_text}'
+                f'"epoch":{"null" if epoch is None else int(epoch)},{swept}'
                 f'"profiled":{"true" if profiled else "false"}}}\n')
         self._last, self._cpu, self._runq = now, cpu, runq
         if not self._append(line.encode()):

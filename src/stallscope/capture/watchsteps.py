@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from stallscope.capture.loadsampler import LoadSampler
 from stallscope.capture.recapture import LaterCaptures, Session, later_off
 from stallscope.capture.steplog import StepLog, captures_path
 
@@ -28,10 +29,13 @@ class WatchSteps:
         self.max_steps = max_steps  # `watch --max-steps`: stop the script after this many
         self.max_seconds = max_seconds  # `watch --duration`: ... after this long
         self._started_at = time.monotonic()
+        self.load: LoadSampler | None = None  # the other load beside the steps (the session's)
 
     def start(self) -> None:
         """`--duration` counts from here: the script's start."""
         self._started_at = time.monotonic()
+        if self.load is not None:
+            self.load.start()
 
     def boundary(self, watcher: Any, recording: bool,
                  stop_requested: bool) -> tuple[str, str] | None:
@@ -42,7 +46,8 @@ class WatchSteps:
         log.boundary(watcher.take_step_wait(), watcher.iters.current_epoch(), profiled)
         if later is not None:
             later.boundary(log.steps, log.last_step_ms, log.last_wait_ms, profiled,
-                           log.last_runq_ms, log.last_cpu_ms)
+                           log.last_runq_ms, log.last_cpu_ms, log.last_others_cores,
+                           log.last_probe_us)
         if stop_requested or threading.current_thread() is not threading.main_thread():
             return None
         if self.max_seconds and time.monotonic() - self._started_at >= self.max_seconds:
@@ -70,6 +75,8 @@ class WatchSteps:
         return list(self.later.started) if self.later is not None else []
 
     def finish(self) -> None:
+        if self.load is not None:
+            self.load.stop()
         if self.later is not None:
             self.later.finish(self.step_log.steps)
         self.step_log.close()

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import ruptures as rpt  # type: ignore[import-untyped]
 
-from stallscope.units import millis, percent
+from stallscope import loadrule
+from stallscope.units import percent
 from stallscope.wholerun.spikes import robust_sd, rolling_median
 
 MIN_STEPS = 20  # fewer valid steps: one regime, no search (nothing to split reliably)
@@ -33,10 +34,6 @@ MIN_SHARE_DELTA = 0.10  # ... and closer than this in loader share are one regim
 NOISE_LAGS = (1, 5, 20)
 MIN_REGIME_MS = 1000.0  # a change adding up to less over the shorter side's steps is a blip
 REFINE_STEPS = 60  # steps each side of a boundary searched for where the median switches
-LOAD_EXPLAINS = 0.5  # the wait for a core explains this much of a slower stretch's growth ...
-LOAD_SHARE = 0.2  # ... or is this share of its step, at least ...
-LOAD_SHARE_DELTA = 0.1  # ... and this much more than the quieter neighbour's: other load
-LOAD_SPIN = 1.5  # or CPU time per wall ms this many times the quieter's, with that wait
 NOISE_FLOOR = (0.02, 0.02)  # sd floors: log step time (2%), loader share (2 points)
 MAX_POINTS = 5000  # longer runs are searched on block means (the search is quadratic)
 
@@ -53,6 +50,13 @@ class Regime:
     median_cpu_ms: float = math.nan  # NaN when the process's CPU time was not measured
     median_runq_ms: float = math.nan  # the stepping thread's wait for a core; NaN: not measured
     load: str | None = None  # why other load explains the stretch (then no regime)
+    median_others_cores: float = math.nan  # the cores other processes held; NaN: not measured
+    median_probe_us: float = math.nan  # the CPU time of the sampler's fixed work; NaN: ditto
+
+    def figures(self) -> loadrule.Figures:
+        """What the load rule weighs (stallscope/loadrule.py)."""
+        return loadrule.Figures(self.median_step_ms, self.median_runq_ms, self.median_cpu_ms,
+                                self.median_others_cores, self.median_probe_us)
 
 
 def _noise_sd(x: np.ndarray, floor: float) -> float:
@@ -85,26 +89,41 @@ def _flatten(x: np.ndarray, spikes: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class Beside:
+    """Per-step figures beside the step time (NaN where not measured): they never move a
+    boundary, they say what a stretch is. The process's CPU time, the stepping thread's wait
+    for a core, and the other-load sampler's figures (capture/loadsampler.py), each step
+    holding its last sweep's."""
+
+    cpu_ms: np.ndarray | None = None
+    runq_ms: np.ndarray | None = None
+    others_cores: np.ndarray | None = None
+    probe_us: np.ndarray | None = None
+
+
+def _median(x: np.ndarray | None, start: int, end: int, keep: np.ndarray) -> float:
+    """The stretch's median of the kept steps' finite values; NaN unless half of them have
+    one (and three at least)."""
+    if x is None:
+        return math.nan
+    v = x[start:end][keep]
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if v.size >= max(3, keep.sum() // 2) else math.nan
+
+
 def _describe(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
-              start: int, end: int, cpu_ms: np.ndarray | None = None,
-              runq_ms: np.ndarray | None = None) -> Regime:
+              start: int, end: int, beside: Beside) -> Regime:
     keep = ~spikes[start:end]
     if not keep.any():
         keep = np.ones(end - start, dtype=bool)
     s = step_ms[start:end][keep]
     w = wait_ms[start:end][keep]
-    cpu = math.nan
-    if cpu_ms is not None:
-        c = cpu_ms[start:end][keep]
-        c = c[np.isfinite(c)]
-        cpu = float(np.median(c)) if c.size >= max(3, keep.sum() // 2) else math.nan
-    runq = math.nan
-    if runq_ms is not None:
-        q = runq_ms[start:end][keep]
-        q = q[np.isfinite(q)]
-        runq = float(np.median(q)) if q.size >= max(3, keep.sum() // 2) else math.nan
     return Regime(start, end, float(np.median(s)), float(np.median(w)),
-                  float(np.median(w / s)), cpu, runq)
+                  float(np.median(w / s)), _median(beside.cpu_ms, start, end, keep),
+                  _median(beside.runq_ms, start, end, keep),
+                  median_others_cores=_median(beside.others_cores, start, end, keep),
+                  median_probe_us=_median(beside.probe_us, start, end, keep))
 
 
 def _close(a: Regime, b: Regime) -> float | None:
@@ -136,8 +155,7 @@ def change_points(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
 
 
 def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
-                 beta: float = PEN_BETA, cpu_ms: np.ndarray | None = None,
-                 runq_ms: np.ndarray | None = None) -> list[Regime]:
+                 beta: float = PEN_BETA, beside: Beside | None = None) -> list[Regime]:
     """Stretches over the valid steps: the script's regimes, and between them the stretches
     other load explains (`load` says why; they are no regime of the script's).
 
@@ -145,17 +163,18 @@ def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
     difference adds up to less than MIN_REGIME_MS over the shorter one's steps, are merged;
     each boundary left is moved to the step where the median level switches; stretches that
     other load explains are labelled; and the script's stretches on either side of a load
-    stretch are merged when alike. `cpu_ms` and `runq_ms` never move a boundary.
+    stretch are merged when alike. The figures `beside` never move a boundary.
     """
     n = step_ms.size
     if n == 0:
         return []
+    beside = beside or Beside()
     bounds = [0] + change_points(step_ms, wait_ms, spikes, beta)
     drop = spikes.copy()
-    found = _merged(_describe_all(bounds, step_ms, wait_ms, drop, cpu_ms, runq_ms),
-                    step_ms, wait_ms, drop, cpu_ms, runq_ms)
+    found = _merged(_describe_all(bounds, step_ms, wait_ms, drop, beside),
+                    step_ms, wait_ms, drop, beside)
     bounds = refine(step_ms, wait_ms, spikes, [r.start for r in found] + [n])
-    script = _describe_all(bounds, step_ms, wait_ms, drop, cpu_ms, runq_ms)
+    script = _describe_all(bounds, step_ms, wait_ms, drop, beside)
     loads: list[Regime] = []
     for _ in range(len(bounds)):  # each round takes one stretch or more out: bounded
         labelled = label_load(script)
@@ -169,8 +188,8 @@ def find_regimes(step_ms: np.ndarray, wait_ms: np.ndarray, spikes: np.ndarray,
         # the start), described without them and merged while alike
         starts = [r.start for r in labelled if r.load is None]
         starts[0] = 0
-        script = _merged(_describe_all(starts + [n], step_ms, wait_ms, drop, cpu_ms, runq_ms),
-                         step_ms, wait_ms, drop, cpu_ms, runq_ms)
+        script = _merged(_describe_all(starts + [n], step_ms, wait_ms, drop, beside),
+                         step_ms, wait_ms, drop, beside)
     return sorted(script + _union(loads), key=lambda r: (r.start, r.load is not None))
 
 
@@ -188,14 +207,13 @@ def _union(loads: list[Regime]) -> list[Regime]:
 
 
 def _describe_all(bounds: list[int], step_ms: np.ndarray, wait_ms: np.ndarray,
-                  drop: np.ndarray, cpu_ms: np.ndarray | None,
-                  runq_ms: np.ndarray | None) -> list[Regime]:
-    return [_describe(step_ms, wait_ms, drop, a, b, cpu_ms, runq_ms)
+                  drop: np.ndarray, beside: Beside) -> list[Regime]:
+    return [_describe(step_ms, wait_ms, drop, a, b, beside)
             for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _merged(found: list[Regime], step_ms: np.ndarray, wait_ms: np.ndarray, drop: np.ndarray,
-            cpu_ms: np.ndarray | None, runq_ms: np.ndarray | None) -> list[Regime]:
+            beside: Beside) -> list[Regime]:
     """Adjacent stretches merged, the most alike pair first, while one is too alike to act on
     or too small to matter."""
     found = list(found)
@@ -204,7 +222,7 @@ def _merged(found: list[Regime], step_ms: np.ndarray, wait_ms: np.ndarray, drop:
         if i is None:
             break
         found[i:i + 2] = [_describe(step_ms, wait_ms, drop, found[i].start, found[i + 1].end,
-                                    cpu_ms, runq_ms)]
+                                    beside)]
     return found
 
 
@@ -273,40 +291,9 @@ def label_load(found: list[Regime]) -> list[Regime]:
 
 
 def load_why(quiet: Regime, busy: Regime) -> str | None:
-    """Why `busy` (slower than `quiet`) is other load, or None when it is not.
-
-    Load is time the stepping thread spent runnable but waiting for a core: it waited that
-    much more in each step than its quieter neighbour's share of the step (half the step's
-    growth or more), or its wait's share of the step grew by LOAD_SHARE_DELTA to at least
-    LOAD_SHARE, or it waited a material share
-    (LOAD_SHARE) while the process burned LOAD_SPIN times the CPU time per wall ms: intra-op
-    threads spinning while other processes hold the cores burn CPU without more work, so the
-    step grows by more than the wait alone. More work of the script's own on a busy machine
-    grows the step, the CPU time and the wait in proportion: none of the three.
-    """
-    if not (math.isfinite(quiet.median_runq_ms) and math.isfinite(busy.median_runq_ms)):
-        return None
-    grew = busy.median_step_ms - quiet.median_step_ms
-    share_q = quiet.median_runq_ms / quiet.median_step_ms
-    share_b = busy.median_runq_ms / busy.median_step_ms
-    # the wait past the quiet stretch's share of the longer step: the script's own extra work
-    # waits in that share too, on a machine that gives it part of a core
-    waited = busy.median_runq_ms - share_q * busy.median_step_ms
-    cpu_q, cpu_b = quiet.median_cpu_ms, busy.median_cpu_ms
-    spinning = (share_b >= LOAD_SHARE and math.isfinite(cpu_q) and math.isfinite(cpu_b)
-                and cpu_q > 0
-                and cpu_b / busy.median_step_ms >= LOAD_SPIN * cpu_q / quiet.median_step_ms)
-    if grew <= 0 or not (waited >= LOAD_EXPLAINS * grew or spinning or (
-            share_b >= LOAD_SHARE and share_b - share_q >= LOAD_SHARE_DELTA)):
-        return None
-    why = (f"the stepping thread waited for a core {millis(busy.median_runq_ms, 'tenths')} ms "
-           f"a step (from {millis(quiet.median_runq_ms, 'tenths')} ms): other processes held "
-           "the cores")
-    cpu = cpu_ratio(quiet, busy)
-    if cpu is not None and cpu >= 1.5:
-        why += (f"; the process's CPU time per step {cpu:.1f}x for the same work (threads "
-                "spinning while they wait)")
-    return why
+    """Why `busy` (slower than `quiet`) is other load, or None when it is not
+    (stallscope/loadrule.py weighs the evidence)."""
+    return loadrule.why_load(quiet.figures(), busy.figures())
 
 
 def what_changed(prev: Regime, cur: Regime) -> str:
@@ -341,8 +328,4 @@ def what_changed(prev: Regime, cur: Regime) -> str:
 
 def cpu_ratio(prev: Regime, cur: Regime) -> float | None:
     """Median CPU time per step, this regime over the previous; None when either lacks it."""
-    if not (math.isfinite(prev.median_cpu_ms) and math.isfinite(cur.median_cpu_ms)):
-        return None
-    if prev.median_cpu_ms <= 0 or cur.median_cpu_ms <= 0:
-        return None
-    return cur.median_cpu_ms / prev.median_cpu_ms
+    return loadrule.cpu_ratio(prev.figures(), cur.figures())

@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 FIELDS = ("step", "step_ms", "loader_wait_ms", "host_sync_ms", "cpu_ms", "epoch", "start_s",
-          "runq_ms", "mem_mb", "profiled")
+          "runq_ms", "mem_mb", "others_cores", "probe_us", "profiled")
 
 
 def _num(value: Any) -> float:
@@ -46,7 +46,9 @@ class StepSeries:
     a core: time other load held it) are NaN where not measured; `epoch` is -1 where
     unknown; `start_s` (wall clock at the step's start) is NaN where unknown. `mem_mb` (the
     job's memory, MB: capture/steplog.py) is NaN on every step but those after a sweep of the
-    memory sampler.
+    memory sampler; `others_cores` and `probe_us` (the cores other processes held, and the CPU
+    time of a fixed piece of work: capture/loadsampler.py) on every step but those after a
+    sweep of the other-load sampler (`held` carries each sweep's forward).
     """
 
     step: np.ndarray
@@ -62,14 +64,23 @@ class StepSeries:
     profiled: np.ndarray | None = None
     runq_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))
     mem_mb: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    others_cores: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    probe_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __post_init__(self) -> None:
         if self.profiled is None:
             self.profiled = np.zeros(self.step.size, dtype=bool)
-        if self.runq_ms.size != self.step.size:  # not measured (an older step file)
-            self.runq_ms = np.full(self.step.size, np.nan)
-        if self.mem_mb.size != self.step.size:
-            self.mem_mb = np.full(self.step.size, np.nan)
+        for name in ("runq_ms", "mem_mb", "others_cores", "probe_us"):
+            if getattr(self, name).size != self.step.size:  # not measured (an older file)
+                setattr(self, name, np.full(self.step.size, np.nan))
+
+    def held(self, name: str) -> np.ndarray:
+        """A field written after each sweep (`others_cores`, `probe_us`) on every step: each
+        step holds the last sweep's figure at or before it (NaN before the first)."""
+        x = getattr(self, name)
+        idx = np.where(np.isfinite(x), np.arange(x.size), -1)
+        np.maximum.accumulate(idx, out=idx)
+        return np.where(idx >= 0, x[np.maximum(idx, 0)], np.nan)
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]],
@@ -104,8 +115,10 @@ class StepSeries:
         wait = np.where(ok, np.minimum(wait, np.where(ok, step_ms, 0.0)), 0.0)
         runq = np.where(cols["runq_ms"] >= 0, cols["runq_ms"], np.nan)
         mem = np.where(cols["mem_mb"] > 0, cols["mem_mb"], np.nan)
+        others = np.where(cols["others_cores"] >= 0, cols["others_cores"], np.nan)
+        probe = np.where(cols["probe_us"] > 0, cols["probe_us"], np.nan)
         return cls(step, step_ms, wait, cols["host_sync_ms"], cols["cpu_ms"], epoch,
-                   cols["start_s"], skipped_lines, profiled, runq, mem)
+                   cols["start_s"], skipped_lines, profiled, runq, mem, others, probe)
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> StepSeries:
@@ -208,6 +221,8 @@ class _Line(msgspec.Struct, gc=False):
     start_s: float | None = None
     runq_ms: float | None = None
     mem_mb: float | None = None
+    others_cores: float | None = None
+    probe_us: float | None = None
     profiled: bool | None = None
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from stallscope import loadrule
 from stallscope.wholerun import periodic, regimes, spikes
 from stallscope.wholerun.series import StepSeries
 
@@ -164,8 +165,9 @@ def summarise(series: StepSeries) -> dict[str, Any]:
     epoch_entry, used = periodic.epoch_starts(v)
     found_periodic, used = periodic.periodic_stalls(v, used, series.step[series.valid])
     stalls = ([epoch_entry] if epoch_entry else []) + found_periodic
-    stretches = regimes.find_regimes(step_ms, v.wait_ms, found_spikes.mask,
-                                     cpu_ms=series.cpu_ms[ok], runq_ms=series.runq_ms[ok])
+    beside = regimes.Beside(series.cpu_ms[ok], series.runq_ms[ok],
+                            series.held("others_cores")[ok], series.held("probe_us")[ok])
+    stretches = regimes.find_regimes(step_ms, v.wait_ms, found_spikes.mask, beside=beside)
     in_load = np.zeros(len(keep), dtype=bool)
     for r in stretches:
         if r.load is not None:
@@ -199,11 +201,18 @@ def summarise(series: StepSeries) -> dict[str, Any]:
                        "boundary moved to where the median level switches (least absolute "
                        f"deviation within {regimes.REFINE_STEPS} steps)",
             "load": "a stretch slower than its neighbour is other load when the "
-                    "stepping thread's run-queue wait (schedstat) grew by at least "
-                    f"{round(100 * regimes.LOAD_EXPLAINS)}% of the step's growth, or is at "
-                    f"least {round(100 * regimes.LOAD_SHARE)}% of the step and "
-                    f"{round(100 * regimes.LOAD_SHARE_DELTA)} points more than the "
-                    "neighbour's",
+                    "stepping thread's run-queue wait (schedstat), past the neighbour's share "
+                    f"of the step, is at least {round(100 * loadrule.LOAD_EXPLAINS)}% of the "
+                    f"step's growth, or is at least {round(100 * loadrule.LOAD_SHARE)}% of the "
+                    f"step and {round(100 * loadrule.LOAD_SHARE_DELTA)} points more than the "
+                    "neighbour's; or, with that wait at least "
+                    f"{round(100 * loadrule.LOAD_SHARE)}% of the step, the process's CPU time "
+                    f"per wall ms is {loadrule.LOAD_SPIN:g}x the neighbour's (threads "
+                    f"spinning), or other processes held {loadrule.OTHERS_DELTA:g} cores more "
+                    f"while that CPU time per wall ms grew less than {loadrule.CPU_KEPT:g}x; or "
+                    "a fixed piece of work took "
+                    f"{loadrule.CORE_SLOWER:g}x the CPU time (a slower core), enough to explain "
+                    f"{round(100 * loadrule.LOAD_EXPLAINS)}% of the growth",
             "spikes": f"log step time > {spikes.SPIKE_Z} robust sd and "
                       f"{round(100 * spikes.MIN_EXCESS)}% over the {spikes.WINDOW}-step "
                       "rolling median",
