@@ -28,7 +28,6 @@ import contextlib
 import hashlib
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -36,6 +35,7 @@ from typing import Any
 import psutil
 
 from stallscope.capture import hostload
+from stallscope.capture.daemon import DaemonThread
 
 SAMPLE_S = 0.5  # one sweep this often
 PROBE_BYTES = 256 * 1024  # hashed by each sweep's probe
@@ -51,14 +51,15 @@ def probe_us() -> float | None:
     return took if took > 0 else None
 
 
-class LoadSampler:
+class LoadSampler(DaemonThread):
     """Sweeps on a daemon thread; `sweeps` counts them, `others_cores` and `probe_us` hold the
     last one's figures (NaN: not measured). Start and stop are idempotent."""
 
+    thread_name = "stallscope-load"
+
     def __init__(self, procs: Callable[[], Iterable[tuple[Any, ...]]]) -> None:
+        super().__init__()
         self._procs = procs  # (role, pid, ...) of the job's processes
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._handles: dict[int, psutil.Process] = {}
         self._last: tuple[float, float, float] | None = None  # wall, busy, job CPU (s)
         # the cores this job may use (none: others are not measured) and whether `nice`
@@ -67,18 +68,6 @@ class LoadSampler:
         self.sweeps = 0
         self.others_cores = math.nan
         self.probe_us = math.nan
-
-    def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="stallscope-load", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2.0)
 
     def _run(self) -> None:
         wait = 0.0  # the first sweep at once: the next one's figures cover the time since

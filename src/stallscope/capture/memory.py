@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from stallscope.capture.daemon import DaemonThread
+
 SAMPLE_S = 0.5  # at most one sweep of every process this often
 DUTY = 0.01  # sweeps take at most this share of one core: the interval stretches to keep it
 MAX_POINTS = 64  # points kept per series; when full, every other one is dropped
@@ -225,17 +227,18 @@ class _Series:
                 "peak_rss_bytes": self.peak_rss}
 
 
-class MemorySampler:
+class MemorySampler(DaemonThread):
     """Sweeps `procs()` on a daemon thread (see the module's docstring); `snapshot()` is the
     trace metadata's `memory` object. Safe to call from any thread; start/stop are idempotent."""
 
+    thread_name = "stallscope-memory"
+
     def __init__(self, procs: Callable[[], Iterable[Proc]],
                  limit: dict[str, Any] | None = None) -> None:
+        super().__init__()
         self._procs = procs
         self.limit = limit
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._t0 = time.monotonic()
         self._series: dict[int, _Series] = {}
         self._machine_t: list[float] = []
@@ -252,17 +255,9 @@ class MemorySampler:
         self.job_sweeps = 0
 
     def start(self) -> None:
-        if self._thread is not None:
-            return
-        self._t0 = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="stallscope-memory", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2.0)
+        if self._thread is None:
+            self._t0 = time.monotonic()
+        super().start()
 
     def _run(self) -> None:
         """A process seen for the first time is read at once (a worker's memory when it
