@@ -17,9 +17,9 @@ takes more CPU time). Two figures that the script's own work leaves unchanged do
   the GIL for it: the training thread is not held). The same work on the same core: it grows
   only when the core runs slower.
 
-A sweep costs a read of /proc/stat, one of /proc/PID/stat per process, and the hash (about a
-fifth of a millisecond of one core, every SAMPLE_S seconds). Every failure loses the figures,
-never the run.
+A sweep costs a read of /proc/stat, one of /proc/PID/stat per process, and the hash, every
+SAMPLE_S seconds (benchmarks/bench_load_sampler.py measures it; docs/watch.md has the figure).
+Every failure loses the figures, never the run.
 """
 
 from __future__ import annotations
