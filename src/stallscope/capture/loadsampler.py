@@ -25,9 +25,9 @@ Every failure loses the figures, never the run.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,14 +39,20 @@ from stallscope.capture.daemon import DaemonThread
 
 SAMPLE_S = 0.5  # one sweep this often
 PROBE_BYTES = 256 * 1024  # hashed by each sweep's probe
-_PROBE = bytes(range(256)) * (PROBE_BYTES // 256)
+
+
+@functools.cache
+def _probe_buffer() -> bytes:
+    """Made at the first probe, not at import: `run` and DataLoader workers never probe."""
+    return bytes(range(256)) * (PROBE_BYTES // 256)
 
 
 def probe_us() -> float | None:
     """The calling thread's CPU time (us) to hash PROBE_BYTES; None where the clock does not
     move (a kernel without per-thread CPU time)."""
+    buffer = _probe_buffer()
     start = time.thread_time_ns()
-    hashlib.sha256(_PROBE).digest()
+    hashlib.sha256(buffer).digest()
     took = (time.thread_time_ns() - start) / 1e3
     return took if took > 0 else None
 
@@ -90,22 +96,20 @@ class LoadSampler(DaemonThread):
             now = (time.perf_counter(), busy, self._job_cpu())
             last, self._last = self._last, now
             if last is not None and now[0] > last[0]:
-                others = max((now[1] - last[1]) - (now[2] - last[2]), 0.0) / (now[0] - last[0])
+                # the counters tick with the kernel's clock: never below 0, nor above the cores
+                took = ((now[1] - last[1]) - (now[2] - last[2])) / (now[0] - last[0])
+                others = min(max(took, 0.0), float(len(cpus)))
         self.others_cores = others
         self.probe_us = math.nan if probe is None else probe
         self.sweeps += 1
 
     def _job_cpu(self) -> float:
-        """CPU seconds of this process (its reaped children too) and its live workers."""
-        me = self._handles.get(0)
-        if me is None:
-            me = self._handles[0] = psutil.Process()
-        total = hostload.process_cpu(me)
-        live = {0}
+        """CPU seconds of the job's processes (`procs()`: this one, whose reaped children count
+        too, and its live workers)."""
+        total = 0.0
+        live = set()
         for proc in self._procs():
             pid = proc[1]
-            if pid == os.getpid():
-                continue
             live.add(pid)
             handle = self._handles.get(pid)
             if handle is None:
